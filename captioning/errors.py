@@ -1,0 +1,13 @@
+"""Errors that the command line turns into one clear line instead of a traceback.
+
+`InputError` means the user gave something we cannot use (a missing file, malformed JSON, an unknown
+option value). The command line prints ``captioning <command>: error: <message>`` on stderr and exits
+with code 2, the Unix convention for usage errors (argparse uses it too). Anything else that escapes is a
+bug and keeps its traceback.
+"""
+
+
+class InputError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+    exit_code = 2

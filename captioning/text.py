@@ -1,0 +1,66 @@
+"""Caption text: normalisation and tokenization, shared by `prepare`, decoding and evaluation.
+
+Every caption goes through the same two steps, so that the words a model is trained on are the words it
+is later asked to produce:
+
+1. :func:`normalize_caption` — Unicode NFKC, control and zero-width characters removed, lowercased,
+   runs of whitespace folded to one space, ends stripped.
+2. :func:`tokenize_caption` — nltk's ``NLTKWordTokenizer`` (the Penn-Treebank-style tokenizer that
+   ``nltk.word_tokenize`` applies to each sentence). ``word_tokenize`` itself first splits sentences
+   with punkt, which needs ``nltk.download``; we never download at run time, so sentences are split on
+   ``. ! ?`` followed by whitespace instead. Tokens made only of punctuation are dropped by default, as
+   in Karpathy's split (the COCO metrics drop punctuation anyway, so a model that spends steps on "."
+   gains nothing); ``keep_punctuation=True`` keeps them, as im2txt did.
+
+Worked example::
+
+    >>> tokenize_caption("  A man riding a WAVE on top of a surfboard. ")
+    ['a', 'man', 'riding', 'a', 'wave', 'on', 'top', 'of', 'a', 'surfboard']
+    >>> tokenize_caption("Two dogs, playing!", keep_punctuation=True)
+    ['two', 'dogs', ',', 'playing', '!']
+    >>> tokenize_caption("   ")
+    []
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from nltk.tokenize import NLTKWordTokenizer
+
+_WORD_TOKENIZER = NLTKWordTokenizer()
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+
+
+def normalize_caption(text: str) -> str:
+    """Returns ``text`` in NFKC, lowercased, without control characters, with single spaces.
+
+    >>> normalize_caption("  A\\u00a0Red\\tCIRCLE\\u200b  ")
+    'a red circle'
+    """
+    text = unicodedata.normalize("NFKC", text)
+    # Control (Cc) and format (Cf, e.g. zero-width space) characters carry no words; whitespace
+    # controls (tab, newline) become spaces and are folded below.
+    text = "".join(
+        " " if ch.isspace() else ch for ch in text if ch.isspace() or unicodedata.category(ch)[0] != "C"
+    )
+    return " ".join(text.lower().split())
+
+
+def is_punctuation(token: str) -> bool:
+    """True for tokens with no letter or digit in them (".", ",", "``", "--")."""
+    return not any(ch.isalnum() for ch in token)
+
+
+def tokenize_caption(text: str, keep_punctuation: bool = False) -> list[str]:
+    """Normalises ``text`` and splits it into word tokens (see the module docstring)."""
+    text = normalize_caption(text)
+    if not text:
+        return []
+    tokens: list[str] = []
+    for sentence in _SENTENCE_BREAK.split(text):
+        tokens.extend(_WORD_TOKENIZER.tokenize(sentence))
+    if not keep_punctuation:
+        tokens = [token for token in tokens if not is_punctuation(token)]
+    return tokens

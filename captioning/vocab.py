@@ -1,0 +1,103 @@
+"""The word vocabulary: reserved ids, building from training captions, ``vocab.txt`` on disk.
+
+Ids 0–3 are reserved and the same in every vocabulary:
+
+====  ===========  ==========================================================
+ id   token        meaning
+====  ===========  ==========================================================
+ 0    ``<pad>``    padding after the end of a caption (masked out of the loss)
+ 1    ``<start>``  the first input word of every caption
+ 2    ``<end>``    the last target word of every caption
+ 3    ``<unk>``    any word seen fewer than ``min_word_count`` times in training
+====  ===========  ==========================================================
+
+Words follow, most frequent first (ties alphabetical), so the file is the same on every machine.
+``vocab.txt`` holds one token per line and line *i* (from 0) is id *i*, the layout
+``tf.keras.layers.StringLookup`` and ``tf.lookup.TextFileInitializer`` read.
+
+Worked example::
+
+    >>> v = Vocabulary.build([["a", "red", "circle"], ["a", "circle"], ["a", "square"]], min_word_count=2)
+    >>> v.words
+    ('<pad>', '<start>', '<end>', '<unk>', 'a', 'circle')
+    >>> v.encode(["a", "red", "circle"])
+    [1, 4, 3, 5, 2]
+    >>> v.decode([1, 4, 3, 5, 2, 0, 0])
+    ['a', '<unk>', 'circle']
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Iterable, Sequence
+
+from captioning.errors import InputError
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+RESERVED = (PAD, START, END, UNK)
+PAD_ID, START_ID, END_ID, UNK_ID = range(len(RESERVED))
+
+
+class Vocabulary:
+    """An immutable id ↔ word mapping whose first four entries are :data:`RESERVED`."""
+
+    def __init__(self, words: Sequence[str]):
+        words = tuple(words)
+        if words[: len(RESERVED)] != RESERVED:
+            raise InputError(f"a vocabulary must start with {', '.join(RESERVED)}; got {', '.join(words[:4])}")
+        if len(set(words)) != len(words):
+            duplicate = next(w for w, n in collections.Counter(words).items() if n > 1)
+            raise InputError(f"the vocabulary lists {duplicate!r} twice")
+        self.words = words
+        self._ids = {word: i for i, word in enumerate(words)}
+
+    @classmethod
+    def build(cls, captions: Iterable[Sequence[str]], min_word_count: int) -> "Vocabulary":
+        """Counts the tokens of ``captions`` and keeps those seen at least ``min_word_count`` times."""
+        counts = collections.Counter(token for caption in captions for token in caption)
+        kept = sorted((w for w, n in counts.items() if n >= min_word_count and w not in RESERVED),
+                      key=lambda w: (-counts[w], w))
+        return cls(RESERVED + tuple(kept))
+
+    @classmethod
+    def load(cls, path: str) -> "Vocabulary":
+        """Reads a ``vocab.txt`` written by :meth:`save`."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                words = [line.rstrip("\n") for line in f]
+        except OSError as e:
+            raise InputError(f"cannot read vocabulary {path}: {e.strerror}") from None
+        return cls(words)
+
+    def save(self, path: str) -> None:
+        """Writes one token per line, atomically (a temporary file renamed into place)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(word + "\n" for word in self.words))
+        os.replace(tmp, path)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.words == other.words
+
+    def id(self, word: str) -> int:
+        return self._ids.get(word, UNK_ID)
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        """``[<start>, ids of tokens..., <end>]``; unknown words become ``<unk>``."""
+        return [START_ID] + [self.id(t) for t in tokens] + [END_ID]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Words of ``ids`` up to the first ``<end>``, without ``<start>`` and padding."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == END_ID:
+                break
+            if i in (START_ID, PAD_ID):
+                continue
+            words.append(self.words[i])
+        return words
