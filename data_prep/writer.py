@@ -1,0 +1,99 @@
+"""Writes one shard: read each image, validate it, encode a record, rename the file when complete.
+
+A shard is written to ``NAME.tmp`` and renamed to ``NAME`` only after it is closed and synced, so a
+file under a final shard name is always complete. Before the rename, the shard's statistics (images,
+captions, skipped files) are written beside it in the output's ``.partial/`` folder; ``--resume``
+trusts a shard only when both exist. :func:`write_shard` runs in worker processes (see
+:mod:`data_prep.prepare`), so its task and result are plain picklable data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from data_prep.fileio import atomic_write_json
+from data_prep.images import ImageError, process_image
+
+
+@dataclass
+class Item:
+    image_id: int
+    filename: str
+    path: str | None  # None: bytes are in ShardTask.data
+    captions: list[str]
+    caption_ids: list[list[int]]
+
+
+@dataclass
+class ShardTask:
+    split: str
+    path: str  # final shard path
+    stats_path: str
+    items: list[Item]
+    shorter_side: int | None
+    jpeg_quality: int
+    data: list[bytes] | None = None  # encoded images of a streamed source, one per item
+
+
+def _read(item: Item, data: bytes | None) -> bytes:
+    if data is not None:
+        return data
+    try:
+        with open(item.path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ImageError("missing file") from None
+    except IsADirectoryError:
+        raise ImageError("not a file (a folder)") from None
+    except OSError as e:
+        raise ImageError(f"unreadable file: {e.strerror}") from None
+
+
+def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None) -> dict:
+    """Writes ``task``'s records and returns ``{"images", "captions", "skipped": [{"image", "reason"}]}``."""
+    import tensorflow as tf
+
+    from captioning import schema
+
+    tmp = task.path + ".tmp"
+    stats = {"split": task.split, "shard": os.path.basename(task.path), "images": 0, "captions": 0, "skipped": []}
+    pending = 0
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for i, item in enumerate(task.items):
+            try:
+                data = _read(item, task.data[i] if task.data is not None else None)
+                jpeg, height, width = process_image(data, task.shorter_side, task.jpeg_quality)
+            except ImageError as e:
+                stats["skipped"].append({"image": item.filename, "reason": str(e)})
+            else:
+                writer.write(schema.encode_example(
+                    image_id=item.image_id, filename=item.filename, jpeg=jpeg, height=height, width=width,
+                    captions=item.captions, caption_ids=item.caption_ids))
+                stats["images"] += 1
+                stats["captions"] += len(item.captions)
+            pending += 1
+            if pending == 16:
+                report(pending)
+                pending = 0
+    report(pending)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    atomic_write_json(task.stats_path, stats)
+    os.replace(tmp, task.path)
+    return stats
+
+
+_progress_queue = None
+
+
+def init_worker(queue) -> None:
+    """Process-pool initializer: keeps TF quiet and remembers where to report progress."""
+    global _progress_queue
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _progress_queue = queue
+
+
+def run_in_worker(task: ShardTask) -> dict:
+    return write_shard(task, report=_progress_queue.put)
