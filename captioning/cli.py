@@ -1,0 +1,158 @@
+"""The ``captioning`` command line: one subcommand per stage of the data's path.
+
+Parsers are built with argparse only; each handler imports its stage when it runs, so ``--help`` is
+instant and a stage never pays for another's imports (TensorFlow takes seconds to load).
+
+Exit codes: 0 success; 1 finished with errors on some inputs; 2 usage or input error (one line on
+stderr, no traceback); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from captioning import __version__
+from captioning.errors import InputError
+
+log = logging.getLogger("captioning")
+
+
+def _key_int(text: str) -> tuple[str, int]:
+    name, eq, value = text.partition("=")
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if not eq or not name or number is None:
+        raise argparse.ArgumentTypeError(f"{text!r} must look like NAME=INTEGER, e.g. train=256")
+    return name, number
+
+
+def _add_synth(sub) -> None:
+    p = sub.add_parser(
+        "synth", help="write the synthetic 'shapes' dataset in COCO captions format",
+        description="Writes a deterministic synthetic captioning dataset: JPEG images of coloured shapes, "
+                    "five captions each, in COCO captions format (images/, annotations/captions_{train,val,test}"
+                    ".json) plus Karpathy's dataset_coco.json layout (annotations/dataset_shapes.json). "
+                    "Splits are 80/10/10. The same seed gives byte-identical files.")
+    p.add_argument("--output-dir", required=True, help="folder to write images/ and annotations/ into")
+    p.add_argument("--num-images", type=int, default=2000, help="number of images in all splits (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="write even if --output-dir is not empty")
+    p.set_defaults(handler=_run_synth)
+
+
+def _run_synth(args) -> int:
+    from data_prep.shapes import synthesize
+
+    log.info("writing %d synthetic images to %s", args.num_images, args.output_dir)
+    counts = synthesize(args.output_dir, args.num_images, args.seed, args.overwrite, progress=not args.quiet)
+    print(f"shapes dataset in {args.output_dir}: " + ", ".join(f"{k} {v} images" for k, v in counts.items()))
+    return 0
+
+
+def _add_prepare(sub) -> None:
+    p = sub.add_parser(
+        "prepare", help="turn COCO-format captions and images into sharded TFRecords",
+        description="Reads captions and images from one source, validates every image, tokenizes the "
+                    "captions, builds the vocabulary from the train split and writes one record per image "
+                    "into sharded TFRecords, with vocab.txt and manifest.json (written last).",
+        epilog="examples:\n"
+               "  captioning prepare --split train=captions_train2014.json:train2014/ \\\n"
+               "                     --split val=captions_val2014.json:val2014/ --output-dir data/coco\n"
+               "  captioning prepare --karpathy-json dataset_coco.json --images-root coco/ --output-dir data/k\n"
+               "  captioning prepare --tfds coco_captions --output-dir data/tfds",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_argument_group("source (exactly one kind)")
+    src.add_argument("--split", action="append", default=[], metavar="NAME=ANNOTATIONS.json:IMAGES_DIR",
+                     help="a COCO captions file and its images folder, read with pycocotools; repeat per split")
+    src.add_argument("--karpathy-json", metavar="FILE", help="Karpathy's dataset_coco.json (splits inside)")
+    src.add_argument("--images-root", metavar="ROOT", help="with --karpathy-json: image path = ROOT/filepath/filename")
+    src.add_argument("--tfds", metavar="NAME", help="a prepared TFDS dataset, e.g. coco_captions (never downloads)")
+    src.add_argument("--tfds-data-dir", metavar="DIR", help="TFDS data folder (default: TFDS's own default)")
+    src.add_argument("--keep-restval", action="store_true",
+                     help="keep Karpathy's 'restval' images as their own split instead of adding them to train")
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", required=True, help="folder for the shards, vocab.txt and manifest.json")
+    out.add_argument("--shards", action="append", default=[], type=_key_int, metavar="NAME=N",
+                     help="number of shards of a split; repeat per split "
+                          "(default: max(4, ceil(images / --images-per-shard)))")
+    out.add_argument("--images-per-shard", type=int, default=1000,
+                     help="images per shard when --shards does not say (default 1000, ~150 MB for COCO)")
+    out.add_argument("--shorter-side", type=int, default=None, metavar="PX",
+                     help="downscale images whose shorter side is larger to PX pixels (default: keep size)")
+    out.add_argument("--jpeg-quality", type=int, default=95,
+                     help="JPEG quality for images that must be re-encoded (default 95)")
+    out.add_argument("--seed", type=int, default=0, help="seed of the image order within shards (default 0)")
+    txt = p.add_argument_group("captions and vocabulary")
+    txt.add_argument("--min-word-count", type=int, default=4,
+                     help="words seen fewer times in train captions become <unk> (default 4, as im2txt)")
+    txt.add_argument("--max-caption-length", type=int, default=20,
+                     help="clip captions to this many words, <start>/<end> not counted (default 20)")
+    txt.add_argument("--keep-punctuation", action="store_true",
+                     help="keep punctuation tokens (default: drop them, as Karpathy's split does)")
+    txt.add_argument("--vocab", metavar="FILE", help="use this vocab.txt instead of building one from train")
+    run = p.add_argument_group("running")
+    run.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                     help=f"processes writing shards in parallel (default: the cores, here {os.cpu_count()})")
+    run.add_argument("--strict", action="store_true", help="fail on the first image that would be skipped")
+    run.add_argument("--overwrite", action="store_true", help="replace a prepared dataset in --output-dir")
+    run.add_argument("--resume", action="store_true",
+                     help="finish an interrupted run: keep its complete shards, write the rest")
+    p.set_defaults(handler=_run_prepare)
+
+
+def _run_prepare(args) -> int:
+    from data_prep.prepare import PrepareOptions, prepare, summarize
+
+    shards = {}
+    for name, count in args.shards:
+        shards[name] = count
+    opts = PrepareOptions(
+        output_dir=args.output_dir, split=args.split, karpathy_json=args.karpathy_json,
+        images_root=args.images_root, tfds=args.tfds, tfds_data_dir=args.tfds_data_dir,
+        keep_restval=args.keep_restval, shards=shards, images_per_shard=args.images_per_shard,
+        min_word_count=args.min_word_count, max_caption_length=args.max_caption_length,
+        keep_punctuation=args.keep_punctuation, vocab=args.vocab, shorter_side=args.shorter_side,
+        jpeg_quality=args.jpeg_quality, seed=args.seed, workers=args.workers, strict=args.strict,
+        overwrite=args.overwrite, resume=args.resume)
+    manifest = prepare(opts, progress=not args.quiet)
+    print(f"prepared dataset in {args.output_dir}")
+    print(summarize(manifest))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captioning", description="Show-and-Tell image captioning on TensorFlow 2: prepare data, "
+                                       "train, evaluate, caption.")
+    parser.add_argument("--version", action="version", version=f"captioning {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors; no progress bars")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, TensorFlow's included")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_synth(sub)
+    _add_prepare(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    try:
+        with logging_redirect_tqdm():  # log lines print above progress bars, not through them
+            return args.handler(args)
+    except InputError as e:
+        print(f"captioning {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"captioning {args.command}: interrupted", file=sys.stderr)
+        return 130
