@@ -1,0 +1,75 @@
+"""The command line as a user meets it: real processes, exit codes, one-line errors."""
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import coco_split_args, run_cli
+
+
+def test_help_explains_every_command():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("synth", "prepare"):
+        assert command in result.stdout
+        sub = run_cli(command, "--help")
+        assert sub.returncode == 0 and "--output-dir" in sub.stdout
+
+
+def test_every_prepare_flag_has_help_text():
+    text = run_cli("prepare", "--help").stdout
+    for flag in ("--split", "--karpathy-json", "--images-root", "--tfds", "--tfds-data-dir", "--keep-restval",
+                 "--shards", "--images-per-shard", "--shorter-side", "--jpeg-quality", "--seed",
+                 "--min-word-count", "--max-caption-length", "--keep-punctuation", "--vocab", "--workers",
+                 "--strict", "--overwrite", "--resume"):
+        assert flag in text
+
+
+def test_synth_then_prepare(tmp_path):
+    shapes = str(tmp_path / "shapes")
+    result = run_cli("synth", "--output-dir", shapes, "--num-images", "20", "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    assert "train 16 images" in result.stdout
+    args = []
+    for split in coco_split_args(shapes):
+        args += ["--split", split]
+    out = str(tmp_path / "records")
+    result = run_cli("prepare", *args, "--output-dir", out, "--workers", "2", "--shards", "train=2")
+    assert result.returncode == 0, result.stderr
+    assert "train" in result.stdout and "vocabulary:" in result.stdout
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["splits"]["train"]["shards"] == ["train-00000-of-00002.tfrecord",
+                                                     "train-00001-of-00002.tfrecord"]
+    assert manifest["config"]["workers"] == 2
+    again = run_cli("prepare", *args, "--output-dir", out)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["prepare", "--output-dir", "x", "--split", "train=missing.json:imgs"], "does not exist"),
+    (["prepare", "--output-dir", "x", "--split", "train=BAD.json:."], "is not valid JSON"),
+    (["prepare", "--output-dir", "x"], "exactly one source"),
+    (["prepare", "--output-dir", "x", "--split", "a=b:c", "--shards", "train=lots"], "NAME=INTEGER"),
+    (["synth", "--output-dir", "y", "--num-images", "1"], "at least 3"),
+    (["nonsense"], "invalid choice"),
+])
+def test_bad_input_exits_2_with_one_line(args, message, tmp_path):
+    (tmp_path / "BAD.json").write_text("{not json")
+    result = run_cli(*args, cwd=str(tmp_path))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(error_lines) == 1
+
+
+def test_python_dash_m_and_console_script_agree():
+    import shutil
+    import subprocess
+
+    exe = shutil.which("captioning", path=os.path.dirname(__import__("sys").executable))
+    if exe is None:
+        pytest.skip("the console script is installed by `pip install -e .` (make test does)")
+    assert subprocess.run([exe, "--version"], capture_output=True, text=True).stdout == \
+        run_cli("--version").stdout

@@ -1,0 +1,392 @@
+"""prepare end to end: real COCO/Karpathy/TFDS inputs → real TFRecords, read back with the shared schema."""
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning import schema
+from captioning.errors import InputError
+from captioning.text import tokenize_caption
+from captioning.vocab import UNK_ID, Vocabulary
+from data_prep import prepare as prepare_mod
+from data_prep.prepare import PrepareOptions, prepare, summarize
+from data_prep.shapes import load_split
+from tests.conftest import coco_split_args, encode, gradient
+
+REQUIRED_MANIFEST_KEYS = {"format_version", "splits", "vocab_size", "skipped", "config"}
+
+
+def read_records(out_dir, split):
+    """All records of a split, parsed with the schema's batched parser, as a list of plain dicts."""
+    files = sorted(glob.glob(os.path.join(out_dir, f"{split}-*.tfrecord")))
+    records = []
+    for batch in tf.data.TFRecordDataset(files).batch(7).map(schema.parse_batch):
+        for i in range(int(tf.shape(batch[schema.IMAGE_ID])[0])):
+            records.append({
+                "id": int(batch[schema.IMAGE_ID][i]),
+                "filename": batch[schema.IMAGE_FILENAME][i].numpy().decode(),
+                "jpeg": batch[schema.IMAGE_ENCODED][i].numpy(),
+                "height": int(batch[schema.IMAGE_HEIGHT][i]), "width": int(batch[schema.IMAGE_WIDTH][i]),
+                "captions": [c.decode() for c in batch[schema.CAPTION_TEXT][i].numpy()],
+                "ids": batch[schema.CAPTION_IDS][i].to_list(),
+            })
+    return records
+
+
+def shard_bytes(out_dir):
+    return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(os.path.join(out_dir, "*.tfrecord")))}
+
+
+def opts(out, **kw):
+    kw.setdefault("workers", 1)
+    return PrepareOptions(output_dir=str(out), **kw)
+
+
+@pytest.fixture(scope="module")
+def prepared(shapes_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("prepared")
+    manifest = prepare(opts(out, split=coco_split_args(shapes_dir)), progress=False)
+    return str(out), manifest
+
+
+def test_manifest(prepared, shapes_dir):
+    out, manifest = prepared
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        on_disk = json.load(f)
+    assert on_disk == json.loads(json.dumps(manifest))
+    assert REQUIRED_MANIFEST_KEYS <= set(on_disk)
+    assert on_disk["format_version"] == schema.FORMAT_VERSION
+    assert on_disk["skipped"] == []
+    for split, images in [("train", 32), ("val", 4), ("test", 4)]:
+        s = on_disk["splits"][split]
+        assert (s["images"], s["captions"]) == (images, images * 5)
+        assert s["shards"] == [schema.shard_name(split, i, 4) for i in range(4)]
+        assert all(os.path.exists(os.path.join(out, name)) for name in s["shards"])
+    with open(os.path.join(out, "vocab.txt"), encoding="utf-8") as f:
+        assert on_disk["vocab_size"] == len(f.read().splitlines())
+    config = on_disk["config"]
+    for key in ("min_word_count", "max_caption_length", "shorter_side", "jpeg_quality", "workers", "seed",
+                "shards", "keep_punctuation", "strict", "source"):
+        assert key in config
+    assert config["min_word_count"] == 4 and config["source"]["kind"] == "coco"
+    assert not os.path.exists(os.path.join(out, ".partial"))
+    assert "train" in summarize(manifest) and "vocabulary" in summarize(manifest)
+
+
+def test_records_round_trip(prepared, shapes_dir):
+    out, _ = prepared
+    vocab = Vocabulary.load(os.path.join(out, "vocab.txt"))
+    for split in ("train", "val", "test"):
+        coco = load_split(shapes_dir, split)
+        expected = {im["id"]: im for im in coco["images"]}
+        records = read_records(out, split)
+        assert sorted(r["id"] for r in records) == sorted(expected)
+        for r in records:
+            image = expected[r["id"]]
+            assert r["filename"] == image["file_name"]
+            original = open(os.path.join(shapes_dir, "images", image["file_name"]), "rb").read()
+            assert r["jpeg"] == original  # an RGB JPEG is stored as it was
+            pixels = tf.io.decode_jpeg(r["jpeg"], channels=3)
+            assert pixels.shape == (image["height"], image["width"], 3) == (r["height"], r["width"], 3)
+            anns = sorted((a for a in coco["annotations"] if a["image_id"] == r["id"]), key=lambda a: a["id"])
+            assert r["captions"] == [a["caption"] for a in anns]
+            assert r["ids"] == [vocab.encode(tokenize_caption(a["caption"])) for a in anns]
+
+
+def test_vocabulary_comes_from_train_only(shapes_dir, tmp_path):
+    val = load_split(shapes_dir, "val")
+    for ann in val["annotations"][:6]:
+        ann["caption"] += " zebra"  # six times in val, never in train
+    val_path = tmp_path / "captions_val.json"
+    val_path.write_text(json.dumps(val))
+    train = load_split(shapes_dir, "train")
+    out = tmp_path / "out"
+    prepare(opts(out, split=[coco_split_args(shapes_dir, ["train"])[0],
+                             f"val={val_path}:{shapes_dir}/images"]), progress=False)
+    vocab = Vocabulary.load(str(out / "vocab.txt"))
+    expected = Vocabulary.build([tokenize_caption(a["caption"]) for a in train["annotations"]], 4)
+    assert vocab == expected and "zebra" not in vocab.words
+    zebra_rows = [ids for r in read_records(str(out), "val") for ids in r["ids"] if ids[-2] == UNK_ID]
+    assert len(zebra_rows) == 6
+
+
+def make_quirky_coco(root):
+    """A COCO split with every kind of trouble prepare must survive, with real COCO's extra keys."""
+    images_dir = os.path.join(root, "imgs")
+    os.makedirs(images_dir)
+    exif = __import__("PIL.Image", fromlist=["Exif"]).Exif()
+    exif[0x0112] = 8
+    files = {
+        "good.jpg": encode(gradient(), "JPEG"),
+        "gray.jpg": encode(gradient("L"), "JPEG"),
+        "cmyk.jpg": encode(gradient("CMYK"), "JPEG"),
+        "palette.png": encode(gradient("P"), "PNG"),
+        "rgba.png": encode(gradient("RGBA"), "PNG"),
+        "png_named.jpg": encode(gradient(), "PNG"),
+        "rotated.jpg": encode(gradient(), "JPEG", exif=exif.tobytes()),
+        "corrupt.jpg": b"\xff\xd8\xff\xe0 definitely not a jpeg body",
+        "truncated.jpg": encode(gradient(size=(64, 64)), "JPEG")[:200],
+        "empty.jpg": b"",
+        "nocaption.jpg": encode(gradient(), "JPEG"),
+        "blankcaptions.jpg": encode(gradient(), "JPEG"),
+        "long.jpg": encode(gradient(), "JPEG"),
+    }
+    for name, data in files.items():
+        with open(os.path.join(images_dir, name), "wb") as f:
+            f.write(data)
+    os.makedirs(os.path.join(images_dir, "folder.jpg"))
+    names = list(files) + ["missing.jpg", "folder.jpg"]
+    images = [{"id": 100 + i, "file_name": n, "width": 48, "height": 32, "license": 3, "date_captured": "2013",
+               "coco_url": f"http://images.cocodataset.org/x/{n}", "flickr_url": "http://farm.example/x"}
+              for i, n in enumerate(names)]
+    anns, next_id = [], 1
+    for image in images:
+        if image["file_name"] == "nocaption.jpg":
+            continue
+        texts = ["A Photo of a GRADIENT.", "   ", "a colourful gradient image"]
+        if image["file_name"] == "blankcaptions.jpg":
+            texts = ["", "  \t ", "..."]
+        if image["file_name"] == "long.jpg":
+            texts = [" ".join(["gradient"] * 40)]
+        for text in texts:
+            anns.append({"id": next_id, "image_id": image["id"], "caption": text})
+            next_id += 1
+    data = {"info": {"year": 2014, "version": "1.0"}, "licenses": [{"id": 3, "name": "x", "url": ""}],
+            "images": images, "annotations": anns}
+    path = os.path.join(root, "captions_train.json")
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return f"train={path}:{images_dir}"
+
+
+def test_quirky_images_and_captions(tmp_path):
+    split = make_quirky_coco(str(tmp_path))
+    out = tmp_path / "out"
+    manifest = prepare(opts(out, split=[split], min_word_count=1), progress=False)
+    reasons = {s["image"]: s["reason"] for s in manifest["skipped"]}
+    assert set(reasons) == {"corrupt.jpg", "truncated.jpg", "empty.jpg", "missing.jpg", "folder.jpg",
+                            "nocaption.jpg", "blankcaptions.jpg"}
+    assert reasons["missing.jpg"] == "missing file"
+    assert reasons["empty.jpg"] == "empty file"
+    assert reasons["nocaption.jpg"] == reasons["blankcaptions.jpg"] == "no usable caption"
+    assert reasons["corrupt.jpg"].startswith("corrupt image")
+    assert reasons["truncated.jpg"].startswith("corrupt image")
+    assert reasons["folder.jpg"].startswith("not a file")
+    train = manifest["splits"]["train"]
+    assert train["images"] == 8  # good, gray, cmyk, palette, rgba, png_named, rotated, long
+    assert train["empty_captions"] == 12 + 3  # one blank caption on 12 listed images, 3 on blankcaptions
+    assert train["clipped_captions"] == 1
+    records = {r["filename"]: r for r in read_records(str(out), "train")}
+    assert set(records) == {"good.jpg", "gray.jpg", "cmyk.jpg", "palette.png", "rgba.png", "png_named.jpg",
+                            "rotated.jpg", "long.jpg"}
+    for r in records.values():
+        pixels = tf.io.decode_jpeg(r["jpeg"], channels=3).numpy()
+        assert pixels.shape == (r["height"], r["width"], 3)
+        assert r["jpeg"][:3] == b"\xff\xd8\xff"
+    assert (records["rotated.jpg"]["height"], records["rotated.jpg"]["width"]) == (48, 32)
+    assert records["good.jpg"]["captions"] == ["A Photo of a GRADIENT.", "a colourful gradient image"]
+    assert len(records["long.jpg"]["ids"][0]) == 20 + 2  # clipped to 20 words plus <start> and <end>
+
+    with pytest.raises(InputError, match="--strict"):
+        prepare(opts(tmp_path / "strict", split=[split], strict=True), progress=False)
+
+
+def karpathy_from_shapes(shapes_dir, tmp_path, restval=4):
+    with open(os.path.join(shapes_dir, "annotations", "dataset_shapes.json")) as f:
+        data = json.load(f)
+    train = [im for im in data["images"] if im["split"] == "train"]
+    for image in train[:restval]:
+        image["split"] = "restval"
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(json.dumps(data))
+    return str(path), {im["cocoid"] for im in train[:restval]}
+
+
+def test_karpathy_restval_joins_train_unless_kept(shapes_dir, tmp_path):
+    path, restval_ids = karpathy_from_shapes(shapes_dir, tmp_path)
+    merged = prepare(opts(tmp_path / "a", karpathy_json=path, images_root=shapes_dir), progress=False)
+    assert {k: v["images"] for k, v in merged["splits"].items()} == {"train": 32, "val": 4, "test": 4}
+    train_ids = {r["id"] for r in read_records(str(tmp_path / "a"), "train")}
+    assert restval_ids < train_ids
+    kept = prepare(opts(tmp_path / "b", karpathy_json=path, images_root=shapes_dir, keep_restval=True),
+                   progress=False)
+    assert {k: v["images"] for k, v in kept["splits"].items()} == {"train": 28, "restval": 4, "val": 4, "test": 4}
+    assert {r["id"] for r in read_records(str(tmp_path / "b"), "restval")} == restval_ids
+    # the same images and captions through either source give the same vocabulary as the COCO files
+    coco = prepare(opts(tmp_path / "c", split=coco_split_args(shapes_dir)), progress=False)
+    assert open(tmp_path / "a" / "vocab.txt").read() == open(tmp_path / "c" / "vocab.txt").read()
+    assert coco["vocab_size"] == merged["vocab_size"]
+
+
+def test_tfds_source_with_mock_data(shapes_dir, tmp_path):
+    """TFDS coco_captions, mocked with tfds.testing.mock_data (no download): examples are what TFDS
+    yields with SkipDecoding on the image: JPEG bytes, image/id, image/filename, captions/{id,text}."""
+    import tensorflow_datasets as tfds
+
+    splits = {s: load_split(shapes_dir, s) for s in ("train", "val", "test")}
+    splits["restval"] = {"images": splits["train"]["images"][:3], "annotations": splits["train"]["annotations"]}
+    splits["train"] = {"images": splits["train"]["images"][3:], "annotations": splits["train"]["annotations"]}
+    requested = []
+
+    def as_dataset(self, split, decoders=None, read_config=None, shuffle_files=False, **kwargs):
+        requested.append(split)
+        data = splits[split]
+        examples = []
+        for image in data["images"]:
+            anns = [a for a in data["annotations"] if a["image_id"] == image["id"]]
+            examples.append({
+                "image": open(os.path.join(shapes_dir, "images", image["file_name"]), "rb").read(),
+                "image/id": image["id"], "image/filename": image["file_name"],
+                "captions": {"id": [a["id"] for a in anns], "text": [a["caption"] for a in anns]},
+            })
+        return tf.data.Dataset.from_generator(lambda: iter(examples), output_signature={
+            "image": tf.TensorSpec([], tf.string), "image/id": tf.TensorSpec([], tf.int64),
+            "image/filename": tf.TensorSpec([], tf.string),
+            "captions": {"id": tf.TensorSpec([None], tf.int64), "text": tf.TensorSpec([None], tf.string)}})
+
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+        manifest = prepare(opts(tmp_path / "out", tfds="coco_captions", tfds_data_dir=str(tmp_path / "tfds")),
+                           progress=False)
+    assert {"train", "restval", "val", "test"} <= set(requested)
+    assert {k: v["images"] for k, v in manifest["splits"].items()} == {"train": 32, "val": 4, "test": 4}
+    assert manifest["config"]["source"] == {"kind": "tfds", "name": "coco_captions",
+                                            "data_dir": str(tmp_path / "tfds"), "keep_restval": False}
+    records = read_records(str(tmp_path / "out"), "train")
+    train_ids = {im["id"] for im in load_split(shapes_dir, "train")["images"]}
+    assert {r["id"] for r in records} == train_ids
+    for r in records:
+        assert tf.io.decode_jpeg(r["jpeg"], channels=3).shape == (r["height"], r["width"], 3)
+        assert len(r["captions"]) == 5 == len(r["ids"])
+
+
+def test_parallel_workers_write_the_same_records(shapes_dir, tmp_path):
+    prepare(opts(tmp_path / "one", split=coco_split_args(shapes_dir), workers=1), progress=False)
+    prepare(opts(tmp_path / "two", split=coco_split_args(shapes_dir), workers=2), progress=False)
+    one, two = shard_bytes(tmp_path / "one"), shard_bytes(tmp_path / "two")
+    assert len(one) == 12 and one == two
+
+
+def test_shard_counts(shapes_dir, tmp_path):
+    manifest = prepare(opts(tmp_path / "o", split=coco_split_args(shapes_dir), shards={"train": 3, "val": 1}),
+                       progress=False)
+    assert len(manifest["splits"]["train"]["shards"]) == 3
+    assert len(manifest["splits"]["val"]["shards"]) == 1
+    assert len(manifest["splits"]["test"]["shards"]) == 4
+    sizes = [len(read_records(str(tmp_path / "o"), "train"))]
+    assert sizes == [32]
+    assert prepare_mod.default_num_shards(113287) == 114 and prepare_mod.default_num_shards(2) == 2
+
+
+class Interrupt(BaseException):
+    pass
+
+
+def test_resume_after_interruption_equals_a_clean_run(shapes_dir, tmp_path, monkeypatch):
+    args = coco_split_args(shapes_dir)
+    prepare(opts(tmp_path / "clean", split=args), progress=False)
+
+    real = prepare_mod.write_shard.__globals__["process_image"]
+    calls = {"n": 0}
+
+    def dies_after_20(*a, **k):  # the 21st image "crashes" the run, mid-shard
+        calls["n"] += 1
+        if calls["n"] > 20:
+            raise Interrupt()
+        return real(*a, **k)
+
+    monkeypatch.setitem(prepare_mod.write_shard.__globals__, "process_image", dies_after_20)
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupt):
+        prepare(opts(out, split=args), progress=False)
+    left = sorted(os.listdir(out))
+    assert "manifest.json" not in left and ".partial" in left
+    assert len([n for n in left if n.endswith(".tfrecord")]) == 2  # 8 images per train shard: 2 complete
+    assert len([n for n in left if n.endswith(".tfrecord.tmp")]) == 1  # the one being written
+    with pytest.raises(InputError, match="--resume"):
+        prepare(opts(out, split=args), progress=False)
+
+    monkeypatch.setitem(prepare_mod.write_shard.__globals__, "process_image", real)
+    calls["n"] = 0
+    manifest = prepare(opts(out, split=args, resume=True), progress=False)
+    assert shard_bytes(out) == shard_bytes(tmp_path / "clean")
+    clean = json.load(open(tmp_path / "clean" / "manifest.json"))
+    assert {k: v for k, v in manifest.items() if k != "config"} == {k: v for k, v in clean.items() if k != "config"}
+    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "clean"))
+
+
+def test_resume_refuses_other_options(shapes_dir, tmp_path):
+    out = tmp_path / "o"
+    os.makedirs(out / ".partial")
+    (out / ".partial" / "plan.json").write_text(json.dumps({"fingerprint": "from another run"}))
+    with pytest.raises(InputError, match="differ from the interrupted run"):
+        prepare(opts(out, split=coco_split_args(shapes_dir), resume=True), progress=False)
+
+
+def test_complete_output_is_refused_unless_overwrite(shapes_dir, tmp_path):
+    out = tmp_path / "o"
+    prepare(opts(out, split=coco_split_args(shapes_dir), shards={"train": 5}), progress=False)
+    (out / "notes.txt").write_text("a researcher's file")
+    with pytest.raises(InputError, match="--overwrite"):
+        prepare(opts(out, split=coco_split_args(shapes_dir)), progress=False)
+    with pytest.raises(InputError, match="--overwrite"):
+        prepare(opts(out, split=coco_split_args(shapes_dir), resume=True), progress=False)
+    manifest = prepare(opts(out, split=coco_split_args(shapes_dir), overwrite=True), progress=False)
+    assert len(manifest["splits"]["train"]["shards"]) == 4
+    assert not os.path.exists(out / schema.shard_name("train", 0, 5))  # the old plan's shards are gone
+    assert (out / "notes.txt").read_text() == "a researcher's file"  # other files are left alone
+
+
+def test_given_vocabulary_is_used(prepared, shapes_dir, tmp_path):
+    out, _ = prepared
+    manifest = prepare(opts(tmp_path / "o", split=coco_split_args(shapes_dir, ["test"]),
+                            vocab=os.path.join(out, "vocab.txt")), progress=False)
+    assert open(tmp_path / "o" / "vocab.txt").read() == open(os.path.join(out, "vocab.txt")).read()
+    assert manifest["splits"]["test"]["images"] == 4
+
+
+@pytest.mark.parametrize("case, message", [
+    ("malformed", "is not valid JSON"),
+    ("unknown_image", "refers to unknown image id 999999"),
+    ("missing_file", "does not exist"),
+    ("empty", "is empty"),
+    ("instances", "has no 'caption'"),
+    ("duplicate_image", "appears twice"),
+    ("no_train", "no 'train' split"),
+    ("bad_split_arg", "must look like NAME=ANNOTATIONS.json:IMAGES_DIR"),
+    ("two_sources", "exactly one source"),
+])
+def test_bad_input_is_one_clear_error(case, message, shapes_dir, tmp_path):
+    train = load_split(shapes_dir, "train")
+    path = tmp_path / "captions.json"
+    images = f"{shapes_dir}/images"
+    extra = {}
+    if case == "malformed":
+        path.write_text('{"images": [1, 2')
+    elif case == "unknown_image":
+        train["annotations"].append({"id": 1, "image_id": 999999, "caption": "a red circle"})
+    elif case == "empty":
+        train["images"], train["annotations"] = [], []
+    elif case == "instances":
+        train["annotations"] = [{"id": 1, "image_id": train["images"][0]["id"], "bbox": [0, 0, 1, 1]}]
+    elif case == "duplicate_image":
+        train["images"].append(dict(train["images"][0]))
+    elif case == "two_sources":
+        extra = {"tfds": "coco_captions"}
+    if case not in ("malformed",):
+        path.write_text(json.dumps(train))
+    split = f"train={path}:{images}"
+    if case == "missing_file":
+        split = f"train={tmp_path / 'nope.json'}:{images}"
+    elif case == "no_train":
+        split = f"val={path}:{images}"
+    elif case == "bad_split_arg":
+        split = str(path)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=message):
+        prepare(opts(out, split=[split], **extra), progress=False)
+    assert not os.path.exists(out / "manifest.json")
