@@ -1,0 +1,253 @@
+"""Experiment configs: typed dataclasses loaded from YAML, with ``base:`` inheritance and overrides.
+
+A config file sets any subset of the keys below; what it does not set keeps the default. ``base:`` names
+another config (a path relative to the file) whose values come first; chains are allowed, cycles are
+errors. ``--set section.key=value`` overrides come last and are parsed by the key's type (``true``/``no``
+for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type or a value
+outside its choices is an :class:`~captioning.errors.InputError` naming the valid keys nearby.
+
+Example (``experiments/show_and_tell_coco_finetune.yaml``)::
+
+    base: show_and_tell_coco.yaml
+    model:
+      encoder_trainable: true
+    train:
+      learning_rate: 0.0005
+
+Only ``yaml.safe_load`` is used: a config can never construct Python objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from captioning.errors import InputError
+
+
+def _choices(*values: str) -> dict:
+    return {"choices": values}
+
+
+@dataclass
+class DataConfig:
+    dir: str = ""  # a folder written by `captioning prepare` (manifest.json, vocab.txt, shards)
+    train_split: str = "train"
+    eval_split: str = "val"
+    image_size: int = 299  # side of the square crop the encoder sees
+    resize_size: int = 346  # images are resized to this square before the crop (im2txt: 346 → 299)
+    captions_per_image: str = field(default="all", metadata=_choices("all", "sample"))
+    cache: str = field(default="none", metadata=_choices("none", "memory", "disk", "features"))
+    cache_dir: str = ""  # for cache: disk (default: <model_dir>/cache)
+    shuffle_buffer: int = 2048  # in images
+    parse_batch_size: int = 64  # records parsed per tf.io.parse_example call
+    bucket_boundaries: list[int] = field(default_factory=lambda: [8, 10, 12, 14, 16, 18])
+    random_crop: bool = True
+    random_flip: bool = True
+    color_jitter: bool = False
+    deterministic: bool = False  # fixed element order (slower); training is non-deterministic by default
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    encoder: str = field(default="inception_v3", metadata=_choices(
+        "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))
+    encoder_weights: str = "none"  # none | imagenet | a path to a weights file
+    encoder_trainable: bool = False
+    embedding_size: int = 512
+    lstm_units: int = 512
+    dropout: float = 0.3  # on the LSTM's inputs and outputs (im2txt: keep probability 0.7)
+    init_scale: float = 0.08  # uniform initialisation in [-init_scale, init_scale]
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1_000_000  # total, across restarts
+    batch_size: int = 32  # global: split evenly over replicas
+    optimizer: str = field(default="sgd", metadata=_choices("sgd", "adam"))
+    learning_rate: float = 2.0
+    lr_schedule: str = field(default="step", metadata=_choices("constant", "step", "exponential", "cosine"))
+    lr_decay_factor: float = 0.5
+    lr_decay_epochs: float = 8.0  # step / exponential schedules: one decay every this many epochs
+    warmup_steps: int = 0
+    clip_gradient_norm: float = 5.0  # 0 disables clipping
+    checkpoint_every_steps: int = 1000
+    keep_checkpoints: int = 5
+    log_every_steps: int = 100
+    eval_every_steps: int = 1000  # validation loss / perplexity; 0 disables
+    eval_batches: int = 20
+    sample_captions: int = 3  # captions written to TensorBoard at each evaluation
+    mixed_precision: bool = False
+    seed: int = 0
+
+
+@dataclass
+class DistributeConfig:
+    strategy: str = field(default="auto", metadata=_choices("auto", "default", "mirrored", "multi_worker", "tpu"))
+    logical_cpus: int = 0  # split the CPU into this many logical devices (0 or 1: no split)
+    tpu: str = ""  # TPU name or address, for strategy: tpu
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    distribute: DistributeConfig = field(default_factory=DistributeConfig)
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def all_keys() -> list[str]:
+    return [f"{s}.{k}" for s, sf in _fields(Config).items() for k in _fields(sf.default_factory)]
+
+
+def _unknown(key: str) -> InputError:
+    section = key.split(".")[0]
+    sections = list(_fields(Config))
+    if section not in sections:
+        near = difflib.get_close_matches(section, sections, n=2, cutoff=0.5)
+        hint = f"did you mean {', '.join(near)}? " if near else ""
+        return InputError(f"unknown config section {section!r} in {key!r}; {hint}sections are {', '.join(sections)}")
+    near = difflib.get_close_matches(key, all_keys(), n=4, cutoff=0.5) or \
+        [k for k in all_keys() if k.startswith(section + ".")]
+    return InputError(f"unknown config key {key!r}; did you mean {', '.join(near)}?")
+
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
+    """Checks ``value`` against the field's type (parsing it first when it came from --set)."""
+    kind = typing.get_type_hints(_owner[key.split(".")[0]])[f.name]
+    try:
+        if kind is bool:
+            if from_text or isinstance(value, str):
+                text = str(value).strip().lower()
+                if text not in _TRUE | _FALSE:
+                    raise ValueError
+                value = text in _TRUE
+            elif not isinstance(value, bool):
+                raise ValueError
+        elif kind is int:
+            if isinstance(value, bool) or (not from_text and not isinstance(value, int)):
+                raise ValueError
+            value = int(str(value).strip()) if from_text else value
+        elif kind is float:
+            # YAML 1.1 reads 5e-4 (no dot) as a string, so a float field also takes numeric strings.
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            value = float(str(value).strip()) if isinstance(value, str) else float(value)
+        elif kind is str:
+            if value is None:
+                value = ""
+            if not isinstance(value, str):
+                raise ValueError
+            value = value.strip() if from_text else value
+        elif typing.get_origin(kind) is list:
+            if from_text:
+                text = str(value).strip().strip("[]")
+                value = [int(v) for v in text.split(",") if v.strip()] if text else []
+            elif not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                raise ValueError
+            value = list(value)
+        else:  # pragma: no cover - a new field type must be added above
+            raise TypeError(f"config field {key} has unsupported type {kind}")
+    except ValueError:
+        name = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}.get(
+            kind, "a list of integers like [8, 12]")
+        raise InputError(f"config key {key} must be {name}, got {value!r}") from None
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise InputError(f"config key {key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+_owner = {name: f.default_factory for name, f in _fields(Config).items()}
+
+
+def _set(config: Config, key: str, value, from_text: bool) -> None:
+    section, dot, name = key.partition(".")
+    if not dot or section not in _owner or name not in _fields(_owner[section]):
+        raise _unknown(key)
+    f = _fields(_owner[section])[name]
+    setattr(getattr(config, section), name, _convert(key, f, value, from_text))
+
+
+def _set_section(config: Config, section: str, values, where: str) -> None:
+    if values is None:  # "train:" with nothing under it
+        return
+    if not isinstance(values, dict):
+        raise InputError(f"{where}: section {section!r} must be a mapping of keys")
+    for name, value in values.items():
+        _set(config, f"{section}.{name}", value, from_text=False)
+
+
+def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """The file and its bases, base first, as (path, mapping) pairs."""
+    path = os.path.abspath(path)
+    if path in chain:
+        raise InputError(f"config {path} inherits from itself: {' -> '.join(chain + (path,))}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError(f"config {path} does not exist") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise InputError(f"config {path} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise InputError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
+    base = data.pop("base", None)
+    layers = []
+    if base:
+        layers = _read_yaml(os.path.join(os.path.dirname(path), str(base)), chain + (path,))
+    return layers + [(path, data)]
+
+
+def load_config(path: str | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Defaults ← ``path`` and its bases ← ``overrides`` (``"section.key=value"`` strings)."""
+    config = Config()
+    for source, data in _read_yaml(path) if path else []:
+        for section, values in data.items():
+            if section not in _owner:
+                raise _unknown(str(section))
+            _set_section(config, section, values, f"config {source}")
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if not eq:
+            raise InputError(f"--set {override!r} must look like section.key=value")
+        _set(config, key.strip(), value, from_text=True)
+    return config
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: dict) -> Config:
+    """The inverse of :func:`to_dict`, with the same checks as a YAML file."""
+    config = Config()
+    for section, values in data.items():
+        if section not in _owner:
+            raise _unknown(str(section))
+        _set_section(config, section, values, "config")
+    return config
+
+
+def save_config(config: Config, path: str) -> None:
+    """Writes the resolved config (every key) as YAML, atomically."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_dict(config), f, sort_keys=False)
+    os.replace(tmp, path)

@@ -1,0 +1,271 @@
+"""Tests for captioning.config: YAML loading, ``base:`` inheritance, ``--set`` overrides and their errors."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from captioning.config import Config, TrainConfig, all_keys, from_dict, load_config, save_config, to_dict
+from captioning.errors import InputError
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def load_error(tmp_path, text="", overrides=()):
+    """The message of the InputError raised by loading ``text`` (or only ``overrides`` when text is None)."""
+    path = write(tmp_path / "c.yaml", text) if text is not None else None
+    with pytest.raises(InputError) as info:
+        load_config(path, overrides)
+    return str(info.value)
+
+
+def test_defaults_without_a_file(tmp_path):
+    c = load_config()
+    assert c == Config() == load_config(write(tmp_path / "empty.yaml", ""))
+    assert (c.train.steps, c.train.learning_rate, c.data.cache) == (1_000_000, 2.0, "none")
+    assert (c.model.encoder, c.distribute.strategy) == ("inception_v3", "auto")
+    assert c.data.bucket_boundaries == [8, 10, 12, 14, 16, 18]
+
+
+def test_file_overrides_keys_in_several_sections_and_keeps_other_defaults(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  dir: /data/coco\n  bucket_boundaries: [5, 9]\n"
+                 "model:\n  encoder: resnet50\n  dropout: 0\ntrain:\n  steps: 500\n  learning_rate: 2\n"
+                 "  mixed_precision: yes\n")
+    c = load_config(path)
+    assert (c.data.dir, c.data.bucket_boundaries, c.model.encoder) == ("/data/coco", [5, 9], "resnet50")
+    assert c.model.dropout == 0.0 and isinstance(c.model.dropout, float)  # an int is accepted for a float
+    assert c.train.steps == 500 and c.train.mixed_precision is True
+    assert c.train.learning_rate == 2.0 and isinstance(c.train.learning_rate, float)
+    assert c.data.image_size == 299 and c.model.lstm_units == 512 and c.train.batch_size == 32
+    assert c.distribute == Config().distribute
+
+
+def test_child_overrides_base(tmp_path):
+    write(tmp_path / "base.yaml", "train:\n  steps: 10\n  batch_size: 8\nmodel:\n  lstm_units: 64\n")
+    child = write(tmp_path / "child.yaml", "base: base.yaml\ntrain:\n  steps: 20\n")
+    c = load_config(child)
+    assert (c.train.steps, c.train.batch_size, c.model.lstm_units) == (20, 8, 64)
+
+
+def test_chain_of_three_files_in_different_directories(tmp_path):
+    write(tmp_path / "shared" / "grand.yaml", "train:\n  steps: 1\n  batch_size: 2\n  seed: 3\n")
+    write(tmp_path / "shared" / "family" / "parent.yaml",
+          "base: ../grand.yaml\ntrain:\n  batch_size: 20\nmodel:\n  encoder: small_cnn\n")
+    child = write(tmp_path / "experiments" / "child.yaml",
+                  "base: ../shared/family/parent.yaml\ntrain:\n  seed: 300\n")
+    c = load_config(child)
+    assert (c.train.steps, c.train.batch_size, c.train.seed, c.model.encoder) == (1, 20, 300, "small_cnn")
+
+
+def test_inheritance_cycle_is_an_error(tmp_path):
+    write(tmp_path / "a.yaml", "base: b.yaml\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(InputError, match="inherits from itself") as info:
+        load_config(str(tmp_path / "a.yaml"))
+    assert "a.yaml -> " in str(info.value) and "b.yaml -> " in str(info.value)
+
+
+@pytest.mark.parametrize("override, section, name, expected", [
+    ("train.steps=42", "train", "steps", 42),
+    ("train.steps= 7 ", "train", "steps", 7),
+    ("train.learning_rate=0.1", "train", "learning_rate", 0.1),
+    ("train.learning_rate=5e-4", "train", "learning_rate", 5e-4),
+    ("train.learning_rate=3", "train", "learning_rate", 3.0),
+    ("model.encoder_weights=/w/x=y.h5", "model", "encoder_weights", "/w/x=y.h5"),  # only the first '=' splits
+    ("data.dir=", "data", "dir", ""),
+    ("data.bucket_boundaries=[8, 12]", "data", "bucket_boundaries", [8, 12]),
+    ("data.bucket_boundaries=8,12", "data", "bucket_boundaries", [8, 12]),
+    ("data.bucket_boundaries=[]", "data", "bucket_boundaries", []),
+    ("data.bucket_boundaries=", "data", "bucket_boundaries", []),
+    ("data.cache=memory", "data", "cache", "memory"),
+] + [(f"data.random_flip={t}", "data", "random_flip", True) for t in ("true", "YES", "on", "1", "True")]
+  + [(f"data.random_crop={t}", "data", "random_crop", False) for t in ("false", "No", "OFF", "0")])
+def test_override_parses_by_type(override, section, name, expected):
+    value = getattr(getattr(load_config(overrides=[override]), section), name)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_overrides_win_over_file_and_reach_keys_not_in_file(tmp_path):
+    path = write(tmp_path / "c.yaml", "train:\n  steps: 10\n  optimizer: adam\n")
+    c = load_config(path, ["train.steps=99", "distribute.strategy=mirrored", "train.steps=100"])
+    assert (c.train.steps, c.train.optimizer, c.distribute.strategy) == (100, "adam", "mirrored")
+
+
+def test_unknown_key_in_file_suggests_close_keys(tmp_path):
+    message = load_error(tmp_path, "train:\n  stepz: 10\n")
+    assert "unknown config key 'train.stepz'" in message and "train.steps" in message
+
+
+def test_unknown_section_in_file(tmp_path):
+    message = load_error(tmp_path, "trian:\n  steps: 10\n")
+    assert "unknown config section 'trian'" in message and "did you mean train?" in message
+
+
+def test_unknown_key_via_set(tmp_path):
+    message = load_error(tmp_path, None, ["model.lstm_unit=3"])
+    assert "unknown config key 'model.lstm_unit'" in message and "model.lstm_units" in message
+    assert "unknown config key 'train'" in load_error(tmp_path, None, ["train=3"])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train:\n  steps: abc\n", "train.steps must be an integer, got 'abc'"),
+    ("train:\n  steps: 1.5\n", "train.steps must be an integer, got 1.5"),
+    ("train:\n  steps: true\n", "train.steps must be an integer, got True"),
+    ("train:\n  steps: [1]\n", "train.steps must be an integer"),
+    ("train:\n  learning_rate: \"x\"\n", "train.learning_rate must be a number, got 'x'"),
+    ("train:\n  learning_rate: false\n", "train.learning_rate must be a number"),
+    ("data:\n  random_flip: 3\n", "data.random_flip must be a boolean (true/false), got 3"),
+    ("data:\n  random_flip: maybe\n", "data.random_flip must be a boolean"),
+    ("data:\n  dir: 5\n", "data.dir must be a string, got 5"),
+    ("data:\n  bucket_boundaries: [1, x]\n", "data.bucket_boundaries must be a list of integers like [8, 12]"),
+    ("data:\n  bucket_boundaries: [1, true]\n", "data.bucket_boundaries must be a list of integers"),
+    ("data:\n  bucket_boundaries: 8\n", "data.bucket_boundaries must be a list of integers"),
+    ("model:\n  encoder: vgg\n", "model.encoder must be one of inception_v3, resnet50,"),
+])
+def test_wrong_type_in_file(tmp_path, text, expected):
+    assert expected in load_error(tmp_path, text)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.steps=abc", "train.steps must be an integer, got 'abc'"),
+    ("train.steps=1.5", "train.steps must be an integer"),
+    ("train.learning_rate=fast", "train.learning_rate must be a number"),
+    ("data.random_flip=2", "data.random_flip must be a boolean (true/false), got '2'"),
+    ("data.bucket_boundaries=8;12", "data.bucket_boundaries must be a list of integers"),
+    ("data.cache=foo", "data.cache must be one of none, memory, disk, features, got 'foo'"),
+    ("train.steps", "must look like section.key=value"),
+])
+def test_bad_override(tmp_path, override, expected):
+    assert expected in load_error(tmp_path, None, [override])
+
+
+def test_missing_file_or_base(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        load_config(str(tmp_path / "absent.yaml"))
+    assert "nowhere.yaml does not exist" in load_error(tmp_path, "base: nowhere.yaml\n")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train: {steps: 3\n", "is not valid YAML (line 2)"),
+    ("train:\n\tsteps: 3\n", "is not valid YAML"),
+    ("- train\n- model\n", "must be a mapping of sections, got list"),
+    ("just a string\n", "must be a mapping of sections, got str"),
+    ("train: 5\n", "section 'train' must be a mapping of keys"),
+    ("train: [steps]\n", "section 'train' must be a mapping of keys"),
+])
+def test_malformed_file(tmp_path, text, expected):
+    assert expected in load_error(tmp_path, text)
+
+
+def test_yaml_cannot_construct_python_objects(tmp_path):
+    marker = tmp_path / "executed"
+    text = f'train:\n  steps: !!python/object/apply:os.system ["touch {marker}"]\n'
+    assert "not valid YAML" in load_error(tmp_path, text)
+    assert "not valid YAML" in load_error(tmp_path, f'!!python/object/apply:os.system ["touch {marker}"]\n')
+    assert not marker.exists()
+
+
+def test_save_then_load_gives_equal_config(tmp_path):
+    c = load_config(overrides=["train.learning_rate=1e-05", "data.bucket_boundaries=[]", "data.dir=yes",
+                               "model.encoder_trainable=true", "distribute.tpu=123", "train.steps=7"])
+    path = write(tmp_path / "saved.yaml", "garbage: [\n")  # an existing file is replaced
+    save_config(c, path)
+    assert load_config(path) == c and load_config(path).distribute.tpu == "123"
+    assert not (tmp_path / "saved.yaml.tmp").exists()
+
+
+def test_from_dict_inverts_to_dict():
+    c = load_config(overrides=["model.encoder=mobilenet_v2", "data.bucket_boundaries=3,4", "train.seed=9"])
+    d = to_dict(c)
+    assert set(d) == {"data", "model", "train", "distribute"} and d["train"]["seed"] == 9
+    assert from_dict(d) == c
+    assert from_dict(to_dict(Config())) == Config()
+    with pytest.raises(InputError, match="train.stepz"):
+        from_dict({"train": {"stepz": 1}})
+
+
+def load_or_input_error(override):
+    try:
+        return load_config(overrides=[override])
+    except InputError:
+        return None
+
+
+PROPERTY = settings(max_examples=300, deadline=None)
+
+
+@PROPERTY
+@given(st.text())
+def test_any_text_for_int_field_gives_int_or_input_error(text):
+    c = load_or_input_error(f"train.steps={text}")
+    assert c is None or type(c.train.steps) is int
+
+
+@PROPERTY
+@given(st.one_of(st.text(), st.lists(st.integers()).map(lambda v: ",".join(map(str, v)))))
+def test_any_text_for_list_field_gives_int_list_or_input_error(text):
+    c = load_or_input_error(f"data.bucket_boundaries={text}")
+    assert c is None or all(type(v) is int for v in c.data.bucket_boundaries)
+
+
+@PROPERTY
+@given(st.text())
+def test_any_text_for_bool_field_gives_bool_or_input_error(text):
+    c = load_or_input_error(f"data.random_flip={text}")
+    assert c is None or c.data.random_flip is (text.strip().lower() in {"true", "yes", "on", "1"})
+
+
+def other_value(key):
+    """A value for ``key`` of its default's type, different from the default."""
+    section, name = key.split(".")
+    f = next(f for f in dataclasses.fields(type(getattr(Config(), section))) if f.name == name)
+    default = getattr(getattr(Config(), section), name)
+    if "choices" in f.metadata:
+        return next(c for c in f.metadata["choices"] if c != default)
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, list):
+        return default + [99] if default else [1, 2]
+    return default + ("x/y" if isinstance(default, str) else 1 if isinstance(default, int) else 0.25)
+
+
+@pytest.mark.parametrize("key", all_keys())
+def test_every_key_can_be_overridden(key):
+    value = other_value(key)
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    section, name = key.split(".")
+    got = getattr(getattr(load_config(overrides=[f"{key}={text}"]), section), name)
+    assert got == value and type(got) is type(value)
+
+
+def test_all_keys_names_every_field():
+    keys = all_keys()
+    assert len(keys) == len(set(keys)) == sum(len(v) for v in to_dict(Config()).values())
+    assert {"data.cache", "model.encoder", "train.steps", "distribute.tpu"} <= set(keys)
+
+
+def test_scientific_notation_float_in_yaml(tmp_path):
+    # PyYAML (YAML 1.1) reads 5e-4 as a string: a float field must still take it.
+    assert load_config(write(tmp_path / "c.yaml", "train:\n  learning_rate: 5e-4\n")).train.learning_rate == 5e-4
+
+
+def test_empty_section_keeps_defaults(tmp_path):
+    assert load_config(write(tmp_path / "c.yaml", "train:\nmodel:\n  lstm_units: 8\n")).train == TrainConfig()
+
+
+def test_set_strips_text_values_and_unknown_sections_are_named():
+    assert load_config(None, ["data.cache= memory "]).data.cache == "memory"
+    with pytest.raises(InputError, match="sections are data, model, train, distribute"):
+        load_config(None, ["nosection=3"])
+    with pytest.raises(InputError, match="did you mean train"):
+        load_config(None, ["trian.steps=3"])
+
+
+def test_from_dict_rejects_non_mapping_section():
+    with pytest.raises(InputError):
+        from_dict({"train": 5})
