@@ -114,3 +114,36 @@ def parse_batch(serialized: tf.Tensor) -> dict:
     ``[batch, (captions)]`` and ``caption/ids`` ragged ``[batch, (captions), (ids)]``.
     """
     return tf.io.parse_example(serialized, feature_spec())
+
+
+def read_manifest(data_dir: str) -> dict:
+    """Reads and checks ``data_dir/manifest.json``; raises InputError when it is missing or too new."""
+    import json
+    import os
+
+    from captioning.errors import InputError
+
+    path = os.path.join(data_dir, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{data_dir} is not a prepared dataset: {MANIFEST} is missing "
+                         "(run `captioning prepare`, or finish it with --resume)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e}") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"{path} has format_version {manifest.get('format_version')}; this code reads "
+                         f"{FORMAT_VERSION}: prepare the dataset again")
+    return manifest
+
+
+def split_files(data_dir: str, manifest: dict, split: str) -> list[str]:
+    """Full paths of a split's shards, as listed by the manifest."""
+    import os
+
+    from captioning.errors import InputError
+
+    if split not in manifest["splits"]:
+        raise InputError(f"split {split!r} is not in {data_dir} (it has {', '.join(manifest['splits'])})")
+    return [os.path.join(data_dir, name) for name in manifest["splits"][split]["shards"]]
