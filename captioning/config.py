@@ -60,6 +60,7 @@ class ModelConfig:
         "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))
     encoder_weights: str = "none"  # none | imagenet | a path to a weights file
     encoder_trainable: bool = False
+    sync_batch_norm: bool = True  # a trainable encoder's batch-norm statistics over the global batch
     embedding_size: int = 512
     lstm_units: int = 512
     dropout: float = 0.3  # on the LSTM's inputs and outputs (im2txt: keep probability 0.7)
@@ -251,3 +252,30 @@ def save_config(config: Config, path: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         yaml.safe_dump(to_dict(config), f, sort_keys=False)
     os.replace(tmp, path)
+
+
+def validate(config: Config) -> None:
+    """Checks that concern several keys at once; raises InputError."""
+    d, m, t = config.data, config.model, config.train
+    if not d.dir:
+        raise InputError("data.dir is not set: point it at a folder written by `captioning prepare`")
+    if d.cache == "features" and (m.encoder_trainable or d.random_crop or d.random_flip or d.color_jitter):
+        raise InputError("data.cache: features caches the frozen encoder's outputs, so it needs "
+                         "model.encoder_trainable: false and data.random_crop, data.random_flip and "
+                         "data.color_jitter all false")
+    if d.image_size > d.resize_size:
+        raise InputError(f"data.image_size ({d.image_size}) cannot exceed data.resize_size ({d.resize_size}): "
+                         "images are resized, then cropped")
+    for key, value in [("train.steps", t.steps), ("train.batch_size", t.batch_size),
+                       ("train.checkpoint_every_steps", t.checkpoint_every_steps),
+                       ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every_steps", t.log_every_steps),
+                       ("data.image_size", d.image_size), ("data.parse_batch_size", d.parse_batch_size),
+                       ("model.embedding_size", m.embedding_size), ("model.lstm_units", m.lstm_units)]:
+        if value < 1:
+            raise InputError(f"{key} must be at least 1, got {value}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise InputError(f"model.dropout must be in [0, 1), got {m.dropout}")
+    if t.learning_rate <= 0:
+        raise InputError(f"train.learning_rate must be positive, got {t.learning_rate}")
+    if list(d.bucket_boundaries) != sorted(set(d.bucket_boundaries)) or any(b < 1 for b in d.bucket_boundaries):
+        raise InputError(f"data.bucket_boundaries must be increasing positive lengths, got {d.bucket_boundaries}")
