@@ -125,6 +125,36 @@ def _run_prepare(args) -> int:
     return 0
 
 
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a model from an experiment config",
+        description="Trains the Show-and-Tell model described by a YAML experiment config (see experiments/). "
+                    "Starting again with the same --model-dir resumes from its latest checkpoint and stops at "
+                    "train.steps in total. The model folder also receives the resolved config (config.yaml), "
+                    "the vocabulary and TensorBoard logs (tensorboard --logdir MODEL_DIR/logs).",
+        epilog="examples:\n"
+               "  captioning train --config experiments/shapes.yaml --model-dir runs/shapes\n"
+               "  captioning train --config experiments/shapes.yaml --model-dir runs/s2 \\\n"
+               "      --set train.steps=200 --set distribute.logical_cpus=2 --set distribute.strategy=mirrored",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="experiment YAML (may inherit from another with base:)")
+    p.add_argument("--model-dir", required=True, help="folder for checkpoints, logs, config.yaml and vocab.txt")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="override one config key, parsed by its type (repeatable), e.g. train.steps=500")
+    p.set_defaults(handler=_run_train)
+
+
+def _run_train(args) -> int:
+    from captioning.config import load_config
+
+    cfg = load_config(args.config, args.overrides)  # config errors come before TensorFlow loads
+    from captioning.train import train
+
+    result = train(cfg, args.model_dir, progress=not args.quiet)
+    print(f"trained to step {result['step']} in {args.model_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captioning", description="Show-and-Tell image captioning on TensorFlow 2: prepare data, "
@@ -135,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_synth(sub)
     _add_prepare(sub)
+    _add_train(sub)
     return parser
 
 
@@ -145,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    if not args.verbose:  # TensorFlow's own Python logger narrates internals (checkpoint sharding, ...)
+        logging.getLogger("tensorflow").setLevel(logging.WARNING)
+        logging.getLogger("absl").setLevel(logging.WARNING)
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     try:

@@ -1,0 +1,105 @@
+"""Devices and ``tf.distribute`` strategies: one device, several GPUs, several machines, TPUs.
+
+:func:`configure_devices` must run before TensorFlow creates its runtime (before the first op), which
+is why the ``train`` command calls it first. ``distribute.logical_cpus: N`` splits the one physical CPU
+into N logical devices, so the same MirroredStrategy code that runs over GPUs runs on a laptop (and in
+this project's tests) with N replicas.
+
+=================  ==================================================================================
+``strategy``       what runs
+=================  ==================================================================================
+``auto``           MirroredStrategy over all GPUs when there is more than one, or over the logical
+                   CPUs when ``logical_cpus`` > 1; otherwise the default (one-device) strategy
+``default``        the default strategy: one device, no replication
+``mirrored``       MirroredStrategy over all GPUs, or over the logical CPUs when there is no GPU
+``multi_worker``   MultiWorkerMirroredStrategy; the cluster comes from ``TF_CONFIG``
+``tpu``            TPUStrategy on ``distribute.tpu`` (a name or grpc:// address)
+=================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import tensorflow as tf
+
+from captioning.config import DistributeConfig
+from captioning.errors import InputError
+
+log = logging.getLogger("captioning.distribute")
+
+
+def configure_devices(cfg: DistributeConfig) -> None:
+    """Splits the CPU into logical devices and lets GPU memory grow; call before any TF op."""
+    try:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if cfg.logical_cpus > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cfg.logical_cpus)])
+    except RuntimeError as e:  # the runtime already started: only the first call can change devices
+        current = len(tf.config.list_logical_devices("CPU"))
+        if cfg.logical_cpus > 1 and current != cfg.logical_cpus:
+            raise RuntimeError(f"distribute.logical_cpus={cfg.logical_cpus} must be set before TensorFlow "
+                               f"starts (it has {current} CPU devices already): {e}") from None
+
+
+def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
+    cpu_only = all("CPU" in d.upper() for d in devices)
+    # NCCL all-reduce is for GPUs; on CPUs gradients are reduced on one device and broadcast.
+    cross_device_ops = tf.distribute.ReductionToOneDevice() if cpu_only else None
+    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
+
+
+def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    name = cfg.strategy
+    if name == "auto":
+        name = "mirrored" if len(gpus) > 1 or (not gpus and len(cpus) > 1) else "default"
+    if name == "default":
+        strategy = tf.distribute.get_strategy()
+    elif name == "mirrored":
+        strategy = _mirrored(gpus or cpus)
+    elif name == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise InputError("distribute.strategy multi_worker needs the cluster in the TF_CONFIG environment "
+                             "variable (see the README's multi-machine section)")
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as e:
+            raise InputError(f"TF_CONFIG is not valid JSON: {e}") from None
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    elif name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.tpu or None)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    else:  # pragma: no cover - config choices prevent it
+        raise InputError(f"unknown distribute.strategy {name!r}")
+    log.info("strategy: %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
+    return strategy
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the worker that writes checkpoints and summaries (always, without multi-worker)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True
+    return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0
+                                             and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def worker_id(strategy: tf.distribute.Strategy) -> str:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return "chief"
+    return f"{resolver.task_type}-{resolver.task_id}"
+
+
+def mixed_precision_policy() -> str:
+    """``mixed_float16`` on GPUs (with loss scaling), ``mixed_bfloat16`` on CPUs and TPUs (none needed)."""
+    return "mixed_float16" if tf.config.list_logical_devices("GPU") else "mixed_bfloat16"
