@@ -1,0 +1,174 @@
+"""Training for real: loss goes down, checkpoints resume, and data-parallel runs compute what one
+device computes (MirroredStrategy over 2 logical CPUs; 2 MultiWorkerMirroredStrategy processes)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from captioning.config import load_config
+from captioning.errors import InputError
+from data_prep.prepare import PrepareOptions, prepare
+from tests.conftest import REPO, coco_split_args, run_cli
+
+WORKER = os.path.join(REPO, "tests", "distributed_worker.py")
+
+
+@pytest.fixture(scope="module")
+def data_dir(shapes_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("records"))
+    prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1, min_word_count=1),
+            progress=False)
+    return out
+
+
+def small_config(data_dir, *extra):
+    sys.path.insert(0, os.path.dirname(WORKER))
+    from distributed_worker import small_config as make
+
+    return make(data_dir, *extra)
+
+
+def test_training_lowers_the_loss(data_dir, tmp_path):
+    from captioning.train import Trainer
+
+    cfg = small_config(data_dir, "train.steps=80", "train.optimizer=adam", "train.learning_rate=0.01",
+                       "model.embedding_size=32", "model.lstm_units=32", "train.eval_every_steps=80",
+                       "train.eval_batches=5", "train.sample_captions=2")
+    trainer = Trainer(cfg, str(tmp_path / "model"))
+    before = trainer.evaluate_loss()
+    result = trainer.run(progress=False)
+    after = trainer.evaluate_loss()
+    losses = result["losses"]
+    assert result["step"] == 80 and len(losses) == 80
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5])  # from ~ln(V) down by far more than noise
+    assert after["loss"] < 0.7 * before["loss"] and after["tokens"] == before["tokens"] > 0
+    assert after["perplexity"] == pytest.approx(np.exp(after["loss"]))
+    samples = trainer.sample_captions(2)
+    assert len(samples) == 2 and all(caption for _, caption, _ in samples)
+    logs = os.listdir(tmp_path / "model" / "logs" / "train")
+    assert logs and os.listdir(tmp_path / "model" / "logs" / "eval")
+    assert sorted(os.listdir(tmp_path / "model"))[:3] == ["checkpoint", "ckpt-80.data-00000-of-00001", "ckpt-80.index"]
+
+
+def test_resume_continues_from_the_latest_checkpoint(data_dir, tmp_path):
+    from captioning.train import Trainer
+
+    model_dir = str(tmp_path / "model")
+    first = Trainer(small_config(data_dir, "train.steps=20", "train.checkpoint_every_steps=10"), model_dir).run(
+        progress=False)
+    assert first["step"] == 20 and first["trained_steps"] == 20
+    second_trainer = Trainer(small_config(data_dir, "train.steps=30", "train.checkpoint_every_steps=10"), model_dir)
+    assert int(second_trainer.step.numpy()) == 20  # restored, not started again
+    second = second_trainer.run(progress=False)
+    assert second["step"] == 30 and second["trained_steps"] == 10
+    names = set(os.listdir(model_dir))
+    assert {"ckpt-10.index", "ckpt-20.index", "ckpt-30.index", "config.yaml", "vocab.txt"} <= names
+    done = Trainer(small_config(data_dir, "train.steps=30"), model_dir).run(progress=False)
+    assert done["trained_steps"] == 0
+
+
+def test_model_dir_of_another_model_is_refused(data_dir, tmp_path):
+    from captioning.train import Trainer
+
+    model_dir = str(tmp_path / "model")
+    Trainer(small_config(data_dir, "train.steps=1"), model_dir)
+    with pytest.raises(InputError, match="model.lstm_units"):
+        Trainer(small_config(data_dir, "model.lstm_units=24"), model_dir)
+    with open(os.path.join(model_dir, "vocab.txt"), "a") as f:
+        f.write("extraword\n")
+    with pytest.raises(InputError, match="another vocabulary"):
+        Trainer(small_config(data_dir), model_dir)
+
+
+def test_features_cache_needs_a_frozen_encoder_and_no_augmentation(data_dir, tmp_path):
+    from captioning.train import Trainer
+
+    with pytest.raises(InputError, match="data.cache: features"):
+        Trainer(small_config(data_dir, "data.cache=features"), str(tmp_path / "m"))
+    cfg = small_config(data_dir, "data.cache=features", "model.encoder_trainable=false", "data.random_crop=false",
+                       "train.steps=5")
+    assert Trainer(cfg, str(tmp_path / "m")).run(progress=False)["step"] == 5
+
+
+def run_worker(args, env=None, timeout=600):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    return subprocess.Popen([sys.executable, WORKER, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_mirrored_two_replicas_equal_one_device(data_dir, tmp_path):
+    proc = run_worker(["mirrored", data_dir, str(tmp_path)])
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    r = np.load(tmp_path / "mirrored.npz")
+    assert (int(r["one_replicas"]), int(r["two_replicas"])) == (1, 2)
+    assert r["tokens_first_half"] != r["tokens_second_half"]  # replicas hold different token counts
+    assert float(r["one_norm"]) > 0.05  # so clipping at 0.05 was active
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 20
+    for name in names:  # trainable weights and batch-norm statistics alike
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_multi_worker_processes_end_with_identical_weights(data_dir, tmp_path):
+    ports = [free_port(), free_port()]
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+        procs.append(run_worker(["multi_worker", data_dir, str(tmp_path)], env={"TF_CONFIG": json.dumps(tf_config)}))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=600)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+    assert int(a["replicas"]) == 2 and len(a["losses"]) == 4
+    np.testing.assert_array_equal(a["losses"], b["losses"])
+    assert a["losses"][-1] < a["losses"][0]
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    model_dir = tmp_path / "model"
+    assert (model_dir / "ckpt-4.index").exists()  # the chief wrote the checkpoint
+    assert not [n for n in os.listdir(model_dir) if n.startswith(".tmp-")]  # the other worker cleaned up
+
+
+def test_train_cli_config_errors_exit_2(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  stepz: 10\n")
+    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"))
+    assert result.returncode == 2 and "did you mean train.steps" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=abc")
+    assert result.returncode == 2
+
+
+def test_train_cli_runs_and_resumes(data_dir, tmp_path):
+    config = tmp_path / "c.yaml"
+    cfg = small_config(data_dir, "train.steps=6", "train.checkpoint_every_steps=3")
+    from captioning.config import save_config
+
+    save_config(cfg, str(config))
+    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trained to step 6" in result.stdout
+    assert load_config(str(tmp_path / "m" / "config.yaml")) == cfg
+    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=9",
+                     "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resumed from" in result.stderr and "2 replica(s)" in result.stderr
+    assert (tmp_path / "m" / "ckpt-9.index").exists()
