@@ -70,11 +70,14 @@ def _records(files: list[str], cfg: DataConfig, training: bool, input_context) -
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
         ds = ds.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8), block_length=1,
-                       num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    read = tf.data.TFRecordDataset
     if shard_records:
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    return ds
+        # Fewer files than pipelines: each file's records are split by their position in the file, so
+        # the pipelines partition the data whatever order the (non-deterministic) interleave takes.
+        n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+        read = lambda f: tf.data.TFRecordDataset(f).shard(n, i)  # noqa: E731
+    return ds.interleave(read, cycle_length=min(len(files), 8), block_length=1,
+                         num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
 
 
 def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
@@ -174,7 +177,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
 
     def captions_of(example):
         if training and cfg.captions_per_image == "sample":
-            pick = tf.random.uniform([], 0, example["captions"].nrows(), dtype=tf.int64)
+            pick = tf.random.uniform([], 0, example["captions"].nrows(out_type=tf.int64), dtype=tf.int64)
             return tf.data.Dataset.from_tensors({key: example[key], "caption": example["captions"][pick]})
         return tf.data.Dataset.from_tensor_slices(example["captions"]).map(
             lambda caption: {key: example[key], "caption": caption})

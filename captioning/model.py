@@ -14,7 +14,8 @@ With im2txt's sizes (Inception v3, embedding 512, LSTM 512) the decoder's parts 
     word_embedding    V × 512
     logits            512 × V + V
 
-All decoder weights start uniform in ±``init_scale`` (0.08). Dropout (rate 0.3, im2txt's keep
+All decoder kernels and embeddings start uniform in ±``init_scale`` (0.08); biases start at 0 (the
+LSTM's forget-gate bias at 1, Keras's ``unit_forget_bias``). Dropout (rate 0.3, im2txt's keep
 probability 0.7) is applied to the LSTM's inputs and outputs. The logits layer always computes in
 float32, so mixed precision never puts the softmax in half precision.
 

@@ -49,6 +49,9 @@ from captioning.vocab import Vocabulary
 log = logging.getLogger("captioning.train")
 
 CONFIG_FILE = "config.yaml"
+# Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
+# runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
+ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
 VOCAB_FILE = "vocab.txt"
 
 
@@ -100,23 +103,27 @@ def examples_per_epoch(manifest: dict, cfg: config_lib.Config) -> int:
     return split["captions"] if cfg.data.captions_per_image == "all" else split["images"]
 
 
-def prepare_model_dir(model_dir: str, cfg: config_lib.Config, vocab: Vocabulary, chief: bool) -> None:
-    """Writes config.yaml and vocab.txt; refuses a folder made for another vocabulary or model shape."""
+def prepare_model_dir(model_dir: str, cfg: config_lib.Config, vocab: Vocabulary,
+                      chief: bool) -> config_lib.Config | None:
+    """Writes config.yaml and vocab.txt; refuses a folder made for another vocabulary or model shape.
+    Returns the folder's previous config, if any."""
     os.makedirs(model_dir, exist_ok=True)
     vocab_path = os.path.join(model_dir, VOCAB_FILE)
     config_path = os.path.join(model_dir, CONFIG_FILE)
     if os.path.exists(vocab_path) and Vocabulary.load(vocab_path) != vocab:
         raise InputError(f"{model_dir} was trained with another vocabulary than {cfg.data.dir}'s; "
                          "use a new --model-dir")
+    old = None
     if os.path.exists(config_path):
         old = config_lib.load_config(config_path)
-        if old.model != cfg.model:
-            diff = [k for k in config_lib.to_dict(cfg)["model"] if getattr(old.model, k) != getattr(cfg.model, k)]
+        diff = [k for k in ARCHITECTURE_KEYS if getattr(old.model, k) != getattr(cfg.model, k)]
+        if diff:
             raise InputError(f"{model_dir} holds a model with other model.{', model.'.join(diff)}; "
                              "use a new --model-dir or the same model settings")
     if chief:
         vocab.save(vocab_path)
         config_lib.save_config(cfg, config_path)
+    return old
 
 
 class Trainer:
@@ -131,7 +138,7 @@ class Trainer:
         self.vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
         self.strategy = strategy or distribute.make_strategy(cfg.distribute)
         self.chief = distribute.is_chief(self.strategy)
-        prepare_model_dir(model_dir, cfg, self.vocab, self.chief)
+        previous = prepare_model_dir(model_dir, cfg, self.vocab, self.chief)
         replicas = self.strategy.num_replicas_in_sync
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
@@ -156,7 +163,14 @@ class Trainer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=cfg.train.keep_checkpoints,
                                                   checkpoint_name="ckpt", step_counter=self.step)
         latest = tf.train.latest_checkpoint(model_dir)
-        if latest:
+        if latest and previous is not None and previous.model.encoder_trainable != cfg.model.encoder_trainable:
+            # Keras optimizers track their variables by position, so when the set of trained variables
+            # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state
+            # no longer lines up: restore the model and the step, and start the optimizer afresh.
+            tf.train.Checkpoint(model=self.model, step=self.step).restore(latest).expect_partial()
+            log.info("resumed the model from %s at step %d with a new optimizer (model.encoder_trainable "
+                     "changed)", latest, int(self.step.numpy()))
+        elif latest:
             self.checkpoint.restore(latest).expect_partial()
             log.info("resumed from %s at step %d", latest, int(self.step.numpy()))
         self._train_steps: dict = {}

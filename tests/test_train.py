@@ -76,7 +76,11 @@ def test_model_dir_of_another_model_is_refused(data_dir, tmp_path):
     from captioning.train import Trainer
 
     model_dir = str(tmp_path / "model")
-    Trainer(small_config(data_dir, "train.steps=1"), model_dir)
+    Trainer(small_config(data_dir, "train.steps=2", "model.encoder_trainable=false"), model_dir).run(progress=False)
+    # fine-tuning continues in the same folder: trainability and dropout are not the architecture
+    finetune = Trainer(small_config(data_dir, "train.steps=4", "model.encoder_trainable=true", "model.dropout=0.1"),
+                       model_dir)
+    assert int(finetune.step.numpy()) == 2 and finetune.run(progress=False)["step"] == 4
     with pytest.raises(InputError, match="model.lstm_units"):
         Trainer(small_config(data_dir, "model.lstm_units=24"), model_dir)
     with open(os.path.join(model_dir, "vocab.txt"), "a") as f:
@@ -93,6 +97,19 @@ def test_features_cache_needs_a_frozen_encoder_and_no_augmentation(data_dir, tmp
     cfg = small_config(data_dir, "data.cache=features", "model.encoder_trainable=false", "data.random_crop=false",
                        "train.steps=5")
     assert Trainer(cfg, str(tmp_path / "m")).run(progress=False)["step"] == 5
+
+
+def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
+    import keras
+
+    from captioning.train import Trainer
+
+    trainer = Trainer(small_config(data_dir, "train.steps=3", "train.mixed_precision=true"), str(tmp_path / "m"))
+    assert keras.mixed_precision.global_policy().name == "float32"  # only the model was built mixed
+    assert trainer.model.lstm.compute_dtype == "bfloat16" and trainer.model.lstm.variable_dtype == "float32"
+    assert trainer.model.logits.compute_dtype == "float32"  # the softmax stays in float32
+    losses = trainer.run(progress=False)["losses"]
+    assert len(losses) == 3 and all(np.isfinite(losses))
 
 
 def run_worker(args, env=None, timeout=600):

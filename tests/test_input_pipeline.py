@@ -1,0 +1,337 @@
+"""The tf.data input pipeline on real prepared TFRecords (the shapes dataset), with no mocks.
+
+Ground truth is read straight from the records with ``schema.parse_batch`` and compared with what
+``make_dataset`` yields: bucketing, padding and masks, captions per epoch, caches, features,
+per-replica sharding and the crops.
+"""
+
+import bisect
+import collections
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning import schema
+from captioning.config import DataConfig
+from captioning.input_pipeline import decode_and_resize, make_dataset
+from captioning.vocab import END_ID, PAD_ID, START_ID
+from data_prep.prepare import PrepareOptions, prepare
+from tests.conftest import coco_split_args
+
+IMAGE, RESIZE = 32, 40
+OFFSET = (RESIZE - IMAGE) // 2  # the central crop starts at pixel 4
+BOUNDARIES = [10, 13, 16]  # the shapes captions have 7..19 input ids: all four buckets are used
+
+
+@pytest.fixture(scope="module")
+def data_dir(shapes_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("pipeline_data"))
+    manifest = prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1,
+                                      min_word_count=1), progress=False)
+    assert (manifest["splits"]["train"]["images"], manifest["splits"]["train"]["captions"]) == (32, 160)
+    assert len(manifest["splits"]["train"]["shards"]) == 4
+    return out
+
+
+def read_records(data_dir, split="train", files=None):
+    """Every record of ``split`` (or of ``files``), in file order: id, resized image, captions."""
+    manifest = schema.read_manifest(data_dir)
+    files = schema.split_files(data_dir, manifest, split) if files is None else files
+    records = []
+    for batch in tf.data.TFRecordDataset(files).batch(16).map(schema.parse_batch):
+        for i in range(int(tf.shape(batch[schema.IMAGE_ID])[0])):
+            resized = decode_and_resize(batch[schema.IMAGE_ENCODED][i], RESIZE).numpy()
+            records.append({"id": int(batch[schema.IMAGE_ID][i]), "resized": resized,
+                            "crop": resized[OFFSET:OFFSET + IMAGE, OFFSET:OFFSET + IMAGE],
+                            "captions": [tuple(c) for c in batch[schema.CAPTION_IDS][i].to_list()]})
+    return records
+
+
+@pytest.fixture(scope="module")
+def train_records(data_dir):
+    records = read_records(data_dir)
+    assert len(records) == 32 and sum(len(r["captions"]) for r in records) == 160
+    return records
+
+
+def config(data_dir, **kw):
+    values = dict(dir=data_dir, image_size=IMAGE, resize_size=RESIZE, bucket_boundaries=list(BOUNDARIES),
+                  deterministic=True, random_crop=False, random_flip=False, shuffle_buffer=64,
+                  parse_batch_size=8, seed=0)
+    values.update(kw)
+    return DataConfig(**values)
+
+
+def batches(ds, limit=None):
+    out = []
+    for batch in ds.as_numpy_iterator():
+        out.append(batch)
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def rows(batch_list):
+    """Each example of the batches as (full caption ids, input length, the batch's other keys' row)."""
+    for b in batch_list:
+        for i in range(b["input_ids"].shape[0]):
+            length = int(b["mask"][i].sum())
+            caption = (int(b["input_ids"][i, 0]),) + tuple(int(x) for x in b["target_ids"][i, :length])
+            yield caption, length, {k: v[i] for k, v in b.items()}
+
+
+def all_captions(records):
+    return collections.Counter(c for r in records for c in r["captions"])
+
+
+def bucket(length):
+    return bisect.bisect_right(BOUNDARIES, length)
+
+
+def test_bucketing_pads_each_batch_to_its_longest_caption(data_dir, train_records):
+    lengths = collections.Counter(len(c) - 1 for r in train_records for c in r["captions"])
+    per_bucket = collections.Counter()
+    for length, n in lengths.items():
+        per_bucket[bucket(length)] += n
+    assert set(per_bucket) == {0, 1, 2, 3}  # every bucket is exercised
+
+    # Evaluation keeps partial batches: each bucket gives ceil(n / 8) batches, all captions included.
+    got_lengths, got_sizes = collections.Counter(), collections.Counter()
+    for b in batches(make_dataset(config(data_dir), "train", training=False, batch_size=8)):
+        real = b["mask"].sum(axis=1).astype(int)
+        assert b["input_ids"].shape == b["target_ids"].shape == b["mask"].shape
+        assert b["input_ids"].shape[1] == real.max()  # padded only to the longest caption of the batch
+        assert b["mask"][:, -1].max() == 1.0
+        buckets = {bucket(int(n)) for n in real}
+        assert len(buckets) == 1, f"lengths {sorted(real)} span buckets {buckets}"
+        lo = ([0] + BOUNDARIES)[buckets.pop()]
+        assert real.min() >= lo
+        got_lengths.update(int(n) for n in real)
+        got_sizes[(bucket(int(real[0])), len(real))] += 1
+    assert got_lengths == lengths
+    expected_sizes = collections.Counter()
+    for k, n in per_bucket.items():
+        expected_sizes[(k, 8)] += n // 8
+        if n % 8:
+            expected_sizes[(k, n % 8)] += 1
+    assert got_sizes == expected_sizes
+
+    # Training drops each bucket's last partial batch: every batch is full, floor(n / 8) * 8 per bucket.
+    trained = collections.Counter()
+    train_ds = make_dataset(config(data_dir), "train", training=True, batch_size=8, repeat=False)
+    for b in batches(train_ds):
+        real = b["mask"].sum(axis=1).astype(int)
+        assert b["input_ids"].shape == (8, real.max())
+        assert len({bucket(int(n)) for n in real}) == 1
+        trained[bucket(int(real[0]))] += 8
+    assert trained == {k: n // 8 * 8 for k, n in per_bucket.items() if n >= 8}
+
+
+def test_input_target_and_mask(data_dir, train_records):
+    known = all_captions(train_records)
+    seen = 0
+    for b in batches(make_dataset(config(data_dir), "train", training=False, batch_size=16)):
+        inputs, targets, mask = b["input_ids"], b["target_ids"], b["mask"]
+        assert inputs.dtype == targets.dtype == np.int64 and mask.dtype == np.float32
+        np.testing.assert_array_equal(mask, (targets != PAD_ID).astype(np.float32))
+        assert (inputs[:, 0] == START_ID).all()
+        for i in range(inputs.shape[0]):
+            n = int(mask[i].sum())
+            assert n >= 2 and (mask[i, :n] == 1).all() and (mask[i, n:] == 0).all()
+            assert targets[i, n - 1] == END_ID
+            assert END_ID not in targets[i, :n - 1] and END_ID not in inputs[i, :n]
+            np.testing.assert_array_equal(inputs[i, 1:n], targets[i, :n - 1])  # shifted by one word
+            assert (inputs[i, n:] == PAD_ID).all() and (targets[i, n:] == PAD_ID).all()
+            caption = (int(inputs[i, 0]),) + tuple(int(x) for x in targets[i, :n])
+            assert caption in known
+            seen += 1
+    assert seen == 160
+
+
+def test_eval_yields_every_caption_exactly_once(data_dir, train_records):
+    expected = all_captions(train_records)
+    assert sum(expected.values()) == 160
+    got = collections.Counter(c for c, _, _ in rows(batches(
+        make_dataset(config(data_dir), "train", training=False, batch_size=8))))
+    assert got == expected
+    val = collections.Counter(c for c, _, _ in rows(batches(
+        make_dataset(config(data_dir), "val", training=False, batch_size=8))))
+    assert val == all_captions(read_records(data_dir, "val")) and sum(val.values()) == 20
+
+
+def test_training_all_captions_once_per_epoch(data_dir, train_records):
+    ds = make_dataset(config(data_dir, captions_per_image="all"), "train", training=True, batch_size=1,
+                      repeat=False)
+    got = collections.Counter(c for c, _, _ in rows(batches(ds)))
+    assert got == all_captions(train_records)
+
+
+def test_training_samples_one_caption_per_image(data_dir, train_records):
+    crops = {r["crop"].tobytes(): r for r in train_records}
+    assert len(crops) == 32
+    ds = make_dataset(config(data_dir, captions_per_image="sample"), "train", training=True, batch_size=1,
+                      repeat=False)
+    examples = list(rows(batches(ds)))
+    assert len(examples) == 32
+    images = collections.Counter()
+    for caption, _, row in examples:
+        record = crops[row["image"].tobytes()]  # no augmentation: the central crop names the image
+        assert caption in record["captions"]
+        images[record["id"]] += 1
+    assert images == {r["id"]: 1 for r in train_records}
+    assert collections.Counter(c for c, _, _ in examples) <= all_captions(train_records)
+
+
+def test_caches_give_the_same_examples(data_dir, tmp_path):
+    # A private copy of the data, so the shards can be deleted to prove the disk cache is read.
+    own = str(tmp_path / "data")
+    shutil.copytree(data_dir, own)
+
+    def build(cache, **kw):
+        return make_dataset(config(own, cache=cache), "train", training=False, batch_size=8, **kw)
+
+    reference = batches(build("none"))
+    assert sum(b["input_ids"].shape[0] for b in reference) == 160
+
+    def assert_same(got):
+        assert len(got) == len(reference)
+        for a, b in zip(got, reference):
+            assert set(a) == set(b) == {"image", "input_ids", "target_ids", "mask"}
+            for key in a:
+                assert a[key].dtype == b[key].dtype
+                np.testing.assert_array_equal(a[key], b[key])
+
+    memory = build("memory")
+    assert_same(batches(memory))
+    assert_same(batches(memory))  # the second pass reads the in-memory cache
+
+    cache_path = str(tmp_path / "cache" / "train")
+    disk = build("disk", cache_path=cache_path)
+    assert_same(batches(disk))
+    assert os.path.exists(cache_path + ".index")
+    for name in os.listdir(own):
+        if name.endswith(".tfrecord"):
+            os.remove(os.path.join(own, name))
+    assert_same(batches(disk))  # the records are gone: only the cache can give these
+    assert_same(batches(build("disk", cache_path=cache_path)))  # a new pipeline reuses the cache
+    with pytest.raises(tf.errors.NotFoundError):
+        batches(build("none"))  # without the cache the shards are really missing
+
+    with pytest.raises(ValueError, match="cache_path"):
+        build("disk")
+
+
+def test_features_cache_runs_the_encoder_once(data_dir, train_records):
+    calls = []
+
+    def feature_fn(images):
+        calls.append(tuple(images.shape))
+        return tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2])
+
+    cfg = config(data_dir, cache="features", shuffle_buffer=8)
+    with pytest.raises(ValueError, match="feature_fn"):
+        make_dataset(cfg, "train", training=True, batch_size=16)
+    ds = make_dataset(cfg, "train", training=True, batch_size=16, repeat=True, feature_fn=feature_fn)
+    assert len(calls) == math.ceil(32 / 64) == 1
+    assert calls[0] == (32, IMAGE, IMAGE, 3)  # every image once, centrally cropped
+
+    expected = np.stack([r["crop"].astype(np.float32).mean(axis=(0, 1)) for r in train_records])
+    seen = collections.Counter()
+    got = batches(ds, limit=40)  # 640 captions: four epochs of 160
+    assert len(calls) == 1  # no epoch runs the encoder again
+    for b in got:
+        assert set(b) == {"features", "input_ids", "target_ids", "mask"}
+        assert b["features"].shape == (16, 3) and b["features"].dtype == np.float32
+    for caption, _, row in rows(got):
+        distance = np.abs(expected - row["features"]).max(axis=1)
+        assert distance.min() < 1e-3
+        record = train_records[int(distance.argmin())]
+        assert caption in record["captions"]  # features and captions of the same image
+        seen[caption] += 1
+    assert sum(seen.values()) == 640
+    assert set(seen) == set(all_captions(train_records))  # several epochs: every caption came round
+
+
+def test_per_replica_sharding(data_dir, train_records):
+    manifest = schema.read_manifest(data_dir)
+    files = schema.split_files(data_dir, manifest, "train")
+    expected = all_captions(train_records)
+    for pipelines in (2, 3, 5):  # 5 > 4 files: records are sharded instead of files
+        union = collections.Counter()
+        for i in range(pipelines):
+            context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i,
+                                                 num_replicas_in_sync=pipelines)
+            ds = make_dataset(config(data_dir), "train", training=False, batch_size=8, input_context=context)
+            got = collections.Counter(c for c, _, _ in rows(batches(ds)))
+            assert got, f"pipeline {i} of {pipelines} is empty"
+            if pipelines <= len(files):
+                assert got == all_captions(read_records(data_dir, files=files[i::pipelines]))
+            assert not (union & got), "two pipelines yielded the same caption"
+            union += got
+        assert union == expected
+
+
+def test_training_augmentation_crops_and_flips(data_dir, train_records):
+    cfg = config(data_dir, random_crop=True, random_flip=True)
+    ds = make_dataset(cfg, "train", training=True, batch_size=4, repeat=False)
+    by_caption = collections.defaultdict(list)
+    for r in train_records:
+        for c in r["captions"]:
+            by_caption[c].append(r["resized"])
+    positions, flips, count = set(), 0, 0
+    for caption, _, row in rows(batches(ds)):
+        image = row["image"]
+        assert image.shape == (IMAGE, IMAGE, 3) and image.dtype == np.uint8
+        match = None
+        for resized in by_caption[caption]:
+            for y in range(RESIZE - IMAGE + 1):
+                for x in range(RESIZE - IMAGE + 1):
+                    window = resized[y:y + IMAGE, x:x + IMAGE]
+                    if np.array_equal(image, window):
+                        match = (y, x, False)
+                    elif np.array_equal(image, window[:, ::-1]):
+                        match = (y, x, True)
+        assert match is not None, "a training image is not a (flipped) window of its resized image"
+        positions.add(match[:2])
+        flips += match[2]
+        count += 1
+    per_bucket = collections.Counter(bucket(len(c) - 1) for r in train_records for c in r["captions"])
+    assert count == sum(n // 4 * 4 for n in per_bucket.values())  # only the partial batches are dropped
+    assert len(positions) > 10 and 0 < flips < count  # crops really are random, and so are flips
+
+    jitter = batches(make_dataset(config(data_dir, random_crop=True, color_jitter=True), "train",
+                                  training=True, batch_size=4, repeat=False), limit=2)
+    for b in jitter:
+        assert b["image"].shape == (4, IMAGE, IMAGE, 3) and b["image"].dtype == np.uint8
+
+
+def test_eval_gives_the_central_crop(data_dir, train_records):
+    manifest = schema.read_manifest(data_dir)
+    first_file = schema.split_files(data_dir, manifest, "train")[0]
+    first = read_records(data_dir, files=[first_file])[0]
+    ds = make_dataset(config(data_dir, random_crop=True, random_flip=True), "train", training=False,
+                      batch_size=1)
+    examples = list(rows(batches(ds)))
+    assert len(examples) == 160
+    # Evaluation is deterministic: the interleave starts with the first record of the first shard.
+    caption, _, row = examples[0]
+    assert row["image"].shape == (IMAGE, IMAGE, 3) and row["image"].dtype == np.uint8
+    manual = tf.image.crop_to_bounding_box(decode_and_resize(
+        tf.constant(open_record_jpeg(first_file)), RESIZE), OFFSET, OFFSET, IMAGE, IMAGE).numpy()
+    np.testing.assert_array_equal(row["image"], manual)
+    np.testing.assert_array_equal(row["image"], first["crop"])
+    assert caption == first["captions"][0]
+    # Every example is its own image's central crop, never augmented.
+    pairs = {(r["crop"].tobytes(), c) for r in train_records for c in r["captions"]}
+    assert all((row["image"].tobytes(), c) in pairs for c, _, row in examples)
+
+
+def open_record_jpeg(path):
+    """The encoded JPEG of the first record in ``path``, parsed with plain protobuf (no pipeline code)."""
+    serialized = next(iter(tf.data.TFRecordDataset([path]))).numpy()
+    example = tf.train.Example.FromString(serialized)
+    return example.features.feature[schema.IMAGE_ENCODED].bytes_list.value[0]
