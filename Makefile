@@ -34,6 +34,7 @@ demo: $(STAMP)
 	    --split train=$(ANN)/captions_train.json:$(SHAPES)/images \
 	    --split val=$(ANN)/captions_val.json:$(SHAPES)/images \
 	    --split test=$(ANN)/captions_test.json:$(SHAPES)/images
+	$(BIN)/captioning train --config experiments/shapes.yaml --model-dir $(DEMO)/model
 
 clean:
 	rm -rf $(DEMO)

@@ -44,7 +44,7 @@ class DataConfig:
     captions_per_image: str = field(default="all", metadata=_choices("all", "sample"))
     cache: str = field(default="none", metadata=_choices("none", "memory", "disk", "features"))
     cache_dir: str = ""  # for cache: disk (default: <model_dir>/cache)
-    shuffle_buffer: int = 2048  # in images
+    shuffle_buffer: int = 2048  # records (no cache) or cached images
     parse_batch_size: int = 64  # records parsed per tf.io.parse_example call
     bucket_boundaries: list[int] = field(default_factory=lambda: [8, 10, 12, 14, 16, 18])
     random_crop: bool = True

@@ -4,10 +4,10 @@ One function, :func:`make_dataset`, serves training, validation, benchmarks and 
 measured is what trains. The stages, in order::
 
     shard files ─ [shard per input pipeline] ─ shuffle files ─ interleave(TFRecordDataset)
+      ─ [repeat ─ shuffle records]                  ← no cache: shuffle the small serialised records
       ─ batch records ─ parse_example (one vectorised call per batch, schema.parse_batch)
       ─ decode JPEG + resize to resize_size² (parallel map) ─ one element per image
-      ─ [cache: memory | disk]                      ← after the expensive work, before the random work
-      ─ [repeat] ─ shuffle images
+      ─ [cache: memory | disk ─ repeat ─ shuffle]   ← after the expensive work, before the random work
       ─ captions: every caption of the image, or one sampled per epoch
       ─ random crop + flip (+ colour jitter) | central crop      (crop to image_size²)
       ─ bucket by caption length, pad each batch to its longest caption ─ input/target/mask
@@ -65,7 +65,8 @@ def _input_files(files: list[str], input_context) -> tuple[list[str], bool]:
     return files, True
 
 
-def _records(files: list[str], cfg: DataConfig, training: bool, input_context) -> tf.data.Dataset:
+def _records(files: list[str], cfg: DataConfig, training: bool, input_context, shuffle: bool,
+             repeat: bool) -> tf.data.Dataset:
     files, shard_records = _input_files(files, input_context)
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
@@ -76,8 +77,13 @@ def _records(files: list[str], cfg: DataConfig, training: bool, input_context) -
         # the pipelines partition the data whatever order the (non-deterministic) interleave takes.
         n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
         read = lambda f: tf.data.TFRecordDataset(f).shard(n, i)  # noqa: E731
-    return ds.interleave(read, cycle_length=min(len(files), 8), block_length=1,
-                         num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    ds = ds.interleave(read, cycle_length=min(len(files), 8), block_length=1,
+                       num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    if repeat:
+        ds = ds.repeat()  # the file list is reshuffled on every pass
+    if shuffle:
+        ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+    return ds
 
 
 def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
@@ -89,12 +95,13 @@ def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
     return records.batch(cfg.parse_batch_size).map(parse, num_parallel_calls=AUTOTUNE)
 
 
-def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None) -> tf.data.Dataset:
+def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
+                  repeat: bool = False) -> tf.data.Dataset:
     """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
-    R = ``resize_size``. Not cached, not repeated, not cropped."""
+    R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the serialised records."""
     manifest = schema.read_manifest(cfg.dir)
     files = schema.split_files(cfg.dir, manifest, split)
-    ds = _parsed(_records(files, cfg, training, input_context), cfg).unbatch()
+    ds = _parsed(_records(files, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
     size = cfg.resize_size
 
     def decode(example):
@@ -153,27 +160,28 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     ``cache_path`` is the file prefix for ``cache: disk``.
     """
     repeat = training if repeat is None else repeat
-    if cfg.cache == "features":
-        if feature_fn is None:
-            raise ValueError("cache: features needs the encoder as feature_fn")
-        ds = extract_features(cfg, split, feature_fn, input_context=input_context)
-        key = "features"
+    key = "features" if cfg.cache == "features" else "image"
+    if cfg.cache == "none":
+        ds = image_dataset(cfg, split, training=training, input_context=input_context, shuffle=training,
+                           repeat=repeat)
     else:
-        ds = image_dataset(cfg, split, training=training, input_context=input_context)
-        key = "image"
-        if cfg.cache == "memory":
-            ds = ds.cache()
-        elif cfg.cache == "disk":
+        if cfg.cache == "features":
+            if feature_fn is None:
+                raise ValueError("cache: features needs the encoder as feature_fn")
+            ds = extract_features(cfg, split, feature_fn, input_context=input_context)
+        elif cfg.cache == "memory":
+            ds = image_dataset(cfg, split, training=training, input_context=input_context).cache()
+        else:
             if not cache_path:
                 raise ValueError("cache: disk needs a cache_path")
             os.makedirs(os.path.dirname(cache_path) or ".", exist_ok=True)
             for stale in glob.glob(cache_path + "*.lockfile"):  # left by a killed run: never valid
                 os.remove(stale)
-            ds = ds.cache(cache_path)
-    if repeat:
-        ds = ds.repeat()
-    if training:
-        ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+            ds = image_dataset(cfg, split, training=training, input_context=input_context).cache(cache_path)
+        if repeat:
+            ds = ds.repeat()
+        if training:  # the cache holds the first epoch's order: shuffle again on every pass
+            ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
 
     def captions_of(example):
         if training and cfg.captions_per_image == "sample":

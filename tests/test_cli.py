@@ -11,10 +11,10 @@ from tests.conftest import coco_split_args, run_cli
 def test_help_explains_every_command():
     result = run_cli("--help")
     assert result.returncode == 0
-    for command in ("synth", "prepare"):
+    for command, flag in (("synth", "--output-dir"), ("prepare", "--output-dir"), ("train", "--model-dir")):
         assert command in result.stdout
         sub = run_cli(command, "--help")
-        assert sub.returncode == 0 and "--output-dir" in sub.stdout
+        assert sub.returncode == 0 and flag in sub.stdout
 
 
 def test_every_prepare_flag_has_help_text():
