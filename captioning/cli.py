@@ -155,6 +155,138 @@ def _run_train(args) -> int:
     return 0
 
 
+def _decoding_flags(p) -> None:
+    p.add_argument("--beam-size", type=int, default=3, help="beam width; 1 is greedy decoding (default 3, as the paper)")
+    p.add_argument("--max-length", type=int, default=20, help="longest caption in words (default 20)")
+    p.add_argument("--length-normalization", type=float, default=0.0, metavar="ALPHA",
+                   help="rank complete captions by log_prob / length^ALPHA (default 0: by log_prob)")
+
+
+def _add_evaluate(sub) -> None:
+    p = sub.add_parser(
+        "evaluate", help="perplexity and COCO caption metrics of a trained model on a split",
+        description="Captions every image of a split with beam search and scores the captions against all "
+                    "their references with the COCO caption metrics (Bleu_1-4, METEOR, ROUGE_L, CIDEr; "
+                    "pycocoevalcap, which needs Java), and computes the perplexity of the references. Writes "
+                    "metrics.json and predictions.json (COCO results format) into the model folder, and "
+                    "TensorBoard scalars under logs/eval_<split>.")
+    p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
+    p.add_argument("--split", default="test", help="split of the prepared dataset (default test)")
+    p.add_argument("--max-images", type=int, default=None, help="only the first N images of the split")
+    _decoding_flags(p)
+    p.add_argument("--batch-size", type=int, default=32, help="images decoded together (default 32)")
+    p.add_argument("--data-dir", help="the prepared dataset, if not where the training config says")
+    p.add_argument("--spice", action="store_true",
+                   help="also compute SPICE (needs Stanford CoreNLP models that its first run downloads)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also score the most frequent training caption given for every image")
+    p.add_argument("--output", metavar="FILE", help="also write the metrics JSON here")
+    p.set_defaults(handler=_run_evaluate)
+
+
+def _run_evaluate(args) -> int:
+    from captioning.evaluate import evaluate
+    from captioning.metrics import format_table
+
+    if args.max_images is not None and args.max_images < 1:
+        raise InputError("--max-images must be at least 1")
+    result = evaluate(args.model_dir, split=args.split, beam_size=args.beam_size, max_images=args.max_images,
+                      max_length=args.max_length, length_normalization=args.length_normalization,
+                      batch_size=args.batch_size, data_dir=args.data_dir, spice=args.spice,
+                      baseline=args.baseline, output=args.output, progress=not args.quiet)
+    rows = {"model": result["metrics"]}
+    if "baseline" in result:
+        rows["baseline"] = result["baseline"]
+    print(f"{args.split}: {result['num_images']} images, checkpoint step {result['checkpoint_step']}, "
+          f"beam {result['beam_size']}, perplexity {result['perplexity']:.3f}")
+    print(format_table(rows))
+    return 0
+
+
+def _add_score(sub) -> None:
+    p = sub.add_parser(
+        "score", help="score a COCO results file against COCO caption annotations",
+        description="Scores a results file ([{\"image_id\", \"caption\"}]) against COCO caption annotations as "
+                    "the COCO caption evaluation does: every image of the results file against all its "
+                    "references, with the same metrics, names and numbers as pycocoevalcap (Java needed).")
+    p.add_argument("--annotations", required=True, help="COCO captions annotations (e.g. captions_val2014.json)")
+    p.add_argument("--results", required=True, help="COCO results format: a list of {image_id, caption}")
+    p.add_argument("--json", metavar="OUT", help='also write {"metrics": {...}} to this file')
+    p.add_argument("--spice", action="store_true", help="also compute SPICE (needs CoreNLP models)")
+    p.set_defaults(handler=_run_score)
+
+
+def _run_score(args) -> int:
+    import json
+
+    from captioning.metrics import format_table, score_files
+
+    scores = score_files(args.annotations, args.results, spice=args.spice)
+    print(format_table({"results": scores}))
+    if args.json:
+        tmp = f"{args.json}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"metrics": scores}, f, indent=1)
+        os.replace(tmp, args.json)
+    return 0
+
+
+def _add_caption(sub) -> None:
+    p = sub.add_parser(
+        "caption", help="caption your own images",
+        description="Captions image files, or the image files of folders (any format Pillow reads). A file "
+                    "that cannot be read as an image gets one error line; the others are still captioned, "
+                    "and the exit code is then 1.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
+    p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
+    _decoding_flags(p)
+    p.add_argument("--top-k", type=int, default=1, help="captions per image, best first (at most --beam-size)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per image instead of text")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML gallery here")
+    p.set_defaults(handler=_run_caption)
+
+
+def _run_caption(args) -> int:
+    from captioning import caption, inference
+
+    files = caption.collect_paths(args.paths)
+    captioner = inference.Captioner(inference.load(args.model_dir), beam_size=args.beam_size,
+                                    max_length=args.max_length, length_normalization=args.length_normalization,
+                                    top_k=args.top_k)
+    results = caption.caption_files(captioner, files, progress=not args.quiet)
+    if args.html:
+        caption.write_gallery(args.html, results, f"captions by {args.model_dir}")
+    return caption.print_results(results, args.json)
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser(
+        "export", help="export a SavedModel that captions JPEG/PNG bytes",
+        description="Writes a SavedModel whose serving signature takes a batch of encoded images (JPEG, PNG) "
+                    "and returns the top captions and their log-probabilities, beam search inside. It loads "
+                    "with tf.saved_model.load, without this project.")
+    p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
+    p.add_argument("--output", required=True, help="the SavedModel folder to write")
+    _decoding_flags(p)
+    p.add_argument("--top-k", type=int, default=1, help="captions per image (at most --beam-size)")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args) -> int:
+    from captioning import inference
+    from captioning.export import export
+
+    captioner = inference.Captioner(inference.load(args.model_dir), beam_size=args.beam_size,
+                                    max_length=args.max_length, length_normalization=args.length_normalization,
+                                    top_k=args.top_k)
+    print(f"exported to {export(captioner, args.output, overwrite=args.overwrite)}")
+    return 0
+
+
+_USES_TENSORFLOW = {"prepare", "train", "evaluate", "caption", "export", "benchmark"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captioning", description="Show-and-Tell image captioning on TensorFlow 2: prepare data, "
@@ -166,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
+    _add_evaluate(sub)
+    _add_score(sub)
+    _add_caption(sub)
+    _add_export(sub)
     return parser
 
 
@@ -174,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
+        os.environ.setdefault("CAPTIONING_QUIET_TF", "1")  # for worker processes too
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if not args.verbose:  # TensorFlow's own Python logger narrates internals (checkpoint sharding, ...)
@@ -181,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("absl").setLevel(logging.WARNING)
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    if not args.verbose and args.command in _USES_TENSORFLOW:
+        from captioning.tf_import import import_tensorflow_quietly
+
+        import_tensorflow_quietly()
     try:
         with logging_redirect_tqdm():  # log lines print above progress bars, not through them
             return args.handler(args)

@@ -44,6 +44,7 @@ and the autotuner spreads single images over however many cores a machine has.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from typing import Callable
@@ -57,11 +58,27 @@ from captioning.vocab import PAD_ID
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-def decode_and_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
-    """JPEG bytes → ``uint8 [size, size, 3]`` (squashed to a square, as im2txt resized to 346²)."""
-    image = tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_FAST")
+def _decode_jpeg(encoded: tf.Tensor) -> tf.Tensor:
+    return tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_FAST")
+
+
+def _resize(image: tf.Tensor, size: int) -> tf.Tensor:
     image = tf.image.resize(image, [size, size], method="bilinear", antialias=False)
     return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+
+
+def decode_and_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
+    """JPEG bytes → ``uint8 [size, size, 3]`` (squashed to a square, as im2txt resized to 346²)."""
+    return _resize(_decode_jpeg(encoded), size)
+
+
+def model_input(encoded: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
+    """JPEG, PNG, GIF or BMP bytes → the ``uint8 [image_size, image_size, 3]`` central crop the model sees
+    at evaluation. JPEGs are decoded exactly as the training records are; ``caption`` and the exported
+    SavedModel both call this, so they give the same captions."""
+    image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded),
+                    lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
+    return center_crop(_resize(image, cfg.resize_size), cfg.image_size)
 
 
 def _input_files(files: list[str], input_context) -> tuple[list[str], bool]:
@@ -99,25 +116,39 @@ def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
     def parse(serialized):
         batch = schema.parse_batch(serialized)
         return {"encoded": batch[schema.IMAGE_ENCODED], "image_id": batch[schema.IMAGE_ID],
-                "captions": batch[schema.CAPTION_IDS]}
+                "captions": batch[schema.CAPTION_IDS], "texts": batch[schema.CAPTION_TEXT]}
 
     return records.batch(cfg.parse_batch_size).map(parse, num_parallel_calls=AUTOTUNE)
 
 
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
-                  repeat: bool = False) -> tf.data.Dataset:
-    """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
-    R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the serialised records."""
+                  repeat: bool = False, max_images: int | None = None) -> tf.data.Dataset:
+    """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)],
+    "texts": [(C)] strings}``, R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the
+    serialised records; ``max_images`` keeps only the first images (in evaluation order)."""
     manifest = schema.read_manifest(cfg.dir)
     files = schema.split_files(cfg.dir, manifest, split)
     ds = _parsed(_records(files, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
+    if max_images:
+        ds = ds.take(max_images)
     size = cfg.resize_size
 
     def decode(example):
         return {"image": decode_and_resize(example["encoded"], size), "image_id": example["image_id"],
-                "captions": example["captions"]}
+                "captions": example["captions"], "texts": example["texts"]}
 
     return ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+
+
+def references(cfg: DataConfig, split: str) -> dict[int, list[str]]:
+    """Image id → its captions as annotated (the references the metrics compare against). Parses the
+    records without decoding a single image."""
+    files = schema.split_files(cfg.dir, schema.read_manifest(cfg.dir), split)
+    out = {}
+    for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch, num_parallel_calls=AUTOTUNE):
+        for image_id, texts in zip(batch[schema.IMAGE_ID].numpy(), batch[schema.CAPTION_TEXT].to_list()):
+            out[int(image_id)] = [t.decode("utf-8") for t in texts]
+    return out
 
 
 def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
@@ -143,10 +174,10 @@ def _augment(image: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
 
 
 def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch_size: int = 64,
-                     input_context=None) -> tf.data.Dataset:
+                     input_context=None, max_images: int | None = None) -> tf.data.Dataset:
     """Runs ``feature_fn`` (the frozen encoder) once over every image of the split; returns a dataset
     of ``{"features": [D], "image_id", "captions"}`` held in memory."""
-    images = image_dataset(cfg, split, training=False, input_context=input_context)
+    images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images)
     images = images.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
                         num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
     features, ids, captions = [], [], []
@@ -160,33 +191,37 @@ def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch
 
 def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
                  feature_fn: Callable | None = None, cache_path: str | None = None,
-                 repeat: bool | None = None) -> tf.data.Dataset:
+                 repeat: bool | None = None, max_images: int | None = None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
 
     ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
     repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
     that and sees every caption once. ``feature_fn`` is required for ``cache: features``;
-    ``cache_path`` is the file prefix for ``cache: disk``.
+    ``cache_path`` is the file prefix for ``cache: disk``. ``max_images`` limits evaluation to the first
+    images (the same ones ``image_dataset`` gives).
     """
+    if max_images and training:
+        raise ValueError("max_images is for evaluation")
+    images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
+                                  max_images=max_images)
     repeat = training if repeat is None else repeat
     key = "features" if cfg.cache == "features" else "image"
     if cfg.cache == "none":
-        ds = image_dataset(cfg, split, training=training, input_context=input_context, shuffle=training,
-                           repeat=repeat)
+        ds = images_of(shuffle=training, repeat=repeat)
     else:
         if cfg.cache == "features":
             if feature_fn is None:
                 raise ValueError("cache: features needs the encoder as feature_fn")
-            ds = extract_features(cfg, split, feature_fn, input_context=input_context)
+            ds = extract_features(cfg, split, feature_fn, input_context=input_context, max_images=max_images)
         elif cfg.cache == "memory":
-            ds = image_dataset(cfg, split, training=training, input_context=input_context).cache()
+            ds = images_of().cache()
         else:
             if not cache_path:
                 raise ValueError("cache: disk needs a cache_path")
             os.makedirs(os.path.dirname(cache_path) or ".", exist_ok=True)
             for stale in glob.glob(cache_path + "*.lockfile"):  # left by a killed run: never valid
                 os.remove(stale)
-            ds = image_dataset(cfg, split, training=training, input_context=input_context).cache(cache_path)
+            ds = images_of().cache(cache_path)
         if repeat:
             ds = ds.repeat()
         if training:  # the cache holds the first epoch's order: shuffle again on every pass

@@ -20,8 +20,8 @@ probability 0.7) is applied to the LSTM's inputs and outputs. The logits layer a
 float32, so mixed precision never puts the softmax in half precision.
 
 Encoders come from ``keras.applications`` (``inception_v3``, ``resnet50``, ``efficientnet_b0``,
-``mobilenet_v2``) with their own input preprocessing inside, or ``small_cnn``, four strided
-convolutions for CPU work. Images enter as ``uint8`` (or float) pixels in [0, 255]. Weights:
+``mobilenet_v2``; globally average-pooled) with their own input preprocessing inside, or ``small_cnn``,
+four strided convolutions for CPU work whose final grid is flattened (so positions survive). Images enter as ``uint8`` (or float) pixels in [0, 255]. Weights:
 ``none`` (random), ``imagenet`` (downloads from the Keras site: for users with internet, never in
 tests), or a path to a local weights file. A frozen encoder (``encoder_trainable: false``) always runs
 in inference mode, so its batch-norm statistics never move. A trainable encoder's batch norm computes
@@ -47,17 +47,20 @@ _APPLICATIONS = {
     "efficientnet_b0": ("EfficientNetB0", "efficientnet", 1280),
     "mobilenet_v2": ("MobileNetV2", "mobilenet_v2", 1280),
 }
-SMALL_CNN_FILTERS = (32, 64, 128, 256)
+SMALL_CNN_FILTERS = (32, 64, 128, 128)
 
 
 def _small_cnn(image_size: int) -> keras.Model:
+    """Four stride-2 3×3 convolutions with batch norm, then the final grid *flattened*: captions say
+    where things are ("in the top left corner", "above"), and global average pooling would discard it.
+    At 64 px the grid is 4 × 4 × 128 = 2,048 features, Inception v3's pooled size."""
     inputs = keras.Input((image_size, image_size, 3))
     x = layers.Rescaling(1.0 / 127.5, offset=-1.0)(inputs)
     for i, filters in enumerate(SMALL_CNN_FILTERS):
         x = layers.Conv2D(filters, 3, strides=2, padding="same", use_bias=False, name=f"conv{i}")(x)
         x = layers.BatchNormalization(name=f"bn{i}")(x)
         x = layers.ReLU()(x)
-    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Flatten()(x)
     return keras.Model(inputs, x, name="small_cnn")
 
 
@@ -159,3 +162,14 @@ class ShowAndTell(keras.Model):
     def decoder_variables(self) -> list:
         return [v for layer in (self.image_embedding, self.word_embedding, self.lstm, self.logits)
                 for v in layer.weights]
+
+
+def caption_loss_sum(model: ShowAndTell, batch: dict, training: bool = False):
+    """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
+    the global batch's word count, evaluation by the split's (perplexity = exp(mean))."""
+    import tensorflow as tf
+
+    inputs = {k: batch[k] for k in ("image", "features", "input_ids") if k in batch}
+    logits = model(inputs, training=training)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
+    return tf.reduce_sum(ce * batch["mask"])

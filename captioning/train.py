@@ -40,19 +40,19 @@ from tqdm import tqdm
 
 from captioning import config as config_lib
 from captioning import distribute, schema
-from captioning.decode import greedy_decode
+from captioning.decode import beam_search, ids_to_text
 from captioning.errors import InputError
 from captioning.input_pipeline import center_crop, image_dataset, make_dataset
-from captioning.model import ShowAndTell
+from captioning.model import ShowAndTell, caption_loss_sum
 from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.train")
 
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE = "config.yaml"  # the model folder's layout; inference reads it from here
+VOCAB_FILE = "vocab.txt"
 # Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
 # runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
 ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
-VOCAB_FILE = "vocab.txt"
 
 
 class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
@@ -195,12 +195,6 @@ class Trainer:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     # ---- steps --------------------------------------------------------------------------------------
-    def _loss_sum(self, batch, training: bool):
-        inputs = {k: batch[k] for k in ("image", "features", "input_ids") if k in batch}
-        logits = self.model(inputs, training=training)
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
-        return tf.reduce_sum(ce * batch["mask"])
-
     def _compiled(self, make, dataset):
         """``make()``'s step as a tf.function traced once for the dataset's element_spec: batches of
         every bucket length share one graph instead of one trace per caption length."""
@@ -225,7 +219,7 @@ class Trainer:
             global_tokens = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tokens)
             variables = model.trainable_variables
             with tf.GradientTape() as tape:
-                loss_sum = self._loss_sum(batch, training=True)
+                loss_sum = caption_loss_sum(self.model, batch, training=True)
                 loss = loss_sum / tf.maximum(global_tokens, 1.0)
                 if scaled:
                     loss = optimizer.scale_loss(loss)
@@ -257,7 +251,7 @@ class Trainer:
 
         def eval_step(batch):
             def replica(b):
-                return self._loss_sum(b, training=False), tf.reduce_sum(b["mask"])
+                return caption_loss_sum(self.model, b, training=False), tf.reduce_sum(b["mask"])
 
             loss_sum, tokens = strategy.run(replica, args=(batch,))
             return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
@@ -286,11 +280,12 @@ class Trainer:
         images = image_dataset(cfg, cfg.eval_split, training=False).take(count).batch(count)
         batch = next(iter(images))
         cropped = tf.map_fn(lambda im: center_crop(im, cfg.image_size), batch["image"])
-        ids = greedy_decode(self.model, cropped).numpy()
+        best = beam_search(self.model, self.model.encode(cropped), beam_size=1)  # greedy
+        captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
         out = []
-        for i in range(len(ids)):
+        for i, (caption,) in enumerate(captions):
             reference = " ".join(self.vocab.decode(batch["captions"][i][0].numpy()))
-            out.append((int(batch["image_id"][i]), " ".join(self.vocab.decode(ids[i])), reference))
+            out.append((int(batch["image_id"][i]), caption, reference))
         return out
 
     # ---- the loop -----------------------------------------------------------------------------------

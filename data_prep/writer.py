@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from data_prep.fileio import atomic_write_json
-from data_prep.images import ImageError, process_image
+from captioning.images import ImageError, process_image
 
 
 @dataclass
@@ -92,6 +92,10 @@ def init_worker(queue) -> None:
     """Process-pool initializer: keeps TF quiet and remembers where to report progress."""
     global _progress_queue
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if os.environ.get("CAPTIONING_QUIET_TF") == "1":
+        from captioning.tf_import import import_tensorflow_quietly
+
+        import_tensorflow_quietly()
     _progress_queue = queue
 
 

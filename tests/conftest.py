@@ -41,8 +41,39 @@ def gradient(mode: str = "RGB", size=(48, 32)) -> Image.Image:
     return image if mode == "RGB" else image.convert(mode)
 
 
-def run_cli(*args, cwd=None, timeout=300):
+def run_cli(*args, cwd=None, timeout=300, env=None):
     """Runs ``python -m captioning ARGS`` in a fresh process; returns the CompletedProcess."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))
     return subprocess.run([sys.executable, "-m", "captioning", *args], capture_output=True, text=True,
                           cwd=cwd or REPO, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(shapes_dir, tmp_path_factory):
+    """The shapes fixture prepared into TFRecords (min word count 1: every word in the vocabulary)."""
+    from data_prep.prepare import PrepareOptions, prepare
+
+    out = str(tmp_path_factory.mktemp("records"))
+    prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1, min_word_count=1),
+            progress=False)
+    return out
+
+
+def small_train_config(data_dir, *extra):
+    """A config that trains in seconds on the shapes fixture (tests/distributed_worker.py defines it)."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from distributed_worker import small_config
+
+    return small_config(data_dir, *extra)
+
+
+@pytest.fixture(scope="session")
+def trained_model_dir(prepared_dir, tmp_path_factory):
+    """A small model trained for 60 steps: real checkpoints, config.yaml and vocab.txt."""
+    from captioning.train import Trainer
+
+    model_dir = str(tmp_path_factory.mktemp("model"))
+    cfg = small_train_config(prepared_dir, "train.steps=60", "train.optimizer=adam", "train.learning_rate=0.01",
+                             "model.embedding_size=32", "model.lstm_units=32", "train.checkpoint_every_steps=60")
+    Trainer(cfg, model_dir).run(progress=False)
+    return model_dir

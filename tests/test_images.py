@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from data_prep.images import ImageError, process_image, target_size
+from captioning.images import ImageError, process_image, target_size
 from tests.conftest import encode, gradient
 
 

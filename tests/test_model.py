@@ -71,7 +71,8 @@ def test_output_shapes():
     logits = model({"image": images, "input_ids": ids})
     assert tuple(logits.shape) == (B, T, V) and logits.dtype == "float32"
     features = model.encode(images)
-    assert tuple(features.shape) == (B, 256) and model.feature_size == 256
+    # small_cnn keeps its final grid: 32 px / 2^4 = 2 × 2 cells × 128 channels
+    assert tuple(features.shape) == (B, 2 * 2 * 128) and model.feature_size == 512
     state = model.initial_state(features)
     assert len(state) == 2 and [tuple(s.shape) for s in state] == [(B, 24), (B, 24)]
     step_logits, new_state = model.step(tf.constant(ids[:, 0]), state)

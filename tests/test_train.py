@@ -12,25 +12,17 @@ import pytest
 
 from captioning.config import load_config
 from captioning.errors import InputError
-from data_prep.prepare import PrepareOptions, prepare
-from tests.conftest import REPO, coco_split_args, run_cli
+from tests.conftest import REPO, run_cli, small_train_config
 
 WORKER = os.path.join(REPO, "tests", "distributed_worker.py")
 
 
 @pytest.fixture(scope="module")
-def data_dir(shapes_dir, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("records"))
-    prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1, min_word_count=1),
-            progress=False)
-    return out
+def data_dir(prepared_dir):
+    return prepared_dir
 
 
-def small_config(data_dir, *extra):
-    sys.path.insert(0, os.path.dirname(WORKER))
-    from distributed_worker import small_config as make
-
-    return make(data_dir, *extra)
+small_config = small_train_config
 
 
 def test_training_lowers_the_loss(data_dir, tmp_path):

@@ -1,4 +1,8 @@
-"""Image validation and normalisation for ``prepare``: whatever comes in, an RGB baseline JPEG goes out.
+"""Image validation and normalisation, shared by ``prepare`` and ``caption``.
+
+``prepare`` stores an RGB baseline JPEG for whatever comes in; ``caption`` hands the model JPEG or PNG
+bytes (lossless for everything that is not already a JPEG), decoded by the same TensorFlow code as the
+training records and the exported SavedModel.
 
 Every image is fully decoded (a truncated file fails here, not in the middle of training). A file that
 already is an RGB JPEG with upright EXIF orientation and needs no resize is stored byte for byte, so no
@@ -58,8 +62,15 @@ def target_size(width: int, height: int, shorter_side: int | None) -> tuple[int,
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def process_image(data: bytes, shorter_side: int | None = None, quality: int = 95) -> tuple[bytes, int, int]:
-    """Validates ``data`` and returns ``(jpeg_bytes, height, width)``; raises :class:`ImageError`."""
+def process_image(data: bytes, shorter_side: int | None = None, quality: int = 95, *, keep=("JPEG",),
+                  output: str = "JPEG", max_side: int | None = None) -> tuple[bytes, int, int]:
+    """Validates ``data`` and returns ``(image_bytes, height, width)``; raises :class:`ImageError`.
+
+    Bytes in one of the ``keep`` formats, already RGB, upright and of the right size, are returned as
+    they are; anything else is converted and encoded as ``output`` (JPEG at ``quality``, or PNG).
+    ``max_side`` downscales images whose longer side is larger (huge user photos), ``shorter_side``
+    those whose shorter side is.
+    """
     if not data:
         raise ImageError("empty file")
     try:
@@ -70,6 +81,9 @@ def process_image(data: bytes, shorter_side: int | None = None, quality: int = 9
             orientation = image.getexif().get(EXIF_ORIENTATION, 1)
             width, height = image.size
             size = target_size(width, height, shorter_side)
+            if max_side and max(size) > max_side:
+                scale = max_side / max(size)
+                size = (max(1, round(size[0] * scale)), max(1, round(size[1] * scale)))
             if fmt == "JPEG" and size != (width, height):
                 image.draft("RGB", size)  # decode at a reduced DCT scale, still >= size
             image.load()
@@ -82,16 +96,17 @@ def process_image(data: bytes, shorter_side: int | None = None, quality: int = 9
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise ImageError(f"corrupt image: {e}") from None
 
-    if fmt == "JPEG" and image.mode == "RGB" and orientation == 1 and size == (width, height):
+    if fmt in keep and image.mode == "RGB" and orientation == 1 and size == (width, height):
         return data, height, width
     try:
         image = ImageOps.exif_transpose(image)  # rotates and drops the orientation tag
         image = _to_rgb(image)
-        size = target_size(image.width, image.height, shorter_side)
+        if orientation in (5, 6, 7, 8):  # a quarter turn swapped width and height
+            size = (size[1], size[0])
         if image.size != size:
             image = image.resize(size, Image.BICUBIC)
         out = io.BytesIO()
-        image.save(out, format="JPEG", quality=quality)
+        image.save(out, format=output, **({"quality": quality} if output == "JPEG" else {}))
     except (OSError, ValueError) as e:
         raise ImageError(f"cannot convert image: {e}") from None
     return out.getvalue(), image.height, image.width

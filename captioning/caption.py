@@ -1,0 +1,150 @@
+"""``captioning caption``: captions for your own images.
+
+Paths may be image files (any format Pillow reads: JPEG, PNG, GIF, WebP, BMP, TIFF, …) or folders, whose
+files with an image extension are taken in name order. Each file is opened and checked on its own: a
+file that is not an image, is empty or is corrupt gets one error line and the others are still
+captioned; the command then exits with code 1. JPEG and PNG bytes go to the model as they are; other
+formats, EXIF-rotated and huge images (longer side > 4096 px) are first converted to PNG (lossless), so
+the model sees exactly what ``tf.io`` decodes in the exported SavedModel.
+
+``--html`` writes a self-contained gallery page: thumbnails are embedded as data URIs and every caption
+and file name is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from PIL import Image
+
+from captioning.errors import InputError
+from captioning.images import ImageError, process_image
+
+MAX_SIDE = 4096
+BATCH = 16
+
+
+@dataclass
+class Result:
+    path: str
+    captions: list[tuple[str, float]] | None = None
+    error: str | None = None
+    data: bytes | None = None  # the bytes the model saw, for the gallery's thumbnail
+
+
+def collect_paths(paths: list[str]) -> list[str]:
+    """Files as given, and the image files of folders (sorted by name)."""
+    extensions = {ext.lower() for ext in Image.registered_extensions()}
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            inside = sorted(os.path.join(path, n) for n in os.listdir(path))
+            files += [p for p in inside if os.path.isfile(p) and os.path.splitext(p)[1].lower() in extensions]
+        elif os.path.exists(path):
+            files.append(path)
+        else:
+            raise InputError(f"{path} does not exist")
+    if not files:
+        raise InputError(f"no image files in {', '.join(paths)}")
+    return files
+
+
+def read_for_model(path: str) -> bytes:
+    """The bytes to give the model for ``path``: JPEG/PNG kept, anything else converted to PNG."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ImageError(f"cannot read: {e.strerror}") from None
+    encoded, _, _ = process_image(data, keep=("JPEG", "PNG"), output="PNG", max_side=MAX_SIDE)
+    return encoded
+
+
+def caption_files(captioner, paths: list[str], progress: bool = True) -> list[Result]:
+    from tqdm import tqdm
+
+    results = [Result(p) for p in paths]
+    ready = []
+    for result in results:
+        try:
+            result.data = read_for_model(result.path)
+            ready.append(result)
+        except ImageError as e:
+            result.error = str(e)
+    for start in tqdm(range(0, len(ready), BATCH), desc="caption", unit="batch", disable=None if progress else True):
+        batch = ready[start:start + BATCH]
+        try:
+            captions = captioner.caption([r.data for r in batch])
+        except Exception:  # one undecodable image must not sink the batch: retry one by one
+            captions = []
+            for r in batch:
+                try:
+                    captions.append(captioner.caption([r.data])[0])
+                except Exception as e:  # TensorFlow's decode errors have many types
+                    captions.append(None)
+                    r.error = f"cannot decode: {str(e).splitlines()[0][:200]}"
+        for r, c in zip(batch, captions):
+            r.captions = c
+    return results
+
+
+def _thumbnail(data: bytes, size: int = 256) -> str:
+    with Image.open(io.BytesIO(data)) as image:
+        image = image.convert("RGB")
+        image.thumbnail((size, size))
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
+
+def gallery_html(results: list[Result], title: str = "captioning gallery") -> str:
+    """A self-contained HTML page; every caption and file name is escaped."""
+    cards = []
+    for r in results:
+        name = html.escape(os.path.basename(r.path))
+        if r.error:
+            body = f'<p class="error">{html.escape(r.error)}</p>'
+            image = ""
+        else:
+            items = "".join(f"<li>{html.escape(c)} <span class=\"score\">{lp:.2f}</span></li>" for c, lp in r.captions)
+            body = f"<ol>{items}</ol>"
+            image = f'<img src="{_thumbnail(r.data)}" alt="{name}">'
+        cards.append(f'<figure>{image}<figcaption><b>{name}</b>{body}</figcaption></figure>')
+    style = ("body{font-family:sans-serif;margin:2em;background:#fafafa}figure{display:inline-block;vertical-align:top;"
+             "width:280px;margin:0 1em 1em 0;background:#fff;padding:.6em;border:1px solid #ddd}img{max-width:256px}"
+             ".score{color:#888;font-size:80%}.error{color:#b00}ol{padding-left:1.2em}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>\n" + "\n".join(cards) +
+            "\n</body></html>\n")
+
+
+def write_gallery(path: str, results: list[Result], title: str) -> None:
+    tmp = f"{path}.tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(gallery_html(results, title))
+    os.replace(tmp, path)
+
+
+def print_results(results: list[Result], as_json: bool) -> int:
+    """Captions on stdout, one error line per bad file on stderr; returns the exit code."""
+    failures = 0
+    for r in results:
+        if r.error:
+            failures += 1
+            print(f"captioning caption: error: {r.path}: {r.error}", file=sys.stderr)
+            continue
+        if as_json:
+            print(json.dumps({"image": r.path, "captions": [{"caption": c, "log_prob": round(lp, 6)}
+                                                           for c, lp in r.captions]}, ensure_ascii=False))
+        else:
+            print(r.path)
+            for c, lp in r.captions:
+                print(f"  {lp:8.3f}  {c}")
+    return 1 if failures else 0

@@ -1,0 +1,91 @@
+"""A trained model from its folder, and captions for encoded images: what ``evaluate``, ``caption`` and
+``export`` share.
+
+:func:`load` rebuilds the model from ``config.yaml`` and ``vocab.txt`` and restores a checkpoint (the
+latest by default). The encoder is built without its ImageNet weights (the checkpoint holds the trained
+ones), so loading never downloads. :class:`Captioner` turns a batch of JPEG/PNG bytes into captions with
+one ``tf.function``: decode and crop as at evaluation (:func:`captioning.input_pipeline.model_input`),
+encode, beam search. The SavedModel export wraps that same function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from captioning import config as config_lib
+from captioning.decode import beam_search, ids_to_text
+from captioning.errors import InputError
+from captioning.input_pipeline import model_input
+from captioning.model import ShowAndTell
+from captioning.train import CONFIG_FILE, VOCAB_FILE
+from captioning.vocab import Vocabulary
+
+
+@dataclass
+class TrainedModel:
+    model: ShowAndTell
+    config: config_lib.Config
+    vocab: Vocabulary
+    step: int
+    checkpoint: str
+
+
+def load(model_dir: str, checkpoint: str | None = None) -> TrainedModel:
+    """The model of ``model_dir`` at ``checkpoint`` (default: the latest)."""
+    for name in (CONFIG_FILE, VOCAB_FILE):
+        if not os.path.exists(os.path.join(model_dir, name)):
+            raise InputError(f"{model_dir} is not a model folder: {name} is missing (train a model there first)")
+    cfg = config_lib.load_config(os.path.join(model_dir, CONFIG_FILE))
+    vocab = Vocabulary.load(os.path.join(model_dir, VOCAB_FILE))
+    path = checkpoint or tf.train.latest_checkpoint(model_dir)
+    if not path:
+        raise InputError(f"{model_dir} holds no checkpoint yet (ckpt-<step>): train first")
+    model_cfg = dataclasses.replace(cfg.model, encoder_weights="none")  # the checkpoint has the weights
+    model = ShowAndTell(len(vocab), model_cfg, cfg.data.image_size).build_all()
+    step = tf.Variable(0, dtype=tf.int64)
+    try:
+        status = tf.train.Checkpoint(model=model, step=step).restore(path)
+        status.expect_partial().assert_existing_objects_matched()
+    except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError, AssertionError) as e:
+        raise InputError(f"cannot restore {path}: {str(e).splitlines()[0]}") from None
+    return TrainedModel(model, cfg, vocab, int(step.numpy()), path)
+
+
+class Captioner:
+    """Captions for batches of encoded images, beam search inside one ``tf.function``."""
+
+    def __init__(self, trained: TrainedModel, beam_size: int = 3, max_length: int = 20,
+                 length_normalization: float = 0.0, top_k: int = 1):
+        if beam_size < 1 or max_length < 1:
+            raise InputError("--beam-size and --max-length must be at least 1")
+        if not 1 <= top_k <= beam_size:
+            raise InputError(f"--top-k must be between 1 and --beam-size ({beam_size}), got {top_k}")
+        self.trained = trained
+        self.options = dict(beam_size=beam_size, max_length=max_length,
+                            length_normalization=length_normalization, top_k=top_k)
+        self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
+
+    def decode_encoded(self, encoded: tf.Tensor) -> dict:
+        """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs."""
+        cfg = self.trained.config.data
+        size = cfg.image_size
+        images = tf.map_fn(lambda e: model_input(e, cfg), encoded,
+                           fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
+        features = self.trained.model.encode(images, training=False)
+        return beam_search(self.trained.model, features, **self.options)
+
+    def decode_images(self, images: tf.Tensor) -> dict:
+        """Already cropped ``uint8`` images ``[B, S, S, 3]`` → beam search outputs."""
+        return beam_search(self.trained.model, self.trained.model.encode(images, training=False), **self.options)
+
+    def caption(self, encoded: list[bytes]) -> list[list[tuple[str, float]]]:
+        """Per image, the ``top_k`` captions with their summed log-probabilities, best first."""
+        out = self.decode(tf.constant(encoded, dtype=tf.string))
+        texts = ids_to_text(self.trained.vocab, out["ids"], out["lengths"])
+        log_probs = out["log_probs"].numpy()
+        return [[(t, float(lp)) for t, lp in zip(image_texts, image_lps)]
+                for image_texts, image_lps in zip(texts, log_probs)]

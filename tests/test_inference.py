@@ -1,0 +1,152 @@
+"""What researchers do with a trained model: evaluate it, caption their own images, export it."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from captioning.caption import Result, gallery_html
+from captioning.evaluate import evaluate, most_frequent_caption
+from captioning.metrics import METRICS
+from tests.conftest import encode, gradient, run_cli
+
+
+@pytest.fixture(scope="module")
+def evaluation(trained_model_dir):
+    return evaluate(trained_model_dir, split="test", beam_size=2, baseline=True, progress=False)
+
+
+def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_dir):
+    on_disk = json.load(open(os.path.join(trained_model_dir, "metrics.json")))
+    assert on_disk == json.loads(json.dumps(evaluation))
+    assert set(on_disk["metrics"]) == set(METRICS) == set(on_disk["baseline"])
+    assert all(math.isfinite(v) and v >= 0 for v in on_disk["metrics"].values())
+    assert (on_disk["split"], on_disk["num_images"], on_disk["beam_size"], on_disk["checkpoint_step"]) == \
+        ("test", 4, 2, 60)
+    assert on_disk["perplexity"] == pytest.approx(math.exp(on_disk["loss"]))
+    assert 1.0 < on_disk["perplexity"] < 50.0
+    predictions = json.load(open(os.path.join(trained_model_dir, "predictions.json")))
+    manifest_ids = set()
+    from captioning.input_pipeline import references
+    from captioning.config import DataConfig
+
+    manifest_ids = set(references(DataConfig(dir=prepared_dir), "test"))
+    assert {p["image_id"] for p in predictions} == manifest_ids
+    assert all(set(p) == {"image_id", "caption"} and p["caption"] for p in predictions)
+    events = os.listdir(os.path.join(trained_model_dir, "logs", "eval_test"))
+    assert any(name.startswith("events.out.tfevents") for name in events)
+
+
+def test_baseline_is_the_most_frequent_training_caption():
+    assert most_frequent_caption(["A red circle.", "a red circle", "A blue square", "a  RED circle!"]) == \
+        "a red circle"
+    assert most_frequent_caption(["b thing", "a thing"]) == "a thing"  # ties: alphabetical
+
+
+def test_evaluate_max_images_and_cli(trained_model_dir):
+    result = run_cli("evaluate", "--model-dir", trained_model_dir, "--split", "val", "--max-images", "2",
+                     "--beam-size", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "val: 2 images" in result.stdout and "CIDEr" in result.stdout
+    saved = json.load(open(os.path.join(trained_model_dir, "metrics.json")))
+    assert (saved["split"], saved["num_images"], saved["beam_size"]) == ("val", 2, 1)
+
+
+@pytest.fixture(scope="module")
+def user_images(tmp_path_factory, shapes_dir):
+    """A folder as a user has it: JPEGs, a PNG, a WebP, a GIF, a broken .jpg, a text file named .png,
+    an empty file, and a file whose name needs HTML escaping."""
+    folder = tmp_path_factory.mktemp("photos")
+    shapes = sorted(os.listdir(os.path.join(shapes_dir, "images")))
+    for i, name in enumerate(shapes[:2]):
+        with open(os.path.join(shapes_dir, "images", name), "rb") as src:
+            (folder / f"photo{i}.jpg").write_bytes(src.read())
+    (folder / "drawing.png").write_bytes(encode(gradient(size=(90, 60)), "PNG"))
+    (folder / "modern.webp").write_bytes(encode(gradient(size=(70, 50)), "WEBP"))
+    (folder / "anim.gif").write_bytes(encode(gradient("P", size=(40, 40)), "GIF"))
+    (folder / "<b>evil & co.png").write_bytes(encode(gradient(size=(30, 30)), "PNG"))
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (folder / "notes.png").write_bytes(b"just some text")
+    (folder / "empty.jpg").write_bytes(b"")
+    (folder / "README.txt").write_text("not an image extension: skipped when a folder is given")
+    return folder
+
+
+def test_caption_a_folder_with_broken_files(trained_model_dir, user_images, tmp_path):
+    gallery = tmp_path / "gallery.html"
+    result = run_cli("caption", "--model-dir", trained_model_dir, str(user_images), "--json", "--top-k", "2",
+                     "--html", str(gallery))
+    assert result.returncode == 1  # some files failed, the rest were captioned
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    captioned = {os.path.basename(x["image"]) for x in lines}
+    assert captioned == {"photo0.jpg", "photo1.jpg", "drawing.png", "modern.webp", "anim.gif", "<b>evil & co.png"}
+    for x in lines:
+        assert len(x["captions"]) == 2 and x["captions"][0]["log_prob"] >= x["captions"][1]["log_prob"]
+        assert all(c["caption"] for c in x["captions"])
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 3 and all(line.startswith("captioning caption: error: ") for line in errors)
+    assert {e.split(": ")[2].rsplit("/", 1)[-1] for e in errors} == {"broken.jpg", "notes.png", "empty.jpg"}
+    assert "Traceback" not in result.stderr
+    page = gallery.read_text()
+    assert "&lt;b&gt;evil &amp; co.png" in page and "<b>evil" not in page
+    assert page.count("<figure>") == 9 and page.count("data:image/jpeg;base64,") == 6
+
+
+def test_text_output_and_a_missing_path(trained_model_dir, user_images):
+    result = run_cli("caption", "--model-dir", trained_model_dir, str(user_images / "photo0.jpg"))
+    assert result.returncode == 0
+    out = result.stdout.splitlines()
+    assert out[0].endswith("photo0.jpg") and len(out) == 2 and out[1].strip()
+    missing = run_cli("caption", "--model-dir", trained_model_dir, str(user_images / "nope.jpg"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_gallery_escapes_every_caption_and_name():
+    png = encode(gradient(size=(8, 8)), "PNG")
+    page = gallery_html([Result("dir/<img src=x onerror=alert(1)>.png", [("a <script>alert('x')</script> & cat", -1.5)],
+                                data=png),
+                         Result("bad\"quote'.jpg", error="corrupt <image>")], title="<title>")
+    assert "<script>" not in page and "onerror=alert(1)>" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; cat" in page
+    assert "corrupt &lt;image&gt;" in page and "bad&quot;quote&#x27;.jpg" in page
+    assert "&lt;title&gt;" in page
+
+
+LOADER = r"""
+import json, sys
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+paths = sys.argv[2:]
+out = serve(images=tf.constant([open(p, "rb").read() for p in paths]))
+assert not any(m.startswith("captioning") or m.startswith("data_prep") for m in sys.modules), "imported the project"
+print(json.dumps([{"image": p, "captions": [c.decode() for c in caps], "log_probs": [float(x) for x in lps]}
+                  for p, caps, lps in zip(paths, out["captions"].numpy(), out["log_probs"].numpy())]))
+"""
+
+
+def test_export_round_trip_in_a_process_without_the_project(trained_model_dir, user_images, tmp_path):
+    export_dir = str(tmp_path / "export")
+    result = run_cli("export", "--model-dir", trained_model_dir, "--output", export_dir, "--top-k", "2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert os.path.exists(os.path.join(export_dir, "saved_model.pb"))
+    again = run_cli("export", "--model-dir", trained_model_dir, "--output", export_dir)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+    paths = [str(user_images / n) for n in ("photo0.jpg", "photo1.jpg", "drawing.png")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    loaded = subprocess.run([sys.executable, "-c", LOADER, export_dir, *paths], capture_output=True, text=True,
+                            cwd=str(tmp_path), env=env, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    served = json.loads(loaded.stdout.splitlines()[-1])
+
+    cli = run_cli("caption", "--model-dir", trained_model_dir, *paths, "--json", "--top-k", "2")
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    captioned = [json.loads(line) for line in cli.stdout.splitlines()]
+    for s, c in zip(served, captioned):
+        assert s["captions"] == [x["caption"] for x in c["captions"]]
+        assert s["log_probs"] == pytest.approx([x["log_prob"] for x in c["captions"]], abs=1e-4)

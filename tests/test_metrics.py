@@ -1,0 +1,114 @@
+"""The COCO caption metrics: identical to pycocoevalcap's COCOEvalCap, to the last digit."""
+
+import json
+import os
+
+import pytest
+
+from captioning.errors import InputError
+from captioning.metrics import METRICS, coco_metrics, score_files
+from data_prep.shapes import load_split
+from tests.conftest import run_cli
+
+
+class NoSpice:
+    """Stands in for SPICE inside COCOEvalCap only (SPICE downloads CoreNLP models on first use)."""
+
+    def compute_score(self, gts, res):
+        return 0.0, [0.0] * len(res)
+
+    def method(self):
+        return "SPICE"
+
+
+@pytest.fixture(scope="module")
+def fixture_files(shapes_dir, tmp_path_factory):
+    """COCO annotations (the shapes val split) and a results file of imperfect captions for 3 of its 4
+    images: one image's own first caption, one with a wrong colour, one reference of another image."""
+    root = tmp_path_factory.mktemp("score")
+    data = load_split(shapes_dir, "val")
+    ann_path = root / "captions_val.json"
+    ann_path.write_text(json.dumps(data))
+    ids = [im["id"] for im in data["images"]]
+    first = {i: next(a["caption"] for a in data["annotations"] if a["image_id"] == i) for i in ids}
+    results = [{"image_id": ids[0], "caption": first[ids[0]]},
+               {"image_id": ids[1], "caption": first[ids[1]].replace("red", "blue").replace("green", "purple")},
+               {"image_id": ids[2], "caption": first[ids[3]]}]
+    res_path = root / "results.json"
+    res_path.write_text(json.dumps(results))
+    return str(ann_path), str(res_path)
+
+
+def reference_scores(ann_path, res_path, monkeypatch):
+    """pycocoevalcap's own COCOEvalCap.evaluate() on the result images, SPICE stubbed out."""
+    import pycocoevalcap.eval as cocoeval
+    from pycocotools.coco import COCO
+
+    monkeypatch.setattr(cocoeval, "Spice", NoSpice)
+    coco = COCO(ann_path)
+    res = coco.loadRes(res_path)
+    evaluator = cocoeval.COCOEvalCap(coco, res)
+    evaluator.params["image_id"] = res.getImgIds()
+    evaluator.evaluate()
+    return {k: v for k, v in evaluator.eval.items() if k != "SPICE"}
+
+
+def test_score_equals_pycocoevalcap_to_the_last_digit(fixture_files, monkeypatch):
+    ann_path, res_path = fixture_files
+    ours = score_files(ann_path, res_path)
+    theirs = reference_scores(ann_path, res_path, monkeypatch)
+    assert set(ours) == set(METRICS) == set(theirs)
+    assert ours == theirs  # exact float equality
+    assert 0.0 < ours["Bleu_4"] < 1.0 and ours["CIDEr"] > 0.0
+
+
+def test_score_cli_writes_the_same_numbers(fixture_files, tmp_path):
+    ann_path, res_path = fixture_files
+    out = tmp_path / "scores.json"
+    result = run_cli("score", "--annotations", ann_path, "--results", res_path, "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "CIDEr" in result.stdout and "Bleu_4" in result.stdout
+    assert json.loads(out.read_text()) == {"metrics": score_files(ann_path, res_path)}
+
+
+def test_perfect_and_wrong_captions_order_the_scores():
+    refs = {1: ["a red circle above a blue square", "a small red circle over a big blue square"],
+            2: ["a green triangle in the top left corner", "there is a green triangle at the top left"]}
+    perfect = coco_metrics(refs, {1: "a red circle above a blue square", 2: "a green triangle in the top left corner"})
+    wrong = coco_metrics(refs, {1: "a yellow triangle", 2: "two purple squares"})
+    for metric in METRICS:
+        assert perfect[metric] > wrong[metric]
+    assert perfect["Bleu_1"] == pytest.approx(1.0)
+
+
+def test_meteor_works_under_a_decimal_comma_locale(monkeypatch):
+    """A JVM in a German locale makes METEOR print nothing to parse; the scorer forces en_US."""
+    refs = {1: ["a red circle above a blue square"]}
+    plain = coco_metrics(refs, {1: "a red circle over a square"})
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Duser.language=de -Duser.country=DE")
+    assert coco_metrics(refs, {1: "a red circle over a square"}) == plain
+    assert os.environ["JAVA_TOOL_OPTIONS"] == "-Duser.language=de -Duser.country=DE"  # restored
+
+
+def test_bad_results_are_one_line_errors(fixture_files, tmp_path):
+    ann_path, _ = fixture_files
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps([{"image_id": 987654, "caption": "a cat"}]))
+    with pytest.raises(InputError, match="not in"):
+        score_files(ann_path, str(unknown))
+    shape = tmp_path / "shape.json"
+    shape.write_text(json.dumps({"image_id": 1}))
+    with pytest.raises(InputError, match="list of"):
+        score_files(ann_path, str(shape))
+    result = run_cli("score", "--annotations", ann_path, "--results", str(unknown))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_missing_java_is_one_clear_line(fixture_files, tmp_path):
+    ann_path, res_path = fixture_files
+    env_path = str(tmp_path)  # a PATH with no java on it
+    result = run_cli("score", "--annotations", ann_path, "--results", res_path, env={"PATH": env_path})
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["captioning score: error: pycocoevalcap needs Java for PTB tokenization and METEOR, and "
+                     "`java` is not on PATH: install a Java runtime (e.g. apt-get install default-jre-headless)"]
