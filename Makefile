@@ -29,12 +29,15 @@ test: $(STAMP)
 	exit $$rc
 
 demo: $(STAMP)
-	$(BIN)/captioning synth --output-dir $(SHAPES) --num-images 2000 --seed 0 --overwrite
+	$(BIN)/captioning synth --output-dir $(SHAPES) --num-images 5000 --seed 0 --overwrite
 	$(BIN)/captioning prepare --output-dir $(DEMO)/records --overwrite \
 	    --split train=$(ANN)/captions_train.json:$(SHAPES)/images \
 	    --split val=$(ANN)/captions_val.json:$(SHAPES)/images \
 	    --split test=$(ANN)/captions_test.json:$(SHAPES)/images
 	$(BIN)/captioning train --config experiments/shapes.yaml --model-dir $(DEMO)/model
+	$(BIN)/captioning caption --model-dir $(DEMO)/model --top-k 3 --html $(DEMO)/gallery.html \
+	    $$($(BIN)/python -c "import json; print(' '.join('$(SHAPES)/images/' + i['file_name'] for i in json.load(open('$(ANN)/captions_test.json'))['images'][:12]))")
+	$(BIN)/captioning evaluate --model-dir $(DEMO)/model --split test --baseline --output $(DEMO)/metrics.json
 
 clean:
 	rm -rf $(DEMO)

@@ -162,6 +162,14 @@ def _decoding_flags(p) -> None:
                    help="rank complete captions by log_prob / length^ALPHA (default 0: by log_prob)")
 
 
+def _captioner(args):
+    """The trained model of --model-dir with the decoding flags of ``_decoding_flags`` and --top-k."""
+    from captioning import inference
+
+    return inference.Captioner(inference.load(args.model_dir), beam_size=args.beam_size, max_length=args.max_length,
+                               length_normalization=args.length_normalization, top_k=args.top_k)
+
+
 def _add_evaluate(sub) -> None:
     p = sub.add_parser(
         "evaluate", help="perplexity and COCO caption metrics of a trained model on a split",
@@ -247,12 +255,10 @@ def _add_caption(sub) -> None:
 
 
 def _run_caption(args) -> int:
-    from captioning import caption, inference
+    from captioning import caption
 
     files = caption.collect_paths(args.paths)
-    captioner = inference.Captioner(inference.load(args.model_dir), beam_size=args.beam_size,
-                                    max_length=args.max_length, length_normalization=args.length_normalization,
-                                    top_k=args.top_k)
+    captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet)
     if args.html:
         caption.write_gallery(args.html, results, f"captions by {args.model_dir}")
@@ -274,13 +280,9 @@ def _add_export(sub) -> None:
 
 
 def _run_export(args) -> int:
-    from captioning import inference
     from captioning.export import export
 
-    captioner = inference.Captioner(inference.load(args.model_dir), beam_size=args.beam_size,
-                                    max_length=args.max_length, length_normalization=args.length_normalization,
-                                    top_k=args.top_k)
-    print(f"exported to {export(captioner, args.output, overwrite=args.overwrite)}")
+    print(f"exported to {export(_captioner(args), args.output, overwrite=args.overwrite)}")
     return 0
 
 

@@ -42,5 +42,5 @@ def test_finetune_inherits_and_trains_the_encoder():
 
 def test_shapes_is_a_cpu_config():
     c = load_config(os.path.join(REPO, "experiments", "shapes.yaml"))
-    assert c.model.encoder == "small_cnn" and c.data.dir == "runs/demo/records"
+    assert c.model.encoder == "small_cnn" and c.data.dir == "runs/demo/records" and c.train.optimizer == "sgd"
     assert not c.data.random_flip  # captions name left and right
