@@ -1,7 +1,7 @@
 """The "shapes" dataset: deterministic synthetic images with COCO-format captions.
 
 Real COCO (20 GB) cannot be fetched everywhere, so every stage of the project runs on this instead.
-Each image is a JPEG of random size (160–320 px a side, rarely square) on a varied background (a flat
+Each image is a JPEG of random size (200–320 px a side, rarely square) on a varied background (a flat
 tint, a two-colour gradient or a noisy texture) with one to three non-overlapping shapes. A shape has
 one of three kinds (circle, square, triangle), six colours and two sizes. Five captions per image are
 drawn from different templates with synonyms, and every caption names what a model can only learn by
@@ -48,7 +48,7 @@ COLORS = {
     "orange": (240, 125, 20),
 }
 KINDS = ("circle", "square", "triangle")
-SIZES = {"small": 0.20, "large": 0.38}  # diameter as a fraction of the image's shorter side
+SIZES = {"small": 0.24, "large": 0.40}  # diameter as a fraction of the image's shorter side
 SIZE_WORDS = {"small": ("small", "little", "tiny"), "large": ("large", "big")}
 RELATION_WORDS = {
     "above": ("above", "over"),
@@ -222,7 +222,7 @@ def _captions(rng: np.random.Generator, shapes: list[Shape], w: int, h: int, cou
 
 def make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str]]:
     """One random image: (JPEG bytes, width, height, five captions)."""
-    w, h = (int(v) for v in rng.integers(160, 321, size=2))
+    w, h = (int(v) for v in rng.integers(200, 321, size=2))  # aspect ≤ 1.6: models squash to a square
     image = _background(rng, w, h)
     shapes = _place(rng, w, h, int(rng.integers(1, 4)))
     _draw(image, shapes, rng)

@@ -25,7 +25,7 @@ def test_coco_layout_and_splits(shapes_dir):
             with Image.open(os.path.join(shapes_dir, "images", image["file_name"])) as im:
                 assert im.format == "JPEG" and im.mode == "RGB"
                 assert im.size == (image["width"], image["height"])
-                assert 160 <= im.width <= 320 and 160 <= im.height <= 320
+                assert 200 <= im.width <= 320 and 200 <= im.height <= 320
         by_image = {}
         for ann in data["annotations"]:
             assert set(ann) == {"id", "image_id", "caption"}
