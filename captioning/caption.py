@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from captioning.errors import InputError
+from captioning.fileio import atomic_write_bytes
 from captioning.images import ImageError, process_image
 
 MAX_SIDE = 4096
@@ -125,11 +126,8 @@ def gallery_html(results: list[Result], title: str = "captioning gallery") -> st
 
 
 def write_gallery(path: str, results: list[Result], title: str) -> None:
-    tmp = f"{path}.tmp"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(gallery_html(results, title))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, gallery_html(results, title).encode("utf-8"))
 
 
 def print_results(results: list[Result], as_json: bool) -> int:

@@ -225,17 +225,13 @@ def _add_score(sub) -> None:
 
 
 def _run_score(args) -> int:
-    import json
-
+    from captioning.fileio import atomic_write_json
     from captioning.metrics import format_table, score_files
 
     scores = score_files(args.annotations, args.results, spice=args.spice)
     print(format_table({"results": scores}))
     if args.json:
-        tmp = f"{args.json}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"metrics": scores}, f, indent=1)
-        os.replace(tmp, args.json)
+        atomic_write_json(args.json, {"metrics": scores})
     return 0
 
 

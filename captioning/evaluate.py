@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -29,20 +28,13 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import inference, metrics, schema
+from captioning.fileio import atomic_write_json
 from captioning.decode import ids_to_text
 from captioning.input_pipeline import center_crop, image_dataset, make_dataset, references
 from captioning.model import caption_loss_sum
 from captioning.text import tokenize_caption
 
 log = logging.getLogger("captioning.evaluate")
-
-
-def _atomic_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def most_frequent_caption(texts) -> str:
@@ -96,11 +88,11 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
         result["baseline_caption"] = constant
 
-    _atomic_json(os.path.join(model_dir, "metrics.json"), result)
-    _atomic_json(os.path.join(model_dir, "predictions.json"),
+    atomic_write_json(os.path.join(model_dir, "metrics.json"), result)
+    atomic_write_json(os.path.join(model_dir, "predictions.json"),
                  [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
     if output:
-        _atomic_json(output, result)
+        atomic_write_json(output, result)
     with tf.summary.create_file_writer(os.path.join(model_dir, "logs", f"eval_{split}")).as_default(step=trained.step):
         for name, value in scores.items():
             tf.summary.scalar(f"metrics/{name}", value)

@@ -40,7 +40,7 @@ from captioning import vocab as vocab_lib
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
 from data_prep import sources as sources_lib
-from data_prep.fileio import atomic_write_json
+from captioning.fileio import atomic_write_json
 from data_prep.writer import Item, ShardTask, init_worker, run_in_worker, write_shard
 
 log = logging.getLogger("captioning.prepare")

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
-from data_prep.fileio import atomic_write_bytes, atomic_write_json
+from captioning.fileio import atomic_write_bytes, atomic_write_json
 
 COLORS = {
     "red": (215, 35, 35),

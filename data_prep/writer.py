@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from data_prep.fileio import atomic_write_json
+from captioning.fileio import atomic_write_json
 from captioning.images import ImageError, process_image
 
 

@@ -1,4 +1,5 @@
-"""Small file helpers: every output is written under a temporary name and renamed when complete."""
+"""Every output is written under a temporary name and renamed when complete (prepare, evaluate,
+score, caption all use these)."""
 
 from __future__ import annotations
 
