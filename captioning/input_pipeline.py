@@ -116,16 +116,17 @@ def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
     def parse(serialized):
         batch = schema.parse_batch(serialized)
         return {"encoded": batch[schema.IMAGE_ENCODED], "image_id": batch[schema.IMAGE_ID],
-                "captions": batch[schema.CAPTION_IDS], "texts": batch[schema.CAPTION_TEXT]}
+                "captions": batch[schema.CAPTION_IDS]}
 
     return records.batch(cfg.parse_batch_size).map(parse, num_parallel_calls=AUTOTUNE)
 
 
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
                   repeat: bool = False, max_images: int | None = None) -> tf.data.Dataset:
-    """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)],
-    "texts": [(C)] strings}``, R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the
-    serialised records; ``max_images`` keeps only the first images (in evaluation order)."""
+    """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
+    R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the serialised records;
+    ``max_images`` keeps only the first images (in evaluation order). Images may have different numbers
+    of captions (COCO: 5 to 7): the ragged ``captions`` batch; the raw texts come from :func:`references`."""
     manifest = schema.read_manifest(cfg.dir)
     files = schema.split_files(cfg.dir, manifest, split)
     ds = _parsed(_records(files, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
@@ -135,7 +136,7 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
 
     def decode(example):
         return {"image": decode_and_resize(example["encoded"], size), "image_id": example["image_id"],
-                "captions": example["captions"], "texts": example["texts"]}
+                "captions": example["captions"]}
 
     return ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
 

@@ -34,7 +34,6 @@ import shutil
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
@@ -173,14 +172,13 @@ class Trainer:
         elif latest:
             self.checkpoint.restore(latest).expect_partial()
             log.info("resumed from %s at step %d", latest, int(self.step.numpy()))
-        self._train_steps: dict = {}
+        self._steps: dict = {}
 
     # ---- data ---------------------------------------------------------------------------------------
     def _feature_fn(self):
         if self.cfg.data.cache != "features":
             return None
-        encoder = tf.function(lambda images: self.model.encoder(images, training=False))
-        return encoder
+        return tf.function(lambda images: self.model.encoder(images, training=False))
 
     def distributed_dataset(self, split: str, training: bool):
         cfg = self.cfg
@@ -199,9 +197,9 @@ class Trainer:
         """``make()``'s step as a tf.function traced once for the dataset's element_spec: batches of
         every bucket length share one graph instead of one trace per caption length."""
         key = (make.__name__, repr(dataset.element_spec))
-        if key not in self._train_steps:
-            self._train_steps[key] = tf.function(make(), input_signature=[dataset.element_spec])
-        return self._train_steps[key]
+        if key not in self._steps:
+            self._steps[key] = tf.function(make(), input_signature=[dataset.element_spec])
+        return self._steps[key]
 
     def train_step_for(self, dataset):
         """The compiled training step for batches of ``dataset`` (a distributed dataset): returns the

@@ -181,3 +181,32 @@ def test_train_cli_runs_and_resumes(data_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stderr and "2 replica(s)" in result.stderr
     assert (tmp_path / "m" / "ckpt-9.index").exists()
+
+
+def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
+    """COCO images have 5 to 7 captions: feature caching, samples and evaluation batch such images."""
+    from captioning.train import Trainer
+    from data_prep.prepare import PrepareOptions, prepare
+    from data_prep.shapes import load_split
+
+    splits = []
+    for split in ("train", "val", "test"):
+        data = load_split(shapes_dir, split)
+        keep, seen = [], {}
+        for ann in data["annotations"]:  # image i keeps 3, 4 or 5 of its captions
+            seen[ann["image_id"]] = seen.get(ann["image_id"], 0) + 1
+            if seen[ann["image_id"]] <= 3 + ann["image_id"] % 3:
+                keep.append(ann)
+        data["annotations"] = keep
+        path = tmp_path / f"captions_{split}.json"
+        path.write_text(json.dumps(data))
+        splits.append(f"{split}={path}:{shapes_dir}/images")
+    records = str(tmp_path / "records")
+    manifest = prepare(PrepareOptions(output_dir=records, split=splits, workers=1, min_word_count=1), progress=False)
+    assert manifest["splits"]["val"]["captions"] < 5 * manifest["splits"]["val"]["images"]
+    cfg = small_config(records, "train.steps=3", "data.cache=features", "model.encoder_trainable=false",
+                       "data.random_crop=false", "train.eval_every_steps=3", "train.sample_captions=4")
+    trainer = Trainer(cfg, str(tmp_path / "model"))
+    assert trainer.run(progress=False)["step"] == 3
+    assert len(trainer.sample_captions(4)) == 4
+    assert trainer.evaluate_loss()["tokens"] > 0
