@@ -112,3 +112,11 @@ def test_missing_java_is_one_clear_line(fixture_files, tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["captioning score: error: pycocoevalcap needs Java for PTB tokenization and METEOR, and "
                      "`java` is not on PATH: install a Java runtime (e.g. apt-get install default-jre-headless)"]
+
+
+def test_spice_without_its_models_is_skipped_with_a_clear_warning(caplog):
+    refs = {1: ["a red circle above a blue square"]}
+    with caplog.at_level("WARNING", logger="captioning.metrics"):
+        scores = coco_metrics(refs, {1: "a red circle"}, spice=True)
+    assert set(scores) == set(METRICS)  # the seven metrics, no SPICE, no download attempted
+    assert any("SPICE skipped" in r.getMessage() and "CoreNLP" in r.getMessage() for r in caplog.records)
