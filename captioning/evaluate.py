@@ -30,7 +30,7 @@ from tqdm import tqdm
 from captioning import inference, metrics, schema
 from captioning.fileio import atomic_write_json
 from captioning.decode import ids_to_text
-from captioning.input_pipeline import center_crop, image_dataset, make_dataset, references
+from captioning.input_pipeline import eval_images, make_dataset, references
 from captioning.model import caption_loss_sum
 from captioning.text import tokenize_caption
 
@@ -61,9 +61,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
         total = min(total, max_images)
 
     # captions for every image
-    images = image_dataset(cfg, split, training=False, max_images=max_images)
-    images = images.map(lambda ex: {"image": center_crop(ex["image"], cfg.image_size), "image_id": ex["image_id"]},
-                        num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    images = eval_images(cfg, split, batch_size, max_images=max_images)
     decode = tf.function(captioner.decode_images)
     candidates = {}
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)

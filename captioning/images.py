@@ -18,7 +18,6 @@ decodes at 1/2, 1/4 or 1/8 size for a fraction of the cost, and then a bicubic r
 from __future__ import annotations
 
 import io
-import math
 import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError

@@ -174,13 +174,20 @@ def _augment(image: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
     return image
 
 
+def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None,
+                max_images: int | None = None) -> tf.data.Dataset:
+    """Batches of ``{"image": uint8 [B, S, S, 3] central crops, "image_id", "captions"}``: the images as
+    decoding, evaluation and feature extraction see them."""
+    images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images)
+    return images.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
+                      num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
+
+
 def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch_size: int = 64,
                      input_context=None, max_images: int | None = None) -> tf.data.Dataset:
     """Runs ``feature_fn`` (the frozen encoder) once over every image of the split; returns a dataset
     of ``{"features": [D], "image_id", "captions"}`` held in memory."""
-    images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images)
-    images = images.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
-                        num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
+    images = eval_images(cfg, split, batch_size, input_context=input_context, max_images=max_images)
     features, ids, captions = [], [], []
     for batch in images:
         features.append(feature_fn(batch["image"]))

@@ -41,7 +41,7 @@ from captioning import config as config_lib
 from captioning import distribute, schema
 from captioning.decode import beam_search, ids_to_text
 from captioning.errors import InputError
-from captioning.input_pipeline import center_crop, image_dataset, make_dataset
+from captioning.input_pipeline import eval_images, make_dataset
 from captioning.model import ShowAndTell, caption_loss_sum
 from captioning.vocab import Vocabulary
 
@@ -275,10 +275,8 @@ class Trainer:
         if count <= 0:
             return []
         cfg = self.cfg.data
-        images = image_dataset(cfg, cfg.eval_split, training=False).take(count).batch(count)
-        batch = next(iter(images))
-        cropped = tf.map_fn(lambda im: center_crop(im, cfg.image_size), batch["image"])
-        best = beam_search(self.model, self.model.encode(cropped), beam_size=1)  # greedy
+        batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count)))
+        best = beam_search(self.model, self.model.encode(batch["image"]), beam_size=1)  # greedy
         captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
         out = []
         for i, (caption,) in enumerate(captions):

@@ -142,6 +142,8 @@ def _tokenize(splits, opts) -> tuple[dict, list, dict]:
 
 
 def _plan(usable, opts, streamed: bool, vocab) -> list[ShardTask]:
+    from captioning.schema import shard_name  # imported late: pulls TensorFlow
+
     out = opts.output_dir
     tasks = []
     for name in usable:
@@ -152,7 +154,6 @@ def _plan(usable, opts, streamed: bool, vocab) -> list[ShardTask]:
         count = opts.shards.get(name) or default_num_shards(len(entries), opts.images_per_shard)
         count = min(count, len(entries))
         bounds = np.linspace(0, len(entries), count + 1).round().astype(int)
-        from captioning.schema import shard_name  # noqa: imported late: pulls TensorFlow
         for i in range(count):
             shard = shard_name(name, i, count)
             items = [Item(e.image_id, e.filename, e.path, e.captions, [vocab.encode(t) for t in e.tokens])

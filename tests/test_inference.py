@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from PIL import Image
 
 from captioning.caption import Result, gallery_html
 from captioning.evaluate import evaluate, most_frequent_caption
@@ -30,9 +29,8 @@ def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_di
     assert on_disk["perplexity"] == pytest.approx(math.exp(on_disk["loss"]))
     assert 1.0 < on_disk["perplexity"] < 50.0
     predictions = json.load(open(os.path.join(trained_model_dir, "predictions.json")))
-    manifest_ids = set()
-    from captioning.input_pipeline import references
     from captioning.config import DataConfig
+    from captioning.input_pipeline import references
 
     manifest_ids = set(references(DataConfig(dir=prepared_dir), "test"))
     assert {p["image_id"] for p in predictions} == manifest_ids
