@@ -292,11 +292,13 @@ class Trainer:
         return path
 
     def run(self, progress: bool = True) -> dict:
+        """Trains to ``train.steps``. Returns ``{"step", "trained_steps", "losses", "ingestion_s", "step_s"}``:
+        the last two are each iteration's time waiting for the batch and running the step, in seconds."""
         cfg = self.cfg.train
         start = int(self.step.numpy())
         if start >= cfg.steps:
             log.info("already at step %d of %d: nothing to train", start, cfg.steps)
-            return {"step": start, "trained_steps": 0}
+            return {"step": start, "trained_steps": 0, "losses": [], "ingestion_s": [], "step_s": []}
         log.info("training from step %d to %d: global batch %d on %d replica(s), %d steps per epoch",
                  start, cfg.steps, cfg.batch_size, self.strategy.num_replicas_in_sync, self.steps_per_epoch)
         logs = os.path.join(self.model_dir, "logs")
@@ -306,7 +308,7 @@ class Trainer:
         train_step = self.train_step_for(dataset)
         iterator = iter(dataset)
         window = {"loss": 0.0, "tokens": 0.0, "ingest": 0.0, "step": 0.0, "n": 0, "norm": 0.0}
-        history = []
+        history, ingestion_s, step_s = [], [], []
         bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
         result = {"step": start, "trained_steps": 0}
@@ -320,6 +322,8 @@ class Trainer:
                 t2 = time.perf_counter()
                 step = int(self.step.numpy())
                 history.append(loss)
+                ingestion_s.append(t1 - t0)
+                step_s.append(t2 - t1)
                 window["loss"] += loss * float(tokens)
                 window["tokens"] += float(tokens)
                 window["ingest"] += t1 - t0
@@ -340,7 +344,8 @@ class Trainer:
             bar.close()
             writer.flush()
             eval_writer.flush()
-        result.update(step=int(self.step.numpy()), trained_steps=len(history), losses=history)
+        result.update(step=int(self.step.numpy()), trained_steps=len(history), losses=history,
+                      ingestion_s=ingestion_s, step_s=step_s)
         return result
 
     def _log_window(self, writer, window, step: int) -> None:
