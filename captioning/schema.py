@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-import tensorflow as tf
+from captioning import records
 
 FORMAT_VERSION = 1
 
@@ -63,37 +63,29 @@ def is_shard_name(name: str) -> bool:
     return _SHARD.match(name) is not None
 
 
-def _bytes(values: Sequence[bytes]) -> tf.train.Feature:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(values)))
-
-
-def _ints(values: Sequence[int]) -> tf.train.Feature:
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
-
-
 def encode_example(*, image_id: int, filename: str, jpeg: bytes, height: int, width: int,
                    captions: Sequence[str], caption_ids: Sequence[Sequence[int]]) -> bytes:
     """Serialises one image and all its captions. ``captions[i]`` is the text of ``caption_ids[i]``."""
     if len(captions) != len(caption_ids) or not captions:
         raise ValueError(f"image {image_id}: {len(captions)} captions but {len(caption_ids)} id lists")
-    feature = {
-        IMAGE_ID: _ints([image_id]),
-        IMAGE_FILENAME: _bytes([filename.encode("utf-8")]),
-        IMAGE_ENCODED: _bytes([jpeg]),
-        IMAGE_HEIGHT: _ints([height]),
-        IMAGE_WIDTH: _ints([width]),
-        CAPTION_TEXT: _bytes([c.encode("utf-8") for c in captions]),
-        CAPTION_IDS: _ints([i for ids in caption_ids for i in ids]),
-        CAPTION_LENGTH: _ints([len(ids) for ids in caption_ids]),
-    }
-    example = tf.train.Example(features=tf.train.Features(feature=feature))
-    # Features is a protobuf map, whose order is otherwise per process: deterministic=True sorts the
-    # keys, so the same inputs give the same bytes whatever process (or worker count) writes them.
-    return example.SerializeToString(deterministic=True)
+    # Keys in sorted order (protobuf's deterministic serialisation of the Features map), so the same
+    # inputs give the same bytes whatever process (or worker count) writes them.
+    return records.example({
+        IMAGE_ID: records.int64_feature([image_id]),
+        IMAGE_FILENAME: records.bytes_feature([filename.encode("utf-8")]),
+        IMAGE_ENCODED: records.bytes_feature([jpeg]),
+        IMAGE_HEIGHT: records.int64_feature([height]),
+        IMAGE_WIDTH: records.int64_feature([width]),
+        CAPTION_TEXT: records.bytes_feature([c.encode("utf-8") for c in captions]),
+        CAPTION_IDS: records.int64_feature([i for ids in caption_ids for i in ids]),
+        CAPTION_LENGTH: records.int64_feature([len(ids) for ids in caption_ids]),
+    })
 
 
 def feature_spec() -> dict:
     """The ``tf.io.parse_example`` spec of a record (see the module docstring)."""
+    import tensorflow as tf  # the reading side only: writers (prepare's workers) never load TensorFlow
+
     return {
         IMAGE_ID: tf.io.FixedLenFeature([], tf.int64),
         IMAGE_FILENAME: tf.io.FixedLenFeature([], tf.string),
@@ -106,13 +98,15 @@ def feature_spec() -> dict:
     }
 
 
-def parse_batch(serialized: tf.Tensor) -> dict:
+def parse_batch(serialized) -> dict:
     """Parses a 1-D batch of serialised records in one vectorised call.
 
     Returns a dict with ``image/id``, ``image/height``, ``image/width`` of shape ``[batch]``,
     ``image/encoded`` and ``image/filename`` strings ``[batch]``, ``caption/text`` ragged
     ``[batch, (captions)]`` and ``caption/ids`` ragged ``[batch, (captions), (ids)]``.
     """
+    import tensorflow as tf
+
     return tf.io.parse_example(serialized, feature_spec())
 
 
