@@ -282,7 +282,8 @@ def _run_export(args) -> int:
     return 0
 
 
-_USES_TENSORFLOW = {"prepare", "train", "evaluate", "caption", "export", "benchmark"}
+# (prepare loads it only for a TFDS source, data_prep.sources.TfdsSource; its workers never do.)
+_USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark"}
 
 
 def build_parser() -> argparse.ArgumentParser:

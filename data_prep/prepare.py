@@ -142,7 +142,7 @@ def _tokenize(splits, opts) -> tuple[dict, list, dict]:
 
 
 def _plan(usable, opts, streamed: bool, vocab) -> list[ShardTask]:
-    from captioning.schema import shard_name  # imported late: pulls TensorFlow
+    from captioning.schema import shard_name
 
     out = opts.output_dir
     tasks = []

@@ -188,6 +188,10 @@ class TfdsSource:
         return {"kind": "tfds", "name": self.name, "data_dir": self.data_dir, "keep_restval": self.keep_restval}
 
     def _builder(self):
+        if os.environ.get("CAPTIONING_QUIET_TF") == "1":  # the only source that needs TensorFlow
+            from captioning.tf_import import import_tensorflow_quietly
+
+            import_tensorflow_quietly()
         import tensorflow_datasets as tfds
 
         try:
