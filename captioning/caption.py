@@ -7,6 +7,16 @@ captioned; the command then exits with code 1. JPEG and PNG bytes go to the mode
 formats, EXIF-rotated and huge images (longer side > 4096 px) are first converted to PNG (lossless), so
 the model sees exactly what ``tf.io`` decodes in the exported SavedModel.
 
+Huge images are downscaled, not refused: Pillow's decompression-bomb limit (about 89M pixels, which
+``prepare`` keeps) does not apply here. A JPEG is decoded with libjpeg's DCT scaling (``Image.draft``) at
+1/2, 1/4 or 1/8 size, whichever is the smallest still at least 4096 px on its longer side, so a
+20000 × 10000 photo is decoded at 5000 × 2500 and never at full size. Other formats have no reduced
+decode; they are decoded whole as long as that takes at most ``MAX_DECODE_BYTES`` (1 GiB, counted as 4
+bytes a pixel: up to 2^28 pixels, e.g. 16384 × 16384), and refused with "image too large: decoding WxH
+pixels would need about N GiB" beyond. The same budget counts the coefficients a progressive JPEG keeps
+at full size (6 bytes a pixel for colour), so progressive JPEGs beyond about 170M pixels are refused too.
+The budget bounds what one file can cost on a shared machine; ``captioning.images`` explains the estimate.
+
 ``--html`` writes a self-contained gallery page: thumbnails are embedded as data URIs and every caption
 and file name is HTML-escaped.
 """
@@ -28,6 +38,7 @@ from captioning.fileio import atomic_write_bytes
 from captioning.images import ImageError, process_image
 
 MAX_SIDE = 4096
+MAX_DECODE_BYTES = 1 << 30  # memory one image's decode may take (see the module docstring)
 BATCH = 16
 
 
@@ -63,7 +74,8 @@ def read_for_model(path: str) -> bytes:
             data = f.read()
     except OSError as e:
         raise ImageError(f"cannot read: {e.strerror}") from None
-    encoded, _, _ = process_image(data, keep=("JPEG", "PNG"), output="PNG", max_side=MAX_SIDE)
+    encoded, _, _ = process_image(data, keep=("JPEG", "PNG"), output="PNG", max_side=MAX_SIDE,
+                                  max_decode_bytes=MAX_DECODE_BYTES)
     return encoded
 
 

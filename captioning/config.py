@@ -4,7 +4,11 @@ A config file sets any subset of the keys below; what it does not set keeps the 
 another config (a path relative to the file) whose values come first; chains are allowed, cycles are
 errors. ``--set section.key=value`` overrides come last and are parsed by the key's type (``true``/``no``
 for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type or a value
-outside its choices is an :class:`~captioning.errors.InputError` naming the valid keys nearby.
+outside its choices is an :class:`~captioning.errors.InputError` naming the valid keys nearby; so are a
+number that is not finite (``nan``, ``inf``, ``1e999``), an integer beyond 64 bits and a config file that
+cannot be read (a folder, not UTF-8, nested too deeply). Whatever the file or the override says, loading
+gives a valid config or that one-line error, never another exception (tests/test_config.py checks this
+with hypothesis).
 
 Example (``experiments/show_and_tell_coco_finetune.yaml``)::
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -124,11 +129,19 @@ def _unknown(key: str) -> InputError:
 
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+_INT64 = range(-2**63, 2**63)  # what TensorFlow can hold; a larger int is refused here, not deep in a run
+
+
+def _show(value) -> str:
+    """``repr(value)`` cut to one short line for an error message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
     """Checks ``value`` against the field's type (parsing it first when it came from --set)."""
     kind = typing.get_type_hints(_owner[key.split(".")[0]])[f.name]
+    raw = value
     try:
         if kind is bool:
             if from_text or isinstance(value, str):
@@ -142,11 +155,15 @@ def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
             if isinstance(value, bool) or (not from_text and not isinstance(value, int)):
                 raise ValueError
             value = int(str(value).strip()) if from_text else value
+            if value not in _INT64:
+                raise InputError(f"config key {key} must be a 64-bit integer, got {_show(raw)}")
         elif kind is float:
             # YAML 1.1 reads 5e-4 (no dot) as a string, so a float field also takes numeric strings.
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
-            value = float(str(value).strip()) if isinstance(value, str) else float(value)
+            value = float(str(value).strip()) if isinstance(value, str) else float(value)  # OverflowError
+            if not math.isfinite(value):  # nan, inf, 1e999: no key means anything by them
+                raise InputError(f"config key {key} must be a finite number, got {_show(raw)}")
         elif kind is str:
             if value is None:
                 value = ""
@@ -160,15 +177,17 @@ def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
             elif not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
                 raise ValueError
             value = list(value)
+            if any(v not in _INT64 for v in value):
+                raise InputError(f"config key {key} must hold 64-bit integers, got {_show(raw)}")
         else:  # pragma: no cover - a new field type must be added above
             raise TypeError(f"config field {key} has unsupported type {kind}")
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: float() of an int beyond the float range
         name = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}.get(
             kind, "a list of integers like [8, 12]")
-        raise InputError(f"config key {key} must be {name}, got {value!r}") from None
+        raise InputError(f"config key {key} must be {name}, got {_show(value)}") from None
     choices = f.metadata.get("choices")
     if choices and value not in choices:
-        raise InputError(f"config key {key} must be one of {', '.join(choices)}, got {value!r}")
+        raise InputError(f"config key {key} must be one of {', '.join(choices)}, got {_show(value)}")
     return value
 
 
@@ -195,25 +214,34 @@ def _set_section(config: Config, section: str, values, where: str) -> None:
 def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
     """The file and its bases, base first, as (path, mapping) pairs."""
     path = os.path.abspath(path)
+    shown = path if path.isprintable() else ascii(path)  # error messages stay on one line
     if path in chain:
-        raise InputError(f"config {path} inherits from itself: {' -> '.join(chain + (path,))}")
+        cycle = (p if p.isprintable() else ascii(p) for p in chain + (path,))
+        raise InputError(f"config {shown} inherits from itself: {' -> '.join(cycle)}")
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
-        raise InputError(f"config {path} does not exist") from None
+        raise InputError(f"config {shown} does not exist") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
-        raise InputError(f"config {path} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise InputError(f"config {shown} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"config {shown} is not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise InputError(f"config {shown} is nested too deeply to be a config") from None
+    except (OSError, ValueError) as e:  # a folder, a name too long, a NUL byte in the name, no permission
+        raise InputError(f"cannot read config {shown}: {getattr(e, 'strerror', None) or e}") from None
     data = data or {}
     if not isinstance(data, dict):
-        raise InputError(f"config {path} must be a mapping of sections, got {type(data).__name__}")
+        raise InputError(f"config {shown} must be a mapping of sections, got {type(data).__name__}")
     base = data.pop("base", None)
     layers = []
     if base:
         layers = _read_yaml(os.path.join(os.path.dirname(path), str(base)), chain + (path,))
-    return layers + [(path, data)]
+    return layers + [(shown, data)]
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = ()) -> Config:

@@ -13,10 +13,25 @@ pixels are composited onto white, as a browser shows them.
 ``shorter_side`` (off by default) downscales images whose shorter side is larger, keeping the aspect
 ratio; images are never upscaled. For JPEGs it uses libjpeg's DCT scaling (``Image.draft``) first, which
 decodes at 1/2, 1/4 or 1/8 size for a fraction of the cost, and then a bicubic resize to the exact size.
+
+**Huge images.** By default Pillow's decompression-bomb limit applies (``Image.MAX_IMAGE_PIXELS``, about
+89M pixels; the DecompressionBombWarning is turned into a refusal): ``prepare`` skips such an image with
+the reason "image too large". ``max_decode_bytes`` (what ``caption`` passes) replaces that limit by a
+memory budget for the decode: Pillow's limit is lifted while the image is opened and decoded, the memory
+the decode needs is estimated from the header, and only an image over the budget is refused. The estimate
+is 4 bytes per decoded pixel (Pillow's RGB/RGBA pixel): for a JPEG the pixels after DCT scaling (so a
+20000 × 10000 JPEG brought to a 4096 longer side decodes at 5000 × 2500, never at full size), plus, for a
+progressive JPEG, the 2 bytes per full-size pixel and component that libjpeg keeps for its coefficients;
+for every other format the full size (a 1 GiB budget admits 2^28 pixels, 16384 × 16384). Once decoded,
+an image that is at least twice too big is first box-reduced (``Image.reduce``), so the conversions to
+RGB work on a small copy; the peak is about the estimate plus one full-size 4-byte copy for palette,
+16-bit and transparent images. Lifting the limit sets Pillow's module global for the duration of the
+call: fine for ``caption`` (one thread), not for callers that open images in other threads meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 
@@ -61,23 +76,69 @@ def target_size(width: int, height: int, shorter_side: int | None) -> tuple[int,
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
+@contextlib.contextmanager
+def _bomb_limit_lifted(lift: bool):
+    """Pillow's decompression-bomb check off for the block (a module global: see the module docstring)."""
+    if not lift:
+        yield
+        return
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def decode_bytes(image: Image.Image, full_size: tuple[int, int]) -> int:
+    """Memory to decode an opened (and possibly drafted) image: see the module docstring.
+
+    >>> decode_bytes(Image.new("RGB", (100, 50)), (100, 50))
+    20000
+    """
+    width, height = image.size
+    need = width * height * 4
+    if image.format == "JPEG" and image.info.get("progressive"):
+        need += full_size[0] * full_size[1] * getattr(image, "layers", 3) * 2
+    return need
+
+
+def _amount(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+_REDUCIBLE = {"L", "LA", "La", "RGB", "RGBA", "RGBa", "CMYK", "YCbCr", "I", "F"}
+
+
+def _shrink(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """A box reduction by the largest whole factor that stays at least ``size``, when that is 2 or more."""
+    factor = min(image.width // size[0], image.height // size[1])
+    if factor < 2:
+        return image
+    if image.mode not in _REDUCIBLE:  # palette, 1-bit, 16-bit: reduce() would average indices or refuse
+        image = image.convert("I" if image.mode.startswith("I;16") else "L" if image.mode == "1" else "RGBA")
+    return image.reduce(factor)
+
+
 def process_image(data: bytes, shorter_side: int | None = None, quality: int = 95, *, keep=("JPEG",),
-                  output: str = "JPEG", max_side: int | None = None) -> tuple[bytes, int, int]:
+                  output: str = "JPEG", max_side: int | None = None,
+                  max_decode_bytes: int | None = None) -> tuple[bytes, int, int]:
     """Validates ``data`` and returns ``(image_bytes, height, width)``; raises :class:`ImageError`.
 
     Bytes in one of the ``keep`` formats, already RGB, upright and of the right size, are returned as
     they are; anything else is converted and encoded as ``output`` (JPEG at ``quality``, or PNG).
     ``max_side`` downscales images whose longer side is larger (huge user photos), ``shorter_side``
-    those whose shorter side is.
+    those whose shorter side is. ``max_decode_bytes`` replaces Pillow's decompression-bomb limit by a
+    memory budget (see the module docstring); None keeps Pillow's limit.
     """
     if not data:
         raise ImageError("empty file")
+    budget = max_decode_bytes is not None
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _bomb_limit_lifted(budget):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             fmt = image.format
-            orientation = image.getexif().get(EXIF_ORIENTATION, 1)
             width, height = image.size
             size = target_size(width, height, shorter_side)
             if max_side and max(size) > max_side:
@@ -85,6 +146,11 @@ def process_image(data: bytes, shorter_side: int | None = None, quality: int = 9
                 size = (max(1, round(size[0] * scale)), max(1, round(size[1] * scale)))
             if fmt == "JPEG" and size != (width, height):
                 image.draft("RGB", size)  # decode at a reduced DCT scale, still >= size
+            need = decode_bytes(image, (width, height))
+            if budget and need > max_decode_bytes:
+                raise ImageError(f"image too large: decoding {width}x{height} pixels would need about "
+                                 f"{_amount(need)}, over the {_amount(max_decode_bytes)} limit")
+            orientation = image.getexif().get(EXIF_ORIENTATION, 1)  # after the check: a PNG's loads the image
             image.load()
     except UnidentifiedImageError:
         if data.startswith(_IMAGE_MAGIC):
@@ -92,12 +158,16 @@ def process_image(data: bytes, shorter_side: int | None = None, quality: int = 9
         raise ImageError("not an image (unrecognised format)") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageError("image too large (decompression bomb limit)") from None
+    except MemoryError:
+        raise ImageError("image too large: out of memory while decoding it") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise ImageError(f"corrupt image: {e}") from None
 
     if fmt in keep and image.mode == "RGB" and orientation == 1 and size == (width, height):
         return data, height, width
     try:
+        if budget:
+            image = _shrink(image, size)  # before any full-size copy; size is in the stored orientation
         image = ImageOps.exif_transpose(image)  # rotates and drops the orientation tag
         image = _to_rgb(image)
         if orientation in (5, 6, 7, 8):  # a quarter turn swapped width and height

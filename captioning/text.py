@@ -3,8 +3,9 @@
 Every caption goes through the same two steps, so that the words a model is trained on are the words it
 is later asked to produce:
 
-1. :func:`normalize_caption` — Unicode NFKC, control and zero-width characters removed, lowercased,
-   runs of whitespace folded to one space, ends stripped.
+1. :func:`normalize_caption` — control and zero-width characters removed, Unicode NFKC, lowercased,
+   runs of whitespace folded to one space, ends stripped. It is idempotent: a normalised caption
+   normalises to itself.
 2. :func:`tokenize_caption` — nltk's ``NLTKWordTokenizer`` (the Penn-Treebank-style tokenizer that
    ``nltk.word_tokenize`` applies to each sentence). ``word_tokenize`` itself first splits sentences
    with punkt, which needs ``nltk.download``; we never download at run time, so sentences are split on
@@ -39,13 +40,18 @@ def normalize_caption(text: str) -> str:
     >>> normalize_caption("  A\\u00a0Red\\tCIRCLE\\u200b  ")
     'a red circle'
     """
-    text = unicodedata.normalize("NFKC", text)
-    # Control (Cc) and format (Cf, e.g. zero-width space) characters carry no words; whitespace
-    # controls (tab, newline) become spaces and are folded below.
+    # Control (Cc) and format (Cf, e.g. zero-width space) characters carry no words, nor do the other
+    # C categories (lone surrogates from JSON "\ud800", private use, unassigned), so the result always
+    # encodes as UTF-8; whitespace controls (tab, newline) become spaces and are folded below. They go
+    # *before* NFKC: removed after it, "e<ZWSP><combining acute>" would leave a decomposed "é" that a
+    # second pass composes, so the same word could reach the vocabulary in two spellings.
     text = "".join(
         " " if ch.isspace() else ch for ch in text if ch.isspace() or unicodedata.category(ch)[0] != "C"
     )
-    return " ".join(text.lower().split())
+    # NFKC again after lowercasing: lower() can put combining marks out of canonical order
+    # ("\u0130\u0316" lowercases to "i\u0307\u0316", whose NFKC is "i\u0316\u0307").
+    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).lower())
+    return " ".join(text.split())
 
 
 def is_punctuation(token: str) -> bool:

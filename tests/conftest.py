@@ -41,6 +41,33 @@ def gradient(mode: str = "RGB", size=(48, 32)) -> Image.Image:
     return image if mode == "RGB" else image.convert(mode)
 
 
+def huge_jpeg(width: int = 20000, height: int = 10000) -> bytes:
+    """A real baseline JPEG of ``width`` x ``height`` (a horizontal gradient), made in milliseconds and
+    without ever holding the image: one 8-pixel strip is encoded with a restart marker per MCU row; a
+    restart resets the DC predictors, so that row's entropy-coded bytes are the same for every row and
+    are repeated (with the RST0…RST7 cycle between them) under a SOF header patched to the full height.
+    20000 x 10000 is 200M pixels, past Pillow's decompression-bomb error limit (2 x 89M), in ~6 MB."""
+    assert height % 8 == 0
+    ramp = Image.linear_gradient("L").rotate(90).resize((width, 8))
+    strip = Image.merge("RGB", (ramp, ramp.transpose(Image.Transpose.FLIP_LEFT_RIGHT), Image.new("L", (width, 8), 96)))
+    data = encode(strip, "JPEG", quality=90, subsampling=0, restart_marker_rows=1)  # 4:4:4: 8x8 MCUs
+    head, pos, restarts = bytearray(data[:2]), 2, False
+    while True:  # the marker segments up to and including SOS
+        marker, length = data[pos + 1], int.from_bytes(data[pos + 2:pos + 4], "big")
+        segment = bytearray(data[pos:pos + 2 + length])
+        if marker == 0xC0:  # SOF0: precision, height, width, ...
+            segment[5:7] = height.to_bytes(2, "big")
+        restarts |= marker == 0xDD  # DRI
+        head += segment
+        pos += 2 + length
+        if marker == 0xDA:
+            break
+    assert restarts and data.endswith(b"\xff\xd9")
+    row = data[pos:-2]
+    markers = [bytes([0xFF, 0xD0 + i % 8]) for i in range(height // 8 - 1)] + [b"\xff\xd9"]
+    return bytes(head) + b"".join(row + marker for marker in markers)
+
+
 def run_cli(*args, cwd=None, timeout=300, env=None):
     """Runs ``python -m captioning ARGS`` in a fresh process; returns the CompletedProcess."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))

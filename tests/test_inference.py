@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from captioning.caption import Result, gallery_html
 from captioning.evaluate import evaluate, most_frequent_caption
 from captioning.metrics import METRICS
-from tests.conftest import encode, gradient, run_cli
+from tests.conftest import encode, gradient, huge_jpeg, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,8 @@ def test_evaluate_max_images_and_cli(trained_model_dir):
 
 @pytest.fixture(scope="module")
 def user_images(tmp_path_factory, shapes_dir):
-    """A folder as a user has it: JPEGs, a PNG, a WebP, a GIF, a broken .jpg, a text file named .png,
+    """A folder as a user has it: JPEGs, a 20000x10000 JPEG (past Pillow's decompression-bomb limit), a
+    PNG, a PNG with alpha, a WebP, an animated GIF, a broken and a truncated .jpg, a text file named .png,
     an empty file, and a file whose name needs HTML escaping."""
     folder = tmp_path_factory.mktemp("photos")
     shapes = sorted(os.listdir(os.path.join(shapes_dir, "images")))
@@ -64,10 +67,18 @@ def user_images(tmp_path_factory, shapes_dir):
         with open(os.path.join(shapes_dir, "images", name), "rb") as src:
             (folder / f"photo{i}.jpg").write_bytes(src.read())
     (folder / "drawing.png").write_bytes(encode(gradient(size=(90, 60)), "PNG"))
+    translucent = gradient(size=(64, 48)).convert("RGBA")
+    translucent.putalpha(Image.linear_gradient("L").resize((64, 48)))
+    (folder / "alpha.png").write_bytes(encode(translucent, "PNG"))
     (folder / "modern.webp").write_bytes(encode(gradient(size=(70, 50)), "WEBP"))
-    (folder / "anim.gif").write_bytes(encode(gradient("P", size=(40, 40)), "GIF"))
-    (folder / "<b>evil & co.png").write_bytes(encode(gradient(size=(30, 30)), "PNG"))
+    frames = [gradient("P", size=(40, 40)), gradient("P", size=(40, 40)).rotate(90)]
+    (folder / "anim.gif").write_bytes(encode(frames[0], "GIF", save_all=True, append_images=frames[1:],
+                                             duration=100, loop=0))
+    (folder / "huge.jpg").write_bytes(huge_jpeg(20000, 10000))
+    (folder / '<b>"evil" & co.png').write_bytes(encode(gradient(size=(30, 30)), "PNG"))
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    noisy = encode(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)), "JPEG")
+    (folder / "truncated.jpg").write_bytes(noisy[: len(noisy) // 2])
     (folder / "notes.png").write_bytes(b"just some text")
     (folder / "empty.jpg").write_bytes(b"")
     (folder / "README.txt").write_text("not an image extension: skipped when a folder is given")
@@ -76,22 +87,30 @@ def user_images(tmp_path_factory, shapes_dir):
 
 def test_caption_a_folder_with_broken_files(trained_model_dir, user_images, tmp_path):
     gallery = tmp_path / "gallery.html"
-    result = run_cli("caption", "--model-dir", trained_model_dir, str(user_images), "--json", "--top-k", "2",
-                     "--html", str(gallery))
+    # the folder, and a file named on its own (taken whatever its extension)
+    result = run_cli("caption", "--model-dir", trained_model_dir, str(user_images), str(user_images / "README.txt"),
+                     "--json", "--top-k", "2", "--html", str(gallery))
     assert result.returncode == 1  # some files failed, the rest were captioned
     lines = [json.loads(line) for line in result.stdout.splitlines()]
-    captioned = {os.path.basename(x["image"]) for x in lines}
-    assert captioned == {"photo0.jpg", "photo1.jpg", "drawing.png", "modern.webp", "anim.gif", "<b>evil & co.png"}
+    captioned = [os.path.basename(x["image"]) for x in lines]
+    good = {"photo0.jpg", "photo1.jpg", "drawing.png", "alpha.png", "modern.webp", "anim.gif", "huge.jpg",
+            '<b>"evil" & co.png'}
+    assert sorted(captioned) == sorted(good)  # each once, the huge JPEG downscaled and captioned
     for x in lines:
         assert len(x["captions"]) == 2 and x["captions"][0]["log_prob"] >= x["captions"][1]["log_prob"]
         assert all(c["caption"] for c in x["captions"])
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 3 and all(line.startswith("captioning caption: error: ") for line in errors)
-    assert {e.split(": ")[2].rsplit("/", 1)[-1] for e in errors} == {"broken.jpg", "notes.png", "empty.jpg"}
+    assert all(line.startswith("captioning caption: error: ") for line in errors)
+    reasons = {line.split(": ")[2].rsplit("/", 1)[-1]: line.split(": ", 3)[3] for line in errors}
+    assert len(errors) == len(reasons) == 5  # one line per bad file, naming it
+    assert set(reasons) == {"broken.jpg", "truncated.jpg", "notes.png", "empty.jpg", "README.txt"}
+    assert reasons["empty.jpg"] == "empty file" and reasons["truncated.jpg"].startswith("corrupt image")
+    assert reasons["README.txt"] == reasons["notes.png"] == "not an image (unrecognised format)"
     assert "Traceback" not in result.stderr
     page = gallery.read_text()
-    assert "&lt;b&gt;evil &amp; co.png" in page and "<b>evil" not in page
-    assert page.count("<figure>") == 9 and page.count("data:image/jpeg;base64,") == 6
+    assert "&lt;b&gt;&quot;evil&quot; &amp; co.png" in page and "<b>" + '"evil' not in page
+    assert 'alt="&lt;b&gt;&quot;evil&quot; &amp; co.png"' in page  # the attribute cannot be closed early
+    assert page.count("<figure>") == 13 and page.count("data:image/jpeg;base64,") == 8
 
 
 def test_text_output_and_a_missing_path(trained_model_dir, user_images):
