@@ -56,6 +56,9 @@ class DataConfig:
     random_flip: bool = True
     color_jitter: bool = False
     deterministic: bool = False  # fixed element order (slower); training is non-deterministic by default
+    # false: a damaged shard stops the command with one line naming it; true: each shard is scanned once
+    # per process and its corrupt or unparsable records are skipped (and counted in a warning)
+    skip_corrupt: bool = False
     seed: int = 0
 
 

@@ -31,6 +31,7 @@ from captioning import inference, metrics, schema
 from captioning.fileio import atomic_write_json
 from captioning.decode import ids_to_text
 from captioning.input_pipeline import eval_images, make_dataset, references
+from captioning.integrity import data_errors
 from captioning.model import caption_loss_sum
 from captioning.text import tokenize_caption
 
@@ -44,6 +45,7 @@ def most_frequent_caption(texts) -> str:
     return min(counts, key=lambda c: (-counts[c], c))
 
 
+@data_errors()  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
 def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images: int | None = None,
              max_length: int = 20, length_normalization: float = 0.0, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,

@@ -51,7 +51,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from captioning import schema
+from captioning import integrity, schema
 from captioning.config import DataConfig
 from captioning.vocab import PAD_ID
 
@@ -94,6 +94,8 @@ def _input_files(files: list[str], input_context) -> tuple[list[str], bool]:
 def _records(files: list[str], cfg: DataConfig, training: bool, input_context, shuffle: bool,
              repeat: bool) -> tf.data.Dataset:
     files, shard_records = _input_files(files, input_context)
+    # a stat per file against the manifest, or with data.skip_corrupt a scan once per process (integrity.py)
+    files = integrity.readable_files(files, cfg.skip_corrupt)
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
         ds = ds.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)
@@ -145,6 +147,7 @@ def references(cfg: DataConfig, split: str) -> dict[int, list[str]]:
     """Image id → its captions as annotated (the references the metrics compare against). Parses the
     records without decoding a single image."""
     files = schema.split_files(cfg.dir, schema.read_manifest(cfg.dir), split)
+    files = integrity.readable_files(files, cfg.skip_corrupt)
     out = {}
     for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch, num_parallel_calls=AUTOTUNE):
         for image_id, texts in zip(batch[schema.IMAGE_ID].numpy(), batch[schema.CAPTION_TEXT].to_list()):

@@ -18,12 +18,25 @@ The steps, in order:
 
 ``.partial/`` in the output folder holds the plan's fingerprint and each finished shard's statistics
 while a run is under way. ``--resume`` keeps the finished shards of an interrupted run (same sources,
-same options — checked through the fingerprint) and writes the rest; the result equals a clean run.
+same options — checked through the fingerprint; a kept shard's size must equal its statistics') and
+writes the rest; the result equals a clean run, byte for byte.
+
+Killed at any moment (SIGKILL included), a run leaves no shard under its final name that is not
+complete: shards are renamed into place after they are synced, statistics first. Its worker processes
+exit as soon as it is gone (:func:`data_prep.writer.init_worker`). ``.partial/lock`` keeps two runs
+out of one folder (:class:`OutputLock`): a second run while one is writing stops with an error, and
+a run started while workers of a killed one still live waits for them to exit before it removes their
+``NAME.tmp`` files.
+
+The manifest records each shard's record count and size (``shard_records``, ``shard_bytes``, lists
+parallel to ``shards``): readers refuse or repair a shard that was cut short or grew
+(:mod:`captioning.integrity`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +44,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -41,11 +55,69 @@ from captioning.errors import InputError
 from captioning.text import tokenize_caption
 from data_prep import sources as sources_lib
 from captioning.fileio import atomic_write_json
-from data_prep.writer import Item, ShardTask, init_worker, run_in_worker, write_shard
+from data_prep.writer import (RUN_LOCK_BYTE, WRITERS_LOCK_BYTE, Item, ShardTask, init_worker, run_in_worker,
+                              write_shard)
 
 log = logging.getLogger("captioning.prepare")
 
 PARTIAL = ".partial"
+LOCK = "lock"  # in PARTIAL
+
+
+class OutputLock:
+    """One ``prepare`` per output folder, and none while workers of a killed one still write.
+
+    ``.partial/lock`` carries two POSIX record locks, which the kernel drops when their process dies
+    however it dies: byte 0 is held exclusively by the running ``prepare`` (a second one stops at once
+    with an error), byte 1 shared by each of its worker processes (:func:`data_prep.writer.init_worker`).
+    A new run takes byte 1 exclusively for a moment, so it waits (up to ``wait_s``) until no worker of
+    an earlier run is left, before it removes or rewrites anything. Where ``fcntl`` does not exist
+    (Windows) the lock does nothing; workers still exit with their parent.
+    """
+
+    def __init__(self, path: str, out: str, wait_s: float = 60.0):
+        self.fd = None
+        try:
+            import fcntl
+        except ImportError:
+            return
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, RUN_LOCK_BYTE)
+            except OSError:
+                raise InputError(f"another `captioning prepare` is writing into {out}: wait for it to end, or "
+                                 "stop it first") from None
+            deadline, told = time.monotonic() + wait_s, False
+            while True:
+                try:
+                    fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, WRITERS_LOCK_BYTE)
+                    fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, WRITERS_LOCK_BYTE)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise InputError(f"worker processes of an earlier `captioning prepare` still write into "
+                                         f"{out} after {wait_s:.0f} s: stop them first") from None
+                    if not told:
+                        log.info("waiting for the worker processes of an interrupted run to exit")
+                        told = True
+                    time.sleep(0.05)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases both locks
+            self.fd = None
+
+
+def _clear_partial(partial: str) -> None:
+    """Empties ``.partial/`` but for the lock file, which must keep its inode while it is held."""
+    for name in os.listdir(partial):
+        if name != LOCK:
+            path = os.path.join(partial, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
 @dataclass
@@ -171,8 +243,20 @@ def _fingerprint(tasks: list[ShardTask], opts: PrepareOptions, source_desc: dict
     return h.hexdigest()
 
 
-def _prepare_output_dir(opts: PrepareOptions, fingerprint: str) -> set[str]:
-    """Checks the output folder against --overwrite/--resume; returns the shards already complete."""
+def _kept_shard(out: str, partial: str, name: str) -> bool:
+    """A shard of the interrupted run is kept when its statistics exist and give its size."""
+    try:
+        with open(os.path.join(partial, name + ".json"), encoding="utf-8") as f:
+            stats = json.load(f)
+        size = os.path.getsize(os.path.join(out, name))
+    except (OSError, ValueError):
+        return False
+    return stats.get("bytes", size) == size  # statistics from before "bytes" existed: trusted as before
+
+
+def _prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextlib.ExitStack) -> set[str]:
+    """Locks the output folder (held until ``stack`` closes), checks it against --overwrite/--resume;
+    returns the shards already complete."""
     from captioning.schema import MANIFEST, VOCAB, is_shard_name
 
     out = opts.output_dir
@@ -180,19 +264,22 @@ def _prepare_output_dir(opts: PrepareOptions, fingerprint: str) -> set[str]:
     manifest = os.path.join(out, MANIFEST)
     if os.path.exists(manifest) and not opts.overwrite:
         raise InputError(f"{out} already holds a prepared dataset ({MANIFEST}); pass --overwrite to replace it")
-    if os.path.isdir(partial) and not (opts.overwrite or opts.resume):
+    had_partial = os.path.isdir(partial)
+    os.makedirs(partial, exist_ok=True)
+    stack.callback(OutputLock(os.path.join(partial, LOCK), out).close)  # nothing is removed before this
+    if had_partial and not (opts.overwrite or opts.resume):
         raise InputError(f"an interrupted prepare left partial output in {out}: pass --resume to finish it "
                          "or --overwrite to start again")
-    os.makedirs(out, exist_ok=True)
     if opts.overwrite:
         if os.path.exists(manifest):
             os.remove(manifest)  # first, so the folder never looks complete while it is rewritten
         for name in os.listdir(out):
             if is_shard_name(name) or name == VOCAB:
                 os.remove(os.path.join(out, name))
-        shutil.rmtree(partial, ignore_errors=True)
+        _clear_partial(partial)
     for name in os.listdir(out):  # leftovers of a killed run are never valid
-        if name.endswith(".tmp") and is_shard_name(name[:-4]):
+        if (name.endswith(".tmp") and is_shard_name(name[:-4])) or name == VOCAB + ".tmp" or \
+                name.startswith(MANIFEST + ".tmp"):
             os.remove(os.path.join(out, name))
 
     plan_path = os.path.join(partial, "plan.json")
@@ -204,7 +291,7 @@ def _prepare_output_dir(opts: PrepareOptions, fingerprint: str) -> set[str]:
             raise InputError(f"cannot --resume in {out}: the sources or options differ from the interrupted "
                              "run's; pass the same ones, or --overwrite to start again")
         for name in os.listdir(out):
-            if is_shard_name(name) and os.path.exists(os.path.join(partial, name + ".json")):
+            if is_shard_name(name) and _kept_shard(out, partial, name):
                 done.add(name)
         log.info("resuming: %d complete shard(s) kept", len(done))
     elif opts.resume:
@@ -213,8 +300,7 @@ def _prepare_output_dir(opts: PrepareOptions, fingerprint: str) -> set[str]:
         for name in os.listdir(out):
             if is_shard_name(name):
                 os.remove(os.path.join(out, name))
-        shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial, exist_ok=True)
+        _clear_partial(partial)
     atomic_write_json(plan_path, {"fingerprint": fingerprint})
     return done
 
@@ -241,7 +327,7 @@ def _with_streamed_bytes(source, tasks: list[ShardTask]):
             yield task
 
 
-def _run(tasks, total: int, workers: int, progress: bool, on_done) -> None:
+def _run(tasks, total: int, workers: int, progress: bool, on_done, lock_path: str | None = None) -> None:
     """Writes ``tasks`` (an iterable, possibly lazy) with ``workers`` processes, in-process for one."""
     bar = tqdm(total=total, desc="prepare", unit="img", disable=None if progress else True, smoothing=0.1,
                mininterval=0.5)
@@ -253,7 +339,7 @@ def _run(tasks, total: int, workers: int, progress: bool, on_done) -> None:
         ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold TF threads
         queue = ctx.Queue()
         with futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
-                                         initargs=(queue,)) as pool:
+                                         initargs=(queue, lock_path)) as pool:
             task_iter = iter(tasks)
             pending = set()
 
@@ -286,6 +372,11 @@ def _run(tasks, total: int, workers: int, progress: bool, on_done) -> None:
 
 def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
     """Runs ``prepare`` (see the module docstring) and returns the manifest it wrote."""
+    with contextlib.ExitStack() as stack:  # holds the output folder's lock while it runs
+        return _prepare(opts, progress, stack)
+
+
+def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) -> dict:
     from captioning.schema import FORMAT_VERSION, MANIFEST, VOCAB
 
     opts.check()
@@ -315,7 +406,7 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
 
     tasks = _plan(usable, opts, source.streamed, vocab)
     fingerprint = _fingerprint(tasks, opts, source.describe())
-    done = _prepare_output_dir(opts, fingerprint)
+    done = _prepare_output_dir(opts, fingerprint, stack)
     vocab.save(os.path.join(opts.output_dir, VOCAB))
 
     results = {}
@@ -341,7 +432,8 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
         stream = (t for t in _with_streamed_bytes(source, tasks) if os.path.basename(t.path) in todo_names)
     else:
         stream = todo
-    _run(stream, sum(len(t.items) for t in todo), workers, progress, on_done)
+    _run(stream, sum(len(t.items) for t in todo), workers, progress, on_done,
+         os.path.join(opts.output_dir, PARTIAL, LOCK))
 
     manifest_splits = {}
     all_skipped = list(skipped)
@@ -357,6 +449,10 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
                              f"first: {first['image']}: {first['reason']})")
         manifest_splits[name] = {"images": images, "captions": sum(s["captions"] for s in stats),
                                  "shards": [os.path.basename(t.path) for t in split_tasks],
+                                 # per shard, for readers' integrity checks (captioning/integrity.py)
+                                 "shard_records": [s["images"] for s in stats],
+                                 "shard_bytes": [s["bytes"] if s.get("bytes") is not None else
+                                                 os.path.getsize(t.path) for s, t in zip(stats, split_tasks)],
                                  **caption_counts[name]}
     manifest = {"format_version": FORMAT_VERSION, "splits": manifest_splits, "vocab_size": len(vocab),
                 "skipped": all_skipped, "config": {**asdict(opts), "source": source.describe()}}

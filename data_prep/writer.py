@@ -2,14 +2,22 @@
 
 A shard is written to ``NAME.tmp`` and renamed to ``NAME`` only after it is closed and synced, so a
 file under a final shard name is always complete. Before the rename, the shard's statistics (images,
-captions, skipped files) are written beside it in the output's ``.partial/`` folder; ``--resume``
-trusts a shard only when both exist. :func:`write_shard` runs in worker processes (see
-:mod:`data_prep.prepare`), so its task and result are plain picklable data.
+captions, skipped files, size in bytes) are written beside it in the output's ``.partial/`` folder;
+``--resume`` trusts a shard only when both exist and the sizes agree. :func:`write_shard` runs in
+worker processes (see :mod:`data_prep.prepare`), so its task and result are plain picklable data.
+
+Worker processes never outlive the ``prepare`` that started them (:func:`init_worker`): a worker whose
+parent was killed (SIGKILL, the OOM killer) would otherwise finish its shard, rename it into place, and
+then wait forever for work, possibly racing a ``--resume`` that writes the same ``NAME.tmp``. Each
+worker also holds a shared lock on the output's lock file while it lives, which the next ``prepare``
+waits for before touching the folder (see :class:`data_prep.prepare.OutputLock`).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -80,17 +88,53 @@ def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None)
     report(pending)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
+    stats["bytes"] = os.path.getsize(tmp)  # the manifest records it: readers detect a cut or grown shard
     atomic_write_json(task.stats_path, stats)
     os.replace(tmp, task.path)
     return stats
 
 
 _progress_queue = None
+_lock_fd = None
+
+# Byte ranges of the output folder's lock file (POSIX record locks, released by the kernel when the
+# process holding them dies): RUN_LOCK_BYTE is held exclusively by the running prepare, WRITERS_LOCK_BYTE
+# shared by each of its worker processes.
+RUN_LOCK_BYTE, WRITERS_LOCK_BYTE = 0, 1
 
 
-def init_worker(queue) -> None:
-    """Process-pool initializer: remembers where to report progress."""
+def _exit_with_parent() -> None:
+    """Ends this worker as soon as the process that spawned it is gone (for any reason, SIGKILL
+    included): ``parent_process()`` watches a pipe that only the parent holds open."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        parent.join()
+        os._exit(70)  # mid-shard: the NAME.tmp left behind is removed by the next run
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _hold_writers_lock(lock_path: str | None) -> None:
+    global _lock_fd
+    if lock_path is None:
+        return
+    try:
+        import fcntl
+    except ImportError:  # no POSIX record locks (Windows): _exit_with_parent is the only guard
+        return
+    _lock_fd = os.open(lock_path, os.O_RDWR)
+    fcntl.lockf(_lock_fd, fcntl.LOCK_SH, 1, WRITERS_LOCK_BYTE)  # held until this process exits
+
+
+def init_worker(queue, lock_path: str | None = None) -> None:
+    """Process-pool initializer: exits with the parent, holds the writers' lock and remembers where to
+    report progress."""
     global _progress_queue
+    _exit_with_parent()
+    _hold_writers_lock(lock_path)
     _progress_queue = queue
 
 

@@ -74,6 +74,10 @@ def test_manifest(prepared, shapes_dir):
     assert config["min_word_count"] == 4 and config["source"]["kind"] == "coco"
     assert not os.path.exists(os.path.join(out, ".partial"))
     assert "train" in summarize(manifest) and "vocabulary" in summarize(manifest)
+    for split in on_disk["splits"].values():  # per shard, for readers' integrity checks
+        assert split["shard_bytes"] == [os.path.getsize(os.path.join(out, n)) for n in split["shards"]]
+        assert split["shard_records"] == [sum(1 for _ in tf.data.TFRecordDataset(os.path.join(out, n)))
+                                          for n in split["shards"]]
 
 
 def test_records_round_trip(prepared, shapes_dir):
@@ -388,3 +392,170 @@ def test_bad_input_is_one_clear_error(case, message, shapes_dir, tmp_path):
     with pytest.raises(InputError, match=message):
         prepare(opts(out, split=[split], **extra), progress=False)
     assert not os.path.exists(out / "manifest.json")
+
+
+# ---- the real `captioning prepare` process, killed with SIGKILL -------------------------------------------------
+def _children(pid):
+    """Pids of ``pid``'s child processes (Linux /proc)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _running(pid):
+    """Alive and not a zombie (an orphan's zombie waits for init to reap it: it does nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _final_shards(out):
+    return sorted(n for n in os.listdir(out) if schema.is_shard_name(n))
+
+
+def _assert_final_shards_complete(out):
+    """Every file under a final shard name reads without error, with as many records as its statistics."""
+    for name in _final_shards(out):
+        path = os.path.join(out, name)
+        with open(os.path.join(out, ".partial", name + ".json")) as f:  # written before the rename
+            stats = json.load(f)
+        count = sum(1 for _ in tf.data.TFRecordDataset(path))  # raises DataLossError on a cut shard
+        assert count == stats["images"] and os.path.getsize(path) == stats["bytes"], name
+
+
+@pytest.fixture(scope="module")
+def kill_dataset(tmp_path_factory):
+    from data_prep.shapes import synthesize
+
+    root = str(tmp_path_factory.mktemp("shapes600"))
+    synthesize(root, num_images=600, seed=3, progress=False)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds worker processes through /proc")
+def test_sigkill_at_any_moment_leaves_only_complete_shards_and_resume_equals_a_clean_run(kill_dataset, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, run_cli
+
+    splits = coco_split_args(kill_dataset)
+    # --shorter-side re-encodes every image: slower shards (wider windows to kill in), and Pillow's output too
+    # must come out byte-identical
+    flags = ["--shards", "train=8", "--min-word-count", "1", "--shorter-side", "100"]
+    clean = tmp_path / "clean"
+    prepare(opts(clean, split=splits, shards={"train": 8}, min_word_count=1, shorter_side=100), progress=False)
+    out = str(tmp_path / "killed")
+    command = [sys.executable, "-m", "captioning", "-q", "prepare", *[f"--split={s}" for s in splits],
+               "--output-dir", out, *flags, "--workers", "2"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    moments = [  # (what is happening, when to kill given the finished shards before the run started)
+        ("the first shard is being written", lambda before: any(n.endswith(".tmp") for n in os.listdir(out))),
+        ("a shard was just renamed into place", lambda before: len(_final_shards(out)) > before),
+        ("two more shards are done, others being written", lambda before: len(_final_shards(out)) >= before + 2),
+    ]
+    workers = []
+    try:
+        for i, (what, ready) in enumerate(moments):
+            before = len(_final_shards(out)) if os.path.isdir(out) else 0
+            proc = subprocess.Popen(command + (["--resume"] if i else []), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            while not (os.path.isdir(out) and ready(before)):
+                assert proc.poll() is None, f"prepare ended before {what}: {proc.stderr.read()[-2000:]}"
+                time.sleep(0.005)
+            kids = _children(proc.pid)
+            workers += kids
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stderr.close()
+            deadline = time.monotonic() + 20
+            while any(_running(k) for k in kids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not any(_running(k) for k in kids), f"worker processes outlived prepare killed when {what}"
+            assert not os.path.exists(os.path.join(out, "manifest.json"))
+            _assert_final_shards_complete(out)
+        result = run_cli("-q", "prepare", *[f"--split={s}" for s in splits], "--output-dir", out, *flags,
+                         "--workers", "2", "--resume")
+        assert result.returncode == 0, result.stderr[-2000:]
+    finally:
+        for pid in workers:  # only if the assertion above failed: never leave a test's processes behind
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert shard_bytes(out) == shard_bytes(clean) and len(shard_bytes(out)) == 16
+    manifest, clean_manifest = (json.load(open(os.path.join(d, "manifest.json"))) for d in (out, clean))
+    assert {k: v for k, v in manifest.items() if k != "config"} == \
+        {k: v for k, v in clean_manifest.items() if k != "config"}
+    assert sorted(os.listdir(out)) == sorted(os.listdir(clean))  # no .tmp, no .partial left
+
+
+def test_a_second_prepare_into_the_same_folder_is_refused(tmp_path):
+    """The running prepare's lock (held here by another process) stops a second one at once."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "o"
+    os.makedirs(out / ".partial")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0); print('locked', flush=True); time.sleep(60)",
+         str(out / ".partial" / "lock")], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(InputError, match="another `captioning prepare` is writing into"):
+            prepare_mod.OutputLock(str(out / ".partial" / "lock"), str(out))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_new_run_waits_for_workers_of_a_killed_one(tmp_path):
+    """A worker that outlives its prepare (holding the writers' lock, as init_worker takes it) delays
+    the next run until it exits."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    lock = tmp_path / "lock"
+    lock.write_bytes(b"")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from data_prep import writer; writer._hold_writers_lock(sys.argv[1]); "
+         "print('locked', flush=True); time.sleep(1.5)", str(lock)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert worker.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        held = prepare_mod.OutputLock(str(lock), str(tmp_path), wait_s=30)
+        waited = time.monotonic() - start
+        assert worker.poll() is not None and waited > 0.5  # it got the lock only once the worker was gone
+        held.close()
+        with pytest.raises(InputError, match="still write into"):
+            blocker = subprocess.Popen(
+                [sys.executable, "-c", "import sys, time; from data_prep import writer; "
+                 "writer._hold_writers_lock(sys.argv[1]); print('locked', flush=True); time.sleep(30)", str(lock)],
+                stdout=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+            try:
+                assert blocker.stdout.readline().strip() == "locked"
+                prepare_mod.OutputLock(str(lock), str(tmp_path), wait_s=0.3)
+            finally:
+                blocker.kill()
+                blocker.wait()
+    finally:
+        worker.kill()
+        worker.wait()
