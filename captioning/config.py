@@ -51,7 +51,8 @@ class DataConfig:
     cache_dir: str = ""  # for cache: disk (default: <model_dir>/cache)
     shuffle_buffer: int = 2048  # records (no cache) or cached images
     parse_batch_size: int = 64  # records parsed per tf.io.parse_example call
-    bucket_boundaries: list[int] = field(default_factory=lambda: [8, 10, 12, 14, 16, 18])
+    length_window: int = 16  # batches' worth of captions sorted by length together (1: no grouping)
+    bucket_boundaries: list[int] = field(default_factory=list)  # pad batches up to these lengths (XLA); []: to the longest
     random_crop: bool = True
     random_flip: bool = True
     color_jitter: bool = False

@@ -6,16 +6,27 @@ measured is what trains. The stages, in order::
     shard files ─ [shard per input pipeline] ─ shuffle files ─ interleave(TFRecordDataset)
       ─ [repeat ─ shuffle records]                  ← no cache: shuffle the small serialised records
       ─ batch records ─ parse_example (one vectorised call per batch, schema.parse_batch)
-      ─ decode JPEG + resize to resize_size² (parallel map) ─ one element per image
+      ─ decode JPEG + resize (parallel map) ─ one element per image
+            training without a cache: only the random crop window is decoded and resized
       ─ [cache: memory | disk ─ repeat ─ shuffle]   ← after the expensive work, before the random work
-      ─ captions: every caption of the image, or one sampled per epoch
-      ─ random crop + flip (+ colour jitter) | central crop      (crop to image_size²)
-      ─ bucket by caption length, pad each batch to its longest caption ─ input/target/mask
+      ─ random crop + flip | central crop           (once per image and epoch, to image_size²)
+      ─ windows of images ─ their captions sorted by length, cut into batches, batches shuffled
+            (one caption sampled per image, or all of them; padded to the batch's longest)
       ─ prefetch
+
+im2txt's colour distortions (``data.color_jitter``) are not here: they run on the device, in the
+training step (:mod:`captioning.augment`), where they cost a fraction of what they cost the CPU.
 
 ``cache: features`` replaces the image stages: the frozen encoder runs once over every image (central
 crop, batched) and the pipeline serves its pooled features, so no epoch runs the CNN again. It needs a
 frozen encoder and no augmentation (:func:`captioning.config.validate`).
+
+Why windows and not ``bucket_by_sequence_length``: every per-example dataset op costs CPU, and a
+captioning pipeline has five examples per image. Fanning out with ``flat_map`` and bucketing with
+``bucket_by_sequence_length`` cost ~1.5 ms of CPU per image (0.3 ms per caption), a third of what
+decoding a 640×480 JPEG costs; sorting a window of ``length_window`` batches' worth of captions and
+gathering each batch in one op costs almost nothing, and pads less (``captioning benchmark input``
+measures both; ``benchmarks/RESULTS.md``).
 
 Padding and masks, for a caption ``<start> a red circle <end>`` (ids 1 4 6 5 2) in a batch whose
 longest caption has 6 input ids::
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import math
 import os
 from typing import Callable
 
@@ -70,6 +82,27 @@ def _resize(image: tf.Tensor, size: int) -> tf.Tensor:
 def decode_and_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     """JPEG bytes → ``uint8 [size, size, 3]`` (squashed to a square, as im2txt resized to 346²)."""
     return _resize(_decode_jpeg(encoded), size)
+
+
+def decode_random_crop(encoded: tf.Tensor, resize: int, size: int) -> tf.Tensor:
+    """The random ``size²`` crop of the image resized to ``resize²`` — without decoding or resizing the
+    pixels outside it.
+
+    Resizing an H×W image to R×R and cropping S×S at (y, x) is the same as cropping the window of
+    H·S/R × W·S/R source pixels at (y·H/R, x·W/R) and resizing that to S×S, so the window is cut out
+    while decoding (``decode_and_crop_jpeg``: libjpeg skips the rows below it and the IDCT outside it)
+    and only S² pixels are resized instead of R². For im2txt's 346 → 299 on a 640×480 photo that skips
+    25% of the decode and resize work.
+    """
+    shape = tf.io.extract_jpeg_shape(encoded)  # the header only
+    height, width = shape[0], shape[1]
+    crop_h = tf.clip_by_value(tf.cast(tf.round(tf.cast(height * size, tf.float32) / resize), tf.int32), 1, height)
+    crop_w = tf.clip_by_value(tf.cast(tf.round(tf.cast(width * size, tf.float32) / resize), tf.int32), 1, width)
+    y = tf.random.uniform([], 0, height - crop_h + 1, dtype=tf.int32)
+    x = tf.random.uniform([], 0, width - crop_w + 1, dtype=tf.int32)
+    image = tf.io.decode_and_crop_jpeg(encoded, tf.stack([y, x, crop_h, crop_w]), channels=3,
+                                       dct_method="INTEGER_FAST")
+    return _resize(image, size)
 
 
 def model_input(encoded: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
@@ -124,20 +157,26 @@ def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
 
 
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
-                  repeat: bool = False, max_images: int | None = None) -> tf.data.Dataset:
+                  repeat: bool = False, max_images: int | None = None, random_crop: bool = False) -> tf.data.Dataset:
     """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
     R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the serialised records;
     ``max_images`` keeps only the first images (in evaluation order). Images may have different numbers
-    of captions (COCO: 5 to 7): the ragged ``captions`` batch; the raw texts come from :func:`references`."""
+    of captions (COCO: 5 to 7): the ragged ``captions`` batch; the raw texts come from :func:`references`.
+
+    ``random_crop=True`` gives the training crop instead, ``image_size`` square, decoding only the crop
+    window (:func:`decode_random_crop`)."""
     manifest = schema.read_manifest(cfg.dir)
     files = schema.split_files(cfg.dir, manifest, split)
     ds = _parsed(_records(files, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
     if max_images:
         ds = ds.take(max_images)
-    size = cfg.resize_size
+    if random_crop:
+        image_of = functools.partial(decode_random_crop, resize=cfg.resize_size, size=cfg.image_size)
+    else:
+        image_of = functools.partial(decode_and_resize, size=cfg.resize_size)
 
     def decode(example):
-        return {"image": decode_and_resize(example["encoded"], size), "image_id": example["image_id"],
+        return {"image": image_of(example["encoded"]), "image_id": example["image_id"],
                 "captions": example["captions"]}
 
     return ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
@@ -162,19 +201,14 @@ def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
     return tf.image.crop_to_bounding_box(image, offset_h, offset_w, size, size)
 
 
-def _augment(image: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
+def _augment(image: tf.Tensor, cfg: DataConfig, cropped: bool = False) -> tf.Tensor:
+    """Training crop (unless ``cropped`` already) and flip of one image."""
     size = cfg.image_size
-    image = tf.image.random_crop(image, [size, size, 3]) if cfg.random_crop else center_crop(image, size)
+    if not cropped:
+        image = tf.image.random_crop(image, [size, size, 3]) if cfg.random_crop else center_crop(image, size)
     if cfg.random_flip:
         image = tf.image.random_flip_left_right(image)
-    if cfg.color_jitter:  # im2txt's distortions, in one fixed order
-        x = tf.image.convert_image_dtype(image, tf.float32)
-        x = tf.image.random_brightness(x, max_delta=32.0 / 255.0)
-        x = tf.image.random_saturation(x, lower=0.5, upper=1.5)
-        x = tf.image.random_hue(x, max_delta=0.032)
-        x = tf.image.random_contrast(x, lower=0.5, upper=1.5)
-        image = tf.image.convert_image_dtype(tf.clip_by_value(x, 0.0, 1.0), tf.uint8, saturate=True)
-    return image
+    return image  # data.color_jitter is applied on the device, in the training step (captioning.augment)
 
 
 def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None,
@@ -200,6 +234,73 @@ def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch
         "features": tf.concat(features, 0), "image_id": tf.concat(ids, 0), "captions": tf.concat(captions, 0)})
 
 
+def _captions_per_image(cfg: DataConfig, split: str, training: bool) -> float:
+    if training and cfg.captions_per_image == "sample":
+        return 1.0
+    info = schema.read_manifest(cfg.dir)["splits"][split]
+    return info["captions"] / max(1, info["images"])
+
+
+def _length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, split: str, training: bool,
+                            batch_size: int) -> tf.data.Dataset:
+    """Images with their captions → padded batches of (image, caption) examples, grouped by length.
+
+    Each window of images carrying about ``length_window`` batches' worth of captions is handled in a
+    few batched ops: every caption (or, with ``captions_per_image: sample``, one random caption per
+    image) becomes an example; the examples are sorted by length (ties in random order when training)
+    and cut into batches of ``batch_size``, which come out in random order; each batch gathers its
+    images and pads its captions to its longest (or up to the next of ``bucket_boundaries``). Per
+    example there is no dataset op at all — a ``flat_map`` over captions and ``bucket_by_sequence_length``
+    cost ~0.3 ms of CPU per example, a third of a 640×480 JPEG's decode. Training drops each window's
+    last partial batch; evaluation keeps it and sees every caption once.
+    """
+    # Enough images for length_window batches on average (at least one batch: a window too small for
+    # one would give training nothing).
+    per_window = max(1, math.ceil(cfg.length_window * batch_size / _captions_per_image(cfg, split, training)))
+    boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
+
+    def batches_of(window):
+        captions = window["captions"]  # ragged [images, (captions), (ids)]
+        owner = captions.value_rowids()  # the image of each caption
+        flat = captions.values  # ragged [examples, (ids)]
+        if training and cfg.captions_per_image == "sample":
+            counts = tf.cast(captions.row_lengths(), tf.int64)
+            pick = tf.cast(tf.random.uniform(tf.shape(counts)) * tf.cast(counts, tf.float32), tf.int64)
+            flat = tf.gather(flat, tf.cast(captions.row_starts(), tf.int64) + tf.minimum(pick, counts - 1))
+            owner = tf.range(tf.shape(counts, out_type=tf.int64)[0])
+        lengths = tf.cast(flat.row_lengths(), tf.float32)
+        count = tf.shape(lengths, out_type=tf.int64)[0]
+        if training:
+            # The partial batch's worth of examples left out is a random choice, not the longest ones;
+            # ties in length are broken at random too.
+            keep = tf.random.shuffle(tf.range(count))[:count // batch_size * batch_size]
+            kept = tf.gather(lengths, keep)
+            order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
+            count = tf.size(order, out_type=tf.int64)
+            starts = tf.random.shuffle(tf.range(0, count, batch_size))
+        else:
+            order = tf.argsort(lengths, stable=True)
+            starts = tf.range(0, count, batch_size)
+
+        def batch_at(start):
+            picked = tf.gather(order, tf.range(start, tf.minimum(start + batch_size, count)))
+            caption = tf.gather(flat, picked)
+            longest = tf.cast(tf.reduce_max(caption.row_lengths()), tf.int64) - 1
+            bucket = tf.gather(boundaries, tf.minimum(tf.searchsorted(boundaries, [longest], out_type=tf.int64)[0],
+                                                      tf.size(boundaries, out_type=tf.int64) - 1))
+            width = tf.maximum(longest, bucket)
+            shape = tf.stack([tf.size(picked, out_type=tf.int64), width])
+            input_ids = caption[:, :-1].to_tensor(PAD_ID, shape=shape)
+            target_ids = caption[:, 1:].to_tensor(PAD_ID, shape=shape)
+            return {key: tf.gather(window[key], tf.gather(owner, picked)), "input_ids": input_ids,
+                    "target_ids": target_ids, "mask": tf.cast(tf.not_equal(target_ids, PAD_ID), tf.float32)}
+
+        return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
+
+    windows = ds.batch(per_window, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    return windows.flat_map(batches_of)
+
+
 def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
                  feature_fn: Callable | None = None, cache_path: str | None = None,
                  repeat: bool | None = None, max_images: int | None = None) -> tf.data.Dataset:
@@ -217,8 +318,11 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
                                   max_images=max_images)
     repeat = training if repeat is None else repeat
     key = "features" if cfg.cache == "features" else "image"
+    order = cfg.deterministic or not training
+    cropped = False
     if cfg.cache == "none":
-        ds = images_of(shuffle=training, repeat=repeat)
+        cropped = training and cfg.random_crop  # cut out while decoding
+        ds = images_of(shuffle=training, repeat=repeat, random_crop=cropped)
     else:
         if cfg.cache == "features":
             if feature_fn is None:
@@ -238,32 +342,17 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         if training:  # the cache holds the first epoch's order: shuffle again on every pass
             ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
 
-    def captions_of(example):
-        if training and cfg.captions_per_image == "sample":
-            pick = tf.random.uniform([], 0, example["captions"].nrows(out_type=tf.int64), dtype=tf.int64)
-            return tf.data.Dataset.from_tensors({key: example[key], "caption": example["captions"][pick]})
-        return tf.data.Dataset.from_tensor_slices(example["captions"]).map(
-            lambda caption: {key: example[key], "caption": caption})
-
-    ds = ds.flat_map(captions_of)
-
-    def to_example(example):
-        caption = example["caption"]
-        x = example[key]
-        if key == "image":
-            x = _augment(x, cfg) if training else center_crop(x, cfg.image_size)
-        return {key: x, "input_ids": caption[:-1], "target_ids": caption[1:]}
-
-    ds = ds.map(to_example, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
-    boundaries = sorted(cfg.bucket_boundaries)
-    ds = ds.bucket_by_sequence_length(
-        element_length_func=lambda ex: tf.shape(ex["input_ids"])[0],
-        bucket_boundaries=boundaries, bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padding_values={key: tf.constant(0, ds.element_spec[key].dtype), "input_ids": tf.constant(PAD_ID, tf.int64),
-                        "target_ids": tf.constant(PAD_ID, tf.int64)},
-        drop_remainder=training)
-    ds = ds.map(lambda b: {**b, "mask": tf.cast(tf.not_equal(b["target_ids"], PAD_ID), tf.float32)},
-                num_parallel_calls=AUTOTUNE)
+    if key == "image":  # once per image and epoch, before the image is shared by its captions
+        if not training:
+            crop = functools.partial(center_crop, size=cfg.image_size)
+        elif cropped and not cfg.random_flip:
+            crop = None
+        else:
+            crop = functools.partial(_augment, cfg=cfg, cropped=cropped)
+        if crop:
+            ds = ds.map(lambda ex: {**ex, "image": crop(ex["image"])}, num_parallel_calls=AUTOTUNE,
+                        deterministic=order)
+    ds = _length_grouped_batches(ds, key, cfg, split, training, batch_size)
     options = tf.data.Options()
     options.autotune.enabled = True
     options.deterministic = cfg.deterministic or not training

@@ -37,7 +37,7 @@ def test_defaults_without_a_file(tmp_path):
     assert c == Config() == load_config(write(tmp_path / "empty.yaml", ""))
     assert (c.train.steps, c.train.learning_rate, c.data.cache) == (1_000_000, 2.0, "none")
     assert (c.model.encoder, c.distribute.strategy) == ("inception_v3", "auto")
-    assert c.data.bucket_boundaries == [8, 10, 12, 14, 16, 18]
+    assert c.data.bucket_boundaries == [] and c.data.length_window == 16
 
 
 def test_file_overrides_keys_in_several_sections_and_keeps_other_defaults(tmp_path):

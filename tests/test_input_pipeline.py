@@ -5,8 +5,8 @@ Ground truth is read straight from the records with ``schema.parse_batch`` and c
 per-replica sharding and the crops.
 """
 
-import bisect
 import collections
+import itertools
 import math
 import os
 import shutil
@@ -24,7 +24,7 @@ from tests.conftest import coco_split_args
 
 IMAGE, RESIZE = 32, 40
 OFFSET = (RESIZE - IMAGE) // 2  # the central crop starts at pixel 4
-BOUNDARIES = [10, 13, 16]  # the shapes captions have 7..19 input ids: all four buckets are used
+BOUNDARIES = [10, 13, 16]  # the shapes captions have 7..19 input ids
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,7 @@ def train_records(data_dir):
 
 
 def config(data_dir, **kw):
-    values = dict(dir=data_dir, image_size=IMAGE, resize_size=RESIZE, bucket_boundaries=list(BOUNDARIES),
-                  deterministic=True, random_crop=False, random_flip=False, shuffle_buffer=64,
+    values = dict(dir=data_dir, image_size=IMAGE, resize_size=RESIZE, deterministic=True, random_crop=False, random_flip=False, shuffle_buffer=64,
                   parse_batch_size=8, seed=0)
     values.update(kw)
     return DataConfig(**values)
@@ -88,47 +87,61 @@ def all_captions(records):
     return collections.Counter(c for r in records for c in r["captions"])
 
 
-def bucket(length):
-    return bisect.bisect_right(BOUNDARIES, length)
+def eval_order(data_dir, split="train"):
+    """The records in evaluation order: one from each shard in turn (a deterministic interleave)."""
+    files = schema.split_files(data_dir, schema.read_manifest(data_dir), split)
+    per_file = [read_records(data_dir, files=[f]) for f in files]
+    return [r for group in itertools.zip_longest(*per_file) for r in group if r is not None]
 
 
-def test_bucketing_pads_each_batch_to_its_longest_caption(data_dir, train_records):
+def windows_of(records, per_window):
+    """Caption lengths (input ids) of each window of ``per_window`` images, in record order."""
+    return [[len(c) - 1 for r in records[i:i + per_window] for c in r["captions"]]
+            for i in range(0, len(records), per_window)]
+
+
+def test_length_grouping_pads_each_batch_to_its_longest_caption(data_dir, train_records):
     lengths = collections.Counter(len(c) - 1 for r in train_records for c in r["captions"])
-    per_bucket = collections.Counter()
-    for length, n in lengths.items():
-        per_bucket[bucket(length)] += n
-    assert set(per_bucket) == {0, 1, 2, 3}  # every bucket is exercised
-
-    # Evaluation keeps partial batches: each bucket gives ceil(n / 8) batches, all captions included.
-    got_lengths, got_sizes = collections.Counter(), collections.Counter()
-    for b in batches(make_dataset(config(data_dir), "train", training=False, batch_size=8)):
+    assert len(lengths) >= 6  # captions of many lengths
+    # Evaluation, length_window 2 with batches of 8: windows of ceil(2 * 8 / 5) = 4 images (20 captions)
+    # in record order; each window sorted by length and cut into batches of 8, 8 and 4.
+    cfg = config(data_dir, length_window=2)
+    got = batches(make_dataset(cfg, "train", training=False, batch_size=8))
+    expected = []
+    for window in windows_of(eval_order(data_dir), 4):
+        window = sorted(window)
+        expected += [window[i:i + 8] for i in range(0, len(window), 8)]
+    assert [sorted(b["mask"].sum(axis=1).astype(int).tolist()) for b in got] == expected
+    for b in got:
         real = b["mask"].sum(axis=1).astype(int)
-        assert b["input_ids"].shape == b["target_ids"].shape == b["mask"].shape
-        assert b["input_ids"].shape[1] == real.max()  # padded only to the longest caption of the batch
-        assert b["mask"][:, -1].max() == 1.0
-        buckets = {bucket(int(n)) for n in real}
-        assert len(buckets) == 1, f"lengths {sorted(real)} span buckets {buckets}"
-        lo = ([0] + BOUNDARIES)[buckets.pop()]
-        assert real.min() >= lo
-        got_lengths.update(int(n) for n in real)
-        got_sizes[(bucket(int(real[0])), len(real))] += 1
-    assert got_lengths == lengths
-    expected_sizes = collections.Counter()
-    for k, n in per_bucket.items():
-        expected_sizes[(k, 8)] += n // 8
-        if n % 8:
-            expected_sizes[(k, n % 8)] += 1
-    assert got_sizes == expected_sizes
+        assert b["input_ids"].shape == b["target_ids"].shape == b["mask"].shape == (len(real), real.max())
 
-    # Training drops each bucket's last partial batch: every batch is full, floor(n / 8) * 8 per bucket.
-    trained = collections.Counter()
-    train_ds = make_dataset(config(data_dir), "train", training=True, batch_size=8, repeat=False)
-    for b in batches(train_ds):
-        real = b["mask"].sum(axis=1).astype(int)
-        assert b["input_ids"].shape == (8, real.max())
-        assert len({bucket(int(n)) for n in real}) == 1
-        trained[bucket(int(real[0]))] += 8
-    assert trained == {k: n // 8 * 8 for k, n in per_bucket.items() if n >= 8}
+    # One window of everything: each batch holds the next 8 lengths in sorted order.
+    whole = batches(make_dataset(config(data_dir, length_window=100), "train", training=False, batch_size=8))
+    ordered = sorted(lengths.elements())
+    assert [sorted(b["mask"].sum(axis=1).astype(int).tolist()) for b in whole] == \
+        [ordered[i:i + 8] for i in range(0, 160, 8)]
+
+    def efficiency(bs):
+        return sum(b["mask"].sum() for b in bs) / sum(b["mask"].size for b in bs)
+
+    unsorted = batches(make_dataset(config(data_dir, length_window=1), "train", training=False, batch_size=8))
+    assert efficiency(whole) > 0.97 > efficiency(unsorted)
+
+    # bucket_boundaries: batches are padded up to the next boundary (a few fixed shapes, for XLA).
+    for b in batches(make_dataset(config(data_dir, bucket_boundaries=list(BOUNDARIES)), "train", training=False,
+                                  batch_size=8)):
+        longest = int(b["mask"].sum(axis=1).max())
+        width = next((x for x in BOUNDARIES if x >= longest), longest)
+        assert b["input_ids"].shape[1] == width
+
+    # Training: full batches only; each window drops its last partial batch; lengths grouped.
+    train_ds = make_dataset(config(data_dir, length_window=4), "train", training=True, batch_size=8, repeat=False)
+    trained = batches(train_ds)
+    assert all(b["input_ids"].shape[0] == 8 for b in trained)
+    windows = math.ceil(32 / math.ceil(4 * 8 / 5))
+    assert 160 - 7 * windows <= 8 * len(trained) <= 160
+    assert efficiency(trained) > efficiency(unsorted)
 
 
 def test_input_target_and_mask(data_dir, train_records):
@@ -213,13 +226,15 @@ def test_caches_give_the_same_examples(data_dir, tmp_path):
     disk = build("disk", cache_path=cache_path)
     assert_same(batches(disk))
     assert os.path.exists(cache_path + ".index")
-    for name in os.listdir(own):
+    for name in os.listdir(own):  # zeroed, same size: unreadable, yet the manifest's sizes still match
         if name.endswith(".tfrecord"):
-            os.remove(os.path.join(own, name))
-    assert_same(batches(disk))  # the records are gone: only the cache can give these
+            path = os.path.join(own, name)
+            with open(path, "r+b") as f:
+                f.write(bytes(os.path.getsize(path)))
+    assert_same(batches(disk))  # the records are unreadable: only the cache can give these
     assert_same(batches(build("disk", cache_path=cache_path)))  # a new pipeline reuses the cache
-    with pytest.raises(tf.errors.NotFoundError):
-        batches(build("none"))  # without the cache the shards are really missing
+    with pytest.raises(tf.errors.DataLossError):
+        batches(build("none"))  # without the cache the shards really are unreadable
 
     with pytest.raises(ValueError, match="cache_path"):
         build("disk")
@@ -276,7 +291,8 @@ def test_per_replica_sharding(data_dir, train_records):
 
 
 def test_training_augmentation_crops_and_flips(data_dir, train_records):
-    cfg = config(data_dir, random_crop=True, random_flip=True)
+    """With a cache the crop is cut from the cached resized image: exactly one of its windows."""
+    cfg = config(data_dir, random_crop=True, random_flip=True, cache="memory")
     ds = make_dataset(cfg, "train", training=True, batch_size=4, repeat=False)
     by_caption = collections.defaultdict(list)
     for r in train_records:
@@ -299,14 +315,27 @@ def test_training_augmentation_crops_and_flips(data_dir, train_records):
         positions.add(match[:2])
         flips += match[2]
         count += 1
-    per_bucket = collections.Counter(bucket(len(c) - 1) for r in train_records for c in r["captions"])
-    assert count == sum(n // 4 * 4 for n in per_bucket.values())  # only the partial batches are dropped
+    assert count % 4 == 0 and count >= 160 - 3 * math.ceil(32 / math.ceil(16 * 4 / 5))  # only partial batches dropped
     assert len(positions) > 10 and 0 < flips < count  # crops really are random, and so are flips
 
-    jitter = batches(make_dataset(config(data_dir, random_crop=True, color_jitter=True), "train",
-                                  training=True, batch_size=4, repeat=False), limit=2)
-    for b in jitter:
-        assert b["image"].shape == (4, IMAGE, IMAGE, 3) and b["image"].dtype == np.uint8
+
+def test_training_crops_are_cut_out_while_decoding(data_dir, train_records):
+    """Without a cache the random crop is decoded directly (decode_and_crop_jpeg), then resized:
+    the same window as resize-then-crop, within interpolation error."""
+    cfg = config(data_dir, random_crop=True)
+    by_caption = collections.defaultdict(list)
+    for r in train_records:
+        for c in r["captions"]:
+            by_caption[c].append(r["resized"])
+    errors = []
+    for caption, _, row in rows(batches(make_dataset(cfg, "train", training=True, batch_size=4, repeat=False),
+                                        limit=8)):
+        image = row["image"].astype(np.float32)
+        assert image.shape == (IMAGE, IMAGE, 3)
+        errors.append(min(np.abs(image - resized[y:y + IMAGE, x:x + IMAGE]).mean()
+                          for resized in by_caption[caption]
+                          for y in range(RESIZE - IMAGE + 1) for x in range(RESIZE - IMAGE + 1)))
+    assert max(errors) < 12.0, errors  # the best-matching window of the resized image (0..255 scale)
 
 
 def test_eval_gives_the_central_crop(data_dir, train_records):
@@ -317,14 +346,13 @@ def test_eval_gives_the_central_crop(data_dir, train_records):
                       batch_size=1)
     examples = list(rows(batches(ds)))
     assert len(examples) == 160
-    # Evaluation is deterministic: the interleave starts with the first record of the first shard.
-    caption, _, row = examples[0]
-    assert row["image"].shape == (IMAGE, IMAGE, 3) and row["image"].dtype == np.uint8
     manual = tf.image.crop_to_bounding_box(decode_and_resize(
         tf.constant(open_record_jpeg(first_file)), RESIZE), OFFSET, OFFSET, IMAGE, IMAGE).numpy()
-    np.testing.assert_array_equal(row["image"], manual)
-    np.testing.assert_array_equal(row["image"], first["crop"])
-    assert caption == first["captions"][0]
+    np.testing.assert_array_equal(manual, first["crop"])
+    # The first record's captions all come with its central crop.
+    with_first = sorted(c for c, _, row in examples if np.array_equal(row["image"], manual))
+    assert with_first == sorted(first["captions"])
+    assert all(row["image"].shape == (IMAGE, IMAGE, 3) and row["image"].dtype == np.uint8 for _, _, row in examples)
     # Every example is its own image's central crop, never augmented.
     pairs = {(r["crop"].tobytes(), c) for r in train_records for c in r["captions"]}
     assert all((row["image"].tobytes(), c) in pairs for c, _, row in examples)
