@@ -302,6 +302,7 @@ def validate(config: Config) -> None:
                        ("train.checkpoint_every_steps", t.checkpoint_every_steps),
                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every_steps", t.log_every_steps),
                        ("data.image_size", d.image_size), ("data.parse_batch_size", d.parse_batch_size),
+                       ("data.length_window", d.length_window),
                        ("model.embedding_size", m.embedding_size), ("model.lstm_units", m.lstm_units)]:
         if value < 1:
             raise InputError(f"{key} must be at least 1, got {value}")
