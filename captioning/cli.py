@@ -3,8 +3,9 @@
 Parsers are built with argparse only; each handler imports its stage when it runs, so ``--help`` is
 instant and a stage never pays for another's imports (TensorFlow takes seconds to load).
 
-Exit codes: 0 success; 1 finished with errors on some inputs; 2 usage or input error (one line on
-stderr, no traceback); 130 interrupted.
+Exit codes: 0 success; 1 finished with errors on some inputs (``train``: a non-finite loss under
+``train.nan_policy: stop``); 2 usage or input error (one line on stderr, no traceback); 130 interrupted.
+``train`` catches SIGINT and SIGTERM itself: it finishes the step, saves a checkpoint and exits 0.
 """
 
 from __future__ import annotations
@@ -148,10 +149,18 @@ def _run_train(args) -> int:
     from captioning.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # config errors come before TensorFlow loads
-    from captioning.train import train
+    from captioning.train import NonFiniteError, train
 
-    result = train(cfg, args.model_dir, progress=not args.quiet)
-    print(f"trained to step {result['step']} in {args.model_dir}")
+    try:
+        result = train(cfg, args.model_dir, progress=not args.quiet)
+    except NonFiniteError as e:  # train.nan_policy: stop
+        print(f"captioning train: error: {e}", file=sys.stderr)
+        return e.exit_code
+    if result["interrupted"]:  # SIGINT/SIGTERM: the step under way finished and was saved
+        print(f"interrupted at step {result['step']}: saved {result['checkpoint']}; run the same command to resume")
+        return 0
+    skipped = f" ({len(result['skipped_steps'])} batches skipped: non-finite loss)" if result["skipped_steps"] else ""
+    print(f"trained to step {result['step']} in {args.model_dir}{skipped}")
     return 0
 
 

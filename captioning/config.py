@@ -87,6 +87,9 @@ class TrainConfig:
     lr_decay_epochs: float = 8.0  # step / exponential schedules: one decay every this many epochs
     warmup_steps: int = 0
     clip_gradient_norm: float = 5.0  # 0 disables clipping
+    # a step whose loss or gradient norm is NaN/Inf is never applied; then stop: exit 1 naming the step,
+    # the last checkpoint kept as it is; skip: drop that batch, count it and train on
+    nan_policy: str = field(default="stop", metadata=_choices("stop", "skip"))
     checkpoint_every_steps: int = 1000
     keep_checkpoints: int = 5
     log_every_steps: int = 100
@@ -94,6 +97,9 @@ class TrainConfig:
     eval_batches: int = 20
     sample_captions: int = 3  # captions written to TensorBoard at each evaluation
     mixed_precision: bool = False
+    # [start, stop]: a TensorFlow profiler trace of steps start..stop into logs/train (TensorBoard's
+    # Profile tab, with the tensorboard-plugin-profile package); []: no trace
+    profile_steps: list[int] = field(default_factory=list)
     seed: int = 0
 
 
@@ -310,5 +316,7 @@ def validate(config: Config) -> None:
         raise InputError(f"model.dropout must be in [0, 1), got {m.dropout}")
     if t.learning_rate <= 0:
         raise InputError(f"train.learning_rate must be positive, got {t.learning_rate}")
+    if t.profile_steps and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0] <= t.profile_steps[1]):
+        raise InputError(f"train.profile_steps must be [start, stop] with 1 <= start <= stop, got {t.profile_steps}")
     if list(d.bucket_boundaries) != sorted(set(d.bucket_boundaries)) or any(b < 1 for b in d.bucket_boundaries):
         raise InputError(f"data.bucket_boundaries must be increasing positive lengths, got {d.bucket_boundaries}")

@@ -55,9 +55,12 @@ def _mirrored(devices: list[str]) -> tf.distribute.Strategy:
 
 
 def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     name = cfg.strategy
+    if name not in ("multi_worker", "tpu"):
+        # Listing logical devices starts TF's runtime, after which MultiWorkerMirroredStrategy can no longer
+        # configure its collective ops ("Collective ops must be configured at program startup").
+        gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     if name == "auto":
         name = "mirrored" if len(gpus) > 1 or (not gpus and len(cpus) > 1) else "default"
     if name == "default":

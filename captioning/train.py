@@ -23,6 +23,50 @@ The model folder::
 Starting again in the same folder resumes from the latest checkpoint and stops at ``train.steps`` in
 total. Iteration time = ingestion time (waiting for the next batch) + train step time, the seeds'
 definition; both are logged.
+
+Surviving signals, crashes, bad numbers and bad folders (the choices):
+
+* **SIGTERM / SIGINT** (Ctrl-C, a scheduler's stop): the loop finishes the step under way, saves
+  ``ckpt-<step>`` and returns; ``captioning train`` prints ``interrupted at step N: saved DIR/ckpt-N; run
+  the same command to resume`` and exits 0. The first signal resets both signals to the operating
+  system's default action, so a second one kills the process at once (as ``kill -9`` would: the
+  latest complete checkpoint stays the latest). Python runs signal handlers between steps, so a
+  signal that arrives during a long step, save or evaluation is acted on when it ends. Under
+  MultiWorkerMirroredStrategy every worker must stop after the *same* step, so TF's own
+  ``tf.distribute.experimental.PreemptionCheckpointHandler`` agrees on it through the cluster's
+  coordination service: its ``TerminationConfig`` polls our signal flag (SIGINT as well as SIGTERM;
+  TF alone would only hook SIGTERM), saves through :meth:`Trainer.save` (the chief into the model
+  folder, the others into scratch folders) and, instead of TF's default ``sys.exit(42)``, hands control
+  back to the loop, so each worker exits 0. The handler keeps its own run counter in a separate,
+  never-saved checkpoint object, so our checkpoints keep their layout. (On Google Cloud CPU/TPU VMs the
+  handler disables itself and probes the metadata server at start; there signals keep their default
+  action and a killed worker resumes from the last periodic checkpoint.)
+* **kill -9, power cut of the process, OOM killer**: nothing runs, so a restart resumes from the
+  latest complete checkpoint and at most ``train.checkpoint_every_steps`` steps are lost. A save writes
+  ``ckpt-N_temp/`` first, renames the data and index files into place (TF's ``MergeV2Checkpoints``),
+  and only then rewrites the ``checkpoint`` state file, atomically (``atomic_write_string_to_file``:
+  a temporary file renamed over it; object stores such as GCS, which have no rename, write whole
+  objects). So a checkpoint cut short is never named in ``checkpoint``; at start the chief deletes such
+  leftovers (``ckpt-N_temp/``, unnamed ``ckpt-N.*`` newer than the latest, ``checkpoint.tmp<hex>``),
+  which TF documents as safe. A ``checkpoint`` file naming files that are gone is refused
+  rather than silently restarting from step 0. (Durability across an OS crash would also need
+  fsyncs, which TF does not do.)
+* **NaN or Inf**: inside the compiled step, a step whose global loss or global gradient norm is not
+  finite applies no update (``tf.cond`` in cross-replica context around ``optimizer.apply``, as Keras'
+  LossScaleOptimizer does, so it works under every strategy; batch-norm moving statistics changed by
+  that forward pass are put back with ``tf.where``). ``train.nan_policy: stop`` (default) then stops
+  with an error naming the step and exit code 1, saving nothing, so the latest checkpoint is the last
+  good one; ``skip`` drops the batch, logs a warning, counts it (TensorBoard ``skipped_batches``, and
+  ``run()``'s ``skipped_steps``) and trains on. A skipped batch still counts as a step (it was consumed;
+  the run still ends at ``train.steps``), but not as an optimizer iteration. Every save also checks
+  that the weights are finite (an update of finite gradients can still overflow), so NaN weights are
+  never written. Under loss scaling (``mixed_float16``) overflowing gradients are the loss scaler's
+  business; only a non-finite loss counts.
+* **A folder of another model**: :func:`prepare_model_dir` refuses another vocabulary, encoder,
+  embedding or LSTM size, a small_cnn image size that changes its feature grid, a folder with
+  checkpoints but no ``config.yaml`` or ``vocab.txt``, and a ``--model-dir`` that is a file; and the
+  restore asserts that every variable of the model was found in the checkpoint with its shape. All of
+  these are an :class:`~captioning.errors.InputError` (one line, exit 2) before the first step.
 """
 
 from __future__ import annotations
@@ -30,7 +74,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
+import signal
+import threading
 import time
 
 import keras
@@ -39,10 +86,12 @@ from tqdm import tqdm
 
 from captioning import config as config_lib
 from captioning import distribute, schema
+from captioning.augment import color_jitter
 from captioning.decode import beam_search, ids_to_text
 from captioning.errors import InputError
 from captioning.input_pipeline import eval_images, make_dataset
-from captioning.model import ShowAndTell, caption_loss_sum
+from captioning.integrity import data_errors
+from captioning.model import SMALL_CNN_FILTERS, ShowAndTell, caption_loss_sum
 from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.train")
@@ -52,6 +101,103 @@ VOCAB_FILE = "vocab.txt"
 # Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
 # runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
 ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
+CHECKPOINT_STATE = "checkpoint"  # tf.train.CheckpointManager's state file
+_CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
+_STATE_TEMP = re.compile(re.escape(CHECKPOINT_STATE) + r"\.tmp[0-9a-f]{32}")  # atomic_write_string_to_file's
+
+
+class NonFiniteError(Exception):
+    """The loss, the gradient norm or the weights stopped being finite (``train.nan_policy: stop``).
+    Nothing was saved; the command line prints the message and exits 1."""
+
+    exit_code = 1
+
+
+class _Preempted(Exception):
+    """Raised by the PreemptionCheckpointHandler's exit_fn once the checkpoint is saved on every worker."""
+
+
+class StopOnSignal:
+    """While active (a context manager), the first SIGINT or SIGTERM sets :attr:`signal_name` and makes
+    both signals' next delivery take the operating system's default action (the process dies at once).
+    Signal handlers can only be installed from the main thread; elsewhere it does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal_name is not None:
+            return
+        self.signal_name = signal.Signals(signum).name
+        for other in self.SIGNALS:
+            signal.signal(other, signal.SIG_DFL)
+        log.warning("%s: finishing the current step, then saving a checkpoint and exiting "
+                    "(a second SIGINT/SIGTERM exits at once, without saving)", self.signal_name)
+
+    def release(self) -> None:
+        """Gives the signals back to their previous handlers."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def latest_checkpoint(model_dir: str) -> str | None:
+    """The checkpoint the ``checkpoint`` state file names, or None when there is none. A state file that
+    names missing files is an InputError: starting again from step 0 would overwrite the folder."""
+    state = tf.train.get_checkpoint_state(model_dir)
+    if state is None or not state.model_checkpoint_path:
+        return None
+    latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
+    if not tf.io.gfile.exists(latest + ".index"):
+        raise InputError(f"{os.path.join(model_dir, CHECKPOINT_STATE)} names {os.path.basename(latest)}, whose files "
+                         "are missing; restore them, or delete that state file to start again from step 0")
+    return latest
+
+
+def remove_partial_checkpoints(model_dir: str, latest: str | None) -> list[str]:
+    """Deletes what an interrupted save left: ``ckpt-N_temp/`` folders, ``ckpt-N.*`` files that the state
+    file does not name, for N above the latest checkpoint's step, and temporary state files
+    (``checkpoint.tmp<hex>``). Returns the removed names."""
+    latest_step = int(latest.rsplit("-", 1)[1]) if latest else -1
+    state = tf.train.get_checkpoint_state(model_dir)
+    named = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else set()
+    removed = []
+    for name in sorted(os.listdir(model_dir)):
+        if _STATE_TEMP.fullmatch(name):
+            os.remove(os.path.join(model_dir, name))
+            removed.append(name)
+            continue
+        match = _CHECKPOINT_FILE.fullmatch(name)
+        if not match or f"ckpt-{match.group(1)}" in named:
+            continue
+        path = os.path.join(model_dir, name)
+        if match.group(2) == "_temp":
+            shutil.rmtree(path, ignore_errors=True)
+        elif int(match.group(1)) > latest_step:
+            os.remove(path)
+        else:
+            continue
+        removed.append(name)
+    if removed:
+        log.info("removed the leftovers of an interrupted save: %s", ", ".join(removed))
+    return removed
 
 
 class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
@@ -102,27 +248,128 @@ def examples_per_epoch(manifest: dict, cfg: config_lib.Config) -> int:
     return split["captions"] if cfg.data.captions_per_image == "all" else split["images"]
 
 
+def _small_cnn_grid(image_size: int) -> int:
+    """The side of small_cnn's final grid (stride-2 'same' convolutions), which it flattens."""
+    return math.ceil(image_size / 2 ** len(SMALL_CNN_FILTERS))
+
+
 def prepare_model_dir(model_dir: str, cfg: config_lib.Config, vocab: Vocabulary,
                       chief: bool) -> config_lib.Config | None:
-    """Writes config.yaml and vocab.txt; refuses a folder made for another vocabulary or model shape.
-    Returns the folder's previous config, if any."""
-    os.makedirs(model_dir, exist_ok=True)
+    """Writes config.yaml and vocab.txt; refuses a folder made for another vocabulary or model shape, and
+    one with checkpoints but without the config or vocabulary they were trained with. Returns the
+    folder's previous config, if any."""
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise InputError(f"--model-dir {model_dir} is a file, not a folder")
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create --model-dir {model_dir}: {e.strerror}") from None
     vocab_path = os.path.join(model_dir, VOCAB_FILE)
     config_path = os.path.join(model_dir, CONFIG_FILE)
-    if os.path.exists(vocab_path) and Vocabulary.load(vocab_path) != vocab:
-        raise InputError(f"{model_dir} was trained with another vocabulary than {cfg.data.dir}'s; "
-                         "use a new --model-dir")
+    if os.path.exists(os.path.join(model_dir, CHECKPOINT_STATE)):
+        for name, path in ((CONFIG_FILE, config_path), (VOCAB_FILE, vocab_path)):
+            if not os.path.exists(path):
+                raise InputError(f"{model_dir} holds checkpoints but no {name}, so what they were trained with is "
+                                 f"unknown; put its {name} back or use a new --model-dir")
+    if os.path.exists(vocab_path):
+        try:
+            same = Vocabulary.load(vocab_path) == vocab
+        except InputError as e:
+            raise InputError(f"{vocab_path} is damaged ({e}); use a new --model-dir") from None
+        if not same:
+            raise InputError(f"{model_dir} was trained with another vocabulary than {cfg.data.dir}'s; "
+                             "use a new --model-dir")
     old = None
     if os.path.exists(config_path):
         old = config_lib.load_config(config_path)
-        diff = [k for k in ARCHITECTURE_KEYS if getattr(old.model, k) != getattr(cfg.model, k)]
+        diff = [f"model.{k}" for k in ARCHITECTURE_KEYS if getattr(old.model, k) != getattr(cfg.model, k)]
+        if (not diff and cfg.model.encoder == "small_cnn"
+                and _small_cnn_grid(old.data.image_size) != _small_cnn_grid(cfg.data.image_size)):
+            diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
         if diff:
-            raise InputError(f"{model_dir} holds a model with other model.{', model.'.join(diff)}; "
+            raise InputError(f"{model_dir} holds a model with other {', '.join(diff)}; "
                              "use a new --model-dir or the same model settings")
     if chief:
-        vocab.save(vocab_path)
-        config_lib.save_config(cfg, config_path)
+        write_model_dir(model_dir, cfg, vocab)
     return old
+
+
+def write_model_dir(model_dir: str, cfg: config_lib.Config, vocab: Vocabulary) -> None:
+    """Writes (or rewrites) the folder's config.yaml and vocab.txt, each atomically."""
+    try:
+        vocab.save(os.path.join(model_dir, VOCAB_FILE))
+        config_lib.save_config(cfg, os.path.join(model_dir, CONFIG_FILE))
+    except OSError as e:
+        raise InputError(f"cannot write to --model-dir {model_dir}: {e.strerror}") from None
+
+
+def _forward_state(model) -> list:
+    """The variables a training forward pass assigns: the moving statistics of batch-norm layers that
+    train (a frozen encoder's run in inference mode and stay put)."""
+    found = {}
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
+            for v in (layer.moving_mean, layer.moving_variance):
+                found[id(v)] = v
+    return list(found.values())
+
+
+def _hide_handler_deprecation(record: logging.LogRecord) -> bool:
+    """PreemptionCheckpointHandler calls its own deprecated ``total_run_calls`` when it saves, which logs
+    advice meant for its callers ("Track steps using a tf.Variable...", which we do)."""
+    return "total_run_calls" not in record.getMessage()
+
+
+def _hide_unrestored_values(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Value in checkpoint could not be found in the restored object")
+                or "is being deleted with unrestored values" in message)
+
+
+def _raise_preempted() -> None:
+    raise _Preempted()
+
+
+def _new_window() -> dict:
+    """Sums over the steps between two log lines; loss, tokens and norm over the finite steps only."""
+    return {"loss": 0.0, "tokens": 0.0, "norm": 0.0, "finite": 0, "ingest": 0.0, "step": 0.0, "n": 0}
+
+
+class StepProfiler:
+    """``train.profile_steps: [start, stop]``: a TensorFlow profiler trace of those steps (ingestion and
+    train step, with step markers) into ``logdir``, where TensorBoard's Profile tab finds it
+    (``logdir/plugins/profile/<run>/*.xplane.pb``; the tab comes with ``pip install
+    tensorboard-plugin-profile``). It shows per op where a step's time goes and, in its input-pipeline
+    analyser, whether the device waited for data. Only the chief traces."""
+
+    def __init__(self, steps: list[int], logdir: str, enabled: bool = True):
+        self.start, self.stop = (steps if steps and enabled else (0, -1))
+        self.logdir, self.active, self._trace = logdir, False, None
+
+    def before(self, step: int) -> None:
+        if step == self.start and not self.active:
+            tf.profiler.experimental.start(self.logdir)
+            self.active = True
+            log.info("profiling steps %d to %d into %s", self.start, self.stop, self.logdir)
+        if self.active:
+            self._trace = tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+            self._trace.__enter__()
+
+    def after(self, step: int) -> None:
+        if self._trace is not None:
+            self._trace.__exit__(None, None, None)
+            self._trace = None
+        if self.active and step >= self.stop:
+            self.close()
+
+    def close(self) -> None:
+        if self._trace is not None:
+            self._trace.__exit__(None, None, None)
+            self._trace = None
+        if self.active:
+            tf.profiler.experimental.stop()
+            self.active = False
+            log.info("profiler trace written under %s (TensorBoard: Profile tab)", self.logdir)
 
 
 class Trainer:
@@ -137,7 +384,8 @@ class Trainer:
         self.vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
         self.strategy = strategy or distribute.make_strategy(cfg.distribute)
         self.chief = distribute.is_chief(self.strategy)
-        previous = prepare_model_dir(model_dir, cfg, self.vocab, self.chief)
+        # checks only: config.yaml and vocab.txt are written once the checkpoint is known to fit
+        previous = prepare_model_dir(model_dir, cfg, self.vocab, chief=False)
         replicas = self.strategy.num_replicas_in_sync
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
@@ -158,21 +406,53 @@ class Trainer:
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
 
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
-        write_dir = model_dir if self.chief else os.path.join(model_dir, f".tmp-{distribute.worker_id(self.strategy)}")
+        latest = latest_checkpoint(model_dir)
+        if self.chief:
+            remove_partial_checkpoints(model_dir, latest)
+            write_dir = model_dir
+        else:  # a scratch folder; what a killed run left there is of no use
+            write_dir = os.path.join(model_dir, f".tmp-{distribute.worker_id(self.strategy)}")
+            shutil.rmtree(write_dir, ignore_errors=True)
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=cfg.train.keep_checkpoints,
                                                   checkpoint_name="ckpt", step_counter=self.step)
-        latest = tf.train.latest_checkpoint(model_dir)
+        self._saved_step = None
         if latest and previous is not None and previous.model.encoder_trainable != cfg.model.encoder_trainable:
             # Keras optimizers track their variables by position, so when the set of trained variables
             # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state
             # no longer lines up: restore the model and the step, and start the optimizer afresh.
-            tf.train.Checkpoint(model=self.model, step=self.step).restore(latest).expect_partial()
+            self._restore(latest, with_optimizer=False)
             log.info("resumed the model from %s at step %d with a new optimizer (model.encoder_trainable "
                      "changed)", latest, int(self.step.numpy()))
         elif latest:
-            self.checkpoint.restore(latest).expect_partial()
+            self._restore(latest, with_optimizer=True)
             log.info("resumed from %s at step %d", latest, int(self.step.numpy()))
+        if latest:
+            self._saved_step = int(self.step.numpy())  # so an interrupted run does not write it again
+        if self.chief:
+            write_model_dir(model_dir, cfg, self.vocab)
+        self._skipped_steps: list[int] = []
         self._steps: dict = {}
+
+    def _restore(self, path: str, with_optimizer: bool) -> None:
+        """Restores the model and the step from ``path``, asserting that every variable of the model is in
+        the checkpoint with its shape (an InputError otherwise), then the optimizer's state if asked.
+        The optimizer is restored leniently: a changed optimizer starts with fresh slots."""
+        error = None
+        try:
+            status = tf.train.Checkpoint(model=self.model, step=self.step).restore(path)
+            status.assert_existing_objects_matched().expect_partial()
+            if with_optimizer:
+                tf.train.Checkpoint(optimizer=self.optimizer).restore(path).expect_partial()
+        except (AssertionError, ValueError) as e:
+            error = InputError(f"{path} does not fit the model this config builds ({_first_line(e)}); it was "
+                               "trained with other settings: use a new --model-dir or that folder's config")
+        except tf.errors.OpError as e:
+            error = InputError(f"cannot read checkpoint {path}: {_first_line(e.message)}")
+        if error is not None:
+            # The failed restore's objects stay alive with the model and, when collected (at exit), log
+            # every value they did not restore: the one-line error says it all.
+            logging.getLogger("tensorflow").addFilter(_hide_unrestored_values)
+            raise error
 
     # ---- data ---------------------------------------------------------------------------------------
     def _feature_fn(self):
@@ -210,12 +490,18 @@ class Trainer:
         model, optimizer, strategy = self.model, self.optimizer, self.strategy
         clip = self.cfg.train.clip_gradient_norm
         scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        forward_state = _forward_state(model)
+
+        jitter = self.cfg.data.color_jitter and self.cfg.data.cache != "features"
 
         def replica_step(batch):
+            if jitter:  # im2txt's colour distortions, on the device (captioning.augment)
+                batch = {**batch, "image": color_jitter(batch["image"])}
             ctx = tf.distribute.get_replica_context()
             tokens = tf.reduce_sum(batch["mask"])
             global_tokens = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tokens)
             variables = model.trainable_variables
+            before = [tf.identity(v.value) for v in forward_state]  # the forward pass moves these
             with tf.GradientTape() as tape:
                 loss_sum = caption_loss_sum(self.model, batch, training=True)
                 loss = loss_sum / tf.maximum(global_tokens, 1.0)
@@ -223,26 +509,50 @@ class Trainer:
                     loss = optimizer.scale_loss(loss)
             # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
             grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
-            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)  # the global gradient, on every replica
+            # the global gradient and loss, on every replica
+            *grads, global_loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [loss_sum])
             if scaled:
                 grads = [g / optimizer.dynamic_scale for g in grads]
             norm = tf.linalg.global_norm(grads)
+            # The same verdict on every replica and worker: it is computed from all-reduced values.
+            # Under loss scaling, overflowing gradients are the LossScaleOptimizer's to skip.
+            finite = tf.math.is_finite(global_loss_sum)
+            if not scaled:
+                finite = tf.logical_and(finite, tf.math.is_finite(norm))
+            for v, old in zip(forward_state, before):  # a skipped step leaves batch norm as it was
+                v.assign(tf.where(finite, v.value, old))
             if clip > 0:
                 grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
             share = 1.0 / ctx.num_replicas_in_sync  # optimizer.apply sums over replicas again
             if scaled:
                 share = share * optimizer.dynamic_scale
-            optimizer.apply([g * share for g in grads], variables)
-            return loss_sum, tokens, norm
+            grads = [g * share for g in grads]
+            if scaled:  # it applies only finite gradients itself (and lowers its scale otherwise)
+                optimizer.apply(grads, variables)
+                grads = []
+            return loss_sum, tokens, norm, finite, grads
+
+        def apply(grads):
+            optimizer.apply(grads, model.trainable_variables)
 
         def train_step(batch):
-            loss_sum, tokens, norm = strategy.run(replica_step, args=(batch,))
+            loss_sum, tokens, norm, finite, grads = strategy.run(replica_step, args=(batch,))
+            if not scaled:
+                # A cond in cross-replica context around strategy.run: optimizer.apply merge_calls, which a
+                # cond inside the replica function cannot hold (Keras' LossScaleOptimizer does the same).
+                tf.cond(strategy.experimental_local_results(finite)[0],
+                        lambda: strategy.run(apply, args=(grads,)), lambda: None)
             self.step.assign_add(1)
             total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
             count = strategy.reduce(tf.distribute.ReduceOp.SUM, tokens, axis=None)
             return total / tf.maximum(count, 1.0), strategy.experimental_local_results(norm)[0], count
 
         return train_step
+
+    def _step_was_finite(self, loss: float, norm: float) -> bool:
+        """The host's copy of the compiled step's verdict, from the values it returns."""
+        return math.isfinite(loss) and (math.isfinite(norm) or
+                                        isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer))
 
     def _make_eval_step(self):
         strategy = self.strategy
@@ -286,19 +596,73 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------------
     def save(self) -> str:
-        path = self.manager.save(checkpoint_number=int(self.step.numpy()))
+        """Saves ``ckpt-<step>`` unless this step is saved already, after checking that the weights are
+        finite (NonFiniteError otherwise). Returns its path in the model folder."""
+        step = int(self.step.numpy())
+        path = os.path.join(self.model_dir, f"ckpt-{step}")
+        if self._saved_step == step:
+            return path
+        if not self._weights_finite():
+            raise NonFiniteError(self._non_finite_message("the model's weights are no longer finite", step))
+        written = self.manager.save(checkpoint_number=step)
         if not self.chief:  # other workers write to a scratch folder, only for the collective ops
-            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+            shutil.rmtree(os.path.dirname(written), ignore_errors=True)
+        self._saved_step = step
         return path
 
+    def _weights_finite(self) -> bool:
+        floats = [v.value for v in self.model.variables if tf.as_dtype(v.dtype).is_floating]
+        return bool(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])))
+
+    def _non_finite_message(self, what: str, step: int) -> str:
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        kept = (f"the latest checkpoint, {os.path.basename(latest)}, is the last good one" if latest
+                else "there is no checkpoint yet")
+        return (f"{what} at step {step}: stopped without saving; {kept}. Lower train.learning_rate, set "
+                "train.clip_gradient_norm, or set train.nan_policy=skip to skip such batches")
+
+    def _preemption_handler(self, stop: StopOnSignal):
+        """TF's PreemptionCheckpointHandler when this is one worker of a multi-worker cluster, else None."""
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if (not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None
+                or not resolver.cluster_spec().jobs):
+            return None
+        config = tf.distribute.experimental.TerminationConfig(
+            termination_watcher_fn=lambda: stop.signal_name is not None,  # polled every second
+            exit_fn=_raise_preempted, grace_period=0, save_fn=self.save)
+        # The handler adds its run counter to the checkpoint it is given and restores it from that manager's
+        # folder: it gets an empty checkpoint object of its own, in a folder that never holds any, so every
+        # worker's counter starts at 0 and our checkpoints keep their layout.
+        bookkeeping = tf.train.CheckpointManager(tf.train.Checkpoint(), os.path.join(self.model_dir, ".preemption"),
+                                                 max_to_keep=1)
+        handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, bookkeeping,
+                                                                         termination_config=config)
+        logging.getLogger("tensorflow").addFilter(_hide_handler_deprecation)
+        platform = getattr(getattr(handler, "_platform_device", None), "name", "")
+        if platform in ("GCE_CPU", "GCE_TPU"):  # TF's handler does nothing there
+            log.warning("PreemptionCheckpointHandler is disabled on %s: SIGTERM/SIGINT keep their default "
+                        "action; a restart resumes from the last periodic checkpoint", platform)
+            stop.release()
+            return None
+        return handler
+
     def run(self, progress: bool = True) -> dict:
-        """Trains to ``train.steps``. Returns ``{"step", "trained_steps", "losses", "ingestion_s", "step_s"}``:
-        the last two are each iteration's time waiting for the batch and running the step, in seconds."""
+        """Trains to ``train.steps``, or until SIGINT/SIGTERM (then saves; see the module docstring).
+
+        Returns ``{"step", "trained_steps", "losses", "ingestion_s", "step_s", "skipped_steps",
+        "interrupted", "checkpoint"}``: ``ingestion_s`` and ``step_s`` are each iteration's time waiting
+        for the batch and running the step, in seconds; ``skipped_steps`` the steps whose batch was
+        skipped for a non-finite loss (``train.nan_policy: skip``; their ``losses`` are NaN or Inf);
+        ``interrupted`` the signal's name (or ``"another worker's signal"``) when one ended the run early,
+        else None; ``checkpoint`` the path of the folder's latest checkpoint when the run ended (None if
+        there is none)."""
         cfg = self.cfg.train
         start = int(self.step.numpy())
+        result = {"step": start, "trained_steps": 0, "losses": [], "ingestion_s": [], "step_s": [],
+                  "skipped_steps": [], "interrupted": None, "checkpoint": None}
         if start >= cfg.steps:
             log.info("already at step %d of %d: nothing to train", start, cfg.steps)
-            return {"step": start, "trained_steps": 0, "losses": [], "ingestion_s": [], "step_s": []}
+            return result
         log.info("training from step %d to %d: global batch %d on %d replica(s), %d steps per epoch",
                  start, cfg.steps, cfg.batch_size, self.strategy.num_replicas_in_sync, self.steps_per_epoch)
         logs = os.path.join(self.model_dir, "logs")
@@ -307,63 +671,101 @@ class Trainer:
         dataset = self.distributed_dataset(self.cfg.data.train_split, training=True)
         train_step = self.train_step_for(dataset)
         iterator = iter(dataset)
-        window = {"loss": 0.0, "tokens": 0.0, "ingest": 0.0, "step": 0.0, "n": 0, "norm": 0.0}
+        window = _new_window()
         history, ingestion_s, step_s = [], [], []
+        self._skipped_steps = skipped = []
+        interrupted = None
         bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
-        result = {"step": start, "trained_steps": 0}
-        try:
-            while int(self.step.numpy()) < cfg.steps:
-                t0 = time.perf_counter()
-                batch = next(iterator)
-                t1 = time.perf_counter()
-                loss, norm, tokens = train_step(batch)
-                loss = float(loss)  # waits for the step: step time includes the device work
-                t2 = time.perf_counter()
-                step = int(self.step.numpy())
-                history.append(loss)
-                ingestion_s.append(t1 - t0)
-                step_s.append(t2 - t1)
-                window["loss"] += loss * float(tokens)
-                window["tokens"] += float(tokens)
-                window["ingest"] += t1 - t0
-                window["step"] += t2 - t1
-                window["norm"] += float(norm)
-                window["n"] += 1
-                bar.update(1)
-                if step % cfg.log_every_steps == 0 or step == cfg.steps:
-                    self._log_window(writer, window, step)
-                    bar.set_postfix(loss=f"{window['loss'] / max(window['tokens'], 1):.3f}")
-                    window = dict.fromkeys(window, 0.0)
-                    window["n"] = 0
-                if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps):
-                    self._evaluate(eval_writer, writer, step)
-                if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps:
-                    log.info("saved %s", self.save())
-        finally:
-            bar.close()
-            writer.flush()
-            eval_writer.flush()
-        result.update(step=int(self.step.numpy()), trained_steps=len(history), losses=history,
-                      ingestion_s=ingestion_s, step_s=step_s)
+        profiler = StepProfiler(cfg.profile_steps, os.path.join(logs, "train"), enabled=self.chief)
+        with StopOnSignal() as stop:
+            preemption = self._preemption_handler(stop)
+            try:
+                while int(self.step.numpy()) < cfg.steps and (preemption is not None or stop.signal_name is None):
+                    profiler.before(int(self.step.numpy()) + 1)
+                    t0 = time.perf_counter()
+                    batch = next(iterator)
+                    t1 = time.perf_counter()
+                    if preemption is None:
+                        loss, norm, tokens = train_step(batch)
+                    else:  # checks first whether a worker was signalled; if so all save at one step and stop
+                        loss, norm, tokens = preemption.run(train_step, batch)
+                    loss = float(loss)  # waits for the step: step time includes the device work
+                    t2 = time.perf_counter()
+                    step = int(self.step.numpy())
+                    profiler.after(step)
+                    norm = float(norm)
+                    history.append(loss)
+                    ingestion_s.append(t1 - t0)
+                    step_s.append(t2 - t1)
+                    if self._step_was_finite(loss, norm):
+                        window["loss"] += loss * float(tokens)
+                        window["tokens"] += float(tokens)
+                        window["norm"] += norm
+                        window["finite"] += 1
+                    else:
+                        what = f"non-finite loss {loss} (gradient norm {norm})"
+                        if cfg.nan_policy == "stop":
+                            raise NonFiniteError(self._non_finite_message(what, step))
+                        skipped.append(step)
+                        log.warning("step %d: %s: batch skipped, no update applied (%d skipped so far)", step,
+                                    what, len(skipped))
+                    window["ingest"] += t1 - t0
+                    window["step"] += t2 - t1
+                    window["n"] += 1
+                    bar.update(1)
+                    if step % cfg.log_every_steps == 0 or step == cfg.steps:
+                        self._log_window(writer, window, step)
+                        bar.set_postfix(loss=f"{window['loss'] / max(window['tokens'], 1):.3f}")
+                        window = _new_window()
+                    if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps):
+                        self._evaluate(eval_writer, writer, step)
+                    if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps:
+                        log.info("saved %s", self.save())
+                if stop.signal_name and preemption is None and int(self.step.numpy()) < cfg.steps:
+                    self.save()
+                    interrupted = stop.signal_name
+            except _Preempted:  # every worker saved this step (PreemptionCheckpointHandler's save_fn)
+                interrupted = stop.signal_name or "another worker's signal"
+            finally:
+                profiler.close()
+                if preemption is not None:
+                    # TF relies on __del__ to stop the handler's watcher threads when no preemption came;
+                    # stop them now, so they do not outlive the run.
+                    preemption.__del__()
+                bar.close()
+                writer.flush()
+                eval_writer.flush()
+        step = int(self.step.numpy())
+        if interrupted:
+            log.info("interrupted by %s at step %d: saved %s", interrupted, step,
+                     os.path.join(self.model_dir, f"ckpt-{step}"))
+        saved = None if self._saved_step is None else os.path.join(self.model_dir, f"ckpt-{self._saved_step}")
+        result.update(step=step, trained_steps=len(history), losses=history, ingestion_s=ingestion_s, step_s=step_s,
+                      skipped_steps=skipped, interrupted=interrupted, checkpoint=saved)
         return result
 
     def _log_window(self, writer, window, step: int) -> None:
         n = max(window["n"], 1)
-        loss = window["loss"] / max(window["tokens"], 1.0)
         iteration = (window["ingest"] + window["step"]) / n
         examples_per_s = self.cfg.train.batch_size * n / max(window["ingest"] + window["step"], 1e-9)
         lr = float(self.optimizer.learning_rate) if not callable(self.optimizer.learning_rate) else \
             float(self.optimizer.learning_rate(self.step))
         with writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("perplexity", math.exp(min(loss, 50.0)))
+            if window["finite"]:
+                loss = window["loss"] / max(window["tokens"], 1.0)
+                tf.summary.scalar("loss", loss)
+                tf.summary.scalar("perplexity", math.exp(min(loss, 50.0)))
+                tf.summary.scalar("gradient_norm", window["norm"] / window["finite"])
             tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("gradient_norm", window["norm"] / n)
+            tf.summary.scalar("skipped_batches", len(self._skipped_steps))  # in this run, so far
             tf.summary.scalar("examples_per_second", examples_per_s)
             tf.summary.scalar("time/ingestion_ms", 1000 * window["ingest"] / n)
             tf.summary.scalar("time/train_step_ms", 1000 * window["step"] / n)
             tf.summary.scalar("time/ingestion_share", window["ingest"] / n / max(iteration, 1e-9))
+        if not window["finite"]:
+            log.info("step %d: all %d steps since the last log line skipped (non-finite loss)", step, window["n"])
+            return
         log.info("step %d: loss %.4f, %.0f examples/s, ingestion %.1f ms + step %.1f ms", step, loss,
                  examples_per_s, 1000 * window["ingest"] / n, 1000 * window["step"] / n)
 
@@ -384,4 +786,5 @@ class Trainer:
 def train(cfg: config_lib.Config, model_dir: str, progress: bool = True) -> dict:
     """Configures devices, then trains (see the module docstring). Returns a summary of the run."""
     distribute.configure_devices(cfg.distribute)
-    return Trainer(cfg, model_dir).run(progress=progress)
+    with data_errors():  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
+        return Trainer(cfg, model_dir).run(progress=progress)

@@ -1,6 +1,7 @@
 """Training for real: loss goes down, checkpoints resume, and data-parallel runs compute what one
 device computes (MirroredStrategy over 2 logical CPUs; 2 MultiWorkerMirroredStrategy processes)."""
 
+import glob
 import json
 import os
 import socket
@@ -210,3 +211,17 @@ def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
     assert trainer.run(progress=False)["step"] == 3
     assert len(trainer.sample_captions(4)) == 4
     assert trainer.evaluate_loss()["tokens"] > 0
+
+
+def test_profile_steps_writes_a_trace_into_the_train_logs(prepared_dir, tmp_path):
+    """train.profile_steps: [start, stop] leaves a TF profiler trace where TensorBoard's Profile tab reads."""
+    from captioning.train import Trainer
+
+    cfg = small_train_config(prepared_dir, "train.steps=6", "train.profile_steps=[3, 4]",
+                             "model.embedding_size=16", "model.lstm_units=16")
+    Trainer(cfg, str(tmp_path)).run(progress=False)
+    traces = glob.glob(str(tmp_path / "logs" / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert len(traces) == 1 and os.path.getsize(traces[0]) > 1000
+    with open(traces[0], "rb") as f:
+        data = f.read()
+    assert b"train" in data and b"IteratorGetNext" in data  # the step markers and the ingestion
