@@ -194,3 +194,18 @@ def test_punctuation_symbols_and_emoji_give_no_tokens(raw):
 def test_a_letter_or_digit_anywhere_makes_a_token_a_word(before, ch, after):
     assert not text.is_punctuation(before + ch + after)
     assert text.is_punctuation(before) == (alnum(before) == "")
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(st.sampled_from(["a", "dog", "cannot", "gonna", "wanna", "gimme", "lemme", "gotta", "can",
+                                           "3", "10", "x2", "mr", "e", "g"]),
+                          st.sampled_from([" ", ", ", ". ", ".", ",", "  ", " , ", "! ", "'s ", "'", "-"])),
+                max_size=14),
+       st.booleans())
+def test_the_plain_caption_fast_path_equals_nltk(parts, keep):
+    from captioning.text import _nltk_tokens, normalize_caption
+
+    caption = "".join(parts)
+    text = normalize_caption(caption)
+    expected = _nltk_tokens(text, keep) if text else []
+    assert tokenize_caption(caption, keep) == expected
