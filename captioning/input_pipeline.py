@@ -164,14 +164,17 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
     of captions (COCO: 5 to 7): the ragged ``captions`` batch; the raw texts come from :func:`references`.
 
     ``random_crop=True`` gives the training crop instead, ``image_size`` square, decoding only the crop
-    window (:func:`decode_random_crop`)."""
+    window (:func:`decode_random_crop`), and flipped at random when ``random_flip``: one map, the
+    whole per-image training work."""
     manifest = schema.read_manifest(cfg.dir)
     files = schema.split_files(cfg.dir, manifest, split)
     ds = _parsed(_records(files, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
     if max_images:
         ds = ds.take(max_images)
     if random_crop:
-        image_of = functools.partial(decode_random_crop, resize=cfg.resize_size, size=cfg.image_size)
+        def image_of(encoded):
+            image = decode_random_crop(encoded, cfg.resize_size, cfg.image_size)
+            return tf.image.random_flip_left_right(image) if cfg.random_flip else image
     else:
         image_of = functools.partial(decode_and_resize, size=cfg.resize_size)
 
@@ -345,7 +348,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     if key == "image":  # once per image and epoch, before the image is shared by its captions
         if not training:
             crop = functools.partial(center_crop, size=cfg.image_size)
-        elif cropped and not cfg.random_flip:
+        elif cropped:  # cut out and flipped while decoding
             crop = None
         else:
             crop = functools.partial(_augment, cfg=cfg, cropped=cropped)
