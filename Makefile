@@ -12,7 +12,9 @@ DEMO     := runs/demo
 SHAPES   := $(DEMO)/shapes
 ANN      := $(SHAPES)/annotations
 
-.PHONY: install test demo clean
+BENCH    := runs/benchmarks
+
+.PHONY: install test demo benchmarks clean
 
 install: $(STAMP)
 
@@ -28,16 +30,31 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): the suite is broken" >&2; fi; \
 	exit $$rc
 
-demo: $(STAMP)
+define prepare_shapes
 	$(BIN)/captioning synth --output-dir $(SHAPES) --num-images 5000 --seed 0 --overwrite
 	$(BIN)/captioning prepare --output-dir $(DEMO)/records --overwrite \
 	    --split train=$(ANN)/captions_train.json:$(SHAPES)/images \
 	    --split val=$(ANN)/captions_val.json:$(SHAPES)/images \
 	    --split test=$(ANN)/captions_test.json:$(SHAPES)/images
+endef
+
+demo: $(STAMP)
+	$(prepare_shapes)
 	$(BIN)/captioning train --config experiments/shapes.yaml --model-dir $(DEMO)/model
 	$(BIN)/captioning caption --model-dir $(DEMO)/model --top-k 3 --html $(DEMO)/gallery.html \
 	    $$($(BIN)/python -c "import json; print(' '.join('$(SHAPES)/images/' + i['file_name'] for i in json.load(open('$(ANN)/captions_test.json'))['images'][:12]))")
 	$(BIN)/captioning evaluate --model-dir $(DEMO)/model --split test --baseline --output $(DEMO)/metrics.json
+
+# The four benchmarks with their defaults (each under 3 minutes on 2 cores), JSON into runs/benchmarks/.
+# `benchmark train` runs experiments/shapes.yaml, so the demo's records are made first if missing.
+benchmarks: $(STAMP) $(DEMO)/records/manifest.json
+	$(BIN)/captioning benchmark input --json $(BENCH)/input.json
+	$(BIN)/captioning benchmark train --config experiments/shapes.yaml --json $(BENCH)/train.json
+	$(BIN)/captioning benchmark decode --json $(BENCH)/decode.json
+	$(BIN)/captioning benchmark prepare --json $(BENCH)/prepare.json
+
+$(DEMO)/records/manifest.json: | $(STAMP)
+	$(prepare_shapes)
 
 clean:
 	rm -rf $(DEMO)

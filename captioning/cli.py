@@ -291,6 +291,106 @@ def _run_export(args) -> int:
     return 0
 
 
+def _size(text: str) -> tuple[int, int]:
+    width, x, height = text.lower().partition("x")
+    if not x or not width.isdigit() or not height.isdigit() or int(width) < 8 or int(height) < 8:
+        raise argparse.ArgumentTypeError(f"{text!r} must look like WIDTHxHEIGHT, e.g. 640x480 (at least 8x8)")
+    return int(width), int(height)
+
+
+def _add_benchmark(sub) -> None:
+    p = sub.add_parser(
+        "benchmark", help="measure the input pipeline, training loop, decoding and prepare against their ceilings",
+        description="Benchmarks: each measures the project's own code against a baseline and a ceiling on this "
+                    "machine, prints a summary and, with --json, writes the numbers (benchmarks/RESULTS.md has "
+                    "this project's results and how to read them). Each takes under 3 minutes with its defaults "
+                    "on 2 cores.")
+    kinds = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+
+    def common(q, work_dir=True):
+        q.add_argument("--json", metavar="OUT", help="write the results as JSON to this file")
+        if work_dir:
+            q.add_argument("--work-dir", default="runs/benchmarks",
+                           help="where benchmark photos are made once and reused (default runs/benchmarks)")
+
+    q = kinds.add_parser("input", help="input pipeline vs the naive pipeline and the decode ceiling",
+                         description="Images/s of the naive seed-style pipeline, the training input pipeline and "
+                                     "bare decode + resize on the same records; padding efficiency; cache speed-ups.")
+    q.add_argument("--data", metavar="DIR", help="a prepared dataset (default: COCO-like photos made in --work-dir)")
+    q.add_argument("--images", type=int, default=1000, help="photos in the train split (default 1000)")
+    q.add_argument("--cache-images", type=int, default=200, help="photos for the cache epochs (default 200)")
+    q.add_argument("--image-size", type=_size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
+    q.add_argument("--config", help="experiment config whose data and model sections to use (default: the defaults, "
+                                    "im2txt's COCO recipe)")
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="override one config key (repeatable)")
+    q.add_argument("--measure-images", type=int, default=1500, help="images timed per measurement (default 1500)")
+    q.add_argument("--rounds", type=int, default=2, help="measurements per pipeline, best kept (default 2)")
+    common(q)
+    q.set_defaults(handler=_run_benchmark)
+
+    q = kinds.add_parser("train", help="the training loop: ingestion vs train-step time",
+                         description="Runs the real training loop and splits each iteration into ingestion time "
+                                     "(waiting for the batch) and train step time.")
+    q.add_argument("--config", required=True, help="experiment config, e.g. experiments/shapes.yaml")
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="override one config key (repeatable)")
+    q.add_argument("--steps", type=int, default=300, help="measured steps (default 300)")
+    q.add_argument("--warmup", type=int, default=50, help="steps run first and not measured (default 50)")
+    common(q, work_dir=False)
+    q.set_defaults(handler=_run_benchmark)
+
+    q = kinds.add_parser("decode", help="batched beam search vs one image at a time",
+                         description="Captions/s of batched beam search against one image per call, same code.")
+    q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
+    q.add_argument("--batch-size", type=int, default=128, help="images per batched call (default 128)")
+    q.add_argument("--images", type=int, default=256, help="images captioned in the batched measurement (default 256)")
+    q.add_argument("--beam-size", type=int, default=3, help="beam width (default 3)")
+    q.add_argument("--max-length", type=int, default=20, help="longest caption in words (default 20)")
+    common(q, work_dir=False)
+    q.set_defaults(handler=_run_benchmark)
+
+    q = kinds.add_parser("prepare", help="prepare with all workers vs one worker vs the one-core ceiling",
+                         description="Images/s of `prepare` with one worker per core and with one worker, and the "
+                                     "one-core rate of its bare per-image work (decode, resize, re-encode).")
+    q.add_argument("--images", type=int, default=1000, help="photos to prepare (default 1000)")
+    q.add_argument("--image-size", type=_size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
+    q.add_argument("--shorter-side", type=int, default=346, help="prepare's --shorter-side (default 346; 0: keep size)")
+    q.add_argument("--workers", type=int, default=None, help="workers of the parallel run (default: the cores)")
+    q.add_argument("--rounds", type=int, default=2, help="measurements of each, best kept (default 2)")
+    common(q)
+    q.set_defaults(handler=_run_benchmark)
+
+
+def _run_benchmark(args) -> int:
+    from captioning.benchmarks.common import write_json
+
+    if args.benchmark == "input":
+        from captioning.benchmarks import input as bench
+
+        result = bench.run(args.config, tuple(args.overrides), args.data, args.images, args.cache_images,
+                           args.image_size, args.work_dir, args.measure_images, args.rounds, progress=not args.quiet)
+    elif args.benchmark == "train":
+        from captioning.benchmarks import train as bench
+
+        result = bench.run(args.config, tuple(args.overrides), args.steps, args.warmup, progress=not args.quiet)
+    elif args.benchmark == "decode":
+        from captioning.benchmarks import decode as bench
+
+        result = bench.run(args.model_dir, args.batch_size, args.images, args.beam_size, args.max_length,
+                           progress=not args.quiet)
+    else:
+        from captioning.benchmarks import prepare as bench
+
+        if args.workers is not None and args.workers < 1:
+            raise InputError("--workers must be at least 1")
+        result = bench.run(args.images, args.image_size, args.shorter_side or None, workers=args.workers,
+                           work_dir=args.work_dir, rounds=args.rounds, progress=not args.quiet)
+    print(bench.summary(result))
+    write_json(args.json, result)
+    return 0
+
+
 # (prepare loads it only for a TFDS source, data_prep.sources.TfdsSource; its workers never do.)
 _USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark"}
 
@@ -310,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_score(sub)
     _add_caption(sub)
     _add_export(sub)
+    _add_benchmark(sub)
     return parser
 
 

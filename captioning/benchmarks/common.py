@@ -1,0 +1,71 @@
+"""What every benchmark shares: the machine's description, throughput measurement, JSON output."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import resource
+import time
+from typing import Callable, Iterator
+
+from captioning.fileio import atomic_write_json
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (user + system)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine() -> dict:
+    """Cores, CPU model, memory, accelerators and library versions: what the numbers depend on."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    memory_gb = None
+    try:
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    info = {"cores": available_cores(), "cpu": cpu, "memory_gb": memory_gb, "python": platform.python_version(),
+            "platform": platform.platform(), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    try:
+        import keras
+        import tensorflow as tf
+
+        info.update(tensorflow=tf.__version__, keras=keras.__version__,
+                    gpus=[d.name for d in tf.config.list_physical_devices("GPU")])
+    except ImportError:
+        pass
+    return info
+
+
+def throughput(items: Iterator, count: Callable[[object], float], measure: float, warmup: float) -> dict:
+    """Pulls from ``items`` until ``warmup`` units (as ``count`` counts them per item) have passed, then
+    times the next ``measure`` units. Returns ``{"per_s", "cpu_ms_per_unit", "units", "seconds"}``:
+    CPU time per unit, unlike the rate, barely moves when other processes share the machine."""
+    done = 0.0
+    while done < warmup:
+        done += count(next(items))
+    done, cpu0, t0 = 0.0, cpu_seconds(), time.perf_counter()
+    while done < measure:
+        done += count(next(items))
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    return {"per_s": done / seconds, "cpu_ms_per_unit": 1000.0 * cpu / done, "units": done, "seconds": seconds}
+
+
+def write_json(path: str | None, result: dict) -> None:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        atomic_write_json(path, result)

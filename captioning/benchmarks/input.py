@@ -1,0 +1,232 @@
+"""``captioning benchmark input``: the training input pipeline against the naive one and the ceiling.
+
+On the same prepared records, in one run, images per second of:
+
+- ``naive`` — the seed-style pipeline: one TFRecord file after another, one record parsed at a time,
+  a sequential decode / resize / crop map, captions fanned out and padded to the batch's longest,
+  no prefetch (and tf.data's automatic map parallelisation and prefetch injection turned off);
+- ``pipeline`` — :func:`captioning.input_pipeline.make_dataset`, exactly as ``train`` calls it;
+- ``ceiling`` — :func:`captioning.input_pipeline.decode_and_resize` of the same JPEG bytes held in
+  memory, in a parallel ``tf.data`` map with nothing else: what the cores can decode.
+
+Images, not examples, are counted (an image carries ~5 captions). Each is measured ``rounds`` times,
+interleaved, and the best kept; CPU time per image is reported too (it barely moves when something
+else shares the machine). Then padding efficiency (real tokens / padded tokens) of the pipeline's
+length-grouped batches against batches padded to their longest caption without grouping
+(``length_window: 1``), and the speed-up of a second epoch over the first with ``cache: memory``
+and ``cache: features`` (the frozen encoder of the config, without ImageNet weights).
+
+The data: ``--data DIR`` (a prepared dataset), or COCO-like photos made and prepared once under
+``--work-dir`` (:mod:`captioning.benchmarks.photos`; 640×480 by default): a ``train`` split of
+``--images`` and a ``val`` split of ``--cache-images`` for the cache epochs. The config defaults to
+the project defaults, whose data section is im2txt's COCO recipe (346² resize, random 299² crop and
+flip, every caption of every image).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import tensorflow as tf
+
+from captioning import config as config_lib
+from captioning import schema
+from captioning.benchmarks import common
+from captioning.benchmarks.photos import cached_photos
+from captioning.errors import InputError
+from captioning.input_pipeline import decode_and_resize, make_dataset
+from captioning.vocab import PAD_ID
+
+log = logging.getLogger("captioning.benchmark")
+
+TARGETS = {"pipeline_vs_ceiling": 0.9, "pipeline_vs_naive": 1.5, "bucketed_padding_efficiency": 0.9,
+           "features_cache_speedup": 10.0}
+
+
+def photo_records(work_dir: str, images: int, cache_images: int, size: tuple[int, int], seed: int = 0,
+                  progress: bool = True) -> str:
+    """A prepared dataset of benchmark photos (``train``: ``images``, ``val``: ``cache_images``), made
+    once per arguments under ``work_dir`` and reused."""
+    from data_prep.prepare import PrepareOptions, prepare
+
+    photos = cached_photos(work_dir, {"train": images, "val": cache_images}, size, seed, progress=progress)
+    records = os.path.join(photos["root"], "records")
+    if not os.path.exists(os.path.join(records, schema.MANIFEST)):
+        log.info("preparing the benchmark photos into %s (once)", records)
+        prepare(PrepareOptions(output_dir=records, split=photos["splits"], overwrite=True, min_word_count=1,
+                               workers=common.available_cores()), progress=progress)
+    return records
+
+
+def naive_dataset(files: list[str], cfg: config_lib.DataConfig, batch_size: int) -> tf.data.Dataset:
+    """The seed-style pipeline (see the module docstring), doing the same work per image."""
+    size, resize = cfg.image_size, cfg.resize_size
+
+    def parse(serialized):
+        example = schema.parse_batch(serialized[None])
+        return {"encoded": example[schema.IMAGE_ENCODED][0], "captions": example[schema.CAPTION_IDS][0]}
+
+    def decode(example):
+        image = tf.image.random_crop(decode_and_resize(example["encoded"], resize), [size, size, 3])
+        if cfg.random_flip:
+            image = tf.image.random_flip_left_right(image)
+        return {"image": image, "captions": example["captions"]}
+
+    def examples(example):
+        return tf.data.Dataset.from_tensor_slices(example["captions"]).map(
+            lambda c: {"image": example["image"], "input_ids": c[:-1], "target_ids": c[1:]})
+
+    ds = tf.data.TFRecordDataset(files).repeat().map(parse).map(decode).flat_map(examples)
+    ds = ds.padded_batch(batch_size, padding_values={"image": tf.constant(0, tf.uint8),
+                                                     "input_ids": tf.constant(PAD_ID, tf.int64),
+                                                     "target_ids": tf.constant(PAD_ID, tf.int64)})
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)
+
+
+def ceiling_dataset(encoded: list[bytes], resize: int, batch_size: int) -> tf.data.Dataset:
+    """Bare decode + resize of JPEG bytes in memory, in parallel; batched only to count cheaply."""
+    return (tf.data.Dataset.from_tensor_slices(tf.constant(encoded)).repeat()
+            .map(lambda e: decode_and_resize(e, resize), num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(batch_size).prefetch(tf.data.AUTOTUNE))
+
+
+def _encoded_images(files: list[str]) -> list[bytes]:
+    out = []
+    for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch):
+        out.extend(batch[schema.IMAGE_ENCODED].numpy().tolist())
+    return out
+
+
+def padding_efficiency(dataset: tf.data.Dataset, batches: int) -> float:
+    real = padded = 0.0
+    for batch in dataset.take(batches):
+        mask = batch["mask"]
+        real += float(tf.reduce_sum(mask))
+        padded += float(tf.size(mask))
+    return real / max(padded, 1.0)
+
+
+def _epoch_seconds(dataset: tf.data.Dataset) -> tuple[float, int]:
+    start, examples = time.perf_counter(), 0
+    for batch in dataset:
+        examples += int(tf.shape(batch["input_ids"])[0])
+    return time.perf_counter() - start, examples
+
+
+def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
+    """Epoch 1 time / epoch 2 time for ``cache: memory`` and ``cache: features`` on ``split``."""
+    from captioning.model import ShowAndTell
+    from captioning.vocab import Vocabulary
+
+    out = {}
+    memory = dataclasses.replace(cfg.data, cache="memory")
+    ds = make_dataset(memory, split, training=True, batch_size=batch_size, repeat=False)
+    first, n1 = _epoch_seconds(ds)
+    second, n2 = _epoch_seconds(ds)
+    log.info("cache: memory: epoch 1 %.2f s, epoch 2 %.2f s (%d, %d examples)", first, second, n1, n2)
+    out["memory"] = first / second
+
+    vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
+    model = ShowAndTell(len(vocab), dataclasses.replace(cfg.model, encoder_weights="none"), cfg.data.image_size)
+    model.build_all()
+    encode = tf.function(lambda images: model.encoder(images, training=False))
+    features = dataclasses.replace(cfg.data, cache="features", random_crop=False, random_flip=False,
+                                   color_jitter=False)
+    start = time.perf_counter()
+    ds = make_dataset(features, split, training=True, batch_size=batch_size, repeat=False, feature_fn=encode)
+    extract = time.perf_counter() - start
+    rest, n1 = _epoch_seconds(ds)
+    second, n2 = _epoch_seconds(ds)
+    log.info("cache: features (%s): epoch 1 %.2f s (encoder %.2f s), epoch 2 %.3f s", cfg.model.encoder,
+             extract + rest, extract, second)
+    out["features"] = (extract + rest) / second
+    return out
+
+
+def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: str | None = None,
+        images: int = 1000, cache_images: int = 200, image_size: tuple[int, int] = (640, 480),
+        work_dir: str = "runs/benchmarks", measure_images: int = 1500, rounds: int = 2,
+        progress: bool = True) -> dict:
+    """Runs the benchmark (see the module docstring) and returns its JSON-ready result."""
+    cfg = config_lib.load_config(config, overrides)
+    if measure_images < 1 or rounds < 1 or images < 1 or cache_images < 1:
+        raise InputError("--images, --cache-images, --measure-images and --rounds must be at least 1")
+    if data_dir is None:
+        data_dir = photo_records(work_dir, images, cache_images, image_size, progress=progress)
+    cfg.data.dir = data_dir
+    config_lib.validate(cfg)
+    manifest = schema.read_manifest(data_dir)
+    split = cfg.data.train_split
+    files = schema.split_files(data_dir, manifest, split)
+    info = manifest["splits"][split]
+    per_image = info["captions"] / info["images"]
+    batch = cfg.train.batch_size
+    encoded = _encoded_images(files)
+    log.info("input benchmark on %d images of %s (mean JPEG %.0f KB, %.2f captions each), batch %d",
+             len(encoded), data_dir, sum(map(len, encoded)) / len(encoded) / 1000, per_image, batch)
+
+    pipelines = {
+        "naive": (naive_dataset(files, cfg.data, batch), lambda b: int(tf.shape(b["input_ids"])[0]) / per_image),
+        "pipeline": (make_dataset(cfg.data, split, training=True, batch_size=batch),
+                     lambda b: int(tf.shape(b["input_ids"])[0]) / per_image),
+        "ceiling": (ceiling_dataset(encoded, cfg.data.resize_size, batch), lambda b: int(tf.shape(b)[0])),
+    }
+    best: dict[str, dict] = {}
+    for r in range(rounds):
+        for name, (ds, count) in pipelines.items():
+            m = common.throughput(iter(ds), count, measure_images, warmup=min(300, measure_images))
+            log.info("round %d: %-8s %7.1f images/s, %.2f ms CPU per image", r + 1, name, m["per_s"],
+                     m["cpu_ms_per_unit"])
+            if name not in best or m["per_s"] > best[name]["per_s"]:
+                best[name] = m
+
+    batches = max(20, measure_images // batch)
+    bucketed = padding_efficiency(pipelines["pipeline"][0], batches)
+    unsorted = dataclasses.replace(cfg.data, length_window=1, bucket_boundaries=[])
+    pad_to_max = padding_efficiency(make_dataset(unsorted, split, training=True, batch_size=batch), batches)
+    log.info("padding efficiency: %.3f length-grouped, %.3f padded to each batch's longest", bucketed, pad_to_max)
+    speedups = cache_speedups(cfg, cfg.data.eval_split if cfg.data.eval_split in manifest["splits"] else split, batch)
+
+    rate = {name: m["per_s"] for name, m in best.items()}
+    result = {
+        "naive_img_per_s": rate["naive"], "pipeline_img_per_s": rate["pipeline"], "ceiling_img_per_s": rate["ceiling"],
+        "padding_efficiency": {"bucketed": bucketed, "pad_to_max": pad_to_max},
+        "cache_speedup": speedups,
+        "pipeline_vs_ceiling": rate["pipeline"] / rate["ceiling"], "pipeline_vs_naive": rate["pipeline"] / rate["naive"],
+        "cpu_ms_per_image": {name: m["cpu_ms_per_unit"] for name, m in best.items()},
+        "dataset": {"dir": data_dir, "images": len(encoded), "captions_per_image": per_image,
+                    "mean_jpeg_kb": sum(map(len, encoded)) / len(encoded) / 1000},
+        "settings": {"config": config or "(defaults)", "overrides": list(overrides), "batch_size": batch,
+                     "measure_images": measure_images, "rounds": rounds, "data": dataclasses.asdict(cfg.data)},
+        "machine": common.machine(),
+    }
+    result["targets"] = {
+        "pipeline_vs_ceiling": [TARGETS["pipeline_vs_ceiling"], result["pipeline_vs_ceiling"] >= TARGETS["pipeline_vs_ceiling"]],
+        "pipeline_vs_naive": [TARGETS["pipeline_vs_naive"], result["pipeline_vs_naive"] >= TARGETS["pipeline_vs_naive"]],
+        "bucketed_padding_efficiency": [TARGETS["bucketed_padding_efficiency"],
+                                        bucketed >= TARGETS["bucketed_padding_efficiency"]],
+        "features_cache_speedup": [TARGETS["features_cache_speedup"],
+                                   speedups["features"] >= TARGETS["features_cache_speedup"]],
+    }
+    return result
+
+
+def summary(result: dict) -> str:
+    lines = [f"{'':10} {'images/s':>10} {'CPU ms/image':>13}"]
+    for name in ("naive", "pipeline", "ceiling"):
+        lines.append(f"{name:10} {result[name + '_img_per_s']:>10.1f} {result['cpu_ms_per_image'][name]:>13.2f}")
+    lines.append(f"pipeline / ceiling {result['pipeline_vs_ceiling']:.2f} (target >= 0.9), "
+                 f"pipeline / naive {result['pipeline_vs_naive']:.2f} (target >= 1.5)")
+    p = result["padding_efficiency"]
+    lines.append(f"padding efficiency: length-grouped {p['bucketed']:.3f} (target >= 0.9), "
+                 f"padded to batch max {p['pad_to_max']:.3f}")
+    c = result["cache_speedup"]
+    lines.append(f"epoch 2 / epoch 1 speed-up: cache memory {c['memory']:.1f}x, "
+                 f"cache features {c['features']:.1f}x (target >= 10)")
+    return "\n".join(lines)

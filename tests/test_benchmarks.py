@@ -1,0 +1,94 @@
+"""Each benchmark runs end to end on tiny sizes through the real CLI and writes well-formed JSON.
+
+Speed goals are the benchmarks' business (benchmarks/RESULTS.md), never a test's: these check only
+that the numbers exist, are positive and finite, and that what must hold whatever the speed holds.
+"""
+
+import json
+import math
+import os
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        result = json.load(f)
+    assert positive(result["machine"]["cores"]) and result["machine"]["tensorflow"]
+    return result
+
+
+def check(done, path):
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    return load(path)
+
+
+def test_benchmark_input(tmp_path):
+    out = tmp_path / "input.json"
+    done = run_cli("-q", "benchmark", "input", "--images", "24", "--cache-images", "8", "--image-size", "96x72",
+                   "--measure-images", "24", "--rounds", "1", "--work-dir", str(tmp_path / "work"),
+                   "--set", "train.batch_size=8", "--set", "data.image_size=32", "--set", "data.resize_size=36",
+                   "--set", "model.encoder=small_cnn", "--json", str(out))
+    result = check(done, out)
+    for key in ("naive_img_per_s", "pipeline_img_per_s", "ceiling_img_per_s"):
+        assert positive(result[key])
+    assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max"}
+    assert all(0 < v <= 1 for v in result["padding_efficiency"].values())
+    assert result["padding_efficiency"]["bucketed"] >= result["padding_efficiency"]["pad_to_max"]
+    assert set(result["cache_speedup"]) >= {"memory", "features"}
+    assert all(positive(v) for v in result["cache_speedup"].values())
+    assert result["dataset"]["images"] == 24 and result["dataset"]["captions_per_image"] == 5
+    assert "pipeline_vs_ceiling" in result["targets"]
+    assert "pipeline" in done.stdout and "ceiling" in done.stdout
+
+
+def test_benchmark_train(tmp_path, prepared_dir):
+    out = tmp_path / "train.json"
+    done = run_cli("-q", "benchmark", "train", "--config", "experiments/shapes.yaml", "--steps", "6", "--warmup", "2",
+                   "--set", f"data.dir={prepared_dir}", "--set", "train.batch_size=8", "--set", "model.lstm_units=32",
+                   "--set", "model.embedding_size=32", "--json", str(out))
+    result = check(done, out)
+    assert 0 <= result["ingestion_share"] < 1
+    for key in ("step_ms", "iteration_ms", "examples_per_s"):
+        assert positive(result[key])
+    assert result["iteration_ms"] >= result["step_ms"]
+    assert result["settings"]["steps"] == 6
+    assert not any(name.startswith("captioning-benchmark-train") for name in os.listdir(tmp_path))
+
+
+def test_benchmark_decode(tmp_path, trained_model_dir):
+    for extra in ([], ["--model-dir", trained_model_dir]):
+        out = tmp_path / "decode.json"
+        done = run_cli("-q", "benchmark", "decode", "--batch-size", "4", "--images", "8", "--max-length", "5",
+                       "--json", str(out), *extra)
+        result = check(done, out)
+        assert positive(result["batched_captions_per_s"]) and positive(result["single_captions_per_s"])
+        assert result["settings"]["beam_size"] == 3 and result["settings"]["max_length"] == 5
+
+
+def test_benchmark_prepare(tmp_path):
+    out = tmp_path / "prepare.json"
+    done = run_cli("-q", "benchmark", "prepare", "--images", "12", "--image-size", "64x48", "--shorter-side", "32",
+                   "--work-dir", str(tmp_path / "work"), "--json", str(out))
+    result = check(done, out)
+    for key in ("prepare_img_per_s", "one_worker_img_per_s", "one_core_ceiling_img_per_s"):
+        assert positive(result[key])
+    assert result["identical_output"] is True  # one worker or many: the same shards
+    assert result["settings"]["images"] == 12
+
+
+def test_benchmark_usage_errors_are_one_line(tmp_path):
+    done = run_cli("benchmark", "train", "--config", "experiments/shapes.yaml", "--steps", "0")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("captioning benchmark: error:")
+    done = run_cli("benchmark", "input", "--image-size", "640")
+    assert done.returncode == 2 and "WIDTHxHEIGHT" in done.stderr
