@@ -17,8 +17,12 @@ The model folder::
     vocab.txt       the dataset's vocabulary: later commands need only --model-dir
     ckpt-<step>.*   checkpoints (tf.train.CheckpointManager), the last train.keep_checkpoints kept
     logs/train      TensorBoard: loss, perplexity, learning rate, gradient norm, examples/s,
-                    ingestion vs step time, sample captions
+                    ingestion vs step time, sample captions; with train.profile_steps a TF
+                    profiler trace of those steps (plugins/profile, TensorBoard's Profile tab)
     logs/eval       validation loss and perplexity
+
+With ``data.color_jitter`` the step applies im2txt's colour distortions to the batch on the device
+(:mod:`captioning.augment`) before the forward pass.
 
 Starting again in the same folder resumes from the latest checkpoint and stops at ``train.steps`` in
 total. Iteration time = ingestion time (waiting for the next batch) + train step time, the seeds'
