@@ -534,22 +534,22 @@ class Trainer:
             if scaled:  # it applies only finite gradients itself (and lowers its scale otherwise)
                 optimizer.apply(grads, variables)
                 grads = []
-            return loss_sum, tokens, norm, finite, grads
+            return global_loss_sum, global_tokens, norm, finite, grads
 
         def apply(grads):
             optimizer.apply(grads, model.trainable_variables)
 
         def train_step(batch):
-            loss_sum, tokens, norm, finite, grads = strategy.run(replica_step, args=(batch,))
+            total, count, norm, finite, grads = strategy.run(replica_step, args=(batch,))
             if not scaled:
                 # A cond in cross-replica context around strategy.run: optimizer.apply merge_calls, which a
                 # cond inside the replica function cannot hold (Keras' LossScaleOptimizer does the same).
                 tf.cond(strategy.experimental_local_results(finite)[0],
                         lambda: strategy.run(apply, args=(grads,)), lambda: None)
             self.step.assign_add(1)
-            total = strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None)
-            count = strategy.reduce(tf.distribute.ReduceOp.SUM, tokens, axis=None)
-            return total / tf.maximum(count, 1.0), strategy.experimental_local_results(norm)[0], count
+            # The replicas all-reduced the loss and the token count already: any replica's copy is global.
+            total, count, norm = (strategy.experimental_local_results(x)[0] for x in (total, count, norm))
+            return total / tf.maximum(count, 1.0), norm, count
 
         return train_step
 
