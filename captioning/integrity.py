@@ -93,7 +93,7 @@ def _header_candidates(path: str, start: int, size: int, chunk: int = 1 << 22):
             for k in range(8):
                 crc = _CRC_TABLE[(crc ^ buf[k:k + n]) & 0xFF] ^ (crc >> np.uint32(8))
             crc ^= np.uint32(0xFFFFFFFF)
-            masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(0xA282EAD8)
+            masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(records_lib.MASK_DELTA)
             stored = (buf[8:8 + n].astype(np.uint32) | (buf[9:9 + n].astype(np.uint32) << 8)
                       | (buf[10:10 + n].astype(np.uint32) << 16) | (buf[11:11 + n].astype(np.uint32) << 24))
             for i in np.flatnonzero(masked == stored):

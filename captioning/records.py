@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 import google_crc32c
 
-_MASK_DELTA = 0xA282EAD8
+MASK_DELTA = 0xA282EAD8  # added to the rotated CRC (TFRecord's masking)
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 
@@ -73,7 +73,7 @@ def example(features: Mapping[str, bytes]) -> bytes:
 
 def masked_crc32c(data: bytes) -> int:
     crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
+    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & _U32
 
 
 def frame(record: bytes) -> bytes:

@@ -42,18 +42,28 @@ def _shard_bytes(folder: str) -> dict[str, bytes]:
     return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n.endswith(".tfrecord")}
 
 
-def _ceiling_worker(paths: list[str], shorter_side: int | None, quality: int) -> float:
-    """One process's rate of the bare per-image work on its share (files read before timing)."""
-    from captioning.images import process_image
-
-    data = []
+def _read_all(paths: list[str]) -> list[bytes]:
+    out = []
     for path in paths:
         with open(path, "rb") as f:
-            data.append(f.read())
+            out.append(f.read())
+    return out
+
+
+def _bare_rate(data: list[bytes], shorter_side: int | None, quality: int) -> float:
+    """Images per second of prepare's per-image work (:func:`captioning.images.process_image`) on bytes in
+    memory, in this process."""
+    from captioning.images import process_image
+
     start = time.perf_counter()
     for encoded in data:
         process_image(encoded, shorter_side, quality)
     return len(data) / (time.perf_counter() - start)
+
+
+def _ceiling_worker(paths: list[str], shorter_side: int | None, quality: int) -> float:
+    """One process's rate of the bare per-image work on its share (files read before timing)."""
+    return _bare_rate(_read_all(paths), shorter_side, quality)
 
 
 def parallel_ceiling(paths: list[str], processes: int, shorter_side: int | None, quality: int) -> float:
@@ -73,7 +83,6 @@ def run(images: int = 1000, image_size: tuple[int, int] = (640, 480), shorter_si
         progress: bool = True) -> dict:
     import json
 
-    from captioning.images import process_image
     from data_prep.prepare import PrepareOptions, prepare
 
     if images < 1 or rounds < 1:
@@ -85,22 +94,13 @@ def run(images: int = 1000, image_size: tuple[int, int] = (640, 480), shorter_si
     with open(split.split("=", 1)[1].rsplit(":", 1)[0], encoding="utf-8") as f:
         names = [image["file_name"] for image in json.load(f)["images"]]
     paths = [os.path.join(photos["images"], name) for name in names]
-    data = []
-    for path in paths:
-        with open(path, "rb") as f:
-            data.append(f.read())
-
-    def one_core_ceiling() -> float:
-        start = time.perf_counter()
-        for encoded in data:
-            process_image(encoded, shorter_side, quality)
-        return len(data) / (time.perf_counter() - start)
+    data = _read_all(paths)
 
     ceiling, together, rates, outputs = 0.0, 0.0, {}, {}
     scratch = tempfile.mkdtemp(prefix="captioning-benchmark-prepare-", dir=work_dir)
     try:
         for r in range(rounds):  # interleaved, best of each: the machine's speed drifts between runs
-            ceiling = max(ceiling, one_core_ceiling())
+            ceiling = max(ceiling, _bare_rate(data, shorter_side, quality))
             together = max(together, parallel_ceiling(paths, workers, shorter_side, quality))
             log.info("round %d: one-core ceiling (decode + resize + re-encode in memory): %.1f images/s; "
                      "%d processes at once: %.1f images/s", r + 1, ceiling, workers, together)
