@@ -65,6 +65,7 @@ import tensorflow as tf
 
 from captioning import integrity, schema
 from captioning.config import DataConfig
+from captioning.errors import InputError
 from captioning.vocab import PAD_ID
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -124,22 +125,42 @@ def _input_files(files: list[str], input_context) -> tuple[list[str], bool]:
     return files, True
 
 
+def pipeline_images(shard_records: list[int], input_context) -> int:
+    """How many images (records) one input pipeline reads from a split whose shards hold
+    ``shard_records``, under :func:`_input_files`' sharding: whole files when there are at least as
+    many files as pipelines, else every n-th record of the whole split.
+
+    >>> class Ctx: num_input_pipelines, input_pipeline_id = 2, 1
+    >>> pipeline_images([3], Ctx()), pipeline_images([1], Ctx()), pipeline_images([2, 0, 5], Ctx())
+    (1, 0, 0)
+    """
+    if input_context is None or input_context.num_input_pipelines == 1:
+        return sum(shard_records)
+    n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if len(shard_records) >= n:
+        return sum(shard_records[i::n])
+    return len(range(i, sum(shard_records), n))
+
+
 def _records(files: list[str], cfg: DataConfig, training: bool, input_context, shuffle: bool,
              repeat: bool) -> tf.data.Dataset:
     files, shard_records = _input_files(files, input_context)
     # a stat per file against the manifest, or with data.skip_corrupt a scan once per process (integrity.py)
     files = integrity.readable_files(files, cfg.skip_corrupt)
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if training:
-        ds = ds.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)
-    read = tf.data.TFRecordDataset
     if shard_records:
-        # Fewer files than pipelines: each file's records are split by their position in the file, so
-        # the pipelines partition the data whatever order the (non-deterministic) interleave takes.
+        # Fewer files than pipelines: every pipeline reads the whole split in one fixed order and keeps
+        # every n-th record, so the pipelines partition the split evenly (an image each before any gets a
+        # second; a file-by-file split would leave pipelines empty whenever files hold fewer records than
+        # there are pipelines). Records are shuffled after the split, when training.
         n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
-        read = lambda f: tf.data.TFRecordDataset(f).shard(n, i)  # noqa: E731
-    ds = ds.interleave(read, cycle_length=min(len(files), 8), block_length=1,
-                       num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8), block_length=1,
+                           num_parallel_calls=AUTOTUNE, deterministic=True).shard(n, i)
+    else:
+        if training:
+            ds = ds.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8), block_length=1,
+                           num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
     if repeat:
         ds = ds.repeat()  # the file list is reshuffled on every pass
     if shuffle:
@@ -317,6 +338,15 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     """
     if max_images and training:
         raise ValueError("max_images is for evaluation")
+    if training:
+        # Training never hands a replica an empty batch (an empty batch would put a padded row into
+        # batch-norm statistics, see ShowAndTell.encode): each pipeline repeats forever, so it only
+        # needs one image of its own.
+        info = schema.read_manifest(cfg.dir)["splits"].get(split, {})
+        if info.get("shard_records") and pipeline_images(info["shard_records"], input_context) == 0:
+            raise InputError(f"the {split!r} split has {info['images']} image(s), too few for "
+                             f"{input_context.num_input_pipelines} input pipelines (one per worker): each "
+                             "needs at least one image")
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
                                   max_images=max_images)
     repeat = training if repeat is None else repeat

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 
 import keras
+import tensorflow as tf
 from keras import layers
 
 from captioning.config import ModelConfig
@@ -132,7 +133,13 @@ class ShowAndTell(keras.Model):
         self.logits = layers.Dense(vocab_size, kernel_initializer=init(7), dtype="float32", name="logits")
 
     def encode(self, images, training=False):
-        return self.encoder(images, training=training)
+        """Pixels ``[batch, S, S, 3]`` → features ``[batch, D]``; an empty batch gives ``[0, D]`` (see
+        :meth:`call`: TensorFlow's convolutions mis-shape an empty batch, so it runs on one row of
+        zeros, cut off again). In training mode that padded row would enter the batch-norm statistics,
+        which is why training input pipelines never yield an empty batch (``input_pipeline``)."""
+        rows = tf.shape(images)[0]
+        padded = tf.pad(images, [[0, tf.maximum(1 - rows, 0)], [0, 0], [0, 0], [0, 0]])
+        return self.encoder(padded, training=training)[:rows]
 
     def initial_state(self, features, training=False):
         """The LSTM state after it has read the image embedding (time step -1)."""
@@ -148,12 +155,22 @@ class ShowAndTell(keras.Model):
 
     def call(self, inputs, training=False):
         features = inputs["features"] if "features" in inputs else self.encode(inputs["image"], training)
+        input_ids = inputs["input_ids"]
+        # An empty batch is legal: under a distribution strategy the last batch of a split that does not
+        # divide by the replicas leaves some replica with no example at all (images [0, S, S, 3],
+        # input_ids [0, 0]). Keras' LSTM raises on zero rows and on zero time steps, so the decoder runs
+        # on at least one row and one step of padding, and the logits are cut back to the input's shape:
+        # an empty batch gives logits [0, 0, V], zero loss and zero gradients, and never an error.
+        rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+        extra_rows, extra_steps = tf.maximum(1 - rows, 0), tf.maximum(1 - steps, 0)
+        features = tf.pad(features, [[0, extra_rows], [0, 0]])  # (already [0, D] from encode when empty)
+        input_ids = tf.pad(input_ids, [[0, extra_rows], [0, extra_steps]])
         state = self.initial_state(features, training)
-        words = self.input_dropout(self.word_embedding(inputs["input_ids"]), training=training)
+        words = self.input_dropout(self.word_embedding(input_ids), training=training)
         # No mask is needed: captions are right-padded and the LSTM is causal, so padding never changes
         # the outputs at real positions (and the loss masks padded positions). This keeps cuDNN usable.
         outputs, _, _ = self.lstm(words, initial_state=state, training=training)
-        return self.logits(self.output_dropout(outputs, training=training))
+        return self.logits(self.output_dropout(outputs, training=training))[:rows, :steps]
 
     def build_all(self) -> "ShowAndTell":
         """Creates every variable (encoder and decoder) with one tiny forward pass."""
@@ -171,8 +188,6 @@ class ShowAndTell(keras.Model):
 def caption_loss_sum(model: ShowAndTell, batch: dict, training: bool = False):
     """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
     the global batch's word count, evaluation by the split's (perplexity = exp(mean))."""
-    import tensorflow as tf
-
     inputs = {k: batch[k] for k in ("image", "features", "input_ids") if k in batch}
     logits = model(inputs, training=training)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)

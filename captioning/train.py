@@ -718,14 +718,17 @@ class Trainer:
                     window["step"] += t2 - t1
                     window["n"] += 1
                     bar.update(1)
+                    evaluate = cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps)
+                    # The checkpoint first: whatever fails after it (summaries, evaluation, sample captions)
+                    # never loses the steps trained. An evaluation step is always saved first.
+                    if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps or evaluate:
+                        log.info("saved %s", self.save())
                     if step % cfg.log_every_steps == 0 or step == cfg.steps:
                         self._log_window(writer, window, step)
                         bar.set_postfix(loss=f"{window['loss'] / max(window['tokens'], 1):.3f}")
                         window = _new_window()
-                    if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps):
+                    if evaluate:
                         self._evaluate(eval_writer, writer, step)
-                    if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps:
-                        log.info("saved %s", self.save())
                 if stop.signal_name and preemption is None and int(self.step.numpy()) < cfg.steps:
                     self.save()
                     interrupted = stop.signal_name

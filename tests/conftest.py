@@ -68,6 +68,15 @@ def huge_jpeg(width: int = 20000, height: int = 10000) -> bytes:
     return bytes(head) + b"".join(row + marker for marker in markers)
 
 
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
 def run_cli(*args, cwd=None, timeout=300, env=None):
     """Runs ``python -m captioning ARGS`` in a fresh process; returns the CompletedProcess."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))

@@ -5,6 +5,10 @@
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set)
         trains a few steps under MultiWorkerMirroredStrategy; writes OUT_DIR/weights-<task>.npz
+    python tests/distributed_worker.py eval_losses DATA_DIR OUT_DIR MODEL_DIR STRATEGY
+        the evaluation loss of MODEL_DIR's checkpoint on the val and test splits for several global
+        batch sizes, under STRATEGY (one, mirrored over 2 logical CPUs, or multi_worker with TF_CONFIG);
+        writes OUT_DIR/eval-<strategy>[-<task>].json: {"split/batch": [loss, tokens]}
 """
 
 import json
@@ -76,5 +80,37 @@ def multi_worker(data_dir, out_dir):
              replicas=strategy.num_replicas_in_sync, **weights(trainer.model))
 
 
+EVAL_BATCHES = (2, 4, 6, 16)  # global batch sizes: per replica 1, 2, 3, 8 under two replicas
+# the architecture of tests/conftest.py's trained_model_dir
+TRAINED = ("train.optimizer=adam", "train.learning_rate=0.01", "model.embedding_size=32", "model.lstm_units=32")
+
+
+def eval_losses(data_dir, out_dir, model_dir, strategy_name):
+    """Every (split, global batch) evaluation loss of one checkpoint under one strategy."""
+    if strategy_name == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                                  cross_device_ops=tf.distribute.ReductionToOneDevice())
+    elif strategy_name == "multi_worker":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    from captioning.train import Trainer
+
+    trainer = Trainer(small_config(data_dir, *TRAINED), model_dir, strategy=strategy)
+    results = {"replicas": strategy.num_replicas_in_sync, "step": int(trainer.step.numpy())}
+    for split in ("val", "test"):
+        for batch in EVAL_BATCHES:
+            trainer.cfg.data.eval_split, trainer.cfg.train.batch_size = split, batch
+            loss = trainer.evaluate_loss()
+            results[f"{split}/{batch}"] = [loss["loss"], loss["tokens"]]
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index")
+    name = f"eval-{strategy_name}" + ("" if task is None else f"-{task}")
+    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+        json.dump(results, f)
+
+
 if __name__ == "__main__":
-    {"mirrored": mirrored, "multi_worker": multi_worker}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    modes = {"mirrored": mirrored, "multi_worker": multi_worker, "eval_losses": eval_losses}
+    modes[sys.argv[1]](*sys.argv[2:])

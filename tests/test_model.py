@@ -224,3 +224,30 @@ def test_checkpoint_round_trip(tmp_path):
     np.testing.assert_array_equal(npy(other({"image": images, "input_ids": ids})), expected)
     for a, b in zip(model.weights, other.weights):
         np.testing.assert_array_equal(npy(a), npy(b))
+
+
+def test_an_empty_batch_gives_empty_logits_zero_loss_and_zero_gradients():
+    """The last batch of a split that does not divide by the replicas leaves a replica with no example:
+    images [0, S, S, 3] and input_ids [0, 0]. Keras' LSTM raises on zero rows or zero steps and TF's
+    convolution mis-shapes an empty batch; the model must give [0, 0, V] logits and zero gradients."""
+    from captioning.model import caption_loss_sum
+
+    model = small_model(encoder_trainable=True)
+    stats = [npy(v).copy() for v in model.non_trainable_variables]
+    for rows, steps in ((0, 0), (0, 5)):
+        batch = {"image": tf.zeros([rows, SIZE, SIZE, 3], tf.uint8),
+                 "input_ids": tf.zeros([rows, steps], tf.int64), "target_ids": tf.zeros([rows, steps], tf.int64),
+                 "mask": tf.zeros([rows, steps])}
+        assert model({"image": batch["image"], "input_ids": batch["input_ids"]}).shape == (rows, steps, V)
+        assert model.encode(batch["image"]).shape == (rows, model.feature_size)
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch, training=False)
+        grads = tape.gradient(loss, model.trainable_variables)
+        assert float(loss) == 0.0
+        assert all(g is None or not np.any(npy(tf.convert_to_tensor(g))) for g in grads)
+    for before, after in zip(stats, model.non_trainable_variables):  # inference mode moved nothing
+        np.testing.assert_array_equal(before, npy(after))
+    # a real batch is unchanged by the padding logic
+    images, ids = inputs()
+    full = npy(model({"image": images, "input_ids": ids}))
+    np.testing.assert_allclose(npy(model({"image": images[:1], "input_ids": ids[:1]})), full[:1], atol=1e-5)

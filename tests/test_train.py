@@ -4,7 +4,6 @@ device computes (MirroredStrategy over 2 logical CPUs; 2 MultiWorkerMirroredStra
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 
 from captioning.config import load_config
 from captioning.errors import InputError
-from tests.conftest import REPO, run_cli, small_train_config
+from tests.conftest import REPO, free_port, run_cli, small_train_config
 
 WORKER = os.path.join(REPO, "tests", "distributed_worker.py")
 
@@ -124,12 +123,6 @@ def test_mirrored_two_replicas_equal_one_device(data_dir, tmp_path):
     assert len(names) > 20
     for name in names:  # trainable weights and batch-norm statistics alike
         np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def test_multi_worker_processes_end_with_identical_weights(data_dir, tmp_path):

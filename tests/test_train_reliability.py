@@ -7,7 +7,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from captioning.config import load_config, save_config
-from tests.conftest import REPO, run_cli, small_train_config
+from tests.conftest import REPO, free_port, run_cli, small_train_config
 
 STEP_LINE = re.compile(r"step (\d+): loss")
 
@@ -143,12 +142,6 @@ def test_a_second_signal_kills_at_once():
                             env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.stdout == "first signal noted\nnoted SIGINT\n", result.stderr[-2000:]
     assert result.returncode == -signal.SIGTERM
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

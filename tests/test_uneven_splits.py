@@ -1,0 +1,162 @@
+"""Splits that do not divide by the batch or the replicas: every replica may end up with a partial batch or
+with no example at all, and evaluation must still equal one device's (issue: mirrored training crashed in
+its evaluation and lost the run)."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.conftest import REPO, free_port, run_cli, small_train_config
+from tests.distributed_worker import EVAL_BATCHES, TRAINED
+from tests.test_train import run_worker
+
+
+@pytest.fixture(scope="module")
+def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
+    """train: 8 images; val: ONE image with ONE caption (fewer captions than replicas); test: 3 images (15
+    captions). The vocabulary of ``prepared_dir``, so ``trained_model_dir``'s checkpoint fits."""
+    from data_prep.prepare import PrepareOptions, prepare
+    from data_prep.shapes import load_split
+
+    root = tmp_path_factory.mktemp("uneven")
+    splits = []
+    for split, images, captions in (("train", 8, 5), ("val", 1, 1), ("test", 3, 5)):
+        data = load_split(shapes_dir, split if split != "val" else "train")
+        keep = [image["id"] for image in data["images"][:images]]
+        data["images"] = [image for image in data["images"] if image["id"] in keep]
+        seen = {}
+        anns = []
+        for ann in data["annotations"]:
+            if ann["image_id"] in keep and seen.get(ann["image_id"], 0) < captions:
+                seen[ann["image_id"]] = seen.get(ann["image_id"], 0) + 1
+                anns.append(ann)
+        data["annotations"] = anns
+        path = root / f"captions_{split}.json"
+        path.write_text(json.dumps(data))
+        splits.append(f"{split}={path}:{shapes_dir}/images")
+    out = str(root / "records")
+    manifest = prepare(PrepareOptions(output_dir=out, split=splits, workers=1, vocab=os.path.join(prepared_dir,
+                                                                                                 "vocab.txt")),
+                       progress=False)
+    assert [manifest["splits"][s]["captions"] for s in ("train", "val", "test")] == [40, 1, 15]
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_device_losses(uneven_dir, trained_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    model_dir = out / "model"
+    shutil.copytree(trained_model_dir, model_dir)
+    proc = run_worker(["eval_losses", uneven_dir, str(out), str(model_dir), "one"])
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    return json.loads((out / "eval-one.json").read_text())
+
+
+def assert_same_losses(got, expected):
+    assert got["step"] == expected["step"] == 60  # the trained checkpoint, not fresh weights
+    for split in ("val", "test"):
+        for batch in EVAL_BATCHES:
+            key = f"{split}/{batch}"
+            loss, tokens = got[key]
+            assert tokens == expected[key][1], key  # every caption counted once, none twice
+            assert loss == pytest.approx(expected[key][0], abs=1e-5), key
+    # the split sizes: 1 caption of 'val' (its tokens), 15 of 'test'
+    assert expected["val/2"][1] < 20 < expected["test/2"][1]
+
+
+@pytest.mark.slow
+def test_mirrored_evaluation_equals_one_device_for_uneven_splits(uneven_dir, trained_model_dir, one_device_losses,
+                                                                  tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model_dir)
+    proc = run_worker(["eval_losses", uneven_dir, str(tmp_path), str(model_dir), "mirrored"])
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    got = json.loads((tmp_path / "eval-mirrored.json").read_text())
+    assert got["replicas"] == 2
+    assert_same_losses(got, one_device_losses)
+
+
+@pytest.mark.slow
+def test_multi_worker_evaluation_equals_one_device_for_uneven_splits(uneven_dir, trained_model_dir,
+                                                                      one_device_losses, tmp_path):
+    """Two workers, one input pipeline each: the 1-caption val split leaves worker 1 with no record at all."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model_dir)
+    ports = [free_port(), free_port()]
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+        procs.append(run_worker(["eval_losses", uneven_dir, str(tmp_path), str(model_dir), "multi_worker"],
+                                env={"TF_CONFIG": json.dumps(tf_config)}))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=600)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2500:] for o in outputs)
+    for index in range(2):
+        got = json.loads((tmp_path / f"eval-multi_worker-{index}.json").read_text())
+        assert got["replicas"] == 2
+        assert_same_losses(got, one_device_losses)
+
+
+@pytest.mark.slow
+def test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas(uneven_dir, tmp_path):
+    """The issue's command, on a validation split of one caption: training, the evaluation at the end and
+    its sample captions all run on 2 replicas, exit 0, and the last step is saved."""
+    model_dir = tmp_path / "m"
+    result = run_cli("train", "--config", os.path.join(REPO, "experiments", "shapes.yaml"), "--model-dir",
+                     str(model_dir), "--set", f"data.dir={uneven_dir}", "--set", "train.batch_size=16",
+                     "--set", "train.steps=4", "--set", "train.eval_every_steps=2", "--set", "train.warmup_steps=0",
+                     "--set", "distribute.strategy=mirrored", "--set", "distribute.logical_cpus=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 replica(s)" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.count("validation loss") == 2
+    assert (model_dir / "ckpt-4.index").exists() and (model_dir / "ckpt-2.index").exists()
+
+
+def test_a_failing_evaluation_never_loses_the_steps_trained(uneven_dir, tmp_path):
+    """Evaluation at step 2 reads a damaged val shard and stops the run (one line, exit 2): the checkpoint
+    of step 2 was written before it, although checkpoint_every_steps is 100."""
+    from tests.test_corrupt_shards import damage
+
+    data = tmp_path / "data"
+    shutil.copytree(uneven_dir, data)
+    (shard,) = [n for n in os.listdir(data) if n.startswith("val-")]
+    damage(str(data / shard), "flipped", record=0)
+    config = tmp_path / "c.yaml"
+    from captioning.config import save_config
+
+    save_config(small_train_config(str(data), "train.steps=4", "train.eval_every_steps=2",
+                                   "train.checkpoint_every_steps=100"), str(config))
+    model_dir = tmp_path / "m"
+    result = run_cli("train", "--config", str(config), "--model-dir", str(model_dir))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"damaged shard {data / shard}" in result.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in result.stderr
+    import tensorflow as tf
+
+    assert os.path.basename(tf.train.latest_checkpoint(str(model_dir))) == "ckpt-2"
+
+
+def test_training_refuses_a_split_with_fewer_images_than_input_pipelines(uneven_dir):
+    """A training pipeline with no image of its own would hand its replica empty batches forever."""
+    import tensorflow as tf
+
+    from captioning.errors import InputError
+    from captioning.input_pipeline import make_dataset
+
+    cfg = small_train_config(uneven_dir).data
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
+    with pytest.raises(InputError, match=r"the 'val' split has 1 image\(s\), too few for 2 input pipelines"):
+        make_dataset(cfg, "val", training=True, batch_size=4, input_context=context)
+    # 8 train images in 4 shards over 3 pipelines: every pipeline gets whole files, none is empty
+    context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=2, num_replicas_in_sync=3)
+    batch = next(iter(make_dataset(cfg, "train", training=True, batch_size=4, input_context=context)))
+    assert batch["input_ids"].shape[0] == 4
