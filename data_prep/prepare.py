@@ -19,7 +19,9 @@ The steps, in order:
 ``.partial/`` in the output folder holds the plan's fingerprint and each finished shard's statistics
 while a run is under way. ``--resume`` keeps the finished shards of an interrupted run (same sources,
 same options — checked through the fingerprint; a kept shard's size must equal its statistics') and
-writes the rest; the result equals a clean run, byte for byte.
+writes the rest; the result equals a clean run, byte for byte. The manifest records the same fingerprint,
+so ``--resume`` of a run that already finished says so, exits 0 and changes nothing (a scheduler may
+re-run a step "with --resume until it succeeds"); other sources or options are refused as ever.
 
 Killed at any moment (SIGKILL included), a run leaves no shard under its final name that is not
 complete: shards are renamed into place after they are synced, statistics first. Its worker processes
@@ -236,10 +238,14 @@ def _plan(usable, opts, streamed: bool, vocab) -> list[ShardTask]:
 
 
 def _fingerprint(tasks: list[ShardTask], opts: PrepareOptions, source_desc: dict) -> str:
-    relevant = {k: v for k, v in asdict(opts).items() if k not in ("workers", "strict", "overwrite", "resume")}
+    """The identity of what a run writes: sources, the options that change a byte, and the plan (every
+    shard's name and images, with their captions and ids). Not the output folder: a dataset moved
+    elsewhere keeps its identity. ``--resume`` compares it; the manifest records it."""
+    ignored = ("output_dir", "workers", "strict", "overwrite", "resume")
+    relevant = {k: v for k, v in asdict(opts).items() if k not in ignored}
     h = hashlib.sha256(json.dumps([relevant, source_desc], sort_keys=True).encode())
     for task in tasks:
-        h.update(json.dumps([task.path, [asdict(item) for item in task.items]]).encode())
+        h.update(json.dumps([os.path.basename(task.path), [asdict(item) for item in task.items]]).encode())
     return h.hexdigest()
 
 
@@ -254,6 +260,25 @@ def _kept_shard(out: str, partial: str, name: str) -> bool:
     return stats.get("bytes", size) == size  # statistics from before "bytes" existed: trusted as before
 
 
+def _complete_manifest(opts: PrepareOptions, fingerprint: str) -> dict | None:
+    """With ``--resume``, the manifest of a finished run of the same sources and options, if the output
+    folder holds one (then nothing is left to do, and nothing is touched); else None."""
+    from captioning.schema import MANIFEST
+
+    path = os.path.join(opts.output_dir, MANIFEST)
+    if not opts.resume or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None  # unreadable: _prepare_output_dir refuses it
+    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fingerprint:
+        return None
+    log.info("%s already holds this dataset, complete (same sources and options): nothing to do", opts.output_dir)
+    return manifest
+
+
 def _prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextlib.ExitStack) -> set[str]:
     """Locks the output folder (held until ``stack`` closes), checks it against --overwrite/--resume;
     returns the shards already complete."""
@@ -263,6 +288,9 @@ def _prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextli
     partial = os.path.join(out, PARTIAL)
     manifest = os.path.join(out, MANIFEST)
     if os.path.exists(manifest) and not opts.overwrite:
+        if opts.resume:
+            raise InputError(f"{out} already holds a complete dataset ({MANIFEST}) prepared from other sources "
+                             "or options; pass the same ones, or --overwrite to replace it")
         raise InputError(f"{out} already holds a prepared dataset ({MANIFEST}); pass --overwrite to replace it")
     had_partial = os.path.isdir(partial)
     os.makedirs(partial, exist_ok=True)
@@ -406,6 +434,9 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
 
     tasks = _plan(usable, opts, source.streamed, vocab)
     fingerprint = _fingerprint(tasks, opts, source.describe())
+    complete = _complete_manifest(opts, fingerprint)
+    if complete is not None:  # --resume of a run that finished: a no-op
+        return complete
     done = _prepare_output_dir(opts, fingerprint, stack)
     vocab.save(os.path.join(opts.output_dir, VOCAB))
 
@@ -455,7 +486,8 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
                                                  os.path.getsize(t.path) for s, t in zip(stats, split_tasks)],
                                  **caption_counts[name]}
     manifest = {"format_version": FORMAT_VERSION, "splits": manifest_splits, "vocab_size": len(vocab),
-                "skipped": all_skipped, "config": {**asdict(opts), "source": source.describe()}}
+                "skipped": all_skipped, "config": {**asdict(opts), "source": source.describe()},
+                "fingerprint": fingerprint}
     atomic_write_json(os.path.join(opts.output_dir, MANIFEST), manifest)
     shutil.rmtree(os.path.join(opts.output_dir, PARTIAL), ignore_errors=True)
     return manifest

@@ -14,7 +14,7 @@ from captioning.vocab import UNK_ID, Vocabulary
 from data_prep import prepare as prepare_mod
 from data_prep.prepare import PrepareOptions, prepare, summarize
 from data_prep.shapes import load_split
-from tests.conftest import coco_split_args, encode, gradient
+from tests.conftest import coco_split_args, encode, gradient, run_cli
 
 REQUIRED_MANIFEST_KEYS = {"format_version", "splits", "vocab_size", "skipped", "config"}
 
@@ -341,6 +341,34 @@ def test_complete_output_is_refused_unless_overwrite(shapes_dir, tmp_path):
     assert len(manifest["splits"]["train"]["shards"]) == 4
     assert not os.path.exists(out / schema.shard_name("train", 0, 5))  # the old plan's shards are gone
     assert (out / "notes.txt").read_text() == "a researcher's file"  # other files are left alone
+
+
+def tree(folder):
+    """Every file under ``folder`` with its bytes and modification time."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_resume_of_a_finished_run_is_a_no_op(shapes_dir, tmp_path):
+    """A scheduler re-running "prepare --resume until it succeeds" must not break on the run that did."""
+    out = tmp_path / "o"
+    args = ["prepare", "--output-dir", str(out), "--workers", "1", *(f"--split={a}" for a in coco_split_args(shapes_dir))]
+    assert run_cli(*args).returncode == 0
+    before = tree(out)
+    assert json.loads(before["manifest.json"][0])["fingerprint"]
+    result = run_cli(*args, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert "already holds this dataset, complete (same sources and options): nothing to do" in result.stderr
+    assert "train" in result.stdout  # the summary of the dataset that is there
+    assert tree(out) == before  # not a byte, not a timestamp changed
+    result = run_cli(*args, "--resume", "--min-word-count", "2")  # another dataset: refused as before
+    assert result.returncode == 2 and "prepared from other sources or options" in result.stderr
+    assert "Traceback" not in result.stderr and tree(out) == before
 
 
 def test_given_vocabulary_is_used(prepared, shapes_dir, tmp_path):
