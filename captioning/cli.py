@@ -280,14 +280,16 @@ def _add_export(sub) -> None:
     p.add_argument("--output", required=True, help="the SavedModel folder to write")
     _decoding_flags(p)
     p.add_argument("--top-k", type=int, default=1, help="captions per image (at most --beam-size)")
-    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --output if it holds an earlier export (never a folder of other files)")
     p.set_defaults(handler=_run_export)
 
 
 def _run_export(args) -> int:
-    from captioning.export import export
+    from captioning.export import check_output, export
 
-    print(f"exported to {export(_captioner(args), args.output, overwrite=args.overwrite)}")
+    check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
+    print(f"exported to {export(_captioner(args), args.output, args.model_dir, overwrite=args.overwrite)}")
     return 0
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from captioning.errors import InputError
+from captioning.fileio import atomic_write_text
 
 
 def _choices(*values: str) -> dict:
@@ -286,10 +287,7 @@ def from_dict(data: dict) -> Config:
 
 def save_config(config: Config, path: str) -> None:
     """Writes the resolved config (every key) as YAML, atomically."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(config), f, sort_keys=False)
-    os.replace(tmp, path)
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def validate(config: Config) -> None:

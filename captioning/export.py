@@ -10,18 +10,31 @@ loads with plain TensorFlow, without this project::
     out = serve(images=tf.constant([open("cat.jpg", "rb").read()]))
     out["captions"][0, 0].numpy().decode()
 
-The SavedModel is written to a temporary folder beside ``output`` and renamed when complete.
+Writing is safe for what is already on disk:
+
+* The export goes to a temporary folder beside ``output`` and is swapped in only when complete: the old
+  export is renamed aside, the new one renamed into place, the old one deleted. Whatever fails on the
+  way (a full disk), ``output`` is the old export or the new one, and the temporary folder is removed.
+* ``output`` holds ``captioning_export.json`` (:data:`MARKER`: the model folder, checkpoint, step and
+  decoding settings). ``overwrite`` replaces only a folder holding that file, written by this command
+  — never the model folder, a folder above it, the working directory or a folder above that, nor a
+  folder of other files (as ``prepare --overwrite`` removes only its own files).
+* Exporting the same checkpoint with the same settings into an export of them is a no-op.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import tensorflow as tf
 
 from captioning.errors import InputError
+from captioning.fileio import atomic_write_json, disk_full_error
 from captioning.inference import Captioner
+
+MARKER = "captioning_export.json"
 
 
 class CaptionServer(tf.Module):
@@ -42,14 +55,68 @@ class CaptionServer(tf.Module):
         return {"captions": captions, "log_probs": out["log_probs"]}
 
 
-def export(captioner: Captioner, output: str, overwrite: bool = False) -> str:
-    if os.path.exists(output) and not overwrite:
-        raise InputError(f"{output} exists; pass --overwrite to replace it")
+def _inside(path: str, folder: str) -> bool:
+    """True when ``path`` is ``folder`` or lies inside it (both resolved)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
+    """Refuses an ``output`` that export must never write (see the module docstring), before any work.
+    Returns what the export already there records (its :data:`MARKER`), or None when there is none."""
+    target = os.path.realpath(output)
+    for what, folder in (("the model folder", model_dir), ("the working directory", os.getcwd())):
+        if _inside(os.path.realpath(folder), target):
+            raise InputError(f"--output {output} is {what} or a folder above it; export into a folder of its own")
+    if os.path.isfile(output) or (os.path.exists(output) and not os.path.isdir(output)):
+        raise InputError(f"--output {output} is a file; export writes a folder")
+    if not os.path.isdir(output):
+        parent = os.path.dirname(target)
+        if not os.path.isdir(parent):
+            raise InputError(f"--output {output}: its parent folder {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise InputError(f"--output {output}: cannot write into {parent} (permission denied)")
+        return None
+    if not os.listdir(output):
+        return None
+    try:
+        with open(os.path.join(output, MARKER), encoding="utf-8") as f:
+            existing = json.load(f)
+    except (OSError, ValueError):
+        raise InputError(f"--output {output} holds other files, not an export of this command (no {MARKER}); "
+                         "choose another folder") from None
+    return existing
+
+
+def export(captioner: Captioner, output: str, model_dir: str, overwrite: bool = False) -> str:
+    """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``."""
+    trained = captioner.trained
+    record = {"model_dir": os.path.abspath(model_dir), "checkpoint": os.path.basename(trained.checkpoint),
+              "step": trained.step, "decode": dict(captioner.options)}
+    existing = check_output(output, model_dir, overwrite)
+    if existing is not None:
+        if existing == record:
+            return output  # this very export is there already
+        if not overwrite:
+            raise InputError(f"{output} holds another export ({existing.get('checkpoint')}, "
+                             f"{existing.get('decode')}); pass --overwrite to replace it")
+    target = os.path.realpath(output)
+    tmp, old = f"{target}.tmp{os.getpid()}", f"{target}.old{os.getpid()}"
     server = CaptionServer(captioner)
-    tmp = f"{output.rstrip('/')}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve})
-    if os.path.exists(output):
-        shutil.rmtree(output)
-    os.replace(tmp, output)
+    moved_aside = False
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve})
+        atomic_write_json(os.path.join(tmp, MARKER), record)
+        if os.path.isdir(target):
+            os.replace(target, old)
+            moved_aside = True
+        os.replace(tmp, target)
+        moved_aside = False
+    except (OSError, tf.errors.OpError) as e:
+        raise disk_full_error(e, output, "the export") or e
+    finally:
+        if moved_aside:  # the new export did not make it: the old one goes back
+            os.replace(old, target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return output

@@ -29,10 +29,10 @@ Worked example::
 from __future__ import annotations
 
 import collections
-import os
 from typing import Iterable, Sequence
 
 from captioning.errors import InputError
+from captioning.fileio import atomic_write_text
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 RESERVED = (PAD, START, END, UNK)
@@ -72,10 +72,7 @@ class Vocabulary:
 
     def save(self, path: str) -> None:
         """Writes one token per line, atomically (a temporary file renamed into place)."""
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(word + "\n" for word in self.words))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(word + "\n" for word in self.words))
 
     def __len__(self) -> int:
         return len(self.words)

@@ -306,7 +306,7 @@ def _prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextli
                 os.remove(os.path.join(out, name))
         _clear_partial(partial)
     for name in os.listdir(out):  # leftovers of a killed run are never valid
-        if (name.endswith(".tmp") and is_shard_name(name[:-4])) or name == VOCAB + ".tmp" or \
+        if (name.endswith(".tmp") and is_shard_name(name[:-4])) or name.startswith(VOCAB + ".tmp") or \
                 name.startswith(MANIFEST + ".tmp"):
             os.remove(os.path.join(out, name))
 

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from PIL import Image
 from captioning.caption import Result, gallery_html
 from captioning.evaluate import evaluate, most_frequent_caption
 from captioning.metrics import METRICS
+from tests.conftest import REPO as REPO_ROOT
 from tests.conftest import encode, gradient, huge_jpeg, run_cli
 
 
@@ -167,3 +169,44 @@ def test_export_round_trip_in_a_process_without_the_project(trained_model_dir, u
     for s, c in zip(served, captioned):
         assert s["captions"] == [x["caption"] for x in c["captions"]]
         assert s["log_probs"] == pytest.approx([x["log_prob"] for x in c["captions"]], abs=1e-4)
+
+
+def test_export_never_replaces_what_it_did_not_write(trained_model_dir, tmp_path):
+    """--overwrite replaces only an earlier export: not the model folder, a folder above it, the working
+    directory, a folder of a user's files, or a file; those are refused in one line, before any work."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model_dir)
+    home = tmp_path / "home"
+    (home / "sub").mkdir(parents=True)
+    (home / "thesis.tex").write_text("\\documentclass{article}")
+    (home / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    (home / "notes.txt").write_text("a file, not a folder")
+    before = {p: sorted(os.listdir(p)) for p in (model_dir, home, home / "sub")}
+    cases = [(str(model_dir), str(REPO_ROOT), "is the model folder or a folder above it"),
+             (str(tmp_path), str(REPO_ROOT), "is the model folder or a folder above it"),
+             (".", str(home), "is the working directory or a folder above it"),
+             ("..", str(home / "sub"), "is the working directory or a folder above it"),
+             (str(home / "sub"), str(REPO_ROOT), "holds other files, not an export of this command"),
+             (str(home / "notes.txt"), str(REPO_ROOT), "is a file; export writes a folder"),
+             (str(home / "no" / "such" / "place"), str(REPO_ROOT), "does not exist")]
+    for output, cwd, message in cases:
+        result = run_cli("export", "--model-dir", str(model_dir), "--output", output, "--overwrite", cwd=cwd)
+        assert result.returncode == 2, (output, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert message in lines[-1] and "Traceback" not in result.stderr, (output, result.stderr[-2000:])
+        assert {p: sorted(os.listdir(p)) for p in before} == before  # nothing deleted, nothing written
+
+
+def test_export_again_is_a_no_op_and_overwrite_swaps_in_a_complete_export(trained_model_dir, tmp_path):
+    out = tmp_path / "export"
+    assert run_cli("export", "--model-dir", trained_model_dir, "--output", str(out)).returncode == 0
+    marker = json.loads((out / "captioning_export.json").read_text())
+    assert marker["step"] == 60 and marker["decode"]["beam_size"] == 3
+    stamp = os.stat(out / "saved_model.pb").st_mtime_ns
+    again = run_cli("export", "--model-dir", trained_model_dir, "--output", str(out))  # same checkpoint, settings
+    assert again.returncode == 0 and os.stat(out / "saved_model.pb").st_mtime_ns == stamp
+    other = run_cli("export", "--model-dir", trained_model_dir, "--output", str(out), "--beam-size", "2",
+                    "--overwrite")
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert json.loads((out / "captioning_export.json").read_text())["decode"]["beam_size"] == 2
+    assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary or old folder left beside it
