@@ -56,14 +56,12 @@ and the autotuner spreads single images over however many cores a machine has.
 from __future__ import annotations
 
 import functools
-import glob
 import math
-import os
 from typing import Callable
 
 import tensorflow as tf
 
-from captioning import integrity, schema
+from captioning import disk_cache, integrity, schema
 from captioning.config import DataConfig
 from captioning.errors import InputError
 from captioning.vocab import PAD_ID
@@ -326,14 +324,14 @@ def _length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, spli
 
 
 def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
-                 feature_fn: Callable | None = None, cache_path: str | None = None,
+                 feature_fn: Callable | None = None, cache_dir: str | None = None,
                  repeat: bool | None = None, max_images: int | None = None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
 
     ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
     repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
     that and sees every caption once. ``feature_fn`` is required for ``cache: features``;
-    ``cache_path`` is the file prefix for ``cache: disk``. ``max_images`` limits evaluation to the first
+    ``cache_dir`` is the folder of ``cache: disk``'s files (:mod:`captioning.disk_cache`). ``max_images`` limits evaluation to the first
     images (the same ones ``image_dataset`` gives).
     """
     if max_images and training:
@@ -364,12 +362,13 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         elif cfg.cache == "memory":
             ds = images_of().cache()
         else:
-            if not cache_path:
-                raise ValueError("cache: disk needs a cache_path")
-            os.makedirs(os.path.dirname(cache_path) or ".", exist_ok=True)
-            for stale in glob.glob(cache_path + "*.lockfile"):  # left by a killed run: never valid
-                os.remove(stale)
-            ds = images_of().cache(cache_path)
+            if not cache_dir:
+                raise ValueError("cache: disk needs a cache_dir")
+            n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
+            prefix, cache_key = disk_cache.cache_prefix(cache_dir, schema.read_manifest(cfg.dir), cfg.dir, split,
+                                                        cfg.resize_size, cfg.skip_corrupt, i, n, max_images)
+            disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
+            ds = images_of().cache(prefix)
         if repeat:
             ds = ds.repeat()
         if training:  # the cache holds the first epoch's order: shuffle again on every pass

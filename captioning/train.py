@@ -89,7 +89,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import config as config_lib
-from captioning import distribute, schema
+from captioning import disk_cache, distribute, schema
 from captioning.augment import color_jitter
 from captioning.decode import beam_search, ids_to_text
 from captioning.errors import InputError
@@ -382,6 +382,7 @@ class Trainer:
     def __init__(self, cfg: config_lib.Config, model_dir: str, strategy: tf.distribute.Strategy | None = None):
         config_lib.validate(cfg)
         self.cfg, self.model_dir = cfg, model_dir
+        self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
         self.manifest = schema.read_manifest(cfg.data.dir)
         for split in (cfg.data.train_split, cfg.data.eval_split):
             schema.split_files(cfg.data.dir, self.manifest, split)  # clear error for a missing split
@@ -390,6 +391,8 @@ class Trainer:
         self.chief = distribute.is_chief(self.strategy)
         # checks only: config.yaml and vocab.txt are written once the checkpoint is known to fit
         previous = prepare_model_dir(model_dir, cfg, self.vocab, chief=False)
+        if cfg.data.cache == "disk":
+            disk_cache.check_folder(self.cache_dir)
         replicas = self.strategy.num_replicas_in_sync
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
@@ -469,10 +472,8 @@ class Trainer:
 
         def dataset_fn(input_context):
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
-            cache_path = os.path.join(cfg.data.cache_dir or os.path.join(self.model_dir, "cache"),
-                                      f"{split}-{input_context.input_pipeline_id}")
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
-                                feature_fn=self._feature_fn(), cache_path=cache_path)
+                                feature_fn=self._feature_fn(), cache_dir=self.cache_dir)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 

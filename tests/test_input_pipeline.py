@@ -6,6 +6,7 @@ per-replica sharding and the crops.
 """
 
 import collections
+import glob
 import itertools
 import math
 import os
@@ -222,21 +223,21 @@ def test_caches_give_the_same_examples(data_dir, tmp_path):
     assert_same(batches(memory))
     assert_same(batches(memory))  # the second pass reads the in-memory cache
 
-    cache_path = str(tmp_path / "cache" / "train")
-    disk = build("disk", cache_path=cache_path)
+    cache_dir = str(tmp_path / "cache")
+    disk = build("disk", cache_dir=cache_dir)
     assert_same(batches(disk))
-    assert os.path.exists(cache_path + ".index")
+    assert len(glob.glob(os.path.join(cache_dir, "train-*-0of1.index"))) == 1
     for name in os.listdir(own):  # zeroed, same size: unreadable, yet the manifest's sizes still match
         if name.endswith(".tfrecord"):
             path = os.path.join(own, name)
             with open(path, "r+b") as f:
                 f.write(bytes(os.path.getsize(path)))
     assert_same(batches(disk))  # the records are unreadable: only the cache can give these
-    assert_same(batches(build("disk", cache_path=cache_path)))  # a new pipeline reuses the cache
+    assert_same(batches(build("disk", cache_dir=cache_dir)))  # a new pipeline reuses the cache
     with pytest.raises(tf.errors.DataLossError):
         batches(build("none"))  # without the cache the shards really are unreadable
 
-    with pytest.raises(ValueError, match="cache_path"):
+    with pytest.raises(ValueError, match="cache_dir"):
         build("disk")
 
 

@@ -1,0 +1,104 @@
+"""data.cache: disk serves only what it was written from: another dataset, size or sharding never reads
+it; a cache cut short by a killed run is never read; a live writer is not disturbed."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from captioning.config import DataConfig
+from captioning.errors import InputError
+from captioning.input_pipeline import make_dataset
+from data_prep.prepare import PrepareOptions, prepare
+from tests.conftest import REPO
+
+SLOW_WRITER = """
+import sys, time
+from captioning.config import DataConfig
+from captioning.input_pipeline import make_dataset
+cfg = DataConfig(dir=sys.argv[1], image_size=32, resize_size=40, cache="disk", shuffle_buffer=2, length_window=1)
+for i, batch in enumerate(make_dataset(cfg, "train", training=True, batch_size=2, cache_dir=sys.argv[2])):
+    print(i, flush=True)
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def small_dir(shapes_dir, tmp_path_factory):
+    """Another dataset: a train split of 4 images (the fixture's val annotations)."""
+    out = str(tmp_path_factory.mktemp("small"))
+    prepare(PrepareOptions(output_dir=out, split=[f"train={shapes_dir}/annotations/captions_val.json:"
+                                                  f"{shapes_dir}/images"], workers=1, min_word_count=1),
+            progress=False)
+    return out
+
+
+def epoch(data_dir, cache_dir, **kw):
+    """(captions, image shape) of one evaluation pass over train through the disk cache."""
+    cfg = DataConfig(dir=data_dir, image_size=kw.pop("image_size", 32), resize_size=kw.pop("resize_size", 40),
+                     cache="disk", **kw)
+    count, shape = 0, None
+    for batch in make_dataset(cfg, "train", training=False, batch_size=16, cache_dir=cache_dir):
+        count += int(batch["input_ids"].shape[0])
+        shape = tuple(batch["image"].shape[1:])
+    return count, shape
+
+
+def test_a_cache_of_other_data_or_sizes_is_never_read(prepared_dir, small_dir, tmp_path):
+    cache = str(tmp_path / "cache")
+    assert epoch(prepared_dir, cache) == (160, (32, 32, 3))  # 32 images, 5 captions each: written
+    assert epoch(prepared_dir, cache) == (160, (32, 32, 3))  # read back
+    assert epoch(small_dir, cache) == (20, (32, 32, 3))  # another dataset: its own 20 captions
+    assert epoch(prepared_dir, cache, image_size=48, resize_size=56) == (160, (48, 48, 3))  # other size
+    assert epoch(prepared_dir, cache, skip_corrupt=True) == (160, (32, 32, 3))
+    assert len(glob.glob(os.path.join(cache, "*.index"))) == 4  # four keys, four complete caches
+    assert len(glob.glob(os.path.join(cache, "*.json"))) == 4  # each says what it holds
+
+
+def start_writer(data_dir, cache_dir, tmp_path):
+    out = tmp_path / "writer.out"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, data_dir, cache_dir], stdout=open(out, "w"),
+                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    deadline = time.time() + 120
+    while time.time() < deadline:  # a few batches out: the cache is being written
+        if len(out.read_text().split()) >= 3 and glob.glob(os.path.join(cache_dir, "*.lockfile")):
+            return proc
+        assert proc.poll() is None, out.read_text()[-2000:]
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the writer never started writing")
+
+
+def test_a_live_writer_is_left_alone_and_a_killed_ones_cache_is_never_read(prepared_dir, tmp_path):
+    cache = str(tmp_path / "cache")
+    writer = start_writer(prepared_dir, cache, tmp_path)
+    try:
+        with pytest.raises(InputError, match="another process is writing the cache"):
+            epoch(prepared_dir, cache)
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    left = os.listdir(cache)
+    assert not [n for n in left if n.endswith(".index")]  # cut short: no complete cache
+    assert [n for n in left if n.endswith(".lockfile")]  # and TF's lockfile, which would block a writer
+    assert epoch(prepared_dir, cache) == (160, (32, 32, 3))  # a whole epoch, written afresh
+    assert not [n for n in os.listdir(cache) if "lockfile" in n or "tempstate" in n]
+    assert epoch(prepared_dir, cache) == (160, (32, 32, 3))
+
+
+def test_train_refuses_a_cache_dir_it_cannot_write(prepared_dir, tmp_path):
+    from captioning.train import Trainer
+    from tests.conftest import small_train_config
+
+    (tmp_path / "a_file").write_text("x")
+    for cache_dir, message in ((tmp_path / "a_file", "cannot create it"),
+                               (tmp_path / "a_file" / "below", "cannot create it"),
+                               ("/proc/captioning-cache", "cannot create it")):
+        cfg = small_train_config(prepared_dir, "data.cache=disk", f"data.cache_dir={cache_dir}")
+        with pytest.raises(InputError, match=f"data.cache_dir {cache_dir}: {message}"):
+            Trainer(cfg, str(tmp_path / "model"))
+        assert not os.path.exists(tmp_path / "model" / "config.yaml")  # refused before writing anything
