@@ -51,17 +51,20 @@ class Result:
 
 
 def collect_paths(paths: list[str]) -> list[str]:
-    """Files as given, and the image files of folders (sorted by name)."""
+    """Files as given, and the image files of folders (sorted by name). A path that does not exist stays
+    in the list (it gets its own error line, like any unreadable file); only when nothing at all is
+    left to try — no given path exists, or folders without image files — is it an InputError."""
     extensions = {ext.lower() for ext in Image.registered_extensions()}
     files = []
     for path in paths:
         if os.path.isdir(path):
             inside = sorted(os.path.join(path, n) for n in os.listdir(path))
             files += [p for p in inside if os.path.isfile(p) and os.path.splitext(p)[1].lower() in extensions]
-        elif os.path.exists(path):
-            files.append(path)
         else:
-            raise InputError(f"{path} does not exist")
+            files.append(path)
+    if not any(os.path.exists(p) for p in paths):
+        raise InputError(f"{paths[0]} does not exist" if len(paths) == 1 else
+                         f"none of the {len(paths)} paths exists (e.g. {paths[0]})")
     if not files:
         raise InputError(f"no image files in {', '.join(paths)}")
     return files
@@ -72,6 +75,8 @@ def read_for_model(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             data = f.read()
+    except FileNotFoundError:
+        raise ImageError("does not exist") from None
     except OSError as e:
         raise ImageError(f"cannot read: {e.strerror}") from None
     encoded, _, _ = process_image(data, keep=("JPEG", "PNG"), output="PNG", max_side=MAX_SIDE,
@@ -120,25 +125,28 @@ def gallery_html(results: list[Result], title: str = "captioning gallery") -> st
     """A self-contained HTML page; every caption and file name is escaped."""
     cards = []
     for r in results:
-        name = html.escape(os.path.basename(r.path))
+        name = html.escape(r.path)  # as given: two photo.jpg in different folders must look different
         if r.error:
             body = f'<p class="error">{html.escape(r.error)}</p>'
             image = ""
         else:
             items = "".join(f"<li>{html.escape(c)} <span class=\"score\">{lp:.2f}</span></li>" for c, lp in r.captions)
             body = f"<ol>{items}</ol>"
-            image = f'<img src="{_thumbnail(r.data)}" alt="{name}">'
+            image = f'<img src="{_thumbnail(r.data)}" alt="{html.escape(os.path.basename(r.path))}">'
         cards.append(f'<figure>{image}<figcaption><b>{name}</b>{body}</figcaption></figure>')
     style = ("body{font-family:sans-serif;margin:2em;background:#fafafa}figure{display:inline-block;vertical-align:top;"
              "width:280px;margin:0 1em 1em 0;background:#fff;padding:.6em;border:1px solid #ddd}img{max-width:256px}"
-             ".score{color:#888;font-size:80%}.error{color:#b00}ol{padding-left:1.2em}")
+             ".score{color:#888;font-size:80%}.error{color:#b00}ol{padding-left:1.2em}b{word-break:break-all}")
+    legend = ('<p class="legend">Each image with its captions, best first. The grey number after a caption is its '
+              "log-probability under the model: the sum of the log-probabilities of its words and of the end of "
+              "the caption (0 would be certain; closer to 0 is more likely).</p>")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>\n" + "\n".join(cards) +
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>\n{legend}\n" + "\n".join(cards) +
             "\n</body></html>\n")
 
 
 def write_gallery(path: str, results: list[Result], title: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Writes the gallery atomically; the caller checked ``path`` first (``fileio.check_output_file``)."""
     atomic_write_bytes(path, gallery_html(results, title).encode("utf-8"))
 
 

@@ -12,13 +12,54 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
 from captioning import __version__
 from captioning.errors import InputError
+from captioning.fileio import check_output_file
 
 log = logging.getLogger("captioning")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``captioning evaluate: error: argument --batch-size: must be
+    an integer of at least 1, got 0 (see captioning evaluate --help)`` and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _finite_at_least(low: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"must be a finite number of at least {low:g}, got {text}")
+        return value
+
+    parse.__name__ = f"number >= {low:g}"
+    return parse
+
+
+POSITIVE, NATURAL = _int_at_least(1), _int_at_least(0)
 
 
 def _key_int(text: str) -> tuple[str, int]:
@@ -40,8 +81,9 @@ def _add_synth(sub) -> None:
                     ".json) plus Karpathy's dataset_coco.json layout (annotations/dataset_shapes.json). "
                     "Splits are 80/10/10. The same seed gives byte-identical files.")
     p.add_argument("--output-dir", required=True, help="folder to write images/ and annotations/ into")
-    p.add_argument("--num-images", type=int, default=2000, help="number of images in all splits (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes (default 0)")
+    p.add_argument("--num-images", type=_int_at_least(3), default=2000,
+                   help="number of images in all splits, at least 3 (default 2000)")
+    p.add_argument("--seed", type=NATURAL, default=0, help="random seed; same seed, same bytes (default 0)")
     p.add_argument("--overwrite", action="store_true", help="write even if --output-dir is not empty")
     p.set_defaults(handler=_run_synth)
 
@@ -81,23 +123,23 @@ def _add_prepare(sub) -> None:
     out.add_argument("--shards", action="append", default=[], type=_key_int, metavar="NAME=N",
                      help="number of shards of a split; repeat per split "
                           "(default: max(4, ceil(images / --images-per-shard)))")
-    out.add_argument("--images-per-shard", type=int, default=1000,
+    out.add_argument("--images-per-shard", type=POSITIVE, default=1000,
                      help="images per shard when --shards does not say (default 1000, ~150 MB for COCO)")
-    out.add_argument("--shorter-side", type=int, default=None, metavar="PX",
+    out.add_argument("--shorter-side", type=_int_at_least(8), default=None, metavar="PX",
                      help="downscale images whose shorter side is larger to PX pixels (default: keep size)")
-    out.add_argument("--jpeg-quality", type=int, default=95,
+    out.add_argument("--jpeg-quality", type=POSITIVE, default=95,
                      help="JPEG quality for images that must be re-encoded (default 95)")
-    out.add_argument("--seed", type=int, default=0, help="seed of the image order within shards (default 0)")
+    out.add_argument("--seed", type=NATURAL, default=0, help="seed of the image order within shards (default 0)")
     txt = p.add_argument_group("captions and vocabulary")
-    txt.add_argument("--min-word-count", type=int, default=4,
+    txt.add_argument("--min-word-count", type=POSITIVE, default=4,
                      help="words seen fewer times in train captions become <unk> (default 4, as im2txt)")
-    txt.add_argument("--max-caption-length", type=int, default=20,
+    txt.add_argument("--max-caption-length", type=POSITIVE, default=20,
                      help="clip captions to this many words, <start>/<end> not counted (default 20)")
     txt.add_argument("--keep-punctuation", action="store_true",
                      help="keep punctuation tokens (default: drop them, as Karpathy's split does)")
     txt.add_argument("--vocab", metavar="FILE", help="use this vocab.txt instead of building one from train")
     run = p.add_argument_group("running")
-    run.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    run.add_argument("--workers", type=POSITIVE, default=os.cpu_count() or 1,
                      help=f"processes writing shards in parallel (default: the cores, here {os.cpu_count()})")
     run.add_argument("--strict", action="store_true", help="fail on the first image that would be skipped")
     run.add_argument("--overwrite", action="store_true", help="replace a prepared dataset in --output-dir")
@@ -165,9 +207,10 @@ def _run_train(args) -> int:
 
 
 def _decoding_flags(p) -> None:
-    p.add_argument("--beam-size", type=int, default=3, help="beam width; 1 is greedy decoding (default 3, as the paper)")
-    p.add_argument("--max-length", type=int, default=20, help="longest caption in words (default 20)")
-    p.add_argument("--length-normalization", type=float, default=0.0, metavar="ALPHA",
+    p.add_argument("--beam-size", type=POSITIVE, default=3,
+                   help="beam width; 1 is greedy decoding (default 3, as the paper)")
+    p.add_argument("--max-length", type=POSITIVE, default=20, help="longest caption in words (default 20)")
+    p.add_argument("--length-normalization", type=_finite_at_least(0.0), default=0.0, metavar="ALPHA",
                    help="rank complete captions by log_prob / length^ALPHA (default 0: by log_prob)")
 
 
@@ -189,9 +232,9 @@ def _add_evaluate(sub) -> None:
                     "TensorBoard scalars under logs/eval_<split>.")
     p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
     p.add_argument("--split", default="test", help="split of the prepared dataset (default test)")
-    p.add_argument("--max-images", type=int, default=None, help="only the first N images of the split")
+    p.add_argument("--max-images", type=POSITIVE, default=None, help="only the first N images of the split")
     _decoding_flags(p)
-    p.add_argument("--batch-size", type=int, default=32, help="images decoded together (default 32)")
+    p.add_argument("--batch-size", type=POSITIVE, default=32, help="images decoded together (default 32)")
     p.add_argument("--data-dir", help="the prepared dataset, if not where the training config says")
     p.add_argument("--spice", action="store_true",
                    help="also compute SPICE (needs Stanford CoreNLP models that its first run downloads)")
@@ -205,8 +248,6 @@ def _run_evaluate(args) -> int:
     from captioning.evaluate import evaluate
     from captioning.metrics import format_table
 
-    if args.max_images is not None and args.max_images < 1:
-        raise InputError("--max-images must be at least 1")
     result = evaluate(args.model_dir, split=args.split, beam_size=args.beam_size, max_images=args.max_images,
                       max_length=args.max_length, length_normalization=args.length_normalization,
                       batch_size=args.batch_size, data_dir=args.data_dir, spice=args.spice,
@@ -237,6 +278,8 @@ def _run_score(args) -> int:
     from captioning.fileio import atomic_write_json
     from captioning.metrics import format_table, score_files
 
+    if args.json:
+        check_output_file(args.json, "--json")  # before the scoring, not after it
     scores = score_files(args.annotations, args.results, spice=args.spice)
     print(format_table({"results": scores}))
     if args.json:
@@ -253,7 +296,7 @@ def _add_caption(sub) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
     p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
     _decoding_flags(p)
-    p.add_argument("--top-k", type=int, default=1, help="captions per image, best first (at most --beam-size)")
+    p.add_argument("--top-k", type=POSITIVE, default=1, help="captions per image, best first (at most --beam-size)")
     p.add_argument("--json", action="store_true", help="print one JSON object per image instead of text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML gallery here")
     p.set_defaults(handler=_run_caption)
@@ -263,6 +306,8 @@ def _run_caption(args) -> int:
     from captioning import caption
 
     files = caption.collect_paths(args.paths)
+    if args.html:
+        check_output_file(args.html, "--html")  # before the model loads, not after captioning
     captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet)
     if args.html:
@@ -279,7 +324,7 @@ def _add_export(sub) -> None:
     p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
     p.add_argument("--output", required=True, help="the SavedModel folder to write")
     _decoding_flags(p)
-    p.add_argument("--top-k", type=int, default=1, help="captions per image (at most --beam-size)")
+    p.add_argument("--top-k", type=POSITIVE, default=1, help="captions per image (at most --beam-size)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output if it holds an earlier export (never a folder of other files)")
     p.set_defaults(handler=_run_export)
@@ -319,15 +364,16 @@ def _add_benchmark(sub) -> None:
                          description="Images/s of the naive seed-style pipeline, the training input pipeline and "
                                      "bare decode + resize on the same records; padding efficiency; cache speed-ups.")
     q.add_argument("--data", metavar="DIR", help="a prepared dataset (default: COCO-like photos made in --work-dir)")
-    q.add_argument("--images", type=int, default=1000, help="photos in the train split (default 1000)")
-    q.add_argument("--cache-images", type=int, default=200, help="photos for the cache epochs (default 200)")
+    q.add_argument("--images", type=POSITIVE, default=1000, help="photos in the train split (default 1000)")
+    q.add_argument("--cache-images", type=POSITIVE, default=200, help="photos for the cache epochs (default 200)")
     q.add_argument("--image-size", type=_size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
     q.add_argument("--config", help="experiment config whose data and model sections to use (default: the defaults, "
                                     "im2txt's COCO recipe)")
     q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key (repeatable)")
-    q.add_argument("--measure-images", type=int, default=1500, help="images timed per measurement (default 1500)")
-    q.add_argument("--rounds", type=int, default=2, help="measurements per pipeline, best kept (default 2)")
+    q.add_argument("--measure-images", type=POSITIVE, default=1500,
+                   help="images timed per measurement (default 1500)")
+    q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements per pipeline, best kept (default 2)")
     common(q)
     q.set_defaults(handler=_run_benchmark)
 
@@ -337,29 +383,31 @@ def _add_benchmark(sub) -> None:
     q.add_argument("--config", required=True, help="experiment config, e.g. experiments/shapes.yaml")
     q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                    help="override one config key (repeatable)")
-    q.add_argument("--steps", type=int, default=300, help="measured steps (default 300)")
-    q.add_argument("--warmup", type=int, default=50, help="steps run first and not measured (default 50)")
+    q.add_argument("--steps", type=POSITIVE, default=300, help="measured steps (default 300)")
+    q.add_argument("--warmup", type=NATURAL, default=50, help="steps run first and not measured (default 50)")
     common(q, work_dir=False)
     q.set_defaults(handler=_run_benchmark)
 
     q = kinds.add_parser("decode", help="batched beam search vs one image at a time",
                          description="Captions/s of batched beam search against one image per call, same code.")
     q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
-    q.add_argument("--batch-size", type=int, default=128, help="images per batched call (default 128)")
-    q.add_argument("--images", type=int, default=256, help="images captioned in the batched measurement (default 256)")
-    q.add_argument("--beam-size", type=int, default=3, help="beam width (default 3)")
-    q.add_argument("--max-length", type=int, default=20, help="longest caption in words (default 20)")
+    q.add_argument("--batch-size", type=POSITIVE, default=128, help="images per batched call (default 128)")
+    q.add_argument("--images", type=POSITIVE, default=256,
+                   help="images captioned in the batched measurement (default 256)")
+    q.add_argument("--beam-size", type=POSITIVE, default=3, help="beam width (default 3)")
+    q.add_argument("--max-length", type=POSITIVE, default=20, help="longest caption in words (default 20)")
     common(q, work_dir=False)
     q.set_defaults(handler=_run_benchmark)
 
     q = kinds.add_parser("prepare", help="prepare with all workers vs one worker vs the one-core ceiling",
                          description="Images/s of `prepare` with one worker per core and with one worker, and the "
                                      "one-core rate of its bare per-image work (decode, resize, re-encode).")
-    q.add_argument("--images", type=int, default=1000, help="photos to prepare (default 1000)")
+    q.add_argument("--images", type=POSITIVE, default=1000, help="photos to prepare (default 1000)")
     q.add_argument("--image-size", type=_size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
-    q.add_argument("--shorter-side", type=int, default=346, help="prepare's --shorter-side (default 346; 0: keep size)")
-    q.add_argument("--workers", type=int, default=None, help="workers of the parallel run (default: the cores)")
-    q.add_argument("--rounds", type=int, default=2, help="measurements of each, best kept (default 2)")
+    q.add_argument("--shorter-side", type=NATURAL, default=346,
+                   help="prepare's --shorter-side (default 346; 0: keep size)")
+    q.add_argument("--workers", type=POSITIVE, default=None, help="workers of the parallel run (default: the cores)")
+    q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements of each, best kept (default 2)")
     common(q)
     q.set_defaults(handler=_run_benchmark)
 
@@ -384,8 +432,6 @@ def _run_benchmark(args) -> int:
     else:
         from captioning.benchmarks import prepare as bench
 
-        if args.workers is not None and args.workers < 1:
-            raise InputError("--workers must be at least 1")
         result = bench.run(args.images, args.image_size, args.shorter_side or None, workers=args.workers,
                            work_dir=args.work_dir, rounds=args.rounds, progress=not args.quiet)
     print(bench.summary(result))
@@ -398,7 +444,7 @@ _USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="captioning", description="Show-and-Tell image captioning on TensorFlow 2: prepare data, "
                                        "train, evaluate, caption.")
     parser.add_argument("--version", action="version", version=f"captioning {__version__}")

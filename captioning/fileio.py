@@ -57,3 +57,36 @@ def atomic_write_text(path: str, text: str) -> None:
 def atomic_write_json(path: str, obj, indent: int | None = 1) -> None:
     """JSON with sorted keys (same object, same bytes), written atomically."""
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def make_dirs(path: str, what: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, or one line naming ``what`` (e.g. ``--output-dir``) and why
+    not: a file in the way, a path under a file or under ``/proc`` or ``/sys``, no permission."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{what} {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
+
+
+def check_output_file(path: str, what: str) -> None:
+    """Makes sure ``path`` can be written *before* the work that produces it: not a folder, its folder
+    created if missing, and a file really can be created there (a probe file, removed at once: only
+    trying tells a read-only or pseudo file system, even for root). One line naming ``what`` otherwise."""
+    if os.path.isdir(path):
+        raise InputError(f"{what} {path} is a folder; give a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise InputError(f"{what} {path}: {folder} is a file, not a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{what} {path}: cannot create its folder {folder} ({e.strerror or e})") from None
+    probe = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(probe, "wb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{what} {path}: cannot write it ({e.strerror or e})") from None
+    os.remove(probe)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -104,42 +105,77 @@ def _spice():
     return spice_module.Spice()
 
 
-def score_files(annotations_path: str, results_path: str, spice: bool = False) -> dict[str, float]:
-    """Scores a COCO results file (``[{"image_id", "caption"}]``) against COCO caption annotations, as the
-    COCO caption evaluation does: every image of the results file, against all its references."""
-    import json
-
-    from pycocotools.coco import COCO
-
-    for path, what in ((annotations_path, "annotations"), (results_path, "results")):
-        if not os.path.isfile(path):
-            raise InputError(f"{what} file {path} does not exist")
+def _read_json(path: str, what: str):
+    if os.path.isdir(path):
+        raise InputError(f"{what} {path} is a folder, not a JSON file")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            coco = COCO(annotations_path)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise InputError(f"annotations file {annotations_path} is not valid JSON: {e}") from None
-    try:
-        with open(results_path, encoding="utf-8") as f:
-            results = json.load(f)
-    except json.JSONDecodeError as e:
-        raise InputError(f"results file {results_path} is not valid JSON: {e}") from None
+        raise InputError(f"{what} {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+
+
+def _check_annotations(data, path: str) -> None:
+    what = f"annotations file {path}"
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
+            or not isinstance(data.get("annotations"), list):
+        raise InputError(f"{what} is not COCO caption annotations: it needs 'images' and 'annotations' lists")
+    for image in data["images"]:
+        if not isinstance(image, dict) or "id" not in image:
+            raise InputError(f"{what}: every image needs an 'id', got {str(image)[:80]}")
+    for ann in data["annotations"]:
+        if not isinstance(ann, dict) or "image_id" not in ann or not isinstance(ann.get("caption"), str):
+            raise InputError(f"{what}: every annotation needs an 'image_id' and a 'caption' string "
+                             f"(is this an instances file?), got {str(ann)[:80]}")
+
+
+def _check_results(results, path: str) -> None:
+    what = f"results file {path}"
     if not isinstance(results, list) or not all(isinstance(r, dict) and {"image_id", "caption"} <= set(r)
                                                 for r in results):
-        raise InputError(f"results file {results_path} must be a list of {{\"image_id\", \"caption\"}} objects")
+        raise InputError(f"{what} must be a list of {{\"image_id\", \"caption\"}} objects")
+    if not results:
+        raise InputError(f"{what} holds no captions (an empty list)")
+    seen = set()
+    for r in results:
+        if not isinstance(r["caption"], str):
+            raise InputError(f"{what}: the caption of image {r['image_id']!r} is not a string: {str(r['caption'])[:60]}")
+        if isinstance(r["image_id"], bool) or not isinstance(r["image_id"], int):
+            raise InputError(f"{what}: image ids must be integers, got {r['image_id']!r}")
+        if r["image_id"] in seen:
+            raise InputError(f"{what} has two captions for image {r['image_id']}")
+        seen.add(r["image_id"])
+
+
+def score_files(annotations_path: str, results_path: str, spice: bool = False) -> dict[str, float]:
+    """Scores a COCO results file (``[{"image_id", "caption"}]``) against COCO caption annotations, as the
+    COCO caption evaluation does: every image of the results file, against all its references. Both
+    files are read and checked in full before any scoring (one-line InputErrors: missing, not UTF-8,
+    not JSON, the wrong layout, the two files swapped, no captions, a caption that is not a string)."""
+    from pycocotools.coco import COCO
+
+    annotations = _read_json(annotations_path, "annotations file")
+    results = _read_json(results_path, "results file")
+    if isinstance(annotations, list) and isinstance(results, dict) and "annotations" in results:
+        raise InputError(f"the annotations and results files look swapped: {annotations_path} is a results list "
+                         f"and {results_path} holds annotations; pass them the other way round")
+    _check_annotations(annotations, annotations_path)
+    _check_results(results, results_path)
+    coco = COCO()
+    coco.dataset = annotations
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+        coco.createIndex()
     unknown = sorted({r["image_id"] for r in results} - set(coco.getImgIds()))
     if unknown:
         raise InputError(f"results file {results_path} has image ids not in {annotations_path}, e.g. {unknown[0]}")
-    seen = set()
-    for r in results:
-        if r["image_id"] in seen:
-            raise InputError(f"results file {results_path} has two captions for image {r['image_id']}")
-        seen.add(r["image_id"])
-    with contextlib.redirect_stdout(io.StringIO()):
-        res = coco.loadRes(results)
-    ids = res.getImgIds()
-    references = {i: [a["caption"] for a in coco.imgToAnns[i]] for i in ids}
-    candidates = {i: res.imgToAnns[i][0]["caption"] for i in ids}
+    references = {r["image_id"]: [a["caption"] for a in coco.imgToAnns[r["image_id"]]] for r in results}
+    candidates = {r["image_id"]: r["caption"] for r in results}
     return coco_metrics(references, candidates, spice=spice)
 
 

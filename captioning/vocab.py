@@ -68,7 +68,12 @@ class Vocabulary:
                 words = [line.rstrip("\n") for line in f]
         except OSError as e:
             raise InputError(f"cannot read vocabulary {path}: {e.strerror}") from None
-        return cls(words)
+        except UnicodeDecodeError as e:
+            raise InputError(f"vocabulary {path} is not UTF-8 text (byte {e.start}): not a vocab.txt") from None
+        try:
+            return cls(words)
+        except InputError as e:
+            raise InputError(f"vocabulary {path} is damaged or not a vocab.txt: {e}") from None
 
     def save(self, path: str) -> None:
         """Writes one token per line, atomically (a temporary file renamed into place)."""

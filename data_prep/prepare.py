@@ -56,7 +56,7 @@ from captioning import vocab as vocab_lib
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
 from data_prep import sources as sources_lib
-from captioning.fileio import atomic_write_json
+from captioning.fileio import atomic_write_json, make_dirs
 from data_prep.writer import (RUN_LOCK_BYTE, WRITERS_LOCK_BYTE, Item, ShardTask, init_worker, run_in_worker,
                               write_shard)
 
@@ -213,6 +213,27 @@ def _tokenize(splits, opts) -> tuple[dict, list, dict]:
         usable[name] = kept
         counts[name] = {"empty_captions": empty, "clipped_captions": clipped}
     return usable, skipped, counts
+
+
+def _check_image_files(usable: dict) -> None:
+    """A split none of whose image files exists is refused before anything is written (a wrong images
+    folder, the usual cause); single missing files are skipped later, with the reason, like any
+    unreadable image."""
+    for name, entries in usable.items():
+        if not any(os.path.isfile(e.path) for e in entries):
+            raise InputError(f"split {name!r}: none of its {len(entries)} image files exists (e.g. "
+                             f"{entries[0].path}); check the images folder")
+
+
+def _discard(out: str, tasks: list[ShardTask]) -> None:
+    """Removes what a failed run wrote into ``out``: its shards, vocab.txt and .partial/. (The lock file
+    goes too: this run writes nothing more, and a new run may start as soon as it has raised.)"""
+    from captioning.schema import VOCAB
+
+    for path in [t.path for t in tasks] + [os.path.join(out, VOCAB)]:
+        if os.path.exists(path):
+            os.remove(path)
+    shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
 
 
 def _plan(usable, opts, streamed: bool, vocab) -> list[ShardTask]:
@@ -408,6 +429,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
     from captioning.schema import FORMAT_VERSION, MANIFEST, VOCAB
 
     opts.check()
+    make_dirs(opts.output_dir, "--output-dir")  # a file, under a file, /proc, no permission: before any work
     source = make_source(opts)
     log.info("reading annotations (%s)", source.describe()["kind"])
     splits = source.load()
@@ -420,6 +442,8 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
             raise InputError(f"split {name!r}: no image has a usable caption")
     if skipped and opts.strict:
         raise InputError(f"--strict: {skipped[0]['image']} skipped ({skipped[0]['reason']})")
+    if not source.streamed:
+        _check_image_files(usable)
 
     if opts.vocab:
         vocab = vocab_lib.Vocabulary.load(opts.vocab)
@@ -475,6 +499,9 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
         split_skipped = [x for s in stats for x in s["skipped"]]
         all_skipped.extend(split_skipped)
         if images == 0:
+            # Nothing this run wrote can be used (nor resumed): remove it, so the folder does not look
+            # like an interrupted run with 0-record shards under final names.
+            _discard(opts.output_dir, tasks)
             first = split_skipped[0] if split_skipped else {"image": "?", "reason": "?"}
             raise InputError(f"split {name!r}: no usable image is left ({len(split_skipped)} skipped; "
                              f"first: {first['image']}: {first['reason']})")

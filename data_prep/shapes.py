@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,7 @@ from tqdm import tqdm
 
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
-from captioning.fileio import atomic_write_bytes, atomic_write_json
+from captioning.fileio import atomic_write_bytes, atomic_write_json, make_dirs
 
 COLORS = {
     "red": (215, 35, 35),
@@ -65,6 +66,8 @@ POSITIONS = [  # 3x3 grid, row by row
 PICTURE = ("an image of", "a picture of", "a drawing of")
 NUMBER = {2: "two", 3: "three"}
 SPLITS = ("train", "val", "test")
+IMAGE_FILE = "shapes_{:06d}.jpg"
+IMAGE_NAME = re.compile(r"shapes_(\d{6,})\.jpg")
 
 
 @dataclass
@@ -243,8 +246,9 @@ def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite
     ann_dir = os.path.join(output_dir, "annotations")
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
         raise InputError(f"{output_dir} is not empty; pass --overwrite to write the shapes dataset there anyway")
-    os.makedirs(image_dir, exist_ok=True)
-    os.makedirs(ann_dir, exist_ok=True)
+    make_dirs(output_dir, "--output-dir")
+    make_dirs(image_dir, "--output-dir: the images folder")
+    make_dirs(ann_dir, "--output-dir: the annotations folder")
 
     rng = np.random.default_rng(seed)
     counts = _split_counts(num_images)
@@ -262,7 +266,7 @@ def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite
     for image_id in tqdm(range(1, num_images + 1), desc="synth", unit="img",
                          disable=None if progress else True, mininterval=0.5):
         jpeg, w, h, captions = make_image(rng)
-        file_name = f"shapes_{image_id:06d}.jpg"
+        file_name = IMAGE_FILE.format(image_id)
         atomic_write_bytes(os.path.join(image_dir, file_name), jpeg)
         split = split_of[image_id]
         coco[split]["images"].append({"id": image_id, "file_name": file_name, "width": w, "height": h,
@@ -285,6 +289,11 @@ def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite
                           {"info": info, "licenses": licenses, **coco[split]}, indent=None)
     atomic_write_json(os.path.join(ann_dir, "dataset_shapes.json"), {"dataset": "shapes", "images": karpathy},
                       indent=None)
+    # --overwrite with fewer images: images of an earlier, larger run would stay behind, unlisted
+    for name in os.listdir(image_dir):
+        match = IMAGE_NAME.fullmatch(name)
+        if match and int(match.group(1)) > num_images:
+            os.remove(os.path.join(image_dir, name))
     return counts
 
 
