@@ -485,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"captioning {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except Exception as e:  # a full disk wherever it strikes (a log, a summary): one line, not a traceback
+        from captioning.fileio import disk_full_error
+
+        error = disk_full_error(e, getattr(e, "filename", None) or "the disk", "an output")
+        if error is None:
+            raise
+        print(f"captioning {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         print(f"captioning {args.command}: interrupted", file=sys.stderr)
         return 130

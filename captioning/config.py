@@ -255,20 +255,48 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
     return layers + [(shown, data)]
 
 
-def load_config(path: str | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Defaults ← ``path`` and its bases ← ``overrides`` (``"section.key=value"`` strings)."""
+# Keys added after model folders began to record every key (none yet): a model folder's config.yaml
+# written before a key existed may lack it, and gets its default.
+ADDED_LATER: frozenset[str] = frozenset()
+
+
+def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
+    """Defaults ← ``path`` and its bases ← ``overrides`` (``"section.key=value"`` strings).
+
+    ``complete=True`` is for a config this project wrote with every key (a model folder's
+    ``config.yaml``): a missing key means the file was cut short or damaged, an InputError naming it,
+    instead of a silent default (keys in :data:`ADDED_LATER` excepted)."""
     config = Config()
+    given: set[str] = set()
     for source, data in _read_yaml(path) if path else []:
         for section, values in data.items():
             if section not in _owner:
                 raise _unknown(str(section))
             _set_section(config, section, values, f"config {source}")
+            given.update(f"{section}.{k}" for k in (values or {}))
+    if complete:
+        missing = [k for k in all_keys() if k not in given and k not in ADDED_LATER]
+        if missing:
+            raise InputError(f"config {path} lacks {len(missing)} of its keys ({', '.join(missing[:3])}"
+                             f"{', ...' if len(missing) > 3 else ''}): it is cut short or damaged")
     for override in overrides:
         key, eq, value = override.partition("=")
         if not eq:
             raise InputError(f"--set {override!r} must look like section.key=value")
         _set(config, key.strip(), value, from_text=True)
     return config
+
+
+def with_absolute_paths(config: Config) -> Config:
+    """A copy whose file and folder paths (``data.dir``, ``data.cache_dir``, a weights file in
+    ``model.encoder_weights``) are absolute, resolved against the working directory: what a model folder
+    records, so that later commands work from any directory."""
+    out = from_dict(to_dict(config))
+    out.data.dir = os.path.abspath(out.data.dir) if out.data.dir else ""
+    out.data.cache_dir = os.path.abspath(out.data.cache_dir) if out.data.cache_dir else ""
+    if out.model.encoder_weights not in ("", "none", "imagenet"):
+        out.model.encoder_weights = os.path.abspath(out.model.encoder_weights)
+    return out
 
 
 def to_dict(config: Config) -> dict:

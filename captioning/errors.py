@@ -11,3 +11,10 @@ class InputError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
     exit_code = 2
+
+
+class DiskFullError(InputError):
+    """An output could not be written because the disk (or a quota, or the process's file-size limit) is
+    full: one line naming the path and what to free, exit code 1 (the input itself was fine)."""
+
+    exit_code = 1

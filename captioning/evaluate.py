@@ -5,12 +5,23 @@ scored against all its reference captions (the raw captions stored in the record
 :func:`captioning.metrics.coco_metrics`. Perplexity is the exponential of the mean cross-entropy per
 real word over every caption of the split (or of those images).
 
-Writes into the model folder (each under a temporary name, then renamed):
+**One result per evaluation.** A result belongs to a split, a checkpoint, decoding settings and the images
+scored, and is kept under that key in the model folder, each file written under a temporary name and
+renamed::
 
-* ``metrics.json``: ``{"metrics": {Bleu_1 … CIDEr}, "split", "checkpoint_step", "num_images",
-  "beam_size", "loss", "perplexity"}`` (plus ``"baseline"`` with ``--baseline``);
-* ``predictions.json``: the captions in COCO results format, ``[{"image_id", "caption"}]``;
-* TensorBoard scalars under ``logs/eval_<split>`` at the checkpoint's step.
+    eval/<split>-step<N>-beam<B>-len<L>-norm<A>-<all|firstK>.json              the metrics (below)
+    eval/<split>-step<N>-beam<B>-len<L>-norm<A>-<all|firstK>.predictions.json  COCO results format
+
+The metrics file holds ``{"metrics": {Bleu_1 … CIDEr}, "split", "checkpoint_step", "num_images",
+"all_images", "beam_size", "max_length", "length_normalization", "loss", "perplexity"}`` (plus
+``"baseline"`` with ``--baseline``). Evaluating with other settings or on fewer images never replaces a
+full-split result; evaluating the same key again is a no-op that prints the stored result. TensorBoard
+gets each result once, under ``logs/eval_<split>`` at the checkpoint's step, its scalars tagged with the
+settings (``beam3-len20-norm0/CIDEr``; ``…-first5/CIDEr`` for a partial result), so points of different
+settings never pile up on one curve.
+
+The dataset must have been prepared with the model's vocabulary (as ``train`` requires); ``--data-dir``
+points at the records when the config's ``data.dir`` is not where they are on this machine.
 
 ``--baseline`` also scores a constant caption, the most frequent (normalised) caption of the training
 split, given for every image: the floor any model must clear.
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -28,12 +40,15 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import inference, metrics, schema
-from captioning.fileio import atomic_write_json
 from captioning.decode import ids_to_text
+from captioning.errors import InputError
+from captioning.fileio import atomic_write_json, check_output_file, disk_full_error, make_dirs
 from captioning.input_pipeline import eval_images, make_dataset, references
 from captioning.integrity import data_errors
 from captioning.model import caption_loss_sum
+from captioning.model_dir import ModelDir
 from captioning.text import tokenize_caption
+from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.evaluate")
 
@@ -45,22 +60,61 @@ def most_frequent_caption(texts) -> str:
     return min(counts, key=lambda c: (-counts[c], c))
 
 
+def result_name(split: str, step: int, beam_size: int, max_length: int, length_normalization: float,
+                num_images: int | None) -> str:
+    """The key of one evaluation, as a file name stem.
+
+    >>> result_name("test", 8000, 3, 20, 0.0, None), result_name("val", 10, 1, 16, 0.7, 5)
+    ('test-step8000-beam3-len20-norm0-all', 'val-step10-beam1-len16-norm0.7-first5')
+    """
+    images = "all" if num_images is None else f"first{num_images}"
+    return f"{split}-step{step}-{settings_label(beam_size, max_length, length_normalization)}-{images}"
+
+
+def settings_label(beam_size: int, max_length: int, length_normalization: float) -> str:
+    return f"beam{beam_size}-len{max_length}-norm{length_normalization:g}"
+
+
+def _dataset_dir(trained, data_dir: str | None) -> str:
+    """The records to evaluate on, checked: prepared, and with the model's vocabulary."""
+    folder = data_dir or trained.config.data.dir
+    where = "--data-dir" if data_dir else f"data.dir in {os.path.join(trained.model_dir, 'config.yaml')}"
+    if not os.path.isfile(os.path.join(folder, schema.MANIFEST)):
+        raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass --data-dir with "
+                         "the folder `captioning prepare` wrote")
+    if Vocabulary.load(os.path.join(folder, schema.VOCAB)) != trained.vocab:
+        raise InputError(f"{folder} was prepared with another vocabulary than the model in {trained.model_dir}: "
+                         f"prepare it with --vocab {os.path.join(trained.model_dir, 'vocab.txt')}")
+    return folder
+
+
 @data_errors()  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
 def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images: int | None = None,
              max_length: int = 20, length_normalization: float = 0.0, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
              output: str | None = None, progress: bool = True) -> dict:
     metrics.check_java()  # fail before an hour of decoding, not after
+    if output:
+        check_output_file(output, "--output")
+    folder = ModelDir(model_dir)
     trained = inference.load(model_dir)
     # one pass over the split: nothing to cache; --data-dir points at the records if they moved
-    cfg = dataclasses.replace(trained.config.data, cache="none", dir=data_dir or trained.config.data.dir)
+    cfg = dataclasses.replace(trained.config.data, cache="none", dir=_dataset_dir(trained, data_dir))
     manifest = schema.read_manifest(cfg.dir)
     schema.split_files(cfg.dir, manifest, split)
+    split_images = manifest["splits"][split]["images"]
+    partial = max_images if max_images and max_images < split_images else None
+    name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial)
+    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice)
+    if stored is not None:
+        log.info("%s is evaluated already (checkpoint step %d, these settings): the stored result, unchanged",
+                 split, trained.step)
+        if output:
+            atomic_write_json(output, stored)
+        return stored
     captioner = inference.Captioner(trained, beam_size=beam_size, max_length=max_length,
                                     length_normalization=length_normalization)
-    total = manifest["splits"][split]["images"]
-    if max_images:
-        total = min(total, max_images)
+    total = partial or split_images
 
     # captions for every image
     images = eval_images(cfg, split, batch_size, max_images=max_images)
@@ -76,11 +130,13 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
     refs = references(cfg, split)
 
     # perplexity over the same images' captions
-    loss = _loss(trained, cfg, split, max_images, batch_size)
+    loss = caption_loss(trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
+                                                    max_images=max_images))
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
     result = {"metrics": scores, "split": split, "checkpoint_step": trained.step, "num_images": len(candidates),
-              "beam_size": beam_size, "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+              "all_images": partial is None, "beam_size": beam_size, "max_length": max_length,
+              "length_normalization": length_normalization, "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
     if baseline:
         train_texts = [t for texts in references(cfg, trained.config.data.train_split).values() for t in texts]
         constant = most_frequent_caption(train_texts)
@@ -88,23 +144,40 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
         result["baseline_caption"] = constant
 
-    atomic_write_json(os.path.join(model_dir, "metrics.json"), result)
-    atomic_write_json(os.path.join(model_dir, "predictions.json"),
-                 [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
-    if output:
-        atomic_write_json(output, result)
-    with tf.summary.create_file_writer(os.path.join(model_dir, "logs", f"eval_{split}")).as_default(step=trained.step):
-        for name, value in scores.items():
-            tf.summary.scalar(f"metrics/{name}", value)
-        tf.summary.scalar("perplexity", result["perplexity"])
+    path = folder.file(os.path.join("eval", name + ".json"))
+    try:
+        make_dirs(os.path.dirname(path), "the model folder's eval/")
+        atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
+                          [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
+        atomic_write_json(path, result)  # last: a metrics file means the evaluation is complete
+        if output:
+            atomic_write_json(output, result)
+        with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
+                step=trained.step):
+            tag = settings_label(beam_size, max_length, length_normalization) + (f"-first{partial}" if partial else "")
+            for metric, value in scores.items():
+                tf.summary.scalar(f"{tag}/{metric}", value)
+            tf.summary.scalar(f"{tag}/perplexity", result["perplexity"])
+    except (OSError, tf.errors.OpError) as e:
+        raise disk_full_error(e, os.path.dirname(path), "the evaluation results") or e
+    log.info("wrote %s", path)
     return result
 
 
-def _loss(trained, cfg, split: str, max_images: int | None, batch_size: int) -> float:
-    """Mean cross-entropy per real word over every caption of the (first ``max_images``) images."""
-    model = trained.model
-    dataset = make_dataset(cfg, split, training=False, batch_size=batch_size, max_images=max_images)
+def _stored(path: str, baseline: bool, spice: bool) -> dict | None:
+    """The result already stored under this key, if it holds everything asked for."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})):
+        return None
+    return stored
 
+
+def caption_loss(model, dataset: tf.data.Dataset) -> float:
+    """Mean cross-entropy per real word over every caption of ``dataset`` (one device)."""
     @tf.function(input_signature=[dataset.element_spec])  # one graph for every bucket length
     def step(batch):
         return caption_loss_sum(model, batch, training=False), tf.reduce_sum(batch["mask"])

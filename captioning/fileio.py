@@ -7,7 +7,7 @@ import errno
 import json
 import os
 
-from captioning.errors import InputError
+from captioning.errors import DiskFullError, InputError
 
 # What a write into a full file system (or past a quota or a file-size limit) fails with.
 _DISK_FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
@@ -16,19 +16,20 @@ _DISK_FULL_TEXT = {"No space left on device": errno.ENOSPC, "Disk quota exceeded
                    "File too large": errno.EFBIG}
 
 
-def disk_full_error(error: BaseException, path: str, what: str) -> InputError | None:
+def disk_full_error(error: BaseException, path: str, what: str,
+                    then: str = "run the same command again") -> DiskFullError | None:
     """The one-line error for ``error`` when it means the disk (or a quota, or the process's file-size
     limit) is full while writing ``what`` to ``path``; None for any other error. TensorFlow's own file
     writers (checkpoints, SavedModels, tf.data caches) raise ``tf.errors.OpError``\\ s whose message
-    carries the system's text, so both kinds are recognised."""
+    carries the system's text, so both kinds are recognised. ``then`` says what to do once space is free."""
     code = getattr(error, "errno", None)
     if code not in _DISK_FULL:
         message = str(getattr(error, "message", None) or error)
         code = next((c for text, c in _DISK_FULL_TEXT.items() if text in message), None)
     if code is None:
         return None
-    return InputError(f"cannot write {what} to {path}: {_DISK_FULL[code]}; free space there (or write "
-                      "somewhere else) and run the same command again")
+    return DiskFullError(f"cannot write {what} to {path}: {_DISK_FULL[code]}; free space there (or write "
+                         f"somewhere else), then {then}")
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

@@ -2,57 +2,27 @@
 ``export`` share.
 
 :func:`load` rebuilds the model from ``config.yaml`` and ``vocab.txt`` and restores a checkpoint (the
-latest by default). The encoder is built without its ImageNet weights (the checkpoint holds the trained
-ones), so loading never downloads. :class:`Captioner` turns a batch of JPEG/PNG bytes into captions with
+latest complete one by default: :class:`captioning.model_dir.ModelDir`). The encoder is built without its
+ImageNet weights (the checkpoint holds the trained ones), so loading never downloads. :class:`Captioner` turns a batch of JPEG/PNG bytes into captions with
 one ``tf.function``: decode and crop as at evaluation (:func:`captioning.input_pipeline.model_input`),
 encode, beam search. The SavedModel export wraps that same function.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from dataclasses import dataclass
+import math
 
 import tensorflow as tf
 
-from captioning import config as config_lib
 from captioning.decode import beam_search, ids_to_text
 from captioning.errors import InputError
 from captioning.input_pipeline import model_input
-from captioning.model import ShowAndTell
-from captioning.train import CONFIG_FILE, VOCAB_FILE
-from captioning.vocab import Vocabulary
-
-
-@dataclass
-class TrainedModel:
-    model: ShowAndTell
-    config: config_lib.Config
-    vocab: Vocabulary
-    step: int
-    checkpoint: str
+from captioning.model_dir import ModelDir, TrainedModel
 
 
 def load(model_dir: str, checkpoint: str | None = None) -> TrainedModel:
-    """The model of ``model_dir`` at ``checkpoint`` (default: the latest)."""
-    for name in (CONFIG_FILE, VOCAB_FILE):
-        if not os.path.exists(os.path.join(model_dir, name)):
-            raise InputError(f"{model_dir} is not a model folder: {name} is missing (train a model there first)")
-    cfg = config_lib.load_config(os.path.join(model_dir, CONFIG_FILE))
-    vocab = Vocabulary.load(os.path.join(model_dir, VOCAB_FILE))
-    path = checkpoint or tf.train.latest_checkpoint(model_dir)
-    if not path:
-        raise InputError(f"{model_dir} holds no checkpoint yet (ckpt-<step>): train first")
-    model_cfg = dataclasses.replace(cfg.model, encoder_weights="none")  # the checkpoint has the weights
-    model = ShowAndTell(len(vocab), model_cfg, cfg.data.image_size).build_all()
-    step = tf.Variable(0, dtype=tf.int64)
-    try:
-        status = tf.train.Checkpoint(model=model, step=step).restore(path)
-        status.expect_partial().assert_existing_objects_matched()
-    except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError, AssertionError) as e:
-        raise InputError(f"cannot restore {path}: {str(e).splitlines()[0]}") from None
-    return TrainedModel(model, cfg, vocab, int(step.numpy()), path)
+    """The model of ``model_dir`` at ``checkpoint`` (default: the latest complete one)."""
+    return ModelDir(model_dir).load(checkpoint)
 
 
 class Captioner:
@@ -62,6 +32,8 @@ class Captioner:
                  length_normalization: float = 0.0, top_k: int = 1):
         if beam_size < 1 or max_length < 1:
             raise InputError("--beam-size and --max-length must be at least 1")
+        if not math.isfinite(length_normalization) or length_normalization < 0:
+            raise InputError(f"--length-normalization must be a finite number >= 0, got {length_normalization}")
         if not 1 <= top_k <= beam_size:
             raise InputError(f"--top-k must be between 1 and --beam-size ({beam_size}), got {top_k}")
         self.trained = trained

@@ -66,7 +66,7 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
   that the weights are finite (an update of finite gradients can still overflow), so NaN weights are
   never written. Under loss scaling (``mixed_float16``) overflowing gradients are the loss scaler's
   business; only a non-finite loss counts.
-* **A folder of another model**: :func:`prepare_model_dir` refuses another vocabulary, encoder,
+* **A folder of another model**: :meth:`ModelDir.check_fits` refuses another vocabulary, encoder,
   embedding or LSTM size, a small_cnn image size that changes its feature grid, a folder with
   checkpoints but no ``config.yaml`` or ``vocab.txt``, and a ``--model-dir`` that is a file; and the
   restore asserts that every variable of the model was found in the checkpoint with its shape. All of
@@ -78,7 +78,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import threading
@@ -93,22 +92,14 @@ from captioning import disk_cache, distribute, schema
 from captioning.augment import color_jitter
 from captioning.decode import beam_search, ids_to_text
 from captioning.errors import InputError
+from captioning.fileio import disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset
 from captioning.integrity import data_errors
-from captioning.model import SMALL_CNN_FILTERS, ShowAndTell, caption_loss_sum
+from captioning.model import ShowAndTell, caption_loss_sum
+from captioning.model_dir import ModelDir
 from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.train")
-
-CONFIG_FILE = "config.yaml"  # the model folder's layout; inference reads it from here
-VOCAB_FILE = "vocab.txt"
-# Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
-# runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
-ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
-CHECKPOINT_STATE = "checkpoint"  # tf.train.CheckpointManager's state file
-_CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
-_STATE_TEMP = re.compile(re.escape(CHECKPOINT_STATE) + r"\.tmp[0-9a-f]{32}")  # atomic_write_string_to_file's
-
 
 class NonFiniteError(Exception):
     """The loss, the gradient norm or the weights stopped being finite (``train.nan_policy: stop``).
@@ -155,53 +146,6 @@ class StopOnSignal:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def _first_line(error: BaseException, limit: int = 300) -> str:
-    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def latest_checkpoint(model_dir: str) -> str | None:
-    """The checkpoint the ``checkpoint`` state file names, or None when there is none. A state file that
-    names missing files is an InputError: starting again from step 0 would overwrite the folder."""
-    state = tf.train.get_checkpoint_state(model_dir)
-    if state is None or not state.model_checkpoint_path:
-        return None
-    latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
-    if not tf.io.gfile.exists(latest + ".index"):
-        raise InputError(f"{os.path.join(model_dir, CHECKPOINT_STATE)} names {os.path.basename(latest)}, whose files "
-                         "are missing; restore them, or delete that state file to start again from step 0")
-    return latest
-
-
-def remove_partial_checkpoints(model_dir: str, latest: str | None) -> list[str]:
-    """Deletes what an interrupted save left: ``ckpt-N_temp/`` folders, ``ckpt-N.*`` files that the state
-    file does not name, for N above the latest checkpoint's step, and temporary state files
-    (``checkpoint.tmp<hex>``). Returns the removed names."""
-    latest_step = int(latest.rsplit("-", 1)[1]) if latest else -1
-    state = tf.train.get_checkpoint_state(model_dir)
-    named = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else set()
-    removed = []
-    for name in sorted(os.listdir(model_dir)):
-        if _STATE_TEMP.fullmatch(name):
-            os.remove(os.path.join(model_dir, name))
-            removed.append(name)
-            continue
-        match = _CHECKPOINT_FILE.fullmatch(name)
-        if not match or f"ckpt-{match.group(1)}" in named:
-            continue
-        path = os.path.join(model_dir, name)
-        if match.group(2) == "_temp":
-            shutil.rmtree(path, ignore_errors=True)
-        elif int(match.group(1)) > latest_step:
-            os.remove(path)
-        else:
-            continue
-        removed.append(name)
-    if removed:
-        log.info("removed the leftovers of an interrupted save: %s", ", ".join(removed))
-    return removed
 
 
 class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
@@ -252,61 +196,6 @@ def examples_per_epoch(manifest: dict, cfg: config_lib.Config) -> int:
     return split["captions"] if cfg.data.captions_per_image == "all" else split["images"]
 
 
-def _small_cnn_grid(image_size: int) -> int:
-    """The side of small_cnn's final grid (stride-2 'same' convolutions), which it flattens."""
-    return math.ceil(image_size / 2 ** len(SMALL_CNN_FILTERS))
-
-
-def prepare_model_dir(model_dir: str, cfg: config_lib.Config, vocab: Vocabulary,
-                      chief: bool) -> config_lib.Config | None:
-    """Writes config.yaml and vocab.txt; refuses a folder made for another vocabulary or model shape, and
-    one with checkpoints but without the config or vocabulary they were trained with. Returns the
-    folder's previous config, if any."""
-    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-        raise InputError(f"--model-dir {model_dir} is a file, not a folder")
-    try:
-        os.makedirs(model_dir, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"cannot create --model-dir {model_dir}: {e.strerror}") from None
-    vocab_path = os.path.join(model_dir, VOCAB_FILE)
-    config_path = os.path.join(model_dir, CONFIG_FILE)
-    if os.path.exists(os.path.join(model_dir, CHECKPOINT_STATE)):
-        for name, path in ((CONFIG_FILE, config_path), (VOCAB_FILE, vocab_path)):
-            if not os.path.exists(path):
-                raise InputError(f"{model_dir} holds checkpoints but no {name}, so what they were trained with is "
-                                 f"unknown; put its {name} back or use a new --model-dir")
-    if os.path.exists(vocab_path):
-        try:
-            same = Vocabulary.load(vocab_path) == vocab
-        except InputError as e:
-            raise InputError(f"{vocab_path} is damaged ({e}); use a new --model-dir") from None
-        if not same:
-            raise InputError(f"{model_dir} was trained with another vocabulary than {cfg.data.dir}'s; "
-                             "use a new --model-dir")
-    old = None
-    if os.path.exists(config_path):
-        old = config_lib.load_config(config_path)
-        diff = [f"model.{k}" for k in ARCHITECTURE_KEYS if getattr(old.model, k) != getattr(cfg.model, k)]
-        if (not diff and cfg.model.encoder == "small_cnn"
-                and _small_cnn_grid(old.data.image_size) != _small_cnn_grid(cfg.data.image_size)):
-            diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
-        if diff:
-            raise InputError(f"{model_dir} holds a model with other {', '.join(diff)}; "
-                             "use a new --model-dir or the same model settings")
-    if chief:
-        write_model_dir(model_dir, cfg, vocab)
-    return old
-
-
-def write_model_dir(model_dir: str, cfg: config_lib.Config, vocab: Vocabulary) -> None:
-    """Writes (or rewrites) the folder's config.yaml and vocab.txt, each atomically."""
-    try:
-        vocab.save(os.path.join(model_dir, VOCAB_FILE))
-        config_lib.save_config(cfg, os.path.join(model_dir, CONFIG_FILE))
-    except OSError as e:
-        raise InputError(f"cannot write to --model-dir {model_dir}: {e.strerror}") from None
-
-
 def _forward_state(model) -> list:
     """The variables a training forward pass assigns: the moving statistics of batch-norm layers that
     train (a frozen encoder's run in inference mode and stay put)."""
@@ -322,12 +211,6 @@ def _hide_handler_deprecation(record: logging.LogRecord) -> bool:
     """PreemptionCheckpointHandler calls its own deprecated ``total_run_calls`` when it saves, which logs
     advice meant for its callers ("Track steps using a tf.Variable...", which we do)."""
     return "total_run_calls" not in record.getMessage()
-
-
-def _hide_unrestored_values(record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not (message.startswith("Value in checkpoint could not be found in the restored object")
-                or "is being deleted with unrestored values" in message)
 
 
 def _raise_preempted() -> None:
@@ -384,13 +267,15 @@ class Trainer:
         self.cfg, self.model_dir = cfg, model_dir
         self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
         self.manifest = schema.read_manifest(cfg.data.dir)
-        for split in (cfg.data.train_split, cfg.data.eval_split):
-            schema.split_files(cfg.data.dir, self.manifest, split)  # clear error for a missing split
+        # a clear error for a missing split; the eval split only matters when something evaluates
+        for split in (cfg.data.train_split,) + ((cfg.data.eval_split,) if cfg.train.eval_every_steps else ()):
+            schema.split_files(cfg.data.dir, self.manifest, split)
         self.vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
         self.strategy = strategy or distribute.make_strategy(cfg.distribute)
         self.chief = distribute.is_chief(self.strategy)
+        self.folder = ModelDir(model_dir)
         # checks only: config.yaml and vocab.txt are written once the checkpoint is known to fit
-        previous = prepare_model_dir(model_dir, cfg, self.vocab, chief=False)
+        previous = self.folder.check_fits(cfg, self.vocab)
         if cfg.data.cache == "disk":
             disk_cache.check_folder(self.cache_dir)
         replicas = self.strategy.num_replicas_in_sync
@@ -413,9 +298,9 @@ class Trainer:
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
 
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
-        latest = latest_checkpoint(model_dir)
+        latest = self.folder.latest_checkpoint()
         if self.chief:
-            remove_partial_checkpoints(model_dir, latest)
+            self.folder.remove_partial_checkpoints(latest)
             write_dir = model_dir
         else:  # a scratch folder; what a killed run left there is of no use
             write_dir = os.path.join(model_dir, f".tmp-{distribute.worker_id(self.strategy)}")
@@ -427,39 +312,19 @@ class Trainer:
             # Keras optimizers track their variables by position, so when the set of trained variables
             # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state
             # no longer lines up: restore the model and the step, and start the optimizer afresh.
-            self._restore(latest, with_optimizer=False)
+            self.folder.restore(latest, {"model": self.model, "step": self.step})
             log.info("resumed the model from %s at step %d with a new optimizer (model.encoder_trainable "
                      "changed)", latest, int(self.step.numpy()))
         elif latest:
-            self._restore(latest, with_optimizer=True)
+            self.folder.restore(latest, {"model": self.model, "step": self.step}, {"optimizer": self.optimizer})
             log.info("resumed from %s at step %d", latest, int(self.step.numpy()))
         if latest:
             self._saved_step = int(self.step.numpy())  # so an interrupted run does not write it again
-        if self.chief:
-            write_model_dir(model_dir, cfg, self.vocab)
+        start = int(self.step.numpy())
+        if self.chief and start < cfg.train.steps:  # a finished folder's record stays as it is
+            self.folder.write(cfg, self.vocab, step=start)
         self._skipped_steps: list[int] = []
         self._steps: dict = {}
-
-    def _restore(self, path: str, with_optimizer: bool) -> None:
-        """Restores the model and the step from ``path``, asserting that every variable of the model is in
-        the checkpoint with its shape (an InputError otherwise), then the optimizer's state if asked.
-        The optimizer is restored leniently: a changed optimizer starts with fresh slots."""
-        error = None
-        try:
-            status = tf.train.Checkpoint(model=self.model, step=self.step).restore(path)
-            status.assert_existing_objects_matched().expect_partial()
-            if with_optimizer:
-                tf.train.Checkpoint(optimizer=self.optimizer).restore(path).expect_partial()
-        except (AssertionError, ValueError) as e:
-            error = InputError(f"{path} does not fit the model this config builds ({_first_line(e)}); it was "
-                               "trained with other settings: use a new --model-dir or that folder's config")
-        except tf.errors.OpError as e:
-            error = InputError(f"cannot read checkpoint {path}: {_first_line(e.message)}")
-        if error is not None:
-            # The failed restore's objects stay alive with the model and, when collected (at exit), log
-            # every value they did not restore: the one-line error says it all.
-            logging.getLogger("tensorflow").addFilter(_hide_unrestored_values)
-            raise error
 
     # ---- data ---------------------------------------------------------------------------------------
     def _feature_fn(self):
@@ -609,7 +474,17 @@ class Trainer:
             return path
         if not self._weights_finite():
             raise NonFiniteError(self._non_finite_message("the model's weights are no longer finite", step))
-        written = self.manager.save(checkpoint_number=step)
+        try:
+            written = self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as e:
+            # TF replaces the state file only after a checkpoint's files are complete: the latest one
+            # stays the latest, and the next start removes this one's leftovers.
+            latest = self.folder.latest_checkpoint() if self.chief else None
+            then = f"run the same command to resume from {os.path.basename(latest)}" if latest else \
+                "run the same command again"
+            size = sum(os.path.getsize(p) for p in tf.io.gfile.glob(latest + ".*")) if latest else 0
+            need = f" (a checkpoint takes about {size / 2**20:.1f} MB)" if size else ""
+            raise disk_full_error(e, self.manager.directory, f"checkpoint ckpt-{step}{need}", then) or e
         if not self.chief:  # other workers write to a scratch folder, only for the collective ops
             shutil.rmtree(os.path.dirname(written), ignore_errors=True)
         self._saved_step = step
@@ -620,7 +495,7 @@ class Trainer:
         return bool(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])))
 
     def _non_finite_message(self, what: str, step: int) -> str:
-        latest = tf.train.latest_checkpoint(self.model_dir)
+        latest = self.folder.latest_checkpoint()
         kept = (f"the latest checkpoint, {os.path.basename(latest)}, is the last good one" if latest
                 else "there is no checkpoint yet")
         return (f"{what} at step {step}: stopped without saving; {kept}. Lower train.learning_rate, set "

@@ -56,7 +56,7 @@ from captioning import vocab as vocab_lib
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
 from data_prep import sources as sources_lib
-from captioning.fileio import atomic_write_json, make_dirs
+from captioning.fileio import atomic_write_json, disk_full_error, make_dirs
 from data_prep.writer import (RUN_LOCK_BYTE, WRITERS_LOCK_BYTE, Item, ShardTask, init_worker, run_in_worker,
                               write_shard)
 
@@ -420,9 +420,18 @@ def _run(tasks, total: int, workers: int, progress: bool, on_done, lock_path: st
 
 
 def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
-    """Runs ``prepare`` (see the module docstring) and returns the manifest it wrote."""
-    with contextlib.ExitStack() as stack:  # holds the output folder's lock while it runs
-        return _prepare(opts, progress, stack)
+    """Runs ``prepare`` (see the module docstring) and returns the manifest it wrote. A full disk is one
+    line (:class:`~captioning.errors.DiskFullError`): the shards completed so far are kept, and the same
+    command with ``--resume`` finishes the run once there is space."""
+    try:
+        with contextlib.ExitStack() as stack:  # holds the output folder's lock while it runs
+            return _prepare(opts, progress, stack)
+    except OSError as e:
+        error = disk_full_error(e, opts.output_dir, "the prepared dataset",
+                                "run the same command with --resume: the complete shards are kept")
+        if error is None:
+            raise
+        raise error from None
 
 
 def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) -> dict:

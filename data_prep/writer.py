@@ -63,10 +63,23 @@ def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None)
     """Writes ``task``'s records and returns ``{"images", "captions", "skipped": [{"image", "reason"}]}``.
     Never imports TensorFlow (:mod:`captioning.records`), so a worker process starts in a fraction of
     a second."""
-    from captioning import records, schema
-
     tmp = task.path + ".tmp"
     stats = {"split": task.split, "shard": os.path.basename(task.path), "images": 0, "captions": 0, "skipped": []}
+    try:
+        _write_records(task, tmp, stats, report)
+    except OSError:  # a full disk: the partial file goes, freeing what it took (a crash leaves it to the next run)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    stats["bytes"] = os.path.getsize(tmp)  # the manifest records it: readers detect a cut or grown shard
+    atomic_write_json(task.stats_path, stats)
+    os.replace(tmp, task.path)
+    return stats
+
+
+def _write_records(task: ShardTask, tmp: str, stats: dict, report) -> None:
+    from captioning import records, schema
+
     pending = 0
     with records.RecordWriter(tmp) as writer:
         for i, item in enumerate(task.items):
@@ -88,10 +101,6 @@ def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None)
     report(pending)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    stats["bytes"] = os.path.getsize(tmp)  # the manifest records it: readers detect a cut or grown shard
-    atomic_write_json(task.stats_path, stats)
-    os.replace(tmp, task.path)
-    return stats
 
 
 _progress_queue = None

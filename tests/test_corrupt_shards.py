@@ -4,6 +4,7 @@ header, a deleted file. By default the commands stop with one line naming the sh
 traceback); with ``data.skip_corrupt: true`` they read every intact record and say how many they skipped.
 """
 
+import glob
 import json
 import os
 import re
@@ -277,7 +278,7 @@ def test_evaluate_cli_stops_then_skips_with_skip_corrupt(data_copy, model_copy):
     damage(path, "flipped", record=0)
     args = ["evaluate", "--model-dir", model_copy, "--data-dir", data_copy, "--split", "test", "--beam-size", "1"]
     assert_one_line_error(run_cli(*args), "evaluate", path)
-    assert not os.path.exists(os.path.join(model_copy, "metrics.json"))
+    assert not os.path.exists(os.path.join(model_copy, "eval"))
 
     config = os.path.join(model_copy, "config.yaml")
     text = open(config).read()
@@ -286,4 +287,5 @@ def test_evaluate_cli_stops_then_skips_with_skip_corrupt(data_copy, model_copy):
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{path}: skipped 1 record(s), kept 0" in result.stderr
-    assert json.load(open(os.path.join(model_copy, "metrics.json")))["num_images"] == 3
+    (result,) = glob.glob(os.path.join(model_copy, "eval", "test-step60-beam1-*-all.json"))
+    assert json.load(open(result))["num_images"] == 3

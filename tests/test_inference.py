@@ -24,7 +24,7 @@ def evaluation(trained_model_dir):
 
 
 def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_dir):
-    on_disk = json.load(open(os.path.join(trained_model_dir, "metrics.json")))
+    on_disk = json.load(open(os.path.join(trained_model_dir, "eval", "test-step60-beam2-len20-norm0-all.json")))
     assert on_disk == json.loads(json.dumps(evaluation))
     assert set(on_disk["metrics"]) == set(METRICS) == set(on_disk["baseline"])
     assert all(math.isfinite(v) and v >= 0 for v in on_disk["metrics"].values())
@@ -32,7 +32,8 @@ def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_di
         ("test", 4, 2, 60)
     assert on_disk["perplexity"] == pytest.approx(math.exp(on_disk["loss"]))
     assert 1.0 < on_disk["perplexity"] < 50.0
-    predictions = json.load(open(os.path.join(trained_model_dir, "predictions.json")))
+    predictions = json.load(open(os.path.join(trained_model_dir, "eval",
+                                              "test-step60-beam2-len20-norm0-all.predictions.json")))
     from captioning.config import DataConfig
     from captioning.input_pipeline import references
 
@@ -54,7 +55,7 @@ def test_evaluate_max_images_and_cli(trained_model_dir):
                      "--beam-size", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "val: 2 images" in result.stdout and "CIDEr" in result.stdout
-    saved = json.load(open(os.path.join(trained_model_dir, "metrics.json")))
+    saved = json.load(open(os.path.join(trained_model_dir, "eval", "val-step60-beam1-len20-norm0-first2.json")))
     assert (saved["split"], saved["num_images"], saved["beam_size"]) == ("val", 2, 1)
 
 

@@ -32,7 +32,7 @@ TARGET_SPEEDUP = 20.0
 
 def _small_model(vocab_size: int = 1_000):
     from captioning import config as config_lib
-    from captioning.inference import TrainedModel
+    from captioning.model_dir import TrainedModel
     from captioning.model import ShowAndTell
     from captioning.vocab import RESERVED, Vocabulary
 
@@ -42,7 +42,7 @@ def _small_model(vocab_size: int = 1_000):
                                     lstm_units=256)
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
     model = ShowAndTell(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
-    return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)")
+    return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir="")
 
 
 def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:

@@ -1,0 +1,282 @@
+"""The model folder: what ``train`` writes and ``evaluate``, ``caption`` and ``export`` read.
+
+Nobody else knows its file names or its rules; everything goes through :class:`ModelDir`::
+
+    config.yaml       the resolved config of the latest training run: every key, paths absolute
+    history.yaml      each training run that changed config.yaml: the step it started at, its config
+    vocab.txt         the dataset's vocabulary (line i is id i)
+    checkpoint        TF's state file: names the latest complete checkpoint, written last, atomically
+    ckpt-<step>.*     checkpoints (model, optimizer, step)
+    logs/             TensorBoard: train; eval, the validation during training; eval_<split>, evaluate
+    eval/             evaluate's results, one file per (split, checkpoint, decoding, images)
+    cache/            data.cache: disk's files, unless data.cache_dir says elsewhere
+
+**The latest complete checkpoint** is the one the ``checkpoint`` state file names. TF writes a
+checkpoint's files first (``ckpt-N_temp/``, then renamed into place) and only then replaces the state file
+atomically, so the named checkpoint is complete even while a training run writes the next one. A state
+file that cannot be parsed, or that names missing files, is an error, never "no checkpoint" (which would
+start again from step 0 over the folder).
+
+**Damaged files** are one line naming the file: a ``config.yaml`` that is not YAML, is not a config, or
+lacks keys (cut short: this project writes every key); a ``vocab.txt`` that is not UTF-8 or not a
+vocabulary; a damaged ``checkpoint`` state file; a checkpoint whose variables or shapes do not match
+what ``config.yaml`` and ``vocab.txt`` describe.
+
+**Reading while training writes**: :meth:`ModelDir.load` restores the latest checkpoint; if training
+deletes it in the meantime (``train.keep_checkpoints``), it takes the new latest one and tries again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass
+
+from captioning import config as config_lib
+from captioning.errors import InputError
+from captioning.fileio import atomic_write_text, make_dirs
+from captioning.vocab import Vocabulary
+
+log = logging.getLogger("captioning.model_dir")
+
+CONFIG = "config.yaml"
+HISTORY = "history.yaml"
+VOCAB = "vocab.txt"
+STATE = "checkpoint"  # tf.train.CheckpointManager's state file
+# Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
+# runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
+ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
+_CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
+_STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic_write_string_to_file's
+
+
+def first_line(error: BaseException | str, limit: int = 300) -> str:
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def small_cnn_grid(image_size: int) -> int:
+    """The side of small_cnn's final grid (stride-2 'same' convolutions), which it flattens."""
+    from captioning.model import SMALL_CNN_FILTERS
+
+    return math.ceil(image_size / 2 ** len(SMALL_CNN_FILTERS))
+
+
+def _hide_unrestored_values(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Value in checkpoint could not be found in the restored object")
+                or "is being deleted with unrestored values" in message)
+
+
+@dataclass
+class TrainedModel:
+    """A model restored from a model folder, with what it was trained with."""
+
+    model: object  # captioning.model.ShowAndTell
+    config: config_lib.Config
+    vocab: Vocabulary
+    step: int
+    checkpoint: str
+    model_dir: str
+
+
+class ModelDir:
+    """One model folder (see the module docstring). Reading methods raise :class:`InputError` naming the
+    file when something is damaged."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    # ---- reading ------------------------------------------------------------------------------------
+    def read_config(self) -> config_lib.Config | None:
+        """The folder's config.yaml (None when there is none); damaged or cut short: InputError."""
+        path = self.file(CONFIG)
+        if not os.path.exists(path):
+            return None
+        try:
+            return config_lib.load_config(path, complete=True)
+        except InputError as e:
+            raise InputError(f"{path} is damaged: {e}; restore it, or use a new model folder") from None
+
+    def read_vocab(self) -> Vocabulary | None:
+        path = self.file(VOCAB)
+        if not os.path.exists(path):
+            return None
+        return Vocabulary.load(path)  # InputError naming the file when damaged
+
+    def latest_checkpoint(self) -> str | None:
+        """The path of the latest complete checkpoint, or None when the folder has none."""
+        import tensorflow as tf
+
+        path = self.file(STATE)
+        if not os.path.exists(path):
+            return None
+        damaged = InputError(f"{path} is damaged (not a checkpoint state file); restore it, or delete it to start "
+                             "again from step 0")
+        try:
+            state = tf.train.get_checkpoint_state(self.path)  # None, not an error, for an unparsable file
+        except (ValueError, UnicodeDecodeError, tf.errors.OpError):
+            raise damaged from None
+        if state is None or not state.model_checkpoint_path:
+            raise damaged
+        latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
+        if not tf.io.gfile.exists(latest + ".index"):
+            raise InputError(f"{path} names {os.path.basename(latest)}, whose files are missing; restore them, or "
+                             "delete that state file to start again from step 0")
+        return latest
+
+    def require_trained(self) -> tuple[config_lib.Config, Vocabulary]:
+        """config.yaml and vocab.txt of a folder that ``train`` wrote (InputError otherwise)."""
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise InputError(f"{self.path} is a file, not a model folder")
+        cfg, vocab = self.read_config(), self.read_vocab()
+        for name, value in ((CONFIG, cfg), (VOCAB, vocab)):
+            if value is None:
+                raise InputError(f"{self.path} is not a model folder: {name} is missing (train a model there first)")
+        return cfg, vocab
+
+    # ---- training's checks and writes ------------------------------------------------------------------
+    def check_fits(self, cfg: config_lib.Config, vocab: Vocabulary) -> config_lib.Config | None:
+        """Refuses (InputError) a folder made for another vocabulary or model shape, one with checkpoints but
+        without the config or vocabulary they were trained with, and a path that is a file. Creates the
+        folder. Returns the folder's config, if any. Writes nothing else."""
+        make_dirs(self.path, "model folder")
+        if os.path.exists(self.file(STATE)):
+            for name in (CONFIG, VOCAB):
+                if not os.path.exists(self.file(name)):
+                    raise InputError(f"{self.path} holds checkpoints but no {name}, so what they were trained with "
+                                     f"is unknown; put its {name} back or use a new --model-dir")
+        old_vocab = self.read_vocab()
+        if old_vocab is not None and old_vocab != vocab:
+            raise InputError(f"{self.file(VOCAB)} ({len(old_vocab)} words) is not the vocabulary of {cfg.data.dir} "
+                             f"({len(vocab)} words): {self.path} was trained with another vocabulary, or that file "
+                             "is damaged; use a new --model-dir")
+        old = self.read_config()
+        if old is not None:
+            diff = [f"model.{k}" for k in ARCHITECTURE_KEYS if getattr(old.model, k) != getattr(cfg.model, k)]
+            if (not diff and cfg.model.encoder == "small_cnn"
+                    and small_cnn_grid(old.data.image_size) != small_cnn_grid(cfg.data.image_size)):
+                diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
+            if diff:
+                raise InputError(f"{self.path} holds a model with other {', '.join(diff)}; "
+                                 "use a new --model-dir or the same model settings")
+        return old
+
+    def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
+        """Records the config a training run starting at ``step`` uses (paths made absolute) and the
+        vocabulary, each atomically. When config.yaml held another config, history.yaml keeps it: every
+        run that changed the config, with the step it started at."""
+        import yaml
+
+        cfg = config_lib.with_absolute_paths(cfg)
+        try:
+            old = self.read_config()
+            if old != cfg:
+                history = []
+                if os.path.exists(self.file(HISTORY)):
+                    with open(self.file(HISTORY), encoding="utf-8") as f:
+                        history = yaml.safe_load(f) or []
+                if not history and old is not None:  # a folder from before history.yaml: keep what it had
+                    history.append({"started_at_step": None, "config": config_lib.to_dict(old)})
+                history.append({"started_at_step": step, "time": datetime.datetime.now().isoformat(timespec="seconds"),
+                                "config": config_lib.to_dict(cfg)})
+                atomic_write_text(self.file(HISTORY), yaml.safe_dump(history, sort_keys=False))
+            vocab.save(self.file(VOCAB))
+            config_lib.save_config(cfg, self.file(CONFIG))
+        except OSError as e:
+            from captioning.fileio import disk_full_error
+
+            raise disk_full_error(e, self.path, "the model folder's config") or InputError(
+                f"cannot write to the model folder {self.path}: {e.strerror or e}") from None
+
+    def remove_partial_checkpoints(self, latest: str | None) -> list[str]:
+        """Deletes what an interrupted save left: ``ckpt-N_temp/`` folders, ``ckpt-N.*`` files that the state
+        file does not name, for N above the latest checkpoint's step, and temporary state files
+        (``checkpoint.tmp<hex>``). Returns the removed names."""
+        import tensorflow as tf
+
+        latest_step = int(latest.rsplit("-", 1)[1]) if latest else -1
+        state = tf.train.get_checkpoint_state(self.path) if latest else None
+        named = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else set()
+        removed = []
+        for name in sorted(os.listdir(self.path)):
+            if _STATE_TEMP.fullmatch(name):
+                os.remove(self.file(name))
+                removed.append(name)
+                continue
+            match = _CHECKPOINT_FILE.fullmatch(name)
+            if not match or f"ckpt-{match.group(1)}" in named:
+                continue
+            if match.group(2) == "_temp":
+                shutil.rmtree(self.file(name), ignore_errors=True)
+            elif int(match.group(1)) > latest_step:
+                os.remove(self.file(name))
+            else:
+                continue
+            removed.append(name)
+        if removed:
+            log.info("removed the leftovers of an interrupted save: %s", ", ".join(removed))
+        return removed
+
+    # ---- restoring ---------------------------------------------------------------------------------------
+    @staticmethod
+    def restore(path: str, strict: dict, lenient: dict | None = None) -> None:
+        """Restores ``strict`` objects (e.g. ``{"model": model, "step": step}``) from checkpoint ``path``,
+        asserting that every variable of theirs is in it with its shape, then ``lenient`` ones (e.g. the
+        optimizer, whose slots may not match after a change) as far as they fit. InputError when the
+        checkpoint does not fit or cannot be read."""
+        import tensorflow as tf
+
+        # A failed restore's objects log every value they did not restore when they are collected (which
+        # may be before or after the error line); the one-line error says it all.
+        logging.getLogger("tensorflow").addFilter(_hide_unrestored_values)
+        error = None
+        try:
+            status = tf.train.Checkpoint(**strict).restore(path)
+            status.assert_existing_objects_matched().expect_partial()
+            if lenient:
+                tf.train.Checkpoint(**lenient).restore(path).expect_partial()
+        except (AssertionError, ValueError) as e:
+            error = InputError(f"{path} does not fit the model this config builds ({first_line(e)}); it was "
+                               f"trained with other settings ({CONFIG}, {VOCAB}): use a new --model-dir or that "
+                               "folder's config")
+        except tf.errors.OpError as e:
+            error = InputError(f"cannot read checkpoint {path}: {first_line(e.message)}")
+        if error is not None:
+            raise error
+
+    def load(self, checkpoint: str | None = None, attempts: int = 5) -> TrainedModel:
+        """The trained model at ``checkpoint`` (default: the latest complete one), rebuilt from config.yaml
+        and vocab.txt. The encoder is built without ImageNet weights (the checkpoint has the trained ones),
+        so loading never downloads. While a training run writes into the folder, a latest checkpoint
+        deleted before it could be read is replaced by the new latest (up to ``attempts`` times)."""
+        import dataclasses
+
+        import tensorflow as tf
+
+        from captioning.model import ShowAndTell
+
+        cfg, vocab = self.require_trained()
+        model_cfg = dataclasses.replace(cfg.model, encoder_weights="none")
+        model = ShowAndTell(len(vocab), model_cfg, cfg.data.image_size).build_all()
+        step = tf.Variable(0, dtype=tf.int64)
+        for attempt in range(attempts):
+            path = checkpoint or self.latest_checkpoint()
+            if not path:
+                raise InputError(f"{self.path} holds no checkpoint yet (ckpt-<step>): train first")
+            try:
+                self.restore(path, {"model": model, "step": step})
+                break
+            except InputError:
+                if checkpoint or attempt == attempts - 1 or self.latest_checkpoint() == path:
+                    raise
+                log.info("%s was replaced by a newer checkpoint while it was read; reading the newer one", path)
+        log.info("restored %s (step %d)", path, int(step.numpy()))
+        return TrainedModel(model, cfg, vocab, int(step.numpy()), path, self.path)

@@ -1,0 +1,197 @@
+"""The model folder as later commands meet it: damaged files, results of several evaluations, the record
+of how the model was trained, relative paths, and a folder that a training run is writing into."""
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+
+import pytest
+import yaml
+
+from captioning.config import save_config
+from tests.conftest import coco_split_args, run_cli, small_train_config
+from tests.test_train_reliability import Cli, scalars
+
+
+@pytest.fixture
+def model(trained_model_dir, tmp_path):
+    out = tmp_path / "model"
+    shutil.copytree(trained_model_dir, out)
+    return out
+
+
+def assert_one_line(result, command, *fragments):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"captioning {command}: error:"), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in last, last
+
+
+DAMAGE = {
+    "config_garbage": ("config.yaml", lambda text: b"\x00\xff\xfe{[ not yaml", "config.yaml is damaged"),
+    "config_cut_short": ("config.yaml", lambda text: text[: len(text) // 2], "config.yaml is damaged"),
+    "vocab_not_utf8": ("vocab.txt", lambda text: text + b"\xff\xfe\n", "vocab.txt is not UTF-8 text"),
+    "vocab_cut_short": ("vocab.txt", lambda text: b"\n".join(text.split(b"\n")[:20]) + b"\n", "vocab.txt"),
+    "state_garbage": ("checkpoint", lambda text: b"\x00\xff garbage {{{", "checkpoint is damaged"),
+    "state_empty": ("checkpoint", lambda text: b"", "checkpoint is damaged"),
+    "state_cut_short": ("checkpoint", lambda text: text[:25], "checkpoint is damaged"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_a_damaged_file_in_the_model_folder_is_one_line_naming_it(case, model, prepared_dir, shapes_dir, tmp_path):
+    name, damage, message = DAMAGE[case]
+    path = model / name
+    path.write_bytes(damage(path.read_bytes()))
+    before = {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()}
+    image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
+    config = tmp_path / "c.yaml"
+    save_config(small_train_config(prepared_dir, "train.steps=70", "train.optimizer=adam", "model.embedding_size=32",
+                                   "model.lstm_units=32"), str(config))
+    for command, args in (("caption", [image]), ("evaluate", ["--max-images", "1"]),
+                          ("train", ["--config", str(config)])):
+        result = run_cli(command, "--model-dir", str(model), *args)
+        assert_one_line(result, command, message)
+        if case != "vocab_cut_short":  # that one is told apart by what it does not fit
+            assert str(path) in result.stderr.strip().splitlines()[-1] or str(model) in result.stderr
+    after = {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()}
+    assert after == before  # nothing rewritten, no step trained over the damaged folder
+
+
+def test_evaluate_refuses_records_of_another_vocabulary(model, shapes_dir, tmp_path):
+    from data_prep.prepare import PrepareOptions, prepare
+
+    other = str(tmp_path / "other")
+    prepare(PrepareOptions(output_dir=other, split=coco_split_args(shapes_dir), workers=1, min_word_count=3),
+            progress=False)
+    before = sorted(os.listdir(model / "eval")) if (model / "eval").exists() else []
+    result = run_cli("evaluate", "--model-dir", str(model), "--data-dir", other, "--max-images", "1")
+    assert_one_line(result, "evaluate", "was prepared with another vocabulary", "--vocab")
+    assert (sorted(os.listdir(model / "eval")) if (model / "eval").exists() else []) == before  # nothing written
+
+
+def test_each_evaluation_is_kept_once_and_never_replaced_by_a_partial_one(model):
+    def evaluate(*args):
+        result = run_cli("evaluate", "--model-dir", str(model), "--split", "test", "--beam-size", "1", *args)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result
+
+    evaluate()
+    full = model / "eval" / "test-step60-beam1-len20-norm0-all.json"
+    stamp, content = os.stat(full).st_mtime_ns, full.read_text()
+    evaluate("--max-images", "2")
+    evaluate("--max-length", "8")
+    again = evaluate()  # the same evaluation: a no-op
+    assert "evaluated already" in again.stderr
+    assert os.stat(full).st_mtime_ns == stamp and full.read_text() == content  # the full result is untouched
+    assert sorted(os.path.basename(p) for p in glob.glob(str(model / "eval" / "test-step60-beam1-*.json"))) == [
+        "test-step60-beam1-len20-norm0-all.json", "test-step60-beam1-len20-norm0-all.predictions.json",
+        "test-step60-beam1-len20-norm0-first2.json", "test-step60-beam1-len20-norm0-first2.predictions.json",
+        "test-step60-beam1-len8-norm0-all.json", "test-step60-beam1-len8-norm0-all.predictions.json"]
+    assert json.loads(content)["all_images"] is True
+    events = model / "logs" / "eval_test"
+    cider = {tag: scalars(events, f"{tag}/CIDEr") for tag in ("beam1-len20-norm0", "beam1-len20-norm0-first2",
+                                                              "beam1-len8-norm0")}
+    assert all(list(points) == [60] for points in cider.values())  # one point each, at the checkpoint's step
+    assert cider["beam1-len20-norm0"][60] == pytest.approx(json.loads(content)["metrics"]["CIDEr"], rel=1e-6)
+    n_events = sum(1 for _ in _events(events))
+    evaluate()
+    assert sum(1 for _ in _events(events)) == n_events  # the no-op added no point
+
+
+def _events(folder):
+    import tensorflow as tf
+
+    for name in os.listdir(folder):
+        yield from tf.compat.v1.train.summary_iterator(os.path.join(folder, name))
+
+
+def test_a_relative_data_dir_works_from_any_directory_and_a_moved_one_is_named(prepared_dir, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(prepared_dir, work / "records")
+    config = tmp_path / "c.yaml"
+    save_config(small_train_config("records", "train.steps=2"), str(config))
+    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), cwd=str(work))
+    assert result.returncode == 0, result.stderr[-2000:]
+    recorded = yaml.safe_load((tmp_path / "m" / "config.yaml").read_text())["data"]["dir"]
+    assert recorded == str(work / "records")  # absolute
+    ok = run_cli("evaluate", "--model-dir", str(tmp_path / "m"), "--max-images", "1", "--beam-size", "1",
+                 cwd=str(tmp_path))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    shutil.move(str(work / "records"), str(tmp_path / "moved"))
+    moved = run_cli("evaluate", "--model-dir", str(tmp_path / "m"), "--max-images", "1")
+    assert_one_line(moved, "evaluate", str(work / "records"), "data.dir in", "--data-dir")
+    ok = run_cli("evaluate", "--model-dir", str(tmp_path / "m"), "--max-images", "1", "--beam-size", "1",
+                 "--data-dir", str(tmp_path / "moved"))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+def test_no_eval_split_is_needed_without_evaluation(shapes_dir, tmp_path):
+    from captioning.errors import InputError
+    from captioning.train import Trainer
+    from data_prep.prepare import PrepareOptions, prepare
+
+    records = str(tmp_path / "records")
+    prepare(PrepareOptions(output_dir=records, split=coco_split_args(shapes_dir, ("train", "test")), workers=1,
+                           min_word_count=1), progress=False)
+    assert Trainer(small_train_config(records, "train.steps=2", "train.eval_every_steps=0"),
+                   str(tmp_path / "m")).run(progress=False)["step"] == 2
+    with pytest.raises(InputError, match="split 'val' is not in"):
+        Trainer(small_train_config(records, "train.steps=4", "train.eval_every_steps=2"), str(tmp_path / "m2"))
+
+
+def test_the_record_of_how_a_model_was_trained_is_kept(prepared_dir, tmp_path):
+    from captioning.train import Trainer
+
+    model_dir = tmp_path / "m"
+    Trainer(small_train_config(prepared_dir, "train.steps=4"), str(model_dir)).run(progress=False)
+    config = (model_dir / "config.yaml").read_text()
+    # a smaller train.steps in the finished folder: nothing to train, nothing rewritten
+    assert Trainer(small_train_config(prepared_dir, "train.steps=2"), str(model_dir)).run(
+        progress=False)["trained_steps"] == 0
+    assert (model_dir / "config.yaml").read_text() == config
+    # another optimizer from step 4 on: config.yaml says so, history.yaml keeps both
+    Trainer(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam"), str(model_dir)).run(
+        progress=False)
+    assert yaml.safe_load((model_dir / "config.yaml").read_text())["train"]["optimizer"] == "adam"
+    history = yaml.safe_load((model_dir / "history.yaml").read_text())
+    assert [(h["started_at_step"], h["config"]["train"]["optimizer"], h["config"]["train"]["steps"])
+            for h in history] == [(0, "sgd", 4), (4, "adam", 6)]
+    # the same config again (a resume): no new entry
+    Trainer(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam"), str(model_dir)).run(
+        progress=False)
+    assert len(yaml.safe_load((model_dir / "history.yaml").read_text())) == 2
+
+
+@pytest.mark.slow
+def test_caption_and_evaluate_read_a_complete_checkpoint_while_training_writes(prepared_dir, shapes_dir, tmp_path):
+    """A checkpoint every step and only the last one kept: training replaces the checkpoint under the
+    readers' feet all the time. Each reader loads a complete one and says which step it used."""
+    model_dir = tmp_path / "m"
+    config = tmp_path / "c.yaml"
+    save_config(small_train_config(prepared_dir, "train.steps=100000", "train.checkpoint_every_steps=1",
+                                   "train.keep_checkpoints=1"), str(config))
+    trainer = Cli(tmp_path, "train", "--config", str(config), "--model-dir", str(model_dir))
+    try:
+        trainer.wait_for_step(3)
+        image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
+        steps = []
+        for _ in range(3):
+            result = run_cli("caption", "--model-dir", str(model_dir), image)
+            assert result.returncode == 0, result.stderr[-3000:]
+            steps.append(int(re.search(r"restored \S+ckpt-(\d+) \(step (\d+)\)", result.stderr).group(2)))
+        result = run_cli("evaluate", "--model-dir", str(model_dir), "--split", "test", "--beam-size", "1")
+        assert result.returncode == 0, result.stderr[-3000:]
+        steps.append(int(re.search(r"checkpoint step (\d+)", result.stdout).group(1)))
+        assert steps == sorted(steps) and steps[0] >= 3 and steps[-1] > steps[0]  # newer and newer
+        assert trainer.proc.poll() is None  # training went on all along
+    finally:
+        trainer.proc.send_signal(signal.SIGTERM)
+        trainer.wait()
+    assert trainer.proc.returncode == 0
+
