@@ -17,7 +17,7 @@ import os
 import sys
 
 from captioning import __version__
-from captioning.errors import InputError
+from captioning.errors import InputError, PeerLostError
 from captioning.fileio import check_output_file
 
 log = logging.getLogger("captioning")
@@ -484,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
             return args.handler(args)
     except InputError as e:
         print(f"captioning {args.command}: error: {e}", file=sys.stderr)
+        if isinstance(e, PeerLostError):
+            # TF's coordination agent, shut down in an error state, logs that state from C++ at exit,
+            # after this line: the line above says it all, so stderr ends here (exit itself stays normal).
+            sys.stderr.flush()
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         return e.exit_code
     except Exception as e:  # a full disk wherever it strikes (a log, a summary): one line, not a traceback
         from captioning.fileio import disk_full_error

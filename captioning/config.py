@@ -109,6 +109,10 @@ class DistributeConfig:
     strategy: str = field(default="auto", metadata=_choices("auto", "default", "mirrored", "multi_worker", "tpu"))
     logical_cpus: int = 0  # split the CPU into this many logical devices (0 or 1: no split)
     tpu: str = ""  # TPU name or address, for strategy: tpu
+    # multi_worker: a worker silent this long (no heartbeat to TF's coordination service) is lost, and the
+    # others stop with an error naming it; workers wait this long for each other to start
+    peer_timeout_s: int = 30
+    startup_timeout_s: int = 600
 
 
 @dataclass
@@ -255,9 +259,9 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
     return layers + [(shown, data)]
 
 
-# Keys added after model folders began to record every key (none yet): a model folder's config.yaml
-# written before a key existed may lack it, and gets its default.
-ADDED_LATER: frozenset[str] = frozenset()
+# Keys added after model folders began to record every key: a model folder's config.yaml written before
+# a key existed may lack it, and gets its default.
+ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
@@ -335,7 +339,9 @@ def validate(config: Config) -> None:
                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every_steps", t.log_every_steps),
                        ("data.image_size", d.image_size), ("data.parse_batch_size", d.parse_batch_size),
                        ("data.length_window", d.length_window),
-                       ("model.embedding_size", m.embedding_size), ("model.lstm_units", m.lstm_units)]:
+                       ("model.embedding_size", m.embedding_size), ("model.lstm_units", m.lstm_units),
+                       ("distribute.peer_timeout_s", config.distribute.peer_timeout_s),
+                       ("distribute.startup_timeout_s", config.distribute.startup_timeout_s)]:
         if value < 1:
             raise InputError(f"{key} must be at least 1, got {value}")
     if not 0.0 <= m.dropout < 1.0:

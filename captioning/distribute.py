@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 
 import tensorflow as tf
 
 from captioning.config import DistributeConfig
-from captioning.errors import InputError
+from captioning.errors import InputError, PeerLostError
 
 log = logging.getLogger("captioning.distribute")
 
@@ -72,10 +73,14 @@ def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
             raise InputError("distribute.strategy multi_worker needs the cluster in the TF_CONFIG environment "
                              "variable (see the README's multi-machine section)")
         try:
-            json.loads(os.environ["TF_CONFIG"])
+            tf_config = json.loads(os.environ["TF_CONFIG"])
         except json.JSONDecodeError as e:
             raise InputError(f"TF_CONFIG is not valid JSON: {e}") from None
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        _configure_coordination_service(tf_config.get("cluster", {}), cfg)
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        except tf.errors.OpError as e:
+            raise peer_error(e, cfg) or e from None
     elif name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.tpu or None)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -85,6 +90,63 @@ def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
         raise InputError(f"unknown distribute.strategy {name!r}")
     log.info("strategy: %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
+
+
+def _configure_coordination_service(cluster: dict, cfg: DistributeConfig) -> None:
+    """TF's coordination service with our timeouts, before MultiWorkerMirroredStrategy starts it.
+
+    MultiWorkerMirroredStrategy starts the service itself with TF's defaults: a peer killed mid-run is
+    then noticed after 10 s without heartbeats, but a peer that never starts keeps the others waiting
+    forever. Configured here (TF has no public API for it: ``context.configure_coordination_service`` and
+    the ``cluster_register_with_barrier`` field of its config are private, and used in this function
+    only): heartbeats time out after ``distribute.peer_timeout_s``, and every worker waits at most
+    ``distribute.startup_timeout_s`` for all to register. Either way the survivors get a
+    ``tf.errors.OpError`` naming the task, which :func:`peer_error` turns into one line.
+    Must run before TensorFlow's runtime starts."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(cluster[job]))
+            for job in ("chief", "worker") if cluster.get(job)]
+    leader = "/job:chief/replica:0/task:0" if cluster.get("chief") else "/job:worker/replica:0/task:0"
+    ctx = context.context()
+    ctx.configure_coordination_service(service_type="standalone", service_leader=leader,
+                                       heartbeat_timeout_in_ms=cfg.peer_timeout_s * 1000,
+                                       cluster_register_timeout_in_ms=cfg.startup_timeout_s * 1000,
+                                       coordinated_jobs=jobs)
+    ctx._coordination_service_config.cluster_register_with_barrier = True  # a missing peer: an error, not a hang
+
+
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+# What a collective or the coordination service raises when a peer is gone, or never came.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+               tf.errors.AbortedError, tf.errors.InternalError)
+
+
+def peer_error(error: BaseException, cfg: DistributeConfig) -> InputError | None:
+    """One line for a lost (or missing) worker of a multi-worker cluster, naming it by index and address
+    from ``TF_CONFIG``; None when ``error`` does not name another task of the cluster."""
+    if not isinstance(error, PEER_ERRORS):
+        return None
+    try:
+        tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    except json.JSONDecodeError:
+        return None
+    cluster, me = tf_config.get("cluster", {}), tf_config.get("task", {})
+    text = str(getattr(error, "message", error))
+    timed_out = text.split("timed out task names:", 1)[-1] if "timed out task names:" in text else text
+    others = [(job, int(i)) for job, i in _TASK.findall(timed_out)
+              if (job, int(i)) != (me.get("type"), me.get("index")) and int(i) < len(cluster.get(job, []))]
+    if not others:
+        return None
+    job, index = others[0]
+    who = f"{job} {index} ({cluster[job][index]})"
+    if isinstance(error, tf.errors.DeadlineExceededError) and "register" in text.lower():
+        return PeerLostError(f"{who} did not join the cluster within distribute.startup_timeout_s="
+                             f"{cfg.startup_timeout_s} s: start every worker of TF_CONFIG")
+    return PeerLostError(f"lost {who}: it stopped answering (distribute.peer_timeout_s={cfg.peer_timeout_s} s); "
+                         "this worker stops too. Start every worker again: training resumes from the latest "
+                         "checkpoint")
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

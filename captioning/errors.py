@@ -18,3 +18,9 @@ class DiskFullError(InputError):
     full: one line naming the path and what to free, exit code 1 (the input itself was fine)."""
 
     exit_code = 1
+
+
+class PeerLostError(InputError):
+    """A worker of a multi-worker cluster is gone, or never came: one line naming it, exit code 1."""
+
+    exit_code = 1

@@ -75,6 +75,7 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -211,6 +212,33 @@ def _hide_handler_deprecation(record: logging.LogRecord) -> bool:
     """PreemptionCheckpointHandler calls its own deprecated ``total_run_calls`` when it saves, which logs
     advice meant for its callers ("Track steps using a tf.Variable...", which we do)."""
     return "total_run_calls" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_tf_watcher_threads():
+    """While training: a peer error in one of TF's own failure-handling threads (the
+    PreemptionCheckpointHandler polls the coordination service) is logged at debug level instead of
+    printing a thread traceback. When a worker is lost, that thread fails like the training step does,
+    and the step's error is the one reported (one line, :func:`captioning.distribute.peer_error`)."""
+    previous = threading.excepthook
+
+    def hook(args):
+        frames, tb = [], args.exc_traceback
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        ours = any(f"{os.sep}failure_handling{os.sep}" in name for name in frames)
+        if isinstance(args.exc_value, distribute.PEER_ERRORS) and ours:
+            name = getattr(args.thread, "name", "?")
+            log.debug("TF's %s thread stopped: %s", name, str(args.exc_value).splitlines()[0])
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 def _raise_preempted() -> None:
@@ -558,7 +586,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
         profiler = StepProfiler(cfg.profile_steps, os.path.join(logs, "train"), enabled=self.chief)
-        with StopOnSignal() as stop:
+        with StopOnSignal() as stop, _quiet_tf_watcher_threads():
             preemption = self._preemption_handler(stop)
             try:
                 while int(self.step.numpy()) < cfg.steps and (preemption is not None or stop.signal_name is None):
@@ -669,5 +697,8 @@ class Trainer:
 def train(cfg: config_lib.Config, model_dir: str, progress: bool = True) -> dict:
     """Configures devices, then trains (see the module docstring). Returns a summary of the run."""
     distribute.configure_devices(cfg.distribute)
-    with data_errors():  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
-        return Trainer(cfg, model_dir).run(progress=progress)
+    try:
+        with data_errors():  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
+            return Trainer(cfg, model_dir).run(progress=progress)
+    except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
+        raise distribute.peer_error(e, cfg.distribute) or e from None
