@@ -35,7 +35,7 @@ from PIL import Image
 
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes
-from captioning.images import ImageError, process_image
+from captioning.images import ImageError, process_image, read_image_file
 
 MAX_SIDE = 4096
 MAX_DECODE_BYTES = 1 << 30  # memory one image's decode may take (see the module docstring)
@@ -73,12 +73,9 @@ def collect_paths(paths: list[str]) -> list[str]:
 def read_for_model(path: str) -> bytes:
     """The bytes to give the model for ``path``: JPEG/PNG kept, anything else converted to PNG."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ImageError("does not exist") from None
-    except OSError as e:
-        raise ImageError(f"cannot read: {e.strerror}") from None
+        data = read_image_file(path)
+    except ImageError as e:
+        raise ImageError("does not exist" if str(e) == "missing file" else str(e)) from None
     encoded, _, _ = process_image(data, keep=("JPEG", "PNG"), output="PNG", max_side=MAX_SIDE,
                                   max_decode_bytes=MAX_DECODE_BYTES)
     return encoded

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from captioning import inference, metrics, schema
 from captioning.decode import ids_to_text
 from captioning.errors import InputError
-from captioning.fileio import atomic_write_json, check_output_file, disk_full_error, make_dirs
+from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset, references
 from captioning.integrity import data_errors
 from captioning.model import caption_loss_sum
@@ -112,6 +112,8 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
         if output:
             atomic_write_json(output, stored)
         return stored
+    path = folder.file(os.path.join("eval", name + ".json"))
+    check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
     captioner = inference.Captioner(trained, beam_size=beam_size, max_length=max_length,
                                     length_normalization=length_normalization)
     total = partial or split_images
@@ -144,9 +146,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
         result["baseline_caption"] = constant
 
-    path = folder.file(os.path.join("eval", name + ".json"))
     try:
-        make_dirs(os.path.dirname(path), "the model folder's eval/")
         atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
                           [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
         atomic_write_json(path, result)  # last: a metrics file means the evaluation is complete
@@ -159,7 +159,11 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
                 tf.summary.scalar(f"{tag}/{metric}", value)
             tf.summary.scalar(f"{tag}/perplexity", result["perplexity"])
     except (OSError, tf.errors.OpError) as e:
-        raise disk_full_error(e, os.path.dirname(path), "the evaluation results") or e
+        full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
+        if full is None and not isinstance(e, OSError):
+            raise
+        raise full or InputError(f"cannot write the evaluation results to {os.path.dirname(path)}: "
+                                 f"{e.strerror or e}") from None
     log.info("wrote %s", path)
     return result
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import stat
 import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -43,6 +45,35 @@ _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"RIFF", b"BM", b"II*\x00"
 
 class ImageError(Exception):
     """An image that cannot be used; the message is the reason recorded in the manifest."""
+
+
+MAX_FILE_BYTES = 1 << 30  # no image file needs more; a bigger "image" is a mistake (or /dev/zero)
+
+
+def read_image_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the image file ``path``; :class:`ImageError` (the reason, one line) when it is missing,
+    a folder, not a regular file (a FIFO would block forever, a device like /dev/zero never end: it is
+    opened without blocking and checked before a byte is read), larger than ``max_bytes``, or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise ImageError("missing file") from None
+    except IsADirectoryError:
+        raise ImageError("not a file (a folder)") from None
+    except OSError as e:
+        raise ImageError(f"unreadable file: {e.strerror}") from None
+    info = os.fstat(fd)
+    problem = ("not a file (a folder)" if stat.S_ISDIR(info.st_mode) else
+               "not a regular file (a device, pipe or socket)" if not stat.S_ISREG(info.st_mode) else
+               f"file too large for an image ({info.st_size / 2**30:.1f} GiB)" if info.st_size > max_bytes else None)
+    if problem:
+        os.close(fd)
+        raise ImageError(problem)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise ImageError(f"unreadable file: {e.strerror}") from None
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

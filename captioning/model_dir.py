@@ -10,6 +10,7 @@ Nobody else knows its file names or its rules; everything goes through :class:`M
     logs/             TensorBoard: train; eval, the validation during training; eval_<split>, evaluate
     eval/             evaluate's results, one file per (split, checkpoint, decoding, images)
     cache/            data.cache: disk's files, unless data.cache_dir says elsewhere
+    training.lock     locked by the training run writing here (one at a time: :meth:`ModelDir.lock_for_training`)
 
 **The latest complete checkpoint** is the one the ``checkpoint`` state file names. TF writes a
 checkpoint's files first (``ckpt-N_temp/``, then renamed into place) and only then replaces the state file
@@ -47,6 +48,7 @@ CONFIG = "config.yaml"
 HISTORY = "history.yaml"
 VOCAB = "vocab.txt"
 STATE = "checkpoint"  # tf.train.CheckpointManager's state file
+LOCK = "training.lock"  # held by the training run writing into the folder
 # Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
 # runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
 ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
@@ -195,6 +197,29 @@ class ModelDir:
 
             raise disk_full_error(e, self.path, "the model folder's config") or InputError(
                 f"cannot write to the model folder {self.path}: {e.strerror or e}") from None
+
+    def lock_for_training(self) -> int | None:
+        """Takes the folder for one training run: an exclusive POSIX lock on ``training.lock``, held as long
+        as the returned descriptor stays open (the run's lifetime; the kernel drops it when the process
+        dies, however it dies). A second ``train`` in the same folder is an InputError naming the first's
+        process id, instead of two runs overwriting each other's checkpoints. (POSIX locks belong to the
+        process, so several Trainers of one process do not exclude each other.) None where there are no
+        POSIX locks (Windows)."""
+        try:
+            import fcntl
+        except ImportError:
+            return None
+        fd = os.open(self.file(LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise InputError(f"another `captioning train` (process {holder}) is training in {self.path}: wait for it "
+                             "to end or stop it; two runs would overwrite each other's checkpoints") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
 
     def remove_partial_checkpoints(self, latest: str | None) -> list[str]:
         """Deletes what an interrupted save left: ``ckpt-N_temp/`` folders, ``ckpt-N.*`` files that the state

@@ -326,6 +326,8 @@ class Trainer:
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
 
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
+        # The chief writes the folder: one training run at a time (the other workers write scratch folders).
+        self._lock = self.folder.lock_for_training() if self.chief else None
         latest = self.folder.latest_checkpoint()
         if self.chief:
             self.folder.remove_partial_checkpoints(latest)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from captioning.fileio import atomic_write_json
-from captioning.images import ImageError, process_image
+from captioning.images import ImageError, process_image, read_image_file
 
 
 @dataclass
@@ -46,17 +46,7 @@ class ShardTask:
 
 
 def _read(item: Item, data: bytes | None) -> bytes:
-    if data is not None:
-        return data
-    try:
-        with open(item.path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ImageError("missing file") from None
-    except IsADirectoryError:
-        raise ImageError("not a file (a folder)") from None
-    except OSError as e:
-        raise ImageError(f"unreadable file: {e.strerror}") from None
+    return data if data is not None else read_image_file(item.path)
 
 
 def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None) -> dict:

@@ -171,3 +171,29 @@ def test_prepare_without_any_usable_image_leaves_nothing_behind(shapes_dir, tmp_
     shutil.copytree(os.path.join(shapes_dir, "images"), images)
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_pipe_or_a_device_is_not_an_image(trained_model_dir, shapes_dir, tmp_path):
+    """A FIFO would block the reader forever and /dev/zero never ends: both are refused before a byte is read."""
+    fifo = tmp_path / "fifo.jpg"
+    os.mkfifo(fifo)
+    good = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
+    result = run_cli("caption", "--model-dir", trained_model_dir, str(fifo), "/dev/zero", good, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == [f"captioning caption: error: {fifo}: not a regular file (a device, pipe or socket)",
+                      "captioning caption: error: /dev/zero: not a regular file (a device, pipe or socket)"]
+    assert good in result.stdout
+
+    from data_prep.prepare import PrepareOptions, prepare
+    from data_prep.shapes import load_split
+
+    images = tmp_path / "images"
+    shutil.copytree(os.path.join(shapes_dir, "images"), images)
+    data = load_split(shapes_dir, "train")
+    os.remove(images / data["images"][0]["file_name"])
+    os.mkfifo(images / data["images"][0]["file_name"])
+    manifest = prepare(PrepareOptions(output_dir=str(tmp_path / "o"), workers=1, min_word_count=1, split=[
+        f"train={shapes_dir}/annotations/captions_train.json:{images}"]), progress=False)
+    assert manifest["skipped"] == [{"image": data["images"][0]["file_name"],
+                                    "reason": "not a regular file (a device, pipe or socket)"}]

@@ -161,3 +161,16 @@ def test_export_on_a_full_disk_keeps_the_earlier_export(disk, trained_model_dir)
     again = disk.run("export", "--model-dir", trained_model_dir, "--output", export, "--beam-size", "2", "--overwrite")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.load(open(os.path.join(export, "captioning_export.json")))["decode"]["beam_size"] == 2
+
+
+def test_a_read_only_model_folder_is_refused_before_any_decoding(disk, trained_model_dir):
+    if not disk.mounted:
+        pytest.skip("needs a tmpfs to remount read-only")
+    model_dir = os.path.join(disk.root, "m")
+    shutil.copytree(trained_model_dir, model_dir)
+    subprocess.run(["mount", "-o", "remount,ro", disk.root], check=True)
+    result = disk.run("evaluate", "--model-dir", model_dir, "--beam-size", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("captioning evaluate: error: the evaluation result") and "Read-only file system" in last
+    assert "caption test" not in result.stderr and "PTBTokenizer" not in result.stderr  # refused before the work

@@ -48,7 +48,10 @@ def test_a_damaged_file_in_the_model_folder_is_one_line_naming_it(case, model, p
     name, damage, message = DAMAGE[case]
     path = model / name
     path.write_bytes(damage(path.read_bytes()))
-    before = {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()}
+    def files():  # training.lock aside: a refused train takes the folder's lock before it reads it
+        return {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file() and n != "training.lock"}
+
+    before = files()
     image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
     config = tmp_path / "c.yaml"
     save_config(small_train_config(prepared_dir, "train.steps=70", "train.optimizer=adam", "model.embedding_size=32",
@@ -59,8 +62,7 @@ def test_a_damaged_file_in_the_model_folder_is_one_line_naming_it(case, model, p
         assert_one_line(result, command, message)
         if case != "vocab_cut_short":  # that one is told apart by what it does not fit
             assert str(path) in result.stderr.strip().splitlines()[-1] or str(model) in result.stderr
-    after = {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()}
-    assert after == before  # nothing rewritten, no step trained over the damaged folder
+    assert files() == before  # nothing rewritten, no step trained over the damaged folder
 
 
 def test_evaluate_refuses_records_of_another_vocabulary(model, shapes_dir, tmp_path):
@@ -195,3 +197,25 @@ def test_caption_and_evaluate_read_a_complete_checkpoint_while_training_writes(p
         trainer.wait()
     assert trainer.proc.returncode == 0
 
+
+
+@pytest.mark.slow
+def test_a_second_train_in_the_same_folder_is_refused_while_the_first_runs(prepared_dir, tmp_path):
+    """Two runs in one folder both trained and overwrote each other's checkpoints: the second is refused."""
+    model_dir = tmp_path / "m"
+    config = tmp_path / "c.yaml"
+    save_config(small_train_config(prepared_dir, "train.steps=100000", "train.checkpoint_every_steps=5"), str(config))
+    first = Cli(tmp_path, "first", "--config", str(config), "--model-dir", str(model_dir))
+    try:
+        first.wait_for_step(3)
+        second = run_cli("train", "--config", str(config), "--model-dir", str(model_dir))
+        assert_one_line(second, "train", f"another `captioning train` (process {first.proc.pid}) is training in "
+                                         f"{model_dir}")
+        assert "training from step" not in second.stderr
+        assert first.proc.poll() is None  # undisturbed
+    finally:
+        first.proc.send_signal(signal.SIGTERM)
+        first.wait()
+    assert first.proc.returncode == 0
+    again = run_cli("train", "--config", str(config), "--model-dir", str(model_dir), "--set", "train.steps=1")
+    assert again.returncode == 0, again.stderr[-2000:]  # the lock went with the first run
