@@ -25,41 +25,32 @@ log = logging.getLogger("captioning")
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: ``captioning evaluate: error: argument --batch-size: must be
-    an integer of at least 1, got 0 (see captioning evaluate --help)`` and exit code 2."""
+    an integer of at least 1, got 0 (see captioning evaluate --help)`` and exit code 2; the line names
+    the command as every other error line does (``captioning benchmark: error: …`` for its subcommands)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        command = " ".join(self.prog.split()[:2])  # "captioning benchmark", as every other error line says
+        self.exit(2, f"{command}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
+def _at_least(low, kind=int):
+    """An argparse type: an integer (or, with ``kind=float``, a finite number) of at least ``low``."""
+    what = "an integer" if kind is int else "a finite number"
+
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
-def _finite_at_least(low: float):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
         if not math.isfinite(value) or value < low:
-            raise argparse.ArgumentTypeError(f"must be a finite number of at least {low:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {what} of at least {low:g}, got {text}")
         return value
 
-    parse.__name__ = f"number >= {low:g}"
+    parse.__name__ = f"{what} >= {low:g}"
     return parse
 
 
-POSITIVE, NATURAL = _int_at_least(1), _int_at_least(0)
+POSITIVE, NATURAL = _at_least(1), _at_least(0)
 
 
 def _key_int(text: str) -> tuple[str, int]:
@@ -81,7 +72,7 @@ def _add_synth(sub) -> None:
                     ".json) plus Karpathy's dataset_coco.json layout (annotations/dataset_shapes.json). "
                     "Splits are 80/10/10. The same seed gives byte-identical files.")
     p.add_argument("--output-dir", required=True, help="folder to write images/ and annotations/ into")
-    p.add_argument("--num-images", type=_int_at_least(3), default=2000,
+    p.add_argument("--num-images", type=_at_least(3), default=2000,
                    help="number of images in all splits, at least 3 (default 2000)")
     p.add_argument("--seed", type=NATURAL, default=0, help="random seed; same seed, same bytes (default 0)")
     p.add_argument("--overwrite", action="store_true", help="write even if --output-dir is not empty")
@@ -125,7 +116,7 @@ def _add_prepare(sub) -> None:
                           "(default: max(4, ceil(images / --images-per-shard)))")
     out.add_argument("--images-per-shard", type=POSITIVE, default=1000,
                      help="images per shard when --shards does not say (default 1000, ~150 MB for COCO)")
-    out.add_argument("--shorter-side", type=_int_at_least(8), default=None, metavar="PX",
+    out.add_argument("--shorter-side", type=_at_least(8), default=None, metavar="PX",
                      help="downscale images whose shorter side is larger to PX pixels (default: keep size)")
     out.add_argument("--jpeg-quality", type=POSITIVE, default=95,
                      help="JPEG quality for images that must be re-encoded (default 95)")
@@ -210,7 +201,7 @@ def _decoding_flags(p) -> None:
     p.add_argument("--beam-size", type=POSITIVE, default=3,
                    help="beam width; 1 is greedy decoding (default 3, as the paper)")
     p.add_argument("--max-length", type=POSITIVE, default=20, help="longest caption in words (default 20)")
-    p.add_argument("--length-normalization", type=_finite_at_least(0.0), default=0.0, metavar="ALPHA",
+    p.add_argument("--length-normalization", type=_at_least(0.0, float), default=0.0, metavar="ALPHA",
                    help="rank complete captions by log_prob / length^ALPHA (default 0: by log_prob)")
 
 

@@ -73,21 +73,21 @@ def make_dirs(path: str, what: str) -> None:
 
 def check_output_file(path: str, what: str) -> None:
     """Makes sure ``path`` can be written *before* the work that produces it: not a folder, its folder
-    created if missing, and a file really can be created there (a probe file, removed at once: only
-    trying tells a read-only or pseudo file system, even for root). One line naming ``what`` otherwise."""
+    created if missing, and a file really can be written there (a probe of a few KiB, removed at once:
+    only trying tells a read-only or pseudo file system, even for root, or a disk already full). One line
+    naming ``what`` otherwise (:class:`DiskFullError` for a full disk)."""
     if os.path.isdir(path):
         raise InputError(f"{what} {path} is a folder; give a file name")
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise InputError(f"{what} {path}: {folder} is a file, not a folder")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"{what} {path}: cannot create its folder {folder} ({e.strerror or e})") from None
+    make_dirs(os.path.dirname(os.path.abspath(path)), f"{what} {path}: its folder")
     probe = f"{path}.tmp{os.getpid()}"
     try:
-        with open(probe, "wb"):
-            pass
+        with open(probe, "wb") as f:
+            f.write(bytes(4096))
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
-        raise InputError(f"{what} {path}: cannot write it ({e.strerror or e})") from None
+        if os.path.exists(probe):
+            os.remove(probe)
+        raise disk_full_error(e, path, what) or InputError(f"{what} {path}: cannot write it ({e.strerror or e})") \
+            from None
     os.remove(probe)

@@ -122,17 +122,22 @@ class ModelDir:
             return None
         damaged = InputError(f"{path} is damaged (not a checkpoint state file); restore it, or delete it to start "
                              "again from step 0")
-        try:
-            state = tf.train.get_checkpoint_state(self.path)  # None, not an error, for an unparsable file
-        except (ValueError, UnicodeDecodeError, tf.errors.OpError):
-            raise damaged from None
-        if state is None or not state.model_checkpoint_path:
-            raise damaged
-        latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
-        if not tf.io.gfile.exists(latest + ".index"):
-            raise InputError(f"{path} names {os.path.basename(latest)}, whose files are missing; restore them, or "
-                             "delete that state file to start again from step 0")
-        return latest
+        previous = None
+        for _ in range(10):
+            try:
+                state = tf.train.get_checkpoint_state(self.path)  # None, not an error, for an unparsable file
+            except (ValueError, UnicodeDecodeError, tf.errors.OpError):
+                raise damaged from None
+            if state is None or not state.model_checkpoint_path:
+                raise damaged
+            latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
+            if tf.io.gfile.exists(latest + ".index"):
+                return latest
+            if latest == previous:  # missing, and not because a training run moved on meanwhile
+                break
+            previous = latest  # a training run saved a newer one and deleted this one since: read again
+        raise InputError(f"{path} names {os.path.basename(latest)}, whose files are missing; restore them, or "
+                         "delete that state file to start again from step 0")
 
     def require_trained(self) -> tuple[config_lib.Config, Vocabulary]:
         """config.yaml and vocab.txt of a folder that ``train`` wrote (InputError otherwise)."""

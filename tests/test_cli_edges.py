@@ -46,8 +46,7 @@ def assert_one_line(result, command, *fragments):
 ])
 def test_numbers_that_mean_nothing_are_one_line_errors(args, flag, tmp_path):
     result = run_cli(*args, cwd=str(tmp_path))
-    command = " ".join(args[:2]) if args[0] == "benchmark" else args[0]
-    assert_one_line(result, command, flag)
+    assert_one_line(result, args[0], flag)
     assert len(result.stderr.strip().splitlines()) == 1
     assert os.listdir(tmp_path) == []  # nothing was done
 

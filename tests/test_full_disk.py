@@ -139,10 +139,11 @@ def test_evaluate_on_a_full_disk_keeps_earlier_results(disk, trained_model_dir):
     disk.fill(leave=1_000)
     full = disk.run("evaluate", "--model-dir", model_dir, "--beam-size", "1")
     assert_disk_full(full, "evaluate", os.path.join(model_dir, "eval"))
+    assert "PTBTokenizer" not in full.stderr  # found full before an hour of decoding and scoring
     assert {n: open(os.path.join(model_dir, "eval", n), "rb").read()
             for n in os.listdir(os.path.join(model_dir, "eval"))} == kept  # earlier results intact, nothing partial
     disk.free()
-    again = disk.run("evaluate", "--model-dir", model_dir, "--beam-size", "1")
+    again = disk.run("evaluate", "--model-dir", model_dir, "--beam-size", "1", "--max-images", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(os.listdir(os.path.join(model_dir, "eval"))) == len(kept) + 2
 

@@ -125,12 +125,14 @@ def test_mirrored_two_replicas_equal_one_device(data_dir, tmp_path):
         np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
 
 
-def test_multi_worker_processes_end_with_identical_weights(data_dir, tmp_path):
+def run_two_workers(args):
+    """``tests/distributed_worker.py ARGS`` as the two workers of a localhost cluster (TF_CONFIG); waits for
+    both and asserts that both exit 0."""
     ports = [free_port(), free_port()]
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        procs.append(run_worker(["multi_worker", data_dir, str(tmp_path)], env={"TF_CONFIG": json.dumps(tf_config)}))
+        procs.append(run_worker(args, env={"TF_CONFIG": json.dumps(tf_config)}))
     outputs = []
     try:
         for proc in procs:
@@ -138,7 +140,11 @@ def test_multi_worker_processes_end_with_identical_weights(data_dir, tmp_path):
     finally:
         for proc in procs:
             proc.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2500:] for o in outputs)
+
+
+def test_multi_worker_processes_end_with_identical_weights(data_dir, tmp_path):
+    run_two_workers(["multi_worker", data_dir, str(tmp_path)])
     a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
     assert int(a["replicas"]) == 2 and len(a["losses"]) == 4
     np.testing.assert_array_equal(a["losses"], b["losses"])

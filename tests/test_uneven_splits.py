@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_cli, small_train_config
+from tests.conftest import REPO, run_cli, small_train_config
 from tests.distributed_worker import EVAL_BATCHES, TRAINED
-from tests.test_train import run_worker
+from tests.test_train import run_two_workers, run_worker
 
 
 @pytest.fixture(scope="module")
@@ -86,20 +86,7 @@ def test_multi_worker_evaluation_equals_one_device_for_uneven_splits(uneven_dir,
     """Two workers, one input pipeline each: the 1-caption val split leaves worker 1 with no record at all."""
     model_dir = tmp_path / "model"
     shutil.copytree(trained_model_dir, model_dir)
-    ports = [free_port(), free_port()]
-    procs = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        procs.append(run_worker(["eval_losses", uneven_dir, str(tmp_path), str(model_dir), "multi_worker"],
-                                env={"TF_CONFIG": json.dumps(tf_config)}))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=600)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2500:] for o in outputs)
+    run_two_workers(["eval_losses", uneven_dir, str(tmp_path), str(model_dir), "multi_worker"])
     for index in range(2):
         got = json.loads((tmp_path / f"eval-multi_worker-{index}.json").read_text())
         assert got["replicas"] == 2
