@@ -24,9 +24,14 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[$(TF_EXTRA),test]'
 	touch $@
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per process at a time): most of its
+# time is subprocesses, TensorFlow imports and JVM start-ups, and two workers keep both cores busy.
+# `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
+
 # pytest exits 5 when it collected no test: for this project that means the suite is broken.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): the suite is broken" >&2; fi; \
 	exit $$rc
 

@@ -35,6 +35,7 @@ import math
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 
 from captioning import config as config_lib
@@ -69,9 +70,12 @@ def small_cnn_grid(image_size: int) -> int:
 
 
 def _hide_unrestored_values(record: logging.LogRecord) -> bool:
+    """TF's log lines that the model folder's own one-line errors replace: values a failed restore left
+    unrestored, and a state file it could not parse ("...: Checkpoint ignored", retried or reported)."""
     message = record.getMessage()
     return not (message.startswith("Value in checkpoint could not be found in the restored object")
-                or "is being deleted with unrestored values" in message)
+                or "is being deleted with unrestored values" in message
+                or message.endswith(": Checkpoint ignored") or message.startswith("ParseError: "))
 
 
 @dataclass
@@ -120,16 +124,24 @@ class ModelDir:
         path = self.file(STATE)
         if not os.path.exists(path):
             return None
+        logging.getLogger("tensorflow").addFilter(_hide_unrestored_values)
         damaged = InputError(f"{path} is damaged (not a checkpoint state file); restore it, or delete it to start "
                              "again from step 0")
-        previous = None
-        for _ in range(10):
+        # TF replaces the state file atomically, but reads it by the size the *path* has when the read
+        # starts: a read that races a training run's rename can come back cut short. So an unparsable read
+        # is tried again, and only one that stays unparsable is damage.
+        previous, unreadable = None, 0
+        for _ in range(20):
             try:
                 state = tf.train.get_checkpoint_state(self.path)  # None, not an error, for an unparsable file
             except (ValueError, UnicodeDecodeError, tf.errors.OpError):
-                raise damaged from None
+                state = None
             if state is None or not state.model_checkpoint_path:
-                raise damaged
+                unreadable += 1
+                if unreadable == 5:
+                    raise damaged
+                time.sleep(0.05)
+                continue
             latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
             if tf.io.gfile.exists(latest + ".index"):
                 return latest

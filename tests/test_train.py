@@ -28,7 +28,9 @@ small_config = small_train_config
 def test_training_lowers_the_loss(data_dir, tmp_path):
     from captioning.train import Trainer
 
-    cfg = small_config(data_dir, "train.steps=80", "train.optimizer=adam", "train.learning_rate=0.01",
+    # lr 0.02: the loss ratio below lands near 0.41 (0.01 gave 0.57-0.60 from run to run: training is not
+    # bit-reproducible across thread schedules, and 0.6 was within that noise)
+    cfg = small_config(data_dir, "train.steps=80", "train.optimizer=adam", "train.learning_rate=0.02",
                        "model.embedding_size=32", "model.lstm_units=32", "train.eval_every_steps=80",
                        "train.eval_batches=5", "train.sample_captions=2")
     trainer = Trainer(cfg, str(tmp_path / "model"))
