@@ -66,6 +66,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    decoder: str = field(default="show_and_tell", metadata=_choices("show_and_tell"))  # captioning.model.DECODERS
     encoder: str = field(default="inception_v3", metadata=_choices(
         "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))
     encoder_weights: str = "none"  # none | imagenet | a path to a weights file
@@ -261,7 +262,8 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
 
 # Keys added after model folders began to record every key: a model folder's config.yaml written before
 # a key existed may lack it, and gets its default.
-ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s"})
+ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s",
+                                          "model.decoder"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:

@@ -40,12 +40,12 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import inference, metrics, schema
-from captioning.decode import ids_to_text
+from captioning.model.decode import ids_to_text
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset, references
 from captioning.integrity import data_errors
-from captioning.model import caption_loss_sum
+from captioning.train import caption_loss_sum
 from captioning.model_dir import ModelDir
 from captioning.text import tokenize_caption
 from captioning.vocab import Vocabulary

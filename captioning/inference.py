@@ -14,7 +14,7 @@ import math
 
 import tensorflow as tf
 
-from captioning.decode import beam_search, ids_to_text
+from captioning.model.decode import beam_search, ids_to_text
 from captioning.errors import InputError
 from captioning.input_pipeline import model_input
 from captioning.model_dir import ModelDir, TrainedModel

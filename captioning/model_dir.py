@@ -52,7 +52,7 @@ STATE = "checkpoint"  # tf.train.CheckpointManager's state file
 LOCK = "training.lock"  # held by the training run writing into the folder
 # Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
 # runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
-ARCHITECTURE_KEYS = ("encoder", "embedding_size", "lstm_units")
+ARCHITECTURE_KEYS = ("decoder", "encoder", "embedding_size", "lstm_units")
 _CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
 _STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic_write_string_to_file's
 
@@ -82,7 +82,7 @@ def _hide_unrestored_values(record: logging.LogRecord) -> bool:
 class TrainedModel:
     """A model restored from a model folder, with what it was trained with."""
 
-    model: object  # captioning.model.ShowAndTell
+    model: object  # a captioning.model.CaptionModel
     config: config_lib.Config
     vocab: Vocabulary
     step: int
@@ -303,11 +303,11 @@ class ModelDir:
 
         import tensorflow as tf
 
-        from captioning.model import ShowAndTell
+        from captioning.model import build_model
 
         cfg, vocab = self.require_trained()
         model_cfg = dataclasses.replace(cfg.model, encoder_weights="none")
-        model = ShowAndTell(len(vocab), model_cfg, cfg.data.image_size).build_all()
+        model = build_model(len(vocab), model_cfg, cfg.data.image_size).build_all()
         step = tf.Variable(0, dtype=tf.int64)
         for attempt in range(attempts):
             path = checkpoint or self.latest_checkpoint()

@@ -91,12 +91,12 @@ from tqdm import tqdm
 from captioning import config as config_lib
 from captioning import disk_cache, distribute, schema
 from captioning.augment import color_jitter
-from captioning.decode import beam_search, ids_to_text
+from captioning.model.decode import beam_search, ids_to_text
 from captioning.errors import InputError
 from captioning.fileio import disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset
 from captioning.integrity import data_errors
-from captioning.model import ShowAndTell, caption_loss_sum
+from captioning.model import all_layers, build_model
 from captioning.model_dir import ModelDir
 from captioning.vocab import Vocabulary
 
@@ -201,11 +201,20 @@ def _forward_state(model) -> list:
     """The variables a training forward pass assigns: the moving statistics of batch-norm layers that
     train (a frozen encoder's run in inference mode and stay put)."""
     found = {}
-    for layer in model._flatten_layers():
+    for layer in all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
             for v in (layer.moving_mean, layer.moving_variance):
                 found[id(v)] = v
     return list(found.values())
+
+
+def caption_loss_sum(model, batch: dict, training: bool = False):
+    """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
+    the global batch's word count, evaluation by the split's (perplexity = exp(mean))."""
+    inputs = {k: batch[k] for k in ("image", "features", "input_ids") if k in batch}
+    logits = model(inputs, training=training)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
+    return tf.reduce_sum(ce * batch["mask"])
 
 
 def _hide_handler_deprecation(record: logging.LogRecord) -> bool:
@@ -316,7 +325,7 @@ class Trainer:
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(cfg.train.seed)
         with self.strategy.scope():
-            self.model = ShowAndTell(len(self.vocab), cfg.model, cfg.data.image_size, seed=cfg.train.seed)
+            self.model = build_model(len(self.vocab), cfg.model, cfg.data.image_size, seed=cfg.train.seed)
             self.model.build_all()
             self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16")
             # Keras 3 optimizers must create their slots inside the scope before the first

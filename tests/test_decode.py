@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from captioning.config import ModelConfig
-from captioning.decode import beam_search, ids_to_text
+from captioning.model.decode import beam_search, ids_to_text
 from captioning.model import ShowAndTell
 from captioning.vocab import END_ID, PAD_ID, START_ID, Vocabulary
 

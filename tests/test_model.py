@@ -230,7 +230,7 @@ def test_an_empty_batch_gives_empty_logits_zero_loss_and_zero_gradients():
     """The last batch of a split that does not divide by the replicas leaves a replica with no example:
     images [0, S, S, 3] and input_ids [0, 0]. Keras' LSTM raises on zero rows or zero steps and TF's
     convolution mis-shapes an empty batch; the model must give [0, 0, V] logits and zero gradients."""
-    from captioning.model import caption_loss_sum
+    from captioning.train import caption_loss_sum
 
     model = small_model(encoder_trainable=True)
     stats = [npy(v).copy() for v in model.non_trainable_variables]
@@ -251,3 +251,15 @@ def test_an_empty_batch_gives_empty_logits_zero_loss_and_zero_gradients():
     images, ids = inputs()
     full = npy(model({"image": images, "input_ids": ids}))
     np.testing.assert_allclose(npy(model({"image": images[:1], "input_ids": ids[:1]})), full[:1], atol=1e-5)
+
+
+def test_checkpoint_paths_stay_those_trained_models_have(tmp_path):
+    """Variable paths in a checkpoint follow attribute names and layer order: moving code around must not
+    rename them, or every trained model folder stops loading. tests/data holds the paths a checkpoint of
+    this model had when written by an earlier version (small_cnn, trainable, as train saves it)."""
+    import os
+
+    expected = open(os.path.join(os.path.dirname(__file__), "data", "show_and_tell_checkpoint_keys.txt")).read().split()
+    model = ShowAndTell(vocab_size=V, cfg=small_cfg(encoder_trainable=True), image_size=SIZE).build_all()
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    assert sorted(k for k, _ in tf.train.list_variables(path) if k.startswith("model/")) == sorted(expected)

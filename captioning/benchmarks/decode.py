@@ -33,7 +33,7 @@ TARGET_SPEEDUP = 20.0
 def _small_model(vocab_size: int = 1_000):
     from captioning import config as config_lib
     from captioning.model_dir import TrainedModel
-    from captioning.model import ShowAndTell
+    from captioning.model import build_model
     from captioning.vocab import RESERVED, Vocabulary
 
     cfg = config_lib.Config()
@@ -41,7 +41,7 @@ def _small_model(vocab_size: int = 1_000):
     cfg.model = dataclasses.replace(cfg.model, encoder="small_cnn", encoder_trainable=True, embedding_size=256,
                                     lstm_units=256)
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
-    model = ShowAndTell(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
+    model = build_model(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
     return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir="")
 
 

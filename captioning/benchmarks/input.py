@@ -121,7 +121,7 @@ def _epoch_seconds(dataset: tf.data.Dataset) -> tuple[float, int]:
 
 def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
     """Epoch 1 time / epoch 2 time for ``cache: memory`` and ``cache: features`` on ``split``."""
-    from captioning.model import ShowAndTell
+    from captioning.model import build_model
     from captioning.vocab import Vocabulary
 
     out = {}
@@ -133,7 +133,7 @@ def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
     out["memory"] = first / second
 
     vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
-    model = ShowAndTell(len(vocab), dataclasses.replace(cfg.model, encoder_weights="none"), cfg.data.image_size)
+    model = build_model(len(vocab), dataclasses.replace(cfg.model, encoder_weights="none"), cfg.data.image_size)
     model.build_all()
     encode = tf.function(lambda images: model.encoder(images, training=False))
     features = dataclasses.replace(cfg.data, cache="features", random_crop=False, random_flip=False,

@@ -1,8 +1,10 @@
 """Turning a trained model's step function into captions: batched beam search (greedy is beam size 1).
 
 It runs for a whole batch of images at once inside TensorFlow (wrap them in ``tf.function``), calling
-:meth:`captioning.model.ShowAndTell.step` once per word for all beams of all images together. im2txt ran
-its beam search in Python, one session call per step and one image at a time (~0.3 s per image).
+the decoder's ``step`` (:class:`captioning.model.CaptionModel`) once per word for all beams of all images
+together. The decoder's state is any nest of batch-major tensors: every tensor of it is repeated per beam
+and reordered with the beams, so any decoder works unchanged. im2txt ran its beam search in Python, one
+session call per step and one image at a time (~0.3 s per image).
 
 Beam search, as im2txt defined it (so that a beam of 1 is exactly greedy decoding):
 
@@ -48,8 +50,9 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     batch = tf.shape(features)[0]
     vocab = model.vocab_size
     kw = min(k, vocab)  # words proposed per live caption
-    h, c = model.initial_state(features, training=False)
-    state = [tf.repeat(h, k, axis=0), tf.repeat(c, k, axis=0)]  # [B*K, H]: image-major, beam-minor
+    # every state tensor [B*K, ...]: image-major, beam-minor
+    state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), model.initial_state(features, training=False))
+    state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
     alive_logp = tf.tile(tf.constant([[0.0] + [_DEAD] * (k - 1)]), [batch, 1])  # one live beam at first
     alive_ids = tf.zeros([batch, k, steps], tf.int32)
@@ -60,7 +63,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
 
     for t in tf.range(steps):
         tf.autograph.experimental.set_loop_options(
-            shape_invariants=[(state[0], tf.TensorShape([None, None])), (state[1], tf.TensorShape([None, None]))])
+            shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))))
         logits, state = model.step(tokens, state)
         logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
         top_logp, top_words = tf.math.top_k(tf.reshape(logp, [batch, k, vocab]), k=kw)  # [B, K, kw]
@@ -82,7 +85,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         words = tf.gather(tf.reshape(top_words, [batch, k * kw]), index, batch_dims=1)
         alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
         alive_ids = alive_ids + words[:, :, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, None, :]
-        state = [tf.gather(s, tf.reshape(rows + parent, [-1])) for s in state]
+        state = tf.nest.map_structure(lambda s: tf.gather(s, tf.reshape(rows + parent, [-1])), state)
         tokens = tf.reshape(words, [-1])
 
     # live captions that reached max_length words complete there

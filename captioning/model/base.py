@@ -1,0 +1,84 @@
+"""The decoder interface: what beam search, training, evaluation and export know of a captioning model.
+
+A captioning model is an encoder (:mod:`captioning.model.encoders`) and a decoder. Everything outside
+this package uses only these methods, so a new decoder is a new module with a :class:`CaptionModel`
+subclass, plus its name in :data:`captioning.model.DECODERS` and in ``model.decoder``'s choices::
+
+    features = model.encode(images, training)        pixels [B, S, S, 3] → features [B, ...]
+    state = model.initial_state(features, training)   a nest of batch-major tensors [B, ...]
+    logits, state = model.step(token_ids, state)      one word: ids [B] → logits [B, V] (float32)
+    logits = model({"image" or "features", "input_ids"}, training)    teacher forcing: [B, T, V]
+
+The state may hold anything a decoding step needs per sequence (an LSTM's ``h`` and ``c``, an attention
+grid): beam search repeats every tensor of it per beam and reorders them all when beams are re-ranked,
+so a decoder never sees the search. ``call`` must equal stepping through the caption word by word
+(the tests check it for every decoder).
+
+**Empty batches** are legal: under a distribution strategy the last batch of a split that does not
+divide by the replicas leaves some replica with no example (images ``[0, S, S, 3]``, input_ids ``[0,
+0]``). Keras' LSTM raises on zero rows or zero time steps and TensorFlow's convolutions mis-shape an
+empty batch, so :meth:`CaptionModel.encode` and :meth:`CaptionModel.call` run the encoder and decoder
+on at least one row and one step of zero padding and cut the result back: an empty batch gives logits
+``[0, 0, V]``, zero loss and zero gradients, never an error. (In training mode a padded row would enter
+batch-norm statistics, which is why training input pipelines never yield an empty batch.) Decoders
+implement :meth:`CaptionModel.forward` and get this for free.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from captioning.config import ModelConfig
+
+
+def _pad_rows(x, rows):
+    """``x`` with zero rows appended along axis 0 up to ``rows``."""
+    extra = tf.maximum(rows - tf.shape(x)[0], 0)
+    return tf.pad(x, tf.concat([[[0, extra]], tf.zeros([tf.rank(x) - 1, 2], tf.int32)], axis=0))
+
+
+class CaptionModel(keras.Model):
+    """Base class of every captioning model (see the module docstring).
+
+    Subclasses set :attr:`encoder` (a Keras model from pixels to features) and implement
+    :meth:`initial_state`, :meth:`step`, :meth:`forward` and :meth:`decoder_variables`."""
+
+    vocab_size: int
+    image_size: int
+    cfg: ModelConfig
+
+    def encode(self, images, training=False):
+        """Pixels ``[B, S, S, 3]`` → the features this decoder reads; ``[0, ...]`` for an empty batch."""
+        rows = tf.shape(images)[0]
+        return self.encoder(_pad_rows(images, 1), training=training)[:rows]
+
+    def initial_state(self, features, training=False):
+        raise NotImplementedError
+
+    def step(self, token_ids, state):
+        """One decoding step: ``token_ids [B]`` and the state → ``logits [B, V]`` (float32) and the new state."""
+        raise NotImplementedError
+
+    def forward(self, features, input_ids, training=False):
+        """Teacher-forced logits ``[B, T, V]`` for a batch with at least one row and one step."""
+        raise NotImplementedError
+
+    def decoder_variables(self) -> list:
+        """The decoder's variables (everything but the encoder's)."""
+        raise NotImplementedError
+
+    def call(self, inputs, training=False):
+        features = inputs["features"] if "features" in inputs else self.encode(inputs["image"], training)
+        input_ids = inputs["input_ids"]
+        rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+        features = _pad_rows(features, tf.maximum(rows, 1))
+        input_ids = tf.pad(input_ids, [[0, tf.maximum(1 - rows, 0)], [0, tf.maximum(1 - steps, 0)]])
+        return self.forward(features, input_ids, training=training)[:rows, :steps]
+
+    def build_all(self) -> "CaptionModel":
+        """Creates every variable (encoder and decoder) with one tiny forward pass."""
+        self({"image": np.zeros((1, self.image_size, self.image_size, 3), "uint8"),
+              "input_ids": np.zeros((1, 1), "int64")})
+        return self

@@ -1,0 +1,82 @@
+"""The Show-and-Tell model (Vinyals et al. 2015): a CNN encoder and an LSTM decoder, in Keras 3.
+
+The image is embedded once and fed as the LSTM's first input; the words follow. Training sees the
+whole caption at once (teacher forcing); decoding calls :meth:`ShowAndTell.step` one word at a time::
+
+    time step        -1          0          1          2          3
+    LSTM input     image      <start>      a          red       circle
+    predicts       (ignored)    a          red       circle      <end>
+
+With im2txt's sizes (Inception v3, embedding 512, LSTM 512) the decoder's parts have exactly::
+
+    image_embedding   2048 × 512 (no bias)              = 1,048,576
+    lstm              4 × ((512 + 512) × 512 + 512)      = 2,099,200
+    word_embedding    V × 512
+    logits            512 × V + V
+
+All decoder kernels and embeddings start uniform in ±``init_scale`` (0.08); biases start at 0 (the
+LSTM's forget-gate bias at 1, Keras's ``unit_forget_bias``). Dropout (rate 0.3, im2txt's keep
+probability 0.7) is applied to the LSTM's inputs and outputs. The logits layer always computes in
+float32, so mixed precision never puts the softmax in half precision.
+
+The encoder (:mod:`captioning.model.encoders`) gives pooled features ``[B, D]``; the state is the LSTM's
+``[h, c]``. ``model.decoder: show_and_tell``.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import layers
+
+from captioning.config import ModelConfig
+from captioning.model.base import CaptionModel
+from captioning.model.encoders import build_encoder
+
+
+class ShowAndTell(CaptionModel):
+    """Encoder + LSTM decoder (see the module docstring and :class:`CaptionModel`'s interface)."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, image_size
+        self.encoder = build_encoder(cfg, image_size)
+        self.feature_size = int(self.encoder.output.shape[-1])
+
+        def init(offset):
+            return keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=seed + offset)
+
+        # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
+        self.image_embedding = layers.Dense(cfg.embedding_size, use_bias=False, kernel_initializer=init(1),
+                                            name="image_embedding")
+        self.word_embedding = layers.Embedding(vocab_size, cfg.embedding_size, embeddings_initializer=init(2),
+                                               name="word_embedding")
+        self.lstm = layers.LSTM(cfg.lstm_units, return_sequences=True, return_state=True,
+                                kernel_initializer=init(3), recurrent_initializer=init(4), name="lstm")
+        self.input_dropout = layers.Dropout(cfg.dropout, seed=seed + 5, name="lstm_input_dropout")
+        self.output_dropout = layers.Dropout(cfg.dropout, seed=seed + 6, name="lstm_output_dropout")
+        self.logits = layers.Dense(vocab_size, kernel_initializer=init(7), dtype="float32", name="logits")
+
+    def initial_state(self, features, training=False):
+        """The LSTM state after it has read the image embedding (time step -1)."""
+        embedded = self.image_embedding(features)[:, None, :]
+        _, h, c = self.lstm(self.input_dropout(embedded, training=training), training=training)
+        return [h, c]
+
+    def step(self, token_ids, state):
+        """One decoding step: ``token_ids [batch]``, ``state [h, c]`` → ``logits [batch, vocab]``, new state."""
+        embedded = self.word_embedding(token_ids)
+        output, new_state = self.lstm.cell(embedded, state, training=False)
+        return self.logits(output), list(new_state)
+
+    def forward(self, features, input_ids, training=False):
+        state = self.initial_state(features, training)
+        words = self.input_dropout(self.word_embedding(input_ids), training=training)
+        # No mask is needed: captions are right-padded and the LSTM is causal, so padding never changes
+        # the outputs at real positions (and the loss masks padded positions). This keeps cuDNN usable.
+        outputs, _, _ = self.lstm(words, initial_state=state, training=training)
+        return self.logits(self.output_dropout(outputs, training=training))
+
+    def decoder_variables(self) -> list:
+        return [v for layer in (self.image_embedding, self.word_embedding, self.lstm, self.logits)
+                for v in layer.weights]
