@@ -189,11 +189,11 @@ def _run_train(args) -> int:
     except NonFiniteError as e:  # train.nan_policy: stop
         print(f"captioning train: error: {e}", file=sys.stderr)
         return e.exit_code
-    if result["interrupted"]:  # SIGINT/SIGTERM: the step under way finished and was saved
-        print(f"interrupted at step {result['step']}: saved {result['checkpoint']}; run the same command to resume")
+    if result.interrupted:  # SIGINT/SIGTERM: the step under way finished and was saved
+        print(f"interrupted at step {result.step}: saved {result.checkpoint}; run the same command to resume")
         return 0
-    skipped = f" ({len(result['skipped_steps'])} batches skipped: non-finite loss)" if result["skipped_steps"] else ""
-    print(f"trained to step {result['step']} in {args.model_dir}{skipped}")
+    skipped = f" ({len(result.skipped_steps)} batches skipped: non-finite loss)" if result.skipped_steps else ""
+    print(f"trained to step {result.step} in {args.model_dir}{skipped}")
     return 0
 
 

@@ -66,7 +66,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    decoder: str = field(default="show_and_tell", metadata=_choices("show_and_tell"))  # captioning.model.DECODERS
+    decoder: str = "show_and_tell"  # one of captioning.model.DECODERS (checked when the model is built)
     encoder: str = field(default="inception_v3", metadata=_choices(
         "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))
     encoder_weights: str = "none"  # none | imagenet | a path to a weights file

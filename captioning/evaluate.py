@@ -33,21 +33,20 @@ import collections
 import dataclasses
 import json
 import logging
-import math
 import os
 
 import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import inference, metrics, schema
-from captioning.model.decode import ids_to_text
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset, references
 from captioning.integrity import data_errors
-from captioning.train import caption_loss_sum
+from captioning.model.decode import ids_to_text
 from captioning.model_dir import ModelDir
 from captioning.text import tokenize_caption
+from captioning.train import evaluation_loss
 from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.evaluate")
@@ -132,13 +131,13 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
     refs = references(cfg, split)
 
     # perplexity over the same images' captions
-    loss = caption_loss(trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
-                                                    max_images=max_images))
+    loss = evaluation_loss(trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
+                                                       max_images=max_images))
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
     result = {"metrics": scores, "split": split, "checkpoint_step": trained.step, "num_images": len(candidates),
               "all_images": partial is None, "beam_size": beam_size, "max_length": max_length,
-              "length_normalization": length_normalization, "loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+              "length_normalization": length_normalization, "loss": loss.loss, "perplexity": loss.perplexity}
     if baseline:
         train_texts = [t for texts in references(cfg, trained.config.data.train_split).values() for t in texts]
         constant = most_frequent_caption(train_texts)
@@ -178,16 +177,3 @@ def _stored(path: str, baseline: bool, spice: bool) -> dict | None:
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})):
         return None
     return stored
-
-
-def caption_loss(model, dataset: tf.data.Dataset) -> float:
-    """Mean cross-entropy per real word over every caption of ``dataset`` (one device)."""
-    @tf.function(input_signature=[dataset.element_spec])  # one graph for every bucket length
-    def step(batch):
-        return caption_loss_sum(model, batch, training=False), tf.reduce_sum(batch["mask"])
-
-    total = count = 0.0
-    for batch in dataset:
-        loss_sum, tokens = step(batch)
-        total, count = total + float(loss_sum), count + float(tokens)
-    return total / max(count, 1.0)

@@ -42,7 +42,7 @@ def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: 
         result = train(cfg, model_dir, progress=progress)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
-    ingestion, step = result["ingestion_s"][warmup:], result["step_s"][warmup:]
+    ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
     total = sum(ingestion) + sum(step)
     return {
         "ingestion_share": sum(ingestion) / total,

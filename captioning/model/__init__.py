@@ -9,6 +9,7 @@ evaluation, captioning, export) uses only the :class:`CaptionModel` interface an
 from __future__ import annotations
 
 from captioning.config import ModelConfig
+from captioning.errors import InputError
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import SMALL_CNN_FILTERS, all_layers, build_encoder
 from captioning.model.show_and_tell import ShowAndTell
@@ -18,6 +19,8 @@ DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell}
 
 def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0) -> CaptionModel:
     """The model of ``cfg.decoder`` (not built: call ``build_all()`` to create its variables)."""
+    if cfg.decoder not in DECODERS:
+        raise InputError(f"config key model.decoder must be one of {', '.join(DECODERS)}, got {cfg.decoder!r}")
     return DECODERS[cfg.decoder](vocab_size, cfg, image_size, seed=seed)
 
 

@@ -26,6 +26,7 @@ import re
 
 import tensorflow as tf
 
+from captioning import tf_internals
 from captioning.config import DistributeConfig
 from captioning.errors import InputError, PeerLostError
 
@@ -97,24 +98,14 @@ def _configure_coordination_service(cluster: dict, cfg: DistributeConfig) -> Non
 
     MultiWorkerMirroredStrategy starts the service itself with TF's defaults: a peer killed mid-run is
     then noticed after 10 s without heartbeats, but a peer that never starts keeps the others waiting
-    forever. Configured here (TF has no public API for it: ``context.configure_coordination_service`` and
-    the ``cluster_register_with_barrier`` field of its config are private, and used in this function
-    only): heartbeats time out after ``distribute.peer_timeout_s``, and every worker waits at most
-    ``distribute.startup_timeout_s`` for all to register. Either way the survivors get a
-    ``tf.errors.OpError`` naming the task, which :func:`peer_error` turns into one line.
-    Must run before TensorFlow's runtime starts."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context
-
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(cluster[job]))
-            for job in ("chief", "worker") if cluster.get(job)]
+    forever. Configured here (through :func:`captioning.tf_internals.configure_coordination_service`:
+    TF has no public API for it), heartbeats time out after ``distribute.peer_timeout_s``, and every
+    worker waits at most ``distribute.startup_timeout_s`` for all to register. Either way the survivors
+    get a ``tf.errors.OpError`` naming the task, which :func:`peer_error` turns into one line. Must run
+    before TensorFlow's runtime starts."""
+    jobs = {job: len(cluster[job]) for job in ("chief", "worker") if cluster.get(job)}
     leader = "/job:chief/replica:0/task:0" if cluster.get("chief") else "/job:worker/replica:0/task:0"
-    ctx = context.context()
-    ctx.configure_coordination_service(service_type="standalone", service_leader=leader,
-                                       heartbeat_timeout_in_ms=cfg.peer_timeout_s * 1000,
-                                       cluster_register_timeout_in_ms=cfg.startup_timeout_s * 1000,
-                                       coordinated_jobs=jobs)
-    ctx._coordination_service_config.cluster_register_with_barrier = True  # a missing peer: an error, not a hang
+    tf_internals.configure_coordination_service(leader, jobs, cfg.peer_timeout_s, cfg.startup_timeout_s)
 
 
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")

@@ -1,0 +1,332 @@
+"""The training loop: :class:`Trainer` sets a run up, :meth:`Trainer.run` trains, top to bottom.
+
+Machinery lives elsewhere in the package: the compiled steps (:mod:`~captioning.train.steps`), the
+objective (:mod:`~captioning.train.objectives`), the optimizer (:mod:`~captioning.train.optimizer`),
+signals, preemption and the profiler (:mod:`~captioning.train.lifecycle`), logging
+(:mod:`~captioning.train.summaries`), devices and strategies (:mod:`~captioning.train.distribute`), and
+the model folder (:class:`captioning.model_dir.ModelDir`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import keras
+import tensorflow as tf
+from tqdm import tqdm
+
+from captioning import config as config_lib
+from captioning import disk_cache, schema
+from captioning.errors import InputError
+from captioning.fileio import disk_full_error
+from captioning.input_pipeline import eval_images, make_dataset
+from captioning.integrity import data_errors
+from captioning.model import build_model
+from captioning.model.decode import beam_search, ids_to_text
+from captioning.model_dir import ModelDir
+from captioning.train import distribute
+from captioning.train.lifecycle import (Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
+                                        preemption_handler, quiet_tf_watcher_threads)
+from captioning.train.objectives import OBJECTIVES
+from captioning.train.optimizer import examples_per_epoch, make_optimizer
+from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, make_train_step
+from captioning.train.summaries import Summaries, Window
+from captioning.vocab import Vocabulary
+
+log = logging.getLogger("captioning.train")
+
+
+class NonFiniteError(Exception):
+    """The loss, the gradient norm or the weights stopped being finite (``train.nan_policy: stop``).
+    Nothing was saved; the command line prints the message and exits 1."""
+
+    exit_code = 1
+
+
+@dataclass
+class TrainResult:
+    """What a run did. ``ingestion_s`` and ``step_s`` are each iteration's time waiting for the batch and
+    running the step, in seconds; ``skipped_steps`` the steps whose batch was skipped for a non-finite
+    loss (``train.nan_policy: skip``; their ``losses`` are NaN or Inf); ``interrupted`` the signal's
+    name (or ``"another worker's signal"``) when one ended the run early; ``checkpoint`` the path of the
+    folder's latest checkpoint when the run ended (None if there is none). Also readable as
+    ``result["step"]``."""
+
+    step: int
+    losses: list[float] = field(default_factory=list)
+    ingestion_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)
+    interrupted: str | None = None
+    checkpoint: str | None = None
+
+    @property
+    def trained_steps(self) -> int:
+        return len(self.losses)
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+class Trainer:
+    """Builds the strategy, data, model, optimizer and checkpoints for one run; :meth:`run` trains."""
+
+    def __init__(self, cfg: config_lib.Config, model_dir: str, strategy: tf.distribute.Strategy | None = None):
+        config_lib.validate(cfg)
+        self.cfg, self.model_dir = cfg, model_dir
+        self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
+        self.manifest = schema.read_manifest(cfg.data.dir)
+        # a clear error for a missing split; the eval split only matters when something evaluates
+        for split in (cfg.data.train_split,) + ((cfg.data.eval_split,) if cfg.train.eval_every_steps else ()):
+            schema.split_files(cfg.data.dir, self.manifest, split)
+        self.vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
+        self.strategy = strategy or distribute.make_strategy(cfg.distribute)
+        self.chief = distribute.is_chief(self.strategy)
+        self.folder = ModelDir(model_dir)
+        # checks only: config.yaml and vocab.txt are written once the checkpoint is known to fit
+        previous = self.folder.check_fits(cfg, self.vocab)
+        if cfg.data.cache == "disk":
+            disk_cache.check_folder(self.cache_dir)
+        replicas = self.strategy.num_replicas_in_sync
+        if cfg.train.batch_size % replicas:
+            raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
+                             f"{replicas} replicas")
+        self.steps_per_epoch = max(1, examples_per_epoch(self.manifest, cfg) // cfg.train.batch_size)
+        self.objective = OBJECTIVES["xe"]()
+
+        policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
+        keras.mixed_precision.set_global_policy(policy)
+        keras.utils.set_random_seed(cfg.train.seed)
+        with self.strategy.scope():
+            self.model = build_model(len(self.vocab), cfg.model, cfg.data.image_size, seed=cfg.train.seed)
+            self.model.build_all()
+            self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16")
+            # Keras 3 optimizers must create their slots inside the scope before the first
+            # distributed step, or the first step fails on an unfed 'cond' placeholder.
+            self.optimizer.build(self.model.trainable_variables)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
+
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
+        # The chief writes the folder: one training run at a time (the other workers write scratch folders).
+        self._lock = self.folder.lock_for_training() if self.chief else None
+        latest = self.folder.latest_checkpoint()
+        if self.chief:
+            self.folder.remove_partial_checkpoints(latest)
+            write_dir = model_dir
+        else:  # a scratch folder; what a killed run left there is of no use
+            write_dir = os.path.join(model_dir, f".tmp-{distribute.worker_id(self.strategy)}")
+            shutil.rmtree(write_dir, ignore_errors=True)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=cfg.train.keep_checkpoints,
+                                                  checkpoint_name="ckpt", step_counter=self.step)
+        self._saved_step = None
+        if latest and previous is not None and previous.model.encoder_trainable != cfg.model.encoder_trainable:
+            # Keras optimizers track their variables by position, so when the set of trained variables
+            # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state
+            # no longer lines up: restore the model and the step, and start the optimizer afresh.
+            self.folder.restore(latest, {"model": self.model, "step": self.step})
+            log.info("resumed the model from %s at step %d with a new optimizer (model.encoder_trainable "
+                     "changed)", latest, self.current_step())
+        elif latest:
+            self.folder.restore(latest, {"model": self.model, "step": self.step}, {"optimizer": self.optimizer})
+            log.info("resumed from %s at step %d", latest, self.current_step())
+        if latest:
+            self._saved_step = self.current_step()  # so an interrupted run does not write it again
+        if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
+            self.folder.write(cfg, self.vocab, step=self.current_step())
+        self._compiled = Compiled()
+
+    def current_step(self) -> int:
+        return int(self.step.numpy())
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def run(self, progress: bool = True) -> TrainResult:
+        """Trains to ``train.steps``, or until SIGINT/SIGTERM (then saves; see :mod:`captioning.train`)."""
+        cfg = self.cfg.train
+        record = TrainResult(step=self.current_step())
+        if record.step >= cfg.steps:
+            log.info("already at step %d of %d: nothing to train", record.step, cfg.steps)
+            return record
+        log.info("training from step %d to %d: global batch %d on %d replica(s), %d steps per epoch", record.step,
+                 cfg.steps, cfg.batch_size, self.strategy.num_replicas_in_sync, self.steps_per_epoch)
+        dataset = self.distributed_dataset(self.cfg.data.train_split, training=True)
+        train_step = self.train_step_for(dataset)
+        batches = iter(dataset)
+        summaries = Summaries(self.model_dir, self.chief, cfg.batch_size)
+        profiler = StepProfiler(cfg.profile_steps, summaries.train_dir, enabled=self.chief)
+        window = Window()
+        bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
+                   mininterval=1.0)
+        with StopOnSignal() as stop, quiet_tf_watcher_threads():
+            preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
+            try:
+                while self.current_step() < cfg.steps and (preemption is not None or stop.signal_name is None):
+                    # 1. One iteration = ingestion (waiting for the batch) + the train step.
+                    profiler.before(self.current_step() + 1)
+                    t0 = time.perf_counter()
+                    batch = next(batches)
+                    t1 = time.perf_counter()
+                    # Under multi-worker, the handler first checks whether any worker was signalled; if so,
+                    # every worker saves at one common step and Preempted ends the loop.
+                    out = train_step(batch) if preemption is None else preemption.run(train_step, batch)
+                    loss, norm, weight = (float(x) for x in out)  # waits for the device: part of step time
+                    t2 = time.perf_counter()
+                    step = self.current_step()
+                    profiler.after(step)
+                    record.losses.append(loss)
+                    record.ingestion_s.append(t1 - t0)
+                    record.step_s.append(t2 - t1)
+
+                    # 2. A step whose loss or gradient norm is not finite applied no update.
+                    finite = self._step_was_finite(loss, norm)
+                    if not finite:
+                        self._non_finite_step(step, loss, norm, record.skipped_steps)
+                    window.add(loss, weight, norm, finite, t1 - t0, t2 - t1)
+                    bar.update(1)
+
+                    # 3. The checkpoint first: whatever fails after it (summaries, evaluation, samples)
+                    #    never loses the steps trained. An evaluation step is always saved first.
+                    evaluate = cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps)
+                    if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps or evaluate:
+                        log.info("saved %s", self.save())
+                    if step % cfg.log_every_steps == 0 or step == cfg.steps:
+                        summaries.window(window, step, self._learning_rate(), len(record.skipped_steps))
+                        bar.set_postfix(loss=f"{window.mean_loss:.3f}")
+                        window = Window()
+                    if evaluate:
+                        samples = self.sample_captions(self.cfg.train.sample_captions) if self.chief else []
+                        summaries.evaluation(step, self.evaluate_loss(cfg.eval_batches), samples)
+
+                # 4. SIGINT/SIGTERM (one worker): the step under way finished; save it and stop.
+                if stop.signal_name and preemption is None and self.current_step() < cfg.steps:
+                    self.save()
+                    record.interrupted = stop.signal_name
+            except Preempted:  # every worker saved this step (PreemptionCheckpointHandler's save_fn)
+                record.interrupted = stop.signal_name or "another worker's signal"
+            finally:
+                profiler.close()
+                close_preemption_handler(preemption)
+                bar.close()
+                summaries.flush()
+        record.step = self.current_step()
+        if record.interrupted:
+            log.info("interrupted by %s at step %d: saved %s", record.interrupted, record.step,
+                     os.path.join(self.model_dir, f"ckpt-{record.step}"))
+        if self._saved_step is not None:
+            record.checkpoint = os.path.join(self.model_dir, f"ckpt-{self._saved_step}")
+        return record
+
+    # ---- data ---------------------------------------------------------------------------------------
+    def _feature_fn(self):
+        if self.cfg.data.cache != "features":
+            return None
+        return tf.function(lambda images: self.model.encoder(images, training=False))
+
+    def distributed_dataset(self, split: str, training: bool):
+        cfg = self.cfg
+
+        def dataset_fn(input_context):
+            batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
+            return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
+                                feature_fn=self._feature_fn(), cache_dir=self.cache_dir)
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    # ---- steps --------------------------------------------------------------------------------------
+    def train_step_for(self, dataset):
+        """The compiled training step for batches of ``dataset`` (a distributed dataset): returns the
+        global mean loss, the global gradient norm and the global weight (tokens for ``xe``)."""
+        jitter = self.cfg.data.color_jitter and self.cfg.data.cache != "features"
+
+        def train_step():
+            return make_train_step(self.model, self.optimizer, self.strategy, self.objective, self.step,
+                                   self.cfg.train.clip_gradient_norm, jitter)
+
+        return self._compiled(train_step, dataset)
+
+    def evaluate_loss(self, max_batches: int | None = None) -> EvaluationLoss:
+        """Mean cross-entropy per real token and perplexity on the eval split (all captions)."""
+        dataset = self.distributed_dataset(self.cfg.data.eval_split, training=False)
+        return evaluation_loss(self.model, dataset, self.strategy, max_batches, self._compiled)
+
+    def sample_captions(self, count: int) -> list[tuple[int, str, str]]:
+        """(image id, generated caption, first reference) for the first ``count`` eval images."""
+        if count <= 0:
+            return []
+        cfg = self.cfg.data
+        batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count)))
+        best = beam_search(self.model, self.model.encode(batch["image"]), beam_size=1)  # greedy
+        captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
+        out = []
+        for i, (caption,) in enumerate(captions):
+            reference = " ".join(self.vocab.decode(batch["captions"][i][0].numpy()))
+            out.append((int(batch["image_id"][i]), caption, reference))
+        return out
+
+    # ---- checkpoints and bad numbers -----------------------------------------------------------------
+    def save(self) -> str:
+        """Saves ``ckpt-<step>`` unless this step is saved already, after checking that the weights are
+        finite (NonFiniteError otherwise). Returns its path in the model folder."""
+        step = self.current_step()
+        path = os.path.join(self.model_dir, f"ckpt-{step}")
+        if self._saved_step == step:
+            return path
+        if not self._weights_finite():
+            raise NonFiniteError(self._non_finite_message("the model's weights are no longer finite", step))
+        try:
+            written = self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as e:
+            # TF replaces the state file only after a checkpoint's files are complete: the latest one
+            # stays the latest, and the next start removes this one's leftovers.
+            latest = self.folder.latest_checkpoint() if self.chief else None
+            then = f"run the same command to resume from {os.path.basename(latest)}" if latest else \
+                "run the same command again"
+            size = sum(os.path.getsize(p) for p in tf.io.gfile.glob(latest + ".*")) if latest else 0
+            need = f" (a checkpoint takes about {size / 2**20:.1f} MB)" if size else ""
+            raise disk_full_error(e, self.manager.directory, f"checkpoint ckpt-{step}{need}", then) or e
+        if not self.chief:  # other workers write to a scratch folder, only for the collective ops
+            shutil.rmtree(os.path.dirname(written), ignore_errors=True)
+        self._saved_step = step
+        return path
+
+    def _learning_rate(self) -> float:
+        rate = self.optimizer.learning_rate
+        return float(rate(self.step)) if callable(rate) else float(rate)
+
+    def _step_was_finite(self, loss: float, norm: float) -> bool:
+        """The host's copy of the compiled step's verdict, from the values it returns."""
+        return math.isfinite(loss) and (math.isfinite(norm) or
+                                        isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer))
+
+    def _non_finite_step(self, step: int, loss: float, norm: float, skipped: list[int]) -> None:
+        what = f"non-finite loss {loss} (gradient norm {norm})"
+        if self.cfg.train.nan_policy == "stop":
+            raise NonFiniteError(self._non_finite_message(what, step))
+        skipped.append(step)
+        log.warning("step %d: %s: batch skipped, no update applied (%d skipped so far)", step, what, len(skipped))
+
+    def _weights_finite(self) -> bool:
+        floats = [v.value for v in self.model.variables if tf.as_dtype(v.dtype).is_floating]
+        return bool(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])))
+
+    def _non_finite_message(self, what: str, step: int) -> str:
+        latest = self.folder.latest_checkpoint()
+        kept = (f"the latest checkpoint, {os.path.basename(latest)}, is the last good one" if latest
+                else "there is no checkpoint yet")
+        return (f"{what} at step {step}: stopped without saving; {kept}. Lower train.learning_rate, set "
+                "train.clip_gradient_norm, or set train.nan_policy=skip to skip such batches")
+
+
+def train(cfg: config_lib.Config, model_dir: str, progress: bool = True) -> TrainResult:
+    """Configures devices, then trains (see :mod:`captioning.train`)."""
+    distribute.configure_devices(cfg.distribute)
+    try:
+        with data_errors():  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
+            return Trainer(cfg, model_dir).run(progress=progress)
+    except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
+        raise distribute.peer_error(e, cfg.distribute) or e from None

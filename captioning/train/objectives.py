@@ -1,0 +1,60 @@
+"""Training objectives: what one replica's loss is on its share of the global batch.
+
+The training step (:mod:`captioning.train.steps`) is the same for every objective: each replica calls
+:meth:`Objective.replica_loss`, the step all-reduces the weights and divides every replica's loss sum by
+the *global* weight, so the summed gradients are those of the global mean whatever the split between
+replicas (and a replica with no example contributes nothing). A new objective is a new class here (or a
+module) and a value of ``train.objective``.
+
+``xe`` (:class:`CrossEntropy`): the masked cross-entropy of the reference captions (teacher forcing),
+weighted by real target tokens: the mean per token over the global batch. Evaluation always measures
+this one (:func:`perplexity` of the references), whatever the training objective.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+
+@dataclass
+class ReplicaLoss:
+    """A replica's contribution: ``loss_sum / global weight`` is what it differentiates. ``sums`` are other
+    quantities to report, summed over the replicas and divided by the global weight (e.g. a reward)."""
+
+    loss_sum: tf.Tensor
+    weight: tf.Tensor
+    sums: dict[str, tf.Tensor] = field(default_factory=dict)
+
+
+class Objective:
+    name = ""
+
+    def replica_loss(self, model, batch: dict, training: bool) -> ReplicaLoss:
+        raise NotImplementedError
+
+
+def caption_loss_sum(model, batch: dict, training: bool = False):
+    """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
+    the global batch's word count, evaluation by the split's (perplexity = exp(mean))."""
+    inputs = {k: batch[k] for k in ("image", "features", "input_ids") if k in batch}
+    logits = model(inputs, training=training)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
+    return tf.reduce_sum(ce * batch["mask"])
+
+
+class CrossEntropy(Objective):
+    name = "xe"
+
+    def replica_loss(self, model, batch, training):
+        return ReplicaLoss(caption_loss_sum(model, batch, training=training), tf.reduce_sum(batch["mask"]))
+
+
+OBJECTIVES: dict[str, type[Objective]] = {"xe": CrossEntropy}
+
+
+def perplexity(loss_per_token: float) -> float:
+    """``exp(mean cross-entropy per token)``, capped at exp(50) so a diverged model reports a number."""
+    return math.exp(min(loss_per_token, 50.0))

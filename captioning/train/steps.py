@@ -1,0 +1,168 @@
+"""The compiled steps: one training step for every objective and strategy, and the evaluation loss.
+
+**The training step.** Each replica computes its objective's loss sum on its share of the global batch
+(:mod:`captioning.train.objectives`) and divides it by the weight of the *whole global batch*, counted
+with an all-reduce, so summing the replicas' gradients gives exactly the gradient of the global mean, for
+any number of replicas and any split of the examples between them.
+
+Gradient clipping by global norm must see the summed gradient. Keras 3 optimizers clip before they
+all-reduce (per replica, which is wrong under data parallelism), so the step all-reduces the gradients
+itself, clips the global gradient, and hands each replica ``g / replicas`` to ``optimizer.apply``, whose
+own sum restores ``g``. (That costs a second all-reduce of the gradients; exact for 2^k replicas, within
+an ulp otherwise.)
+
+A step whose global loss or gradient norm is not finite applies no update: ``tf.cond`` in cross-replica
+context around ``optimizer.apply``, as Keras' LossScaleOptimizer does, so it works under every strategy;
+batch-norm moving statistics changed by that forward pass are put back with ``tf.where``. The verdict is
+the same on every replica and worker, as it is computed from all-reduced values. Under loss scaling
+(``mixed_float16``) overflowing gradients are the loss scaler's business; only a non-finite loss counts.
+
+With ``data.color_jitter`` the step first applies im2txt's colour distortions to the batch on the device
+(:mod:`captioning.augment`).
+
+**Evaluation** (:func:`evaluation_loss`) is always the cross-entropy of the reference captions, whatever
+the training objective: ``train``'s validation and ``evaluate``'s perplexity are the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from captioning.augment import color_jitter
+from captioning.model import all_layers
+from captioning.train.objectives import Objective, caption_loss_sum, perplexity
+
+
+def forward_state(model) -> list:
+    """The variables a training forward pass assigns: the moving statistics of batch-norm layers that
+    train (a frozen encoder's run in inference mode and stay put)."""
+    found = {}
+    for layer in all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
+            for v in (layer.moving_mean, layer.moving_variance):
+                found[id(v)] = v
+    return list(found.values())
+
+
+class Compiled:
+    """Steps as ``tf.function``\\ s traced once per dataset element_spec: batches of every caption length
+    share one graph instead of one trace per length."""
+
+    def __init__(self):
+        self._steps: dict = {}
+
+    def __call__(self, make, dataset):
+        key = (make.__name__, repr(dataset.element_spec))
+        if key not in self._steps:
+            self._steps[key] = tf.function(make(), input_signature=[dataset.element_spec])
+        return self._steps[key]
+
+
+def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
+                    clip_gradient_norm: float, jitter: bool):
+    """The training step for a distributed batch: returns the global mean loss, the global gradient norm
+    and the global weight (real tokens for ``xe``); increments ``step_counter``."""
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    moving = forward_state(model)
+
+    def replica_step(batch):
+        if jitter:  # im2txt's colour distortions, on the device (captioning.augment)
+            batch = {**batch, "image": color_jitter(batch["image"])}
+        ctx = tf.distribute.get_replica_context()
+        variables = model.trainable_variables
+        before = [tf.identity(v.value) for v in moving]  # the forward pass moves these
+        with tf.GradientTape() as tape:
+            out = objective.replica_loss(model, batch, training=True)
+            global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, out.weight)
+            loss = out.loss_sum / tf.maximum(global_weight, 1.0)
+            if scaled:
+                loss = optimizer.scale_loss(loss)
+        # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+        # the global gradient and loss, on every replica
+        *grads, global_loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [out.loss_sum])
+        if scaled:
+            grads = [g / optimizer.dynamic_scale for g in grads]
+        norm = tf.linalg.global_norm(grads)
+        finite = tf.math.is_finite(global_loss_sum)
+        if not scaled:
+            finite = tf.logical_and(finite, tf.math.is_finite(norm))
+        for v, old in zip(moving, before):  # a skipped step leaves batch norm as it was
+            v.assign(tf.where(finite, v.value, old))
+        if clip_gradient_norm > 0:
+            grads, _ = tf.clip_by_global_norm(grads, clip_gradient_norm, use_norm=norm)
+        share = 1.0 / ctx.num_replicas_in_sync  # optimizer.apply sums over replicas again
+        if scaled:
+            share = share * optimizer.dynamic_scale
+        grads = [g * share for g in grads]
+        if scaled:  # it applies only finite gradients itself (and lowers its scale otherwise)
+            optimizer.apply(grads, variables)
+            grads = []
+        return global_loss_sum, global_weight, norm, finite, grads
+
+    def apply(grads):
+        optimizer.apply(grads, model.trainable_variables)
+
+    def train_step(batch):
+        total, weight, norm, finite, grads = strategy.run(replica_step, args=(batch,))
+        if not scaled:
+            # A cond in cross-replica context around strategy.run: optimizer.apply merge_calls, which a
+            # cond inside the replica function cannot hold (Keras' LossScaleOptimizer does the same).
+            tf.cond(strategy.experimental_local_results(finite)[0],
+                    lambda: strategy.run(apply, args=(grads,)), lambda: None)
+        step_counter.assign_add(1)
+        # The replicas all-reduced the loss and the weight already: any replica's copy is global.
+        total, weight, norm = (strategy.experimental_local_results(x)[0] for x in (total, weight, norm))
+        return total / tf.maximum(weight, 1.0), norm, weight
+
+    return train_step
+
+
+@dataclass
+class EvaluationLoss:
+    """Mean cross-entropy per real token of the reference captions, its perplexity, and the token count.
+    Also readable as ``result["loss"]``."""
+
+    loss: float
+    perplexity: float
+    tokens: int
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+def make_eval_step(model, strategy):
+    def eval_step(batch):
+        def replica(b):
+            return caption_loss_sum(model, b, training=False), tf.reduce_sum(b["mask"])
+
+        loss_sum, tokens = strategy.run(replica, args=(batch,))
+        return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, tokens, axis=None))
+
+    return eval_step
+
+
+def evaluation_loss(model, dataset, strategy=None, max_batches: int | None = None,
+                    compiled: Compiled | None = None) -> EvaluationLoss:
+    """The references' cross-entropy over ``dataset`` (a distributed dataset of ``strategy``, or a plain one
+    on the default strategy), at most ``max_batches`` batches. Empty replica batches count nothing."""
+    strategy = strategy or tf.distribute.get_strategy()
+    compiled = compiled or Compiled()
+
+    def make():
+        return make_eval_step(model, strategy)
+
+    make.__name__ = "eval_step"
+    step = compiled(make, dataset)
+    total = count = 0.0
+    for i, batch in enumerate(dataset):
+        if max_batches and i >= max_batches:
+            break
+        loss_sum, tokens = step(batch)
+        total, count = total + float(loss_sum), count + float(tokens)
+    loss = total / max(count, 1.0)
+    return EvaluationLoss(loss, perplexity(loss), int(count))
