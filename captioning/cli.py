@@ -153,9 +153,9 @@ def _run_prepare(args) -> int:
         keep_punctuation=args.keep_punctuation, vocab=args.vocab, shorter_side=args.shorter_side,
         jpeg_quality=args.jpeg_quality, seed=args.seed, workers=args.workers, strict=args.strict,
         overwrite=args.overwrite, resume=args.resume)
-    manifest = prepare(opts, progress=not args.quiet)
+    dataset = prepare(opts, progress=not args.quiet)
     print(f"prepared dataset in {args.output_dir}")
-    print(summarize(manifest))
+    print(summarize(dataset))
     return 0
 
 

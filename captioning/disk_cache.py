@@ -7,8 +7,9 @@ cut short (a killed run) never yields a readable cache; it leaves a lockfile tha
 fail. What TF leaves to its user, and this module does:
 
 * **The name says what the cache holds.** ``{split}-{key}-{i}of{n}`` where ``key`` hashes everything the
-  cached elements depend on: the dataset's identity (the manifest's ``fingerprint``, written by
-  ``prepare``; for older datasets a hash of ``manifest.json``), the split, the cached image size
+  cached elements depend on: the dataset's identity (:attr:`captioning.dataset.PreparedDataset.identity`:
+  the fingerprint ``prepare`` recorded, or for older datasets a hash of their manifest), the split, the
+  cached image size
   (``data.resize_size``), the decoding (:data:`CACHE_VERSION`, bumped when a stage before the cache
   changes), ``data.skip_corrupt`` (which records are read) and the input pipeline's share of the split
   (``i`` of ``n`` pipelines; and ``max_images`` when only the first images are read). Another dataset, split, size or sharding gets another file: a cache that
@@ -34,18 +35,12 @@ CACHE_VERSION = 1  # bump when what a cached element holds changes for the same 
 _held: dict[str, int] = {}  # prefix -> fd holding its lock, for this process's lifetime (see the docstring)
 
 
-def _identity(manifest: dict, data_dir: str) -> str:
-    if manifest.get("fingerprint"):
-        return manifest["fingerprint"]
-    with open(os.path.join(data_dir, "manifest.json"), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def cache_prefix(cache_dir: str, manifest: dict, data_dir: str, split: str, resize_size: int, skip_corrupt: bool,
+def cache_prefix(cache_dir: str, dataset_identity: str, split: str, resize_size: int, skip_corrupt: bool,
                  pipeline: int = 0, pipelines: int = 1, max_images: int | None = None) -> tuple[str, dict]:
     """The file prefix of the cache of one split's decoded images (the first ``max_images`` of them, when
-    given), and the key it was made from."""
-    key = {"dataset": _identity(manifest, data_dir), "split": split, "resize_size": resize_size,
+    given), and the key it was made from. ``dataset_identity`` is
+    :attr:`captioning.dataset.PreparedDataset.identity`."""
+    key = {"dataset": dataset_identity, "split": split, "resize_size": resize_size,
            "skip_corrupt": skip_corrupt, "pipeline": pipeline, "pipelines": pipelines, "max_images": max_images,
            "version": CACHE_VERSION}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -38,16 +38,16 @@ import os
 import tensorflow as tf
 from tqdm import tqdm
 
-from captioning import inference, metrics, schema
+from captioning import inference, metrics
+from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset, references
-from captioning.integrity import data_errors
+from captioning.integrity import ShardReader
 from captioning.model.decode import ids_to_text
 from captioning.model_dir import ModelDir
 from captioning.text import tokenize_caption
 from captioning.train import evaluation_loss
-from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.evaluate")
 
@@ -74,20 +74,20 @@ def settings_label(beam_size: int, max_length: int, length_normalization: float)
     return f"beam{beam_size}-len{max_length}-norm{length_normalization:g}"
 
 
-def _dataset_dir(trained, data_dir: str | None) -> str:
+def _prepared_dataset(trained, data_dir: str | None) -> PreparedDataset:
     """The records to evaluate on, checked: prepared, and with the model's vocabulary."""
     folder = data_dir or trained.config.data.dir
     where = "--data-dir" if data_dir else f"data.dir in {os.path.join(trained.model_dir, 'config.yaml')}"
-    if not os.path.isfile(os.path.join(folder, schema.MANIFEST)):
+    if not os.path.isfile(PreparedDataset.manifest_path(folder)):
         raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass --data-dir with "
                          "the folder `captioning prepare` wrote")
-    if Vocabulary.load(os.path.join(folder, schema.VOCAB)) != trained.vocab:
+    dataset = PreparedDataset.load(folder)
+    if dataset.vocabulary() != trained.vocab:
         raise InputError(f"{folder} was prepared with another vocabulary than the model in {trained.model_dir}: "
                          f"prepare it with --vocab {os.path.join(trained.model_dir, 'vocab.txt')}")
-    return folder
+    return dataset
 
 
-@data_errors()  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
 def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images: int | None = None,
              max_length: int = 20, length_normalization: float = 0.0, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
@@ -98,10 +98,9 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
     folder = ModelDir(model_dir)
     trained = inference.load(model_dir)
     # one pass over the split: nothing to cache; --data-dir points at the records if they moved
-    cfg = dataclasses.replace(trained.config.data, cache="none", dir=_dataset_dir(trained, data_dir))
-    manifest = schema.read_manifest(cfg.dir)
-    schema.split_files(cfg.dir, manifest, split)
-    split_images = manifest["splits"][split]["images"]
+    dataset = _prepared_dataset(trained, data_dir)
+    cfg = dataclasses.replace(trained.config.data, cache="none", dir=dataset.path)
+    split_images = dataset.split(split).images
     partial = max_images if max_images and max_images < split_images else None
     name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial)
     stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice)
@@ -115,31 +114,19 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
     check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
     captioner = inference.Captioner(trained, beam_size=beam_size, max_length=max_length,
                                     length_normalization=length_normalization)
-    total = partial or split_images
-
-    # captions for every image
-    images = eval_images(cfg, split, batch_size, max_images=max_images)
-    decode = tf.function(captioner.decode_images)
-    candidates = {}
-    bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
-    for batch in images:
-        out = decode(batch["image"])
-        for image_id, (text,) in zip(batch["image_id"].numpy(), ids_to_text(trained.vocab, out["ids"], out["lengths"])):
-            candidates[int(image_id)] = text
-        bar.update(len(batch["image_id"]))
-    bar.close()
-    refs = references(cfg, split)
-
-    # perplexity over the same images' captions
-    loss = evaluation_loss(trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
-                                                       max_images=max_images))
+    # a damaged shard: one line naming it (InputError), not a DataLossError traceback
+    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+        candidates, refs, loss = _read_and_caption(captioner, cfg, dataset, shards, split, max_images, batch_size,
+                                                   partial or split_images, progress)
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
     result = {"metrics": scores, "split": split, "checkpoint_step": trained.step, "num_images": len(candidates),
               "all_images": partial is None, "beam_size": beam_size, "max_length": max_length,
               "length_normalization": length_normalization, "loss": loss.loss, "perplexity": loss.perplexity}
     if baseline:
-        train_texts = [t for texts in references(cfg, trained.config.data.train_split).values() for t in texts]
+        with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+            train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
+        train_texts = [t for texts in train_refs.values() for t in texts]
         constant = most_frequent_caption(train_texts)
         log.info("baseline: the most frequent training caption for every image: %r", constant)
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
@@ -165,6 +152,27 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
                                  f"{e.strerror or e}") from None
     log.info("wrote %s", path)
     return result
+
+
+def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
+                      total: int, progress: bool) -> tuple[dict[int, str], dict[int, list[str]], object]:
+    """Captions for every image, the references, and the references' cross-entropy (perplexity)."""
+    images = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
+    decode = tf.function(captioner.decode_images)
+    vocab = captioner.trained.vocab
+    candidates = {}
+    bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
+    for batch in images:
+        out = decode(batch["image"])
+        for image_id, (text,) in zip(batch["image_id"].numpy(), ids_to_text(vocab, out["ids"], out["lengths"])):
+            candidates[int(image_id)] = text
+        bar.update(len(batch["image_id"]))
+    bar.close()
+    refs = references(cfg, split, dataset=dataset, shards=shards)
+    loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
+                                                                 max_images=max_images, dataset=dataset,
+                                                                 shards=shards))
+    return candidates, refs, loss
 
 
 def _stored(path: str, baseline: bool, spice: bool) -> dict | None:

@@ -14,6 +14,9 @@ measured is what trains. The stages, in order::
             (one caption sampled per image, or all of them; padded to the batch's longest)
       ─ prefetch
 
+The shard list comes from the dataset's manifest (:class:`captioning.dataset.PreparedDataset`), checked
+by the command's :class:`captioning.integrity.ShardReader`.
+
 im2txt's colour distortions (``data.color_jitter``) are not here: they run on the device, in the
 training step (:mod:`captioning.augment`), where they cost a fraction of what they cost the CPU.
 
@@ -21,19 +24,8 @@ training step (:mod:`captioning.augment`), where they cost a fraction of what th
 crop, batched) and the pipeline serves its pooled features, so no epoch runs the CNN again. It needs a
 frozen encoder and no augmentation (:func:`captioning.config.validate`).
 
-Why windows and not ``bucket_by_sequence_length``: every per-example dataset op costs CPU, and a
-captioning pipeline has five examples per image. Fanning out with ``flat_map`` and bucketing with
-``bucket_by_sequence_length`` cost ~1.5 ms of CPU per image (0.3 ms per caption), a third of what
-decoding a 640×480 JPEG costs; sorting a window of ``length_window`` batches' worth of captions and
-gathering each batch in one op costs almost nothing, and pads less (``captioning benchmark input``
-measures both; ``benchmarks/RESULTS.md``).
-
-Padding and masks, for a caption ``<start> a red circle <end>`` (ids 1 4 6 5 2) in a batch whose
-longest caption has 6 input ids::
-
-    input_ids    1  4  6  5  0  0      (caption[:-1], padded with <pad>=0)
-    target_ids   4  6  5  2  0  0      (caption[1:]: each position predicts the next word)
-    mask         1  1  1  1  0  0      (target_ids != <pad>: only real words count in the loss)
+The last stage, windows of captions sorted by length and cut into padded batches (with the padding and
+mask diagram), is :mod:`captioning.batching`.
 
 Images leave the pipeline as ``uint8`` (4× less host-to-device traffic than float32); the model casts
 and applies its encoder's preprocessing.
@@ -61,10 +53,12 @@ from typing import Callable
 
 import tensorflow as tf
 
-from captioning import disk_cache, integrity, schema
+from captioning import disk_cache, schema
+from captioning.batching import length_grouped_batches
 from captioning.config import DataConfig
+from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
-from captioning.vocab import PAD_ID
+from captioning.integrity import ShardReader
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -140,11 +134,11 @@ def pipeline_images(shard_records: list[int], input_context) -> int:
     return len(range(i, sum(shard_records), n))
 
 
-def _records(files: list[str], cfg: DataConfig, training: bool, input_context, shuffle: bool,
-             repeat: bool) -> tf.data.Dataset:
-    files, shard_records = _input_files(files, input_context)
-    # a stat per file against the manifest, or with data.skip_corrupt a scan once per process (integrity.py)
-    files = integrity.readable_files(files, cfg.skip_corrupt)
+def _records(dataset: PreparedDataset, split: str, shards: ShardReader, cfg: DataConfig, training: bool,
+             input_context, shuffle: bool, repeat: bool) -> tf.data.Dataset:
+    files, shard_records = _input_files(dataset.files(split), input_context)
+    # a stat per file against the manifest, or with data.skip_corrupt a scan once per reader (integrity.py)
+    files = shards.files(dataset, split, files)
     ds = tf.data.Dataset.from_tensor_slices(files)
     if shard_records:
         # Fewer files than pipelines: every pipeline reads the whole split in one fixed order and keeps
@@ -176,7 +170,8 @@ def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
 
 
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
-                  repeat: bool = False, max_images: int | None = None, random_crop: bool = False) -> tf.data.Dataset:
+                  repeat: bool = False, max_images: int | None = None, random_crop: bool = False,
+                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
     """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
     R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the serialised records;
     ``max_images`` keeps only the first images (in evaluation order). Images may have different numbers
@@ -184,10 +179,12 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
 
     ``random_crop=True`` gives the training crop instead, ``image_size`` square, decoding only the crop
     window (:func:`decode_random_crop`), and flipped at random when ``random_flip``: one map, the
-    whole per-image training work."""
-    manifest = schema.read_manifest(cfg.dir)
-    files = schema.split_files(cfg.dir, manifest, split)
-    ds = _parsed(_records(files, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
+    whole per-image training work.
+
+    ``dataset`` is ``cfg.dir``'s :class:`~captioning.dataset.PreparedDataset` (loaded when not given);
+    ``shards`` the command's :class:`~captioning.integrity.ShardReader` (a new one when not given)."""
+    dataset, shards = _sources(cfg, dataset, shards)
+    ds = _parsed(_records(dataset, split, shards, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
     if max_images:
         ds = ds.take(max_images)
     if random_crop:
@@ -201,14 +198,23 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
         return {"image": image_of(example["encoded"]), "image_id": example["image_id"],
                 "captions": example["captions"]}
 
-    return ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
+    return ds
 
 
-def references(cfg: DataConfig, split: str) -> dict[int, list[str]]:
+def _sources(cfg: DataConfig, dataset: PreparedDataset | None,
+             shards: ShardReader | None) -> tuple[PreparedDataset, ShardReader]:
+    """The prepared dataset of ``cfg.dir`` and the shard reader a command passed, or new ones."""
+    return dataset or PreparedDataset.load(cfg.dir), shards or ShardReader(cfg.skip_corrupt)
+
+
+def references(cfg: DataConfig, split: str, dataset: PreparedDataset | None = None,
+               shards: ShardReader | None = None) -> dict[int, list[str]]:
     """Image id → its captions as annotated (the references the metrics compare against). Parses the
     records without decoding a single image."""
-    files = schema.split_files(cfg.dir, schema.read_manifest(cfg.dir), split)
-    files = integrity.readable_files(files, cfg.skip_corrupt)
+    dataset, shards = _sources(cfg, dataset, shards)
+    files = shards.files(dataset, split)
     out = {}
     for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch, num_parallel_calls=AUTOTUNE):
         for image_id, texts in zip(batch[schema.IMAGE_ID].numpy(), batch[schema.CAPTION_TEXT].to_list()):
@@ -233,20 +239,23 @@ def _augment(image: tf.Tensor, cfg: DataConfig, cropped: bool = False) -> tf.Ten
     return image  # data.color_jitter is applied on the device, in the training step (captioning.augment)
 
 
-def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None,
-                max_images: int | None = None) -> tf.data.Dataset:
+def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None, max_images: int | None = None,
+                dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
     """Batches of ``{"image": uint8 [B, S, S, 3] central crops, "image_id", "captions"}``: the images as
     decoding, evaluation and feature extraction see them."""
-    images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images)
+    images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images,
+                           dataset=dataset, shards=shards)
     return images.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
                       num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
 
 
 def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch_size: int = 64,
-                     input_context=None, max_images: int | None = None) -> tf.data.Dataset:
+                     input_context=None, max_images: int | None = None, dataset: PreparedDataset | None = None,
+                     shards: ShardReader | None = None) -> tf.data.Dataset:
     """Runs ``feature_fn`` (the frozen encoder) once over every image of the split; returns a dataset
     of ``{"features": [D], "image_id", "captions"}`` held in memory."""
-    images = eval_images(cfg, split, batch_size, input_context=input_context, max_images=max_images)
+    images = eval_images(cfg, split, batch_size, input_context=input_context, max_images=max_images,
+                         dataset=dataset, shards=shards)
     features, ids, captions = [], [], []
     for batch in images:
         features.append(feature_fn(batch["image"]))
@@ -256,97 +265,34 @@ def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch
         "features": tf.concat(features, 0), "image_id": tf.concat(ids, 0), "captions": tf.concat(captions, 0)})
 
 
-def _captions_per_image(cfg: DataConfig, split: str, training: bool) -> float:
-    if training and cfg.captions_per_image == "sample":
-        return 1.0
-    info = schema.read_manifest(cfg.dir)["splits"][split]
-    return info["captions"] / max(1, info["images"])
-
-
-def _length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, split: str, training: bool,
-                            batch_size: int) -> tf.data.Dataset:
-    """Images with their captions → padded batches of (image, caption) examples, grouped by length.
-
-    Each window of images carrying about ``length_window`` batches' worth of captions is handled in a
-    few batched ops: every caption (or, with ``captions_per_image: sample``, one random caption per
-    image) becomes an example; the examples are sorted by length (ties in random order when training)
-    and cut into batches of ``batch_size``, which come out in random order; each batch gathers its
-    images and pads its captions to its longest (or up to the next of ``bucket_boundaries``). Per
-    example there is no dataset op at all — a ``flat_map`` over captions and ``bucket_by_sequence_length``
-    cost ~0.3 ms of CPU per example, a third of a 640×480 JPEG's decode. Training drops each window's
-    last partial batch; evaluation keeps it and sees every caption once.
-    """
-    # Enough images for length_window batches on average (at least one batch: a window too small for
-    # one would give training nothing).
-    per_window = max(1, math.ceil(cfg.length_window * batch_size / _captions_per_image(cfg, split, training)))
-    boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
-
-    def batches_of(window):
-        captions = window["captions"]  # ragged [images, (captions), (ids)]
-        owner = captions.value_rowids()  # the image of each caption
-        flat = captions.values  # ragged [examples, (ids)]
-        if training and cfg.captions_per_image == "sample":
-            counts = tf.cast(captions.row_lengths(), tf.int64)
-            pick = tf.cast(tf.random.uniform(tf.shape(counts)) * tf.cast(counts, tf.float32), tf.int64)
-            flat = tf.gather(flat, tf.cast(captions.row_starts(), tf.int64) + tf.minimum(pick, counts - 1))
-            owner = tf.range(tf.shape(counts, out_type=tf.int64)[0])
-        lengths = tf.cast(flat.row_lengths(), tf.float32)
-        count = tf.shape(lengths, out_type=tf.int64)[0]
-        if training:
-            # The partial batch's worth of examples left out is a random choice, not the longest ones;
-            # ties in length are broken at random too.
-            keep = tf.random.shuffle(tf.range(count))[:count // batch_size * batch_size]
-            kept = tf.gather(lengths, keep)
-            order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
-            count = tf.size(order, out_type=tf.int64)
-            starts = tf.random.shuffle(tf.range(0, count, batch_size))
-        else:
-            order = tf.argsort(lengths, stable=True)
-            starts = tf.range(0, count, batch_size)
-
-        def batch_at(start):
-            picked = tf.gather(order, tf.range(start, tf.minimum(start + batch_size, count)))
-            caption = tf.gather(flat, picked)
-            longest = tf.cast(tf.reduce_max(caption.row_lengths()), tf.int64) - 1
-            bucket = tf.gather(boundaries, tf.minimum(tf.searchsorted(boundaries, [longest], out_type=tf.int64)[0],
-                                                      tf.size(boundaries, out_type=tf.int64) - 1))
-            width = tf.maximum(longest, bucket)
-            shape = tf.stack([tf.size(picked, out_type=tf.int64), width])
-            input_ids = caption[:, :-1].to_tensor(PAD_ID, shape=shape)
-            target_ids = caption[:, 1:].to_tensor(PAD_ID, shape=shape)
-            return {key: tf.gather(window[key], tf.gather(owner, picked)), "input_ids": input_ids,
-                    "target_ids": target_ids, "mask": tf.cast(tf.not_equal(target_ids, PAD_ID), tf.float32)}
-
-        return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
-
-    windows = ds.batch(per_window, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
-    return windows.flat_map(batches_of)
-
-
 def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
                  feature_fn: Callable | None = None, cache_dir: str | None = None,
-                 repeat: bool | None = None, max_images: int | None = None) -> tf.data.Dataset:
+                 repeat: bool | None = None, max_images: int | None = None,
+                 dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
 
     ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
     repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
     that and sees every caption once. ``feature_fn`` is required for ``cache: features``;
     ``cache_dir`` is the folder of ``cache: disk``'s files (:mod:`captioning.disk_cache`). ``max_images`` limits evaluation to the first
-    images (the same ones ``image_dataset`` gives).
+    images (the same ones ``image_dataset`` gives). ``dataset`` and ``shards`` are the command's
+    :class:`~captioning.dataset.PreparedDataset` and :class:`~captioning.integrity.ShardReader` (new ones
+    when not given; the reader then stays with the returned dataset, as ``.shard_reader``).
     """
     if max_images and training:
         raise ValueError("max_images is for evaluation")
+    dataset, shards = _sources(cfg, dataset, shards)
     if training:
         # Training never hands a replica an empty batch (an empty batch would put a padded row into
-        # batch-norm statistics, see ShowAndTell.encode): each pipeline repeats forever, so it only
+        # batch-norm statistics, see CaptionModel.encode): each pipeline repeats forever, so it only
         # needs one image of its own.
-        info = schema.read_manifest(cfg.dir)["splits"].get(split, {})
-        if info.get("shard_records") and pipeline_images(info["shard_records"], input_context) == 0:
-            raise InputError(f"the {split!r} split has {info['images']} image(s), too few for "
+        info = dataset.split(split)
+        if info.shard_records and pipeline_images(list(info.shard_records), input_context) == 0:
+            raise InputError(f"the {split!r} split has {info.images} image(s), too few for "
                              f"{input_context.num_input_pipelines} input pipelines (one per worker): each "
                              "needs at least one image")
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
-                                  max_images=max_images)
+                                  max_images=max_images, dataset=dataset, shards=shards)
     repeat = training if repeat is None else repeat
     key = "features" if cfg.cache == "features" else "image"
     order = cfg.deterministic or not training
@@ -358,15 +304,16 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         if cfg.cache == "features":
             if feature_fn is None:
                 raise ValueError("cache: features needs the encoder as feature_fn")
-            ds = extract_features(cfg, split, feature_fn, input_context=input_context, max_images=max_images)
+            ds = extract_features(cfg, split, feature_fn, input_context=input_context, max_images=max_images,
+                                  dataset=dataset, shards=shards)
         elif cfg.cache == "memory":
             ds = images_of().cache()
         else:
             if not cache_dir:
                 raise ValueError("cache: disk needs a cache_dir")
             n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
-            prefix, cache_key = disk_cache.cache_prefix(cache_dir, schema.read_manifest(cfg.dir), cfg.dir, split,
-                                                        cfg.resize_size, cfg.skip_corrupt, i, n, max_images)
+            prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size,
+                                                        cfg.skip_corrupt, i, n, max_images)
             disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
             ds = images_of().cache(prefix)
         if repeat:
@@ -384,9 +331,12 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         if crop:
             ds = ds.map(lambda ex: {**ex, "image": crop(ex["image"])}, num_parallel_calls=AUTOTUNE,
                         deterministic=order)
-    ds = _length_grouped_batches(ds, key, cfg, split, training, batch_size)
+    per_image = 1.0 if training and cfg.captions_per_image == "sample" else dataset.split(split).captions_per_image
+    ds = length_grouped_batches(ds, key, cfg, training, batch_size, per_image)
     options = tf.data.Options()
     options.autotune.enabled = True
     options.deterministic = cfg.deterministic or not training
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
-    return ds.with_options(options).prefetch(AUTOTUNE)
+    ds = ds.with_options(options).prefetch(AUTOTUNE)
+    ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
+    return ds

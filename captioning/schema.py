@@ -1,8 +1,9 @@
 """The prepared dataset's format: one ``tf.train.Example`` per image, shard names, side files.
 
 This module is the only place that knows the feature keys. ``data_prep`` writes records with
-:func:`encode_example`; the input pipeline reads them with :func:`parse_batch`. Bump
-:data:`FORMAT_VERSION` when the layout changes; readers refuse a ``manifest.json`` of another version.
+:func:`data_prep.records.encode_example`; the input pipeline reads them with :func:`parse_batch`. Bump
+:data:`FORMAT_VERSION` when the layout changes; readers refuse a dataset of another version
+(:class:`captioning.dataset.PreparedDataset`).
 
 One record per image (im2txt stored one record per caption, so each image five times):
 
@@ -33,11 +34,9 @@ batch of records, no per-record Python.
 from __future__ import annotations
 
 import re
-from typing import Sequence
 
-from captioning import records
+FORMAT_VERSION = 1  # bump when the record layout or the prepared dataset's manifest changes
 
-FORMAT_VERSION = 1
 
 IMAGE_ID = "image/id"
 IMAGE_FILENAME = "image/filename"
@@ -48,8 +47,6 @@ CAPTION_TEXT = "caption/text"
 CAPTION_IDS = "caption/ids"
 CAPTION_LENGTH = "caption/length"
 
-MANIFEST = "manifest.json"
-VOCAB = "vocab.txt"
 
 _SHARD = re.compile(r"^(?P<split>[A-Za-z0-9_]+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$")
 
@@ -61,25 +58,6 @@ def shard_name(split: str, index: int, count: int) -> str:
 
 def is_shard_name(name: str) -> bool:
     return _SHARD.match(name) is not None
-
-
-def encode_example(*, image_id: int, filename: str, jpeg: bytes, height: int, width: int,
-                   captions: Sequence[str], caption_ids: Sequence[Sequence[int]]) -> bytes:
-    """Serialises one image and all its captions. ``captions[i]`` is the text of ``caption_ids[i]``."""
-    if len(captions) != len(caption_ids) or not captions:
-        raise ValueError(f"image {image_id}: {len(captions)} captions but {len(caption_ids)} id lists")
-    # Keys in sorted order (protobuf's deterministic serialisation of the Features map), so the same
-    # inputs give the same bytes whatever process (or worker count) writes them.
-    return records.example({
-        IMAGE_ID: records.int64_feature([image_id]),
-        IMAGE_FILENAME: records.bytes_feature([filename.encode("utf-8")]),
-        IMAGE_ENCODED: records.bytes_feature([jpeg]),
-        IMAGE_HEIGHT: records.int64_feature([height]),
-        IMAGE_WIDTH: records.int64_feature([width]),
-        CAPTION_TEXT: records.bytes_feature([c.encode("utf-8") for c in captions]),
-        CAPTION_IDS: records.int64_feature([i for ids in caption_ids for i in ids]),
-        CAPTION_LENGTH: records.int64_feature([len(ids) for ids in caption_ids]),
-    })
 
 
 def feature_spec() -> dict:
@@ -110,34 +88,14 @@ def parse_batch(serialized) -> dict:
     return tf.io.parse_example(serialized, feature_spec())
 
 
-def read_manifest(data_dir: str) -> dict:
-    """Reads and checks ``data_dir/manifest.json``; raises InputError when it is missing or too new."""
-    import json
-    import os
-
-    from captioning.errors import InputError
-
-    path = os.path.join(data_dir, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise InputError(f"{data_dir} is not a prepared dataset: {MANIFEST} is missing "
-                         "(run `captioning prepare`, or finish it with --resume)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read {path}: {e}") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{path} has format_version {manifest.get('format_version')}; this code reads "
-                         f"{FORMAT_VERSION}: prepare the dataset again")
-    return manifest
+# ---- TFRecord framing (TensorFlow's format): uint64 length | uint32 masked CRC-32C(length) | data |
+# uint32 masked CRC-32C(data), little-endian, with masked_crc(c) = ((c >> 15) | (c << 17)) + CRC_MASK_DELTA.
+# The writer (data_prep.records) frames records with it; the integrity scanner finds record boundaries.
+CRC_MASK_DELTA = 0xA282EAD8
 
 
-def split_files(data_dir: str, manifest: dict, split: str) -> list[str]:
-    """Full paths of a split's shards, as listed by the manifest."""
-    import os
+def masked_crc32c(data: bytes) -> int:
+    import google_crc32c
 
-    from captioning.errors import InputError
-
-    if split not in manifest["splits"]:
-        raise InputError(f"split {split!r} is not in {data_dir} (it has {', '.join(manifest['splits'])})")
-    return [os.path.join(data_dir, name) for name in manifest["splits"][split]["shards"]]
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & 0xFFFFFFFF

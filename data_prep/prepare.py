@@ -53,10 +53,11 @@ import numpy as np
 from tqdm import tqdm
 
 from captioning import vocab as vocab_lib
+from captioning.dataset import MANIFEST, VOCAB, PreparedDataset, SplitInfo
 from captioning.errors import InputError
+from captioning.fileio import atomic_write_json, disk_full_error, make_dirs
 from captioning.text import tokenize_caption
 from data_prep import sources as sources_lib
-from captioning.fileio import atomic_write_json, disk_full_error, make_dirs
 from data_prep.writer import (RUN_LOCK_BYTE, WRITERS_LOCK_BYTE, Item, ShardTask, init_worker, run_in_worker,
                               write_shard)
 
@@ -228,8 +229,6 @@ def _check_image_files(usable: dict) -> None:
 def _discard(out: str, tasks: list[ShardTask]) -> None:
     """Removes what a failed run wrote into ``out``: its shards, vocab.txt and .partial/. (The lock file
     goes too: this run writes nothing more, and a new run may start as soon as it has raised.)"""
-    from captioning.schema import VOCAB
-
     for path in [t.path for t in tasks] + [os.path.join(out, VOCAB)]:
         if os.path.exists(path):
             os.remove(path)
@@ -281,33 +280,29 @@ def _kept_shard(out: str, partial: str, name: str) -> bool:
     return stats.get("bytes", size) == size  # statistics from before "bytes" existed: trusted as before
 
 
-def _complete_manifest(opts: PrepareOptions, fingerprint: str) -> dict | None:
-    """With ``--resume``, the manifest of a finished run of the same sources and options, if the output
+def _complete_dataset(opts: PrepareOptions, fingerprint: str) -> PreparedDataset | None:
+    """With ``--resume``, the dataset of a finished run of the same sources and options, if the output
     folder holds one (then nothing is left to do, and nothing is touched); else None."""
-    from captioning.schema import MANIFEST
-
-    path = os.path.join(opts.output_dir, MANIFEST)
-    if not opts.resume or not os.path.isfile(path):
+    if not opts.resume or not os.path.isfile(PreparedDataset.manifest_path(opts.output_dir)):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):
+        dataset = PreparedDataset.load(opts.output_dir)
+    except InputError:
         return None  # unreadable: _prepare_output_dir refuses it
-    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fingerprint:
+    if dataset.fingerprint != fingerprint:
         return None
     log.info("%s already holds this dataset, complete (same sources and options): nothing to do", opts.output_dir)
-    return manifest
+    return dataset
 
 
 def _prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextlib.ExitStack) -> set[str]:
     """Locks the output folder (held until ``stack`` closes), checks it against --overwrite/--resume;
     returns the shards already complete."""
-    from captioning.schema import MANIFEST, VOCAB, is_shard_name
+    from captioning.schema import is_shard_name
 
     out = opts.output_dir
     partial = os.path.join(out, PARTIAL)
-    manifest = os.path.join(out, MANIFEST)
+    manifest = PreparedDataset.manifest_path(out)
     if os.path.exists(manifest) and not opts.overwrite:
         if opts.resume:
             raise InputError(f"{out} already holds a complete dataset ({MANIFEST}) prepared from other sources "
@@ -419,8 +414,8 @@ def _run(tasks, total: int, workers: int, progress: bool, on_done, lock_path: st
         bar.close()
 
 
-def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
-    """Runs ``prepare`` (see the module docstring) and returns the manifest it wrote. A full disk is one
+def prepare(opts: PrepareOptions, progress: bool = True) -> PreparedDataset:
+    """Runs ``prepare`` (see the module docstring) and returns the dataset it wrote. A full disk is one
     line (:class:`~captioning.errors.DiskFullError`): the shards completed so far are kept, and the same
     command with ``--resume`` finishes the run once there is space."""
     try:
@@ -435,7 +430,6 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> dict:
 
 
 def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) -> dict:
-    from captioning.schema import FORMAT_VERSION, MANIFEST, VOCAB
 
     opts.check()
     make_dirs(opts.output_dir, "--output-dir")  # a file, under a file, /proc, no permission: before any work
@@ -467,7 +461,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
 
     tasks = _plan(usable, opts, source.streamed, vocab)
     fingerprint = _fingerprint(tasks, opts, source.describe())
-    complete = _complete_manifest(opts, fingerprint)
+    complete = _complete_dataset(opts, fingerprint)
     if complete is not None:  # --resume of a run that finished: a no-op
         return complete
     done = _prepare_output_dir(opts, fingerprint, stack)
@@ -499,7 +493,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
     _run(stream, sum(len(t.items) for t in todo), workers, progress, on_done,
          os.path.join(opts.output_dir, PARTIAL, LOCK))
 
-    manifest_splits = {}
+    splits = {}
     all_skipped = list(skipped)
     for name in usable:
         split_tasks = [t for t in tasks if t.split == name]
@@ -514,29 +508,28 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
             first = split_skipped[0] if split_skipped else {"image": "?", "reason": "?"}
             raise InputError(f"split {name!r}: no usable image is left ({len(split_skipped)} skipped; "
                              f"first: {first['image']}: {first['reason']})")
-        manifest_splits[name] = {"images": images, "captions": sum(s["captions"] for s in stats),
-                                 "shards": [os.path.basename(t.path) for t in split_tasks],
-                                 # per shard, for readers' integrity checks (captioning/integrity.py)
-                                 "shard_records": [s["images"] for s in stats],
-                                 "shard_bytes": [s["bytes"] if s.get("bytes") is not None else
-                                                 os.path.getsize(t.path) for s, t in zip(stats, split_tasks)],
-                                 **caption_counts[name]}
-    manifest = {"format_version": FORMAT_VERSION, "splits": manifest_splits, "vocab_size": len(vocab),
-                "skipped": all_skipped, "config": {**asdict(opts), "source": source.describe()},
-                "fingerprint": fingerprint}
-    atomic_write_json(os.path.join(opts.output_dir, MANIFEST), manifest)
+        splits[name] = SplitInfo(
+            name, images, sum(s["captions"] for s in stats), tuple(os.path.basename(t.path) for t in split_tasks),
+            # per shard, for readers' integrity checks (captioning/integrity.py)
+            tuple(s["images"] for s in stats),
+            tuple(s["bytes"] if s.get("bytes") is not None else os.path.getsize(t.path)
+                  for s, t in zip(stats, split_tasks)),
+            caption_counts[name]["empty_captions"], caption_counts[name]["clipped_captions"])
+    dataset = PreparedDataset.create(opts.output_dir, splits, len(vocab), all_skipped,
+                                     {**asdict(opts), "source": source.describe()}, fingerprint)
+    dataset.write()  # last: a folder with a manifest is a complete dataset
     shutil.rmtree(os.path.join(opts.output_dir, PARTIAL), ignore_errors=True)
-    return manifest
+    return dataset
 
 
-def summarize(manifest: dict) -> str:
-    """A plain-text table of a manifest, as ``prepare`` prints it at the end."""
+def summarize(dataset: PreparedDataset) -> str:
+    """A plain-text table of a prepared dataset, as ``prepare`` prints it at the end."""
     lines = [f"{'split':<10} {'images':>8} {'captions':>9} {'shards':>7}"]
-    for name, s in manifest["splits"].items():
-        lines.append(f"{name:<10} {s['images']:>8} {s['captions']:>9} {len(s['shards']):>7}")
-    lines.append(f"vocabulary: {manifest['vocab_size']} tokens; skipped images: {len(manifest['skipped'])}")
-    for item in manifest["skipped"][:5]:
+    for name, s in dataset.splits.items():
+        lines.append(f"{name:<10} {s.images:>8} {s.captions:>9} {len(s.shards):>7}")
+    lines.append(f"vocabulary: {dataset.vocab_size} tokens; skipped images: {len(dataset.skipped)}")
+    for item in dataset.skipped[:5]:
         lines.append(f"  skipped {item['image']}: {item['reason']}")
-    if len(manifest["skipped"]) > 5:
-        lines.append(f"  ... and {len(manifest['skipped']) - 5} more (see manifest.json)")
+    if len(dataset.skipped) > 5:
+        lines.append(f"  ... and {len(dataset.skipped) - 5} more (see {MANIFEST})")
     return "\n".join(lines)

@@ -51,7 +51,7 @@ def _read(item: Item, data: bytes | None) -> bytes:
 
 def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None) -> dict:
     """Writes ``task``'s records and returns ``{"images", "captions", "skipped": [{"image", "reason"}]}``.
-    Never imports TensorFlow (:mod:`captioning.records`), so a worker process starts in a fraction of
+    Never imports TensorFlow (:mod:`data_prep.records`), so a worker process starts in a fraction of
     a second."""
     tmp = task.path + ".tmp"
     stats = {"split": task.split, "shard": os.path.basename(task.path), "images": 0, "captions": 0, "skipped": []}
@@ -68,7 +68,7 @@ def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None)
 
 
 def _write_records(task: ShardTask, tmp: str, stats: dict, report) -> None:
-    from captioning import records, schema
+    from data_prep import records
 
     pending = 0
     with records.RecordWriter(tmp) as writer:
@@ -79,7 +79,7 @@ def _write_records(task: ShardTask, tmp: str, stats: dict, report) -> None:
             except ImageError as e:
                 stats["skipped"].append({"image": item.filename, "reason": str(e)})
             else:
-                writer.write(schema.encode_example(
+                writer.write(records.encode_example(
                     image_id=item.image_id, filename=item.filename, jpeg=jpeg, height=height, width=width,
                     captions=item.captions, caption_ids=item.caption_ids))
                 stats["images"] += 1

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from captioning import integrity, schema
 from captioning.config import save_config
+from captioning.dataset import MANIFEST
 from captioning.errors import InputError
 from captioning.input_pipeline import image_dataset, make_dataset, references
 from tests.conftest import run_cli, small_train_config
@@ -95,7 +96,7 @@ def data_copy(prepared_dir, tmp_path):
 
 def drop_shard_sizes(data_dir):
     """A manifest as prepare wrote it before shard_records / shard_bytes existed."""
-    path = os.path.join(data_dir, schema.MANIFEST)
+    path = os.path.join(data_dir, MANIFEST)
     manifest = json.load(open(path))
     for split in manifest["splits"].values():
         split.pop("shard_records", None)
@@ -104,16 +105,16 @@ def drop_shard_sizes(data_dir):
 
 
 def read_everything(cfg, splits=("train",)):
-    """What train and evaluate do with the data, in-process, inside integrity.data_errors()."""
-    with integrity.data_errors():
+    """What train and evaluate do with the data, in-process, with one ShardReader and its named_errors()."""
+    with integrity.ShardReader(cfg.data.skip_corrupt) as shards, shards.named_errors():
         for split in splits:
-            for _ in make_dataset(cfg.data, split, training=False, batch_size=8):
+            for _ in make_dataset(cfg.data, split, training=False, batch_size=8, shards=shards):
                 pass
-            references(cfg.data, split)
+            references(cfg.data, split, shards=shards)
 
 
 def test_manifest_records_each_shards_size(prepared_dir):
-    manifest = json.load(open(os.path.join(prepared_dir, schema.MANIFEST)))
+    manifest = json.load(open(os.path.join(prepared_dir, MANIFEST)))
     for split in manifest["splits"].values():
         assert len(split["shard_records"]) == len(split["shard_bytes"]) == len(split["shards"])
         assert sum(split["shard_records"]) == split["images"]
@@ -156,8 +157,9 @@ def test_missing_shard_is_named(data_copy):
 def test_other_errors_pass_through_unchanged(data_copy):
     cfg = small_train_config(data_copy)
     with pytest.raises(tf.errors.InvalidArgumentError, match="Could not parse example"):
-        with integrity.data_errors():  # the files are intact: the error is not theirs to explain
-            make_dataset(cfg.data, "train", training=False, batch_size=8)
+        # the files are intact: the error is not theirs to explain
+        with integrity.ShardReader() as shards, shards.named_errors():
+            make_dataset(cfg.data, "train", training=False, batch_size=8, shards=shards)
             raise tf.errors.InvalidArgumentError(None, None, "Could not parse example input (something else)")
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from captioning import schema
 from captioning.config import DataConfig
+from captioning.dataset import PreparedDataset
 from captioning.input_pipeline import decode_and_resize, make_dataset
 from captioning.vocab import END_ID, PAD_ID, START_ID
 from data_prep.prepare import PrepareOptions, prepare
@@ -40,8 +41,7 @@ def data_dir(shapes_dir, tmp_path_factory):
 
 def read_records(data_dir, split="train", files=None):
     """Every record of ``split`` (or of ``files``), in file order: id, resized image, captions."""
-    manifest = schema.read_manifest(data_dir)
-    files = schema.split_files(data_dir, manifest, split) if files is None else files
+    files = PreparedDataset.load(data_dir).files(split) if files is None else files
     records = []
     for batch in tf.data.TFRecordDataset(files).batch(16).map(schema.parse_batch):
         for i in range(int(tf.shape(batch[schema.IMAGE_ID])[0])):
@@ -90,7 +90,7 @@ def all_captions(records):
 
 def eval_order(data_dir, split="train"):
     """The records in evaluation order: one from each shard in turn (a deterministic interleave)."""
-    files = schema.split_files(data_dir, schema.read_manifest(data_dir), split)
+    files = PreparedDataset.load(data_dir).files(split)
     per_file = [read_records(data_dir, files=[f]) for f in files]
     return [r for group in itertools.zip_longest(*per_file) for r in group if r is not None]
 
@@ -273,8 +273,7 @@ def test_features_cache_runs_the_encoder_once(data_dir, train_records):
 
 
 def test_per_replica_sharding(data_dir, train_records):
-    manifest = schema.read_manifest(data_dir)
-    files = schema.split_files(data_dir, manifest, "train")
+    files = PreparedDataset.load(data_dir).files("train")
     expected = all_captions(train_records)
     for pipelines in (2, 3, 5):  # 5 > 4 files: records are sharded instead of files
         union = collections.Counter()
@@ -340,8 +339,7 @@ def test_training_crops_are_cut_out_while_decoding(data_dir, train_records):
 
 
 def test_eval_gives_the_central_crop(data_dir, train_records):
-    manifest = schema.read_manifest(data_dir)
-    first_file = schema.split_files(data_dir, manifest, "train")[0]
+    first_file = PreparedDataset.load(data_dir).files("train")[0]
     first = read_records(data_dir, files=[first_file])[0]
     ds = make_dataset(config(data_dir, random_crop=True, random_flip=True), "train", training=False,
                       batch_size=1)

@@ -6,7 +6,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from captioning import records, schema
+from captioning import schema
+from data_prep import records
 
 
 def _tf_example(image_id, filename, jpeg, height, width, captions, caption_ids) -> bytes:
@@ -39,7 +40,7 @@ def _random_records(count: int, seed: int = 0):
 
 def test_examples_equal_tensorflows_deterministic_serialisation():
     for fields in _random_records(40):
-        assert schema.encode_example(**fields) == _tf_example(**fields)
+        assert records.encode_example(**fields) == _tf_example(**fields)
 
 
 def test_features_of_every_kind_and_edge_value_equal_tensorflows():
@@ -52,7 +53,7 @@ def test_features_of_every_kind_and_edge_value_equal_tensorflows():
 
 
 def test_record_files_equal_tfrecordwriters(tmp_path):
-    data = [schema.encode_example(**fields) for fields in _random_records(12, seed=1)] + [b""]
+    data = [records.encode_example(**fields) for fields in _random_records(12, seed=1)] + [b""]
     ours, theirs = tmp_path / "ours.tfrecord", tmp_path / "theirs.tfrecord"
     with records.RecordWriter(str(ours)) as writer:
         for record in data:

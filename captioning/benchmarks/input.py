@@ -36,6 +36,7 @@ from captioning import config as config_lib
 from captioning import schema
 from captioning.benchmarks import common
 from captioning.benchmarks.photos import cached_photos
+from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
 from captioning.input_pipeline import decode_and_resize, make_dataset
 from captioning.vocab import PAD_ID
@@ -54,7 +55,7 @@ def photo_records(work_dir: str, images: int, cache_images: int, size: tuple[int
 
     photos = cached_photos(work_dir, {"train": images, "val": cache_images}, size, seed, progress=progress)
     records = os.path.join(photos["root"], "records")
-    if not os.path.exists(os.path.join(records, schema.MANIFEST)):
+    if not os.path.exists(PreparedDataset.manifest_path(records)):
         log.info("preparing the benchmark photos into %s (once)", records)
         prepare(PrepareOptions(output_dir=records, split=photos["splits"], overwrite=True, min_word_count=1,
                                workers=common.available_cores()), progress=progress)
@@ -122,7 +123,6 @@ def _epoch_seconds(dataset: tf.data.Dataset) -> tuple[float, int]:
 def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
     """Epoch 1 time / epoch 2 time for ``cache: memory`` and ``cache: features`` on ``split``."""
     from captioning.model import build_model
-    from captioning.vocab import Vocabulary
 
     out = {}
     memory = dataclasses.replace(cfg.data, cache="memory")
@@ -132,7 +132,7 @@ def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
     log.info("cache: memory: epoch 1 %.2f s, epoch 2 %.2f s (%d, %d examples)", first, second, n1, n2)
     out["memory"] = first / second
 
-    vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
+    vocab = PreparedDataset.load(cfg.data.dir).vocabulary()
     model = build_model(len(vocab), dataclasses.replace(cfg.model, encoder_weights="none"), cfg.data.image_size)
     model.build_all()
     encode = tf.function(lambda images: model.encoder(images, training=False))
@@ -161,11 +161,10 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         data_dir = photo_records(work_dir, images, cache_images, image_size, progress=progress)
     cfg.data.dir = data_dir
     config_lib.validate(cfg)
-    manifest = schema.read_manifest(data_dir)
+    dataset = PreparedDataset.load(data_dir)
     split = cfg.data.train_split
-    files = schema.split_files(data_dir, manifest, split)
-    info = manifest["splits"][split]
-    per_image = info["captions"] / info["images"]
+    files = dataset.files(split)
+    per_image = dataset.split(split).captions_per_image
     batch = cfg.train.batch_size
     encoded = _encoded_images(files)
     log.info("input benchmark on %d images of %s (mean JPEG %.0f KB, %.2f captions each), batch %d",
@@ -191,7 +190,7 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
     unsorted = dataclasses.replace(cfg.data, length_window=1, bucket_boundaries=[])
     pad_to_max = padding_efficiency(make_dataset(unsorted, split, training=True, batch_size=batch), batches)
     log.info("padding efficiency: %.3f length-grouped, %.3f padded to each batch's longest", bucketed, pad_to_max)
-    speedups = cache_speedups(cfg, cfg.data.eval_split if cfg.data.eval_split in manifest["splits"] else split, batch)
+    speedups = cache_speedups(cfg, cfg.data.eval_split if cfg.data.eval_split in dataset.splits else split, batch)
 
     rate = {name: m["per_s"] for name, m in best.items()}
     result = {

@@ -109,8 +109,8 @@ def run(images: int = 1000, image_size: tuple[int, int] = (640, 480), shorter_si
                 opts = PrepareOptions(output_dir=out, split=[split], shorter_side=shorter_side,
                                       jpeg_quality=quality, workers=n, min_word_count=1, overwrite=True)
                 start = time.perf_counter()
-                manifest = prepare(opts, progress=progress)
-                rate = manifest["splits"]["train"]["images"] / (time.perf_counter() - start)
+                dataset = prepare(opts, progress=progress)
+                rate = dataset.split("train").images / (time.perf_counter() - start)
                 rates[n] = max(rates.get(n, 0.0), rate)
                 outputs[n] = _shard_bytes(out)
                 log.info("round %d: prepare with %d worker(s): %.1f images/s", r + 1, n, rate)

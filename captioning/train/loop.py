@@ -21,11 +21,12 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import config as config_lib
-from captioning import disk_cache, schema
+from captioning import disk_cache
+from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset
-from captioning.integrity import data_errors
+from captioning.integrity import ShardReader
 from captioning.model import build_model
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.model_dir import ModelDir
@@ -36,7 +37,6 @@ from captioning.train.objectives import OBJECTIVES
 from captioning.train.optimizer import examples_per_epoch, make_optimizer
 from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, make_train_step
 from captioning.train.summaries import Summaries, Window
-from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.train")
 
@@ -80,11 +80,12 @@ class Trainer:
         config_lib.validate(cfg)
         self.cfg, self.model_dir = cfg, model_dir
         self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
-        self.manifest = schema.read_manifest(cfg.data.dir)
+        self.dataset = PreparedDataset.load(cfg.data.dir)
         # a clear error for a missing split; the eval split only matters when something evaluates
         for split in (cfg.data.train_split,) + ((cfg.data.eval_split,) if cfg.train.eval_every_steps else ()):
-            schema.split_files(cfg.data.dir, self.manifest, split)
-        self.vocab = Vocabulary.load(os.path.join(cfg.data.dir, schema.VOCAB))
+            self.dataset.split(split)
+        self.vocab = self.dataset.vocabulary()
+        self.shards = ShardReader(cfg.data.skip_corrupt)  # the run's shards, checked against the manifest
         self.strategy = strategy or distribute.make_strategy(cfg.distribute)
         self.chief = distribute.is_chief(self.strategy)
         self.folder = ModelDir(model_dir)
@@ -96,7 +97,7 @@ class Trainer:
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
                              f"{replicas} replicas")
-        self.steps_per_epoch = max(1, examples_per_epoch(self.manifest, cfg) // cfg.train.batch_size)
+        self.steps_per_epoch = max(1, examples_per_epoch(self.dataset, cfg) // cfg.train.batch_size)
         self.objective = OBJECTIVES["xe"]()
 
         policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
@@ -233,7 +234,8 @@ class Trainer:
         def dataset_fn(input_context):
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
-                                feature_fn=self._feature_fn(), cache_dir=self.cache_dir)
+                                feature_fn=self._feature_fn(), cache_dir=self.cache_dir, dataset=self.dataset,
+                                shards=self.shards)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -259,7 +261,8 @@ class Trainer:
         if count <= 0:
             return []
         cfg = self.cfg.data
-        batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count)))
+        batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset,
+                                      shards=self.shards)))
         best = beam_search(self.model, self.model.encode(batch["image"]), beam_size=1)  # greedy
         captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
         out = []
@@ -326,7 +329,9 @@ def train(cfg: config_lib.Config, model_dir: str, progress: bool = True) -> Trai
     """Configures devices, then trains (see :mod:`captioning.train`)."""
     distribute.configure_devices(cfg.distribute)
     try:
-        with data_errors():  # a damaged shard: one line naming it (InputError), not a DataLossError traceback
-            return Trainer(cfg, model_dir).run(progress=progress)
+        trainer = Trainer(cfg, model_dir)
+        # a damaged shard: one line naming it (InputError), not a DataLossError traceback
+        with trainer.shards, trainer.shards.named_errors():
+            return trainer.run(progress=progress)
     except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
         raise distribute.peer_error(e, cfg.distribute) or e from None

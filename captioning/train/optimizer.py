@@ -60,6 +60,7 @@ def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float1
     return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_float16 else optimizer
 
 
-def examples_per_epoch(manifest: dict, cfg: config_lib.Config) -> int:
-    split = manifest["splits"][cfg.data.train_split]
-    return split["captions"] if cfg.data.captions_per_image == "all" else split["images"]
+def examples_per_epoch(dataset, cfg: config_lib.Config) -> int:
+    """Examples in one epoch of ``dataset``'s (a PreparedDataset) training split: every caption, or one per image."""
+    split = dataset.split(cfg.data.train_split)
+    return split.captions if cfg.data.captions_per_image == "all" else split.images

@@ -1,4 +1,5 @@
-"""TFRecord files and ``tf.train.Example`` records, written without TensorFlow.
+"""TFRecord files and ``tf.train.Example`` records, written without TensorFlow: the writing half of the record
+format (:mod:`captioning.schema` holds the keys and the reading half).
 
 ``prepare`` writes shards in worker processes. Importing TensorFlow costs a process ~3 s of CPU (3.7 s
 wall on the project's 2-core machine) — as long as a worker needs to validate and re-encode ~350
@@ -31,10 +32,9 @@ from __future__ import annotations
 import struct
 from typing import Mapping, Sequence
 
-import google_crc32c
+from captioning import schema
+from captioning.schema import masked_crc32c
 
-MASK_DELTA = 0xA282EAD8  # added to the rotated CRC (TFRecord's masking)
-_U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -71,11 +71,6 @@ def example(features: Mapping[str, bytes]) -> bytes:
     return _length_delimited(1, entries)
 
 
-def masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & _U32
-
-
 def frame(record: bytes) -> bytes:
     """One record in TFRecord framing."""
     length = struct.pack("<Q", len(record))
@@ -102,3 +97,22 @@ class RecordWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def encode_example(*, image_id: int, filename: str, jpeg: bytes, height: int, width: int,
+                   captions: Sequence[str], caption_ids: Sequence[Sequence[int]]) -> bytes:
+    """Serialises one image and all its captions. ``captions[i]`` is the text of ``caption_ids[i]``."""
+    if len(captions) != len(caption_ids) or not captions:
+        raise ValueError(f"image {image_id}: {len(captions)} captions but {len(caption_ids)} id lists")
+    # Keys in sorted order (protobuf's deterministic serialisation of the Features map), so the same
+    # inputs give the same bytes whatever process (or worker count) writes them.
+    return example({
+        schema.IMAGE_ID: int64_feature([image_id]),
+        schema.IMAGE_FILENAME: bytes_feature([filename.encode("utf-8")]),
+        schema.IMAGE_ENCODED: bytes_feature([jpeg]),
+        schema.IMAGE_HEIGHT: int64_feature([height]),
+        schema.IMAGE_WIDTH: int64_feature([width]),
+        schema.CAPTION_TEXT: bytes_feature([c.encode("utf-8") for c in captions]),
+        schema.CAPTION_IDS: int64_feature([i for ids in caption_ids for i in ids]),
+        schema.CAPTION_LENGTH: int64_feature([len(ids) for ids in caption_ids]),
+    })

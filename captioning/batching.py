@@ -1,0 +1,89 @@
+"""Batching: images with their captions → padded batches of (image, caption) examples, grouped by length.
+
+The last stage of the input pipeline (:func:`captioning.input_pipeline.make_dataset`). Padding and masks,
+for a caption ``<start> a red circle <end>`` (ids 1 4 6 5 2) in a batch whose longest caption has 6 input
+ids::
+
+    input_ids    1  4  6  5  0  0      (caption[:-1], padded with <pad>=0)
+    target_ids   4  6  5  2  0  0      (caption[1:]: each position predicts the next word)
+    mask         1  1  1  1  0  0      (target_ids != <pad>: only real words count in the loss)
+
+Why windows and not ``bucket_by_sequence_length``: every per-example dataset op costs CPU, and a
+captioning pipeline has five examples per image. Fanning out with ``flat_map`` and bucketing with
+``bucket_by_sequence_length`` cost ~1.5 ms of CPU per image (0.3 ms per caption), a third of what
+decoding a 640×480 JPEG costs; sorting a window of ``length_window`` batches' worth of captions and
+gathering each batch in one op costs almost nothing, and pads less (``captioning benchmark input``
+measures both; ``benchmarks/RESULTS.md``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from captioning.config import DataConfig
+from captioning.vocab import PAD_ID
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, training: bool, batch_size: int,
+                           captions_per_image: float) -> tf.data.Dataset:
+    """Images with their captions → padded batches of (image, caption) examples, grouped by length.
+
+    Each window of images carrying about ``length_window`` batches' worth of captions is handled in a
+    few batched ops: every caption (or, with ``captions_per_image: sample``, one random caption per
+    image) becomes an example; the examples are sorted by length (ties in random order when training)
+    and cut into batches of ``batch_size``, which come out in random order; each batch gathers its
+    images and pads its captions to its longest (or up to the next of ``bucket_boundaries``). Per
+    example there is no dataset op at all — a ``flat_map`` over captions and ``bucket_by_sequence_length``
+    cost ~0.3 ms of CPU per example, a third of a 640×480 JPEG's decode. Training drops each window's
+    last partial batch; evaluation keeps it and sees every caption once. ``captions_per_image`` is how many
+    examples an image gives on average (1 with ``sample`` in training), which sizes the windows.
+    """
+    # Enough images for length_window batches on average (at least one batch: a window too small for
+    # one would give training nothing).
+    per_window = max(1, math.ceil(cfg.length_window * batch_size / captions_per_image))
+    boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
+
+    def batches_of(window):
+        captions = window["captions"]  # ragged [images, (captions), (ids)]
+        owner = captions.value_rowids()  # the image of each caption
+        flat = captions.values  # ragged [examples, (ids)]
+        if training and cfg.captions_per_image == "sample":
+            counts = tf.cast(captions.row_lengths(), tf.int64)
+            pick = tf.cast(tf.random.uniform(tf.shape(counts)) * tf.cast(counts, tf.float32), tf.int64)
+            flat = tf.gather(flat, tf.cast(captions.row_starts(), tf.int64) + tf.minimum(pick, counts - 1))
+            owner = tf.range(tf.shape(counts, out_type=tf.int64)[0])
+        lengths = tf.cast(flat.row_lengths(), tf.float32)
+        count = tf.shape(lengths, out_type=tf.int64)[0]
+        if training:
+            # The partial batch's worth of examples left out is a random choice, not the longest ones;
+            # ties in length are broken at random too.
+            keep = tf.random.shuffle(tf.range(count))[:count // batch_size * batch_size]
+            kept = tf.gather(lengths, keep)
+            order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
+            count = tf.size(order, out_type=tf.int64)
+            starts = tf.random.shuffle(tf.range(0, count, batch_size))
+        else:
+            order = tf.argsort(lengths, stable=True)
+            starts = tf.range(0, count, batch_size)
+
+        def batch_at(start):
+            picked = tf.gather(order, tf.range(start, tf.minimum(start + batch_size, count)))
+            caption = tf.gather(flat, picked)
+            longest = tf.cast(tf.reduce_max(caption.row_lengths()), tf.int64) - 1
+            bucket = tf.gather(boundaries, tf.minimum(tf.searchsorted(boundaries, [longest], out_type=tf.int64)[0],
+                                                      tf.size(boundaries, out_type=tf.int64) - 1))
+            width = tf.maximum(longest, bucket)
+            shape = tf.stack([tf.size(picked, out_type=tf.int64), width])
+            input_ids = caption[:, :-1].to_tensor(PAD_ID, shape=shape)
+            target_ids = caption[:, 1:].to_tensor(PAD_ID, shape=shape)
+            return {key: tf.gather(window[key], tf.gather(owner, picked)), "input_ids": input_ids,
+                    "target_ids": target_ids, "mask": tf.cast(tf.not_equal(target_ids, PAD_ID), tf.float32)}
+
+        return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
+
+    windows = ds.batch(per_window, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    return windows.flat_map(batches_of)
