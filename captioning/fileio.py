@@ -3,9 +3,12 @@ clear line (prepare, train, evaluate, score, caption and export all use these)."
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import shutil
+from typing import IO, Iterator
 
 from captioning.errors import DiskFullError, InputError
 
@@ -32,23 +35,69 @@ def disk_full_error(error: BaseException, path: str, what: str,
                          f"somewhere else), then {then}")
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` so that ``path`` is either absent, the old file, or complete: a
-    temporary file beside it, flushed and fsynced, renamed over it. On any failure the temporary file
-    is removed and the error raised."""
-    tmp = f"{path}.tmp{os.getpid()}"
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "wb", tmp: str | None = None) -> Iterator[IO]:
+    """The one way this project writes a file: yields a file object open on a temporary name beside
+    ``path`` (``tmp``, default ``PATH.tmp<pid>``); when the block ends without error the file is flushed,
+    fsynced and renamed over ``path``, so ``path`` is only ever absent, the old file, or complete. On
+    any error the temporary file is removed and the error raised. A fixed ``tmp`` name is for writers
+    whose next run clears such leftovers (``prepare``'s ``NAME.tmp`` shards): on an interrupt
+    (KeyboardInterrupt, SystemExit) it stays, as it would after a kill, and only errors remove it.
+
+    >>> import tempfile; folder = tempfile.mkdtemp()
+    >>> with atomic_file(os.path.join(folder, "a.txt"), "w") as f:
+    ...     _ = f.write("hello")
+    ...     os.listdir(folder)  # doctest: +ELLIPSIS
+    ['a.txt.tmp...']
+    >>> os.listdir(folder), open(os.path.join(folder, "a.txt")).read()
+    (['a.txt'], 'hello')
+    """
+    cleared_on = Exception if tmp else BaseException
+    tmp = tmp or f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except cleared_on:
         try:
             os.remove(tmp)
         except OSError:
             pass
         raise
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str) -> Iterator[str]:
+    """The folder form of :func:`atomic_file`: yields an empty temporary folder beside ``path``
+    (``PATH.tmp<pid>``) to fill; when the block ends without error, an existing ``path`` is moved aside,
+    the new folder renamed to ``path`` and the old one removed. If the swap fails, the old folder is put
+    back. On any error the temporary folder is removed and ``path`` is untouched. (The caller decides
+    whether an existing ``path`` may be replaced.)"""
+    target = os.path.realpath(path)
+    tmp, old = f"{target}.tmp{os.getpid()}", f"{target}.old{os.getpid()}"
+    moved_aside = False
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        yield tmp
+        if os.path.isdir(target):
+            os.replace(target, old)
+            moved_aside = True
+        os.replace(tmp, target)
+        moved_aside = False
+    finally:
+        if moved_aside:  # the new folder did not make it: the old one goes back
+            os.replace(old, target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -60,25 +109,26 @@ def atomic_write_json(path: str, obj, indent: int | None = 1) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def make_dirs(path: str, what: str) -> None:
-    """``os.makedirs(path, exist_ok=True)``, or one line naming ``what`` (e.g. ``--output-dir``) and why
-    not: a file in the way, a path under a file or under ``/proc`` or ``/sys``, no permission."""
+def make_dirs(path: str, what: str, params: tuple[str, ...] = ()) -> None:
+    """``os.makedirs(path, exist_ok=True)``, or one line naming ``what`` (e.g. the parameter
+    ``output_dir``, listed in ``params``: :class:`InputError`) and why not: a file in the way, a path under
+    a file or under ``/proc`` or ``/sys``, no permission."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(f"{what} {path} is a file, not a folder")
+        raise InputError(f"{what} {path} is a file, not a folder", params=params)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise InputError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
+        raise InputError(f"{what} {path}: cannot create it ({e.strerror or e})", params=params) from None
 
 
-def check_output_file(path: str, what: str) -> None:
+def check_output_file(path: str, what: str, params: tuple[str, ...] = ()) -> None:
     """Makes sure ``path`` can be written *before* the work that produces it: not a folder, its folder
     created if missing, and a file really can be written there (a probe of a few KiB, removed at once:
     only trying tells a read-only or pseudo file system, even for root, or a disk already full). One line
     naming ``what`` otherwise (:class:`DiskFullError` for a full disk)."""
     if os.path.isdir(path):
-        raise InputError(f"{what} {path} is a folder; give a file name")
-    make_dirs(os.path.dirname(os.path.abspath(path)), f"{what} {path}: its folder")
+        raise InputError(f"{what} {path} is a folder; give a file name", params=params)
+    make_dirs(os.path.dirname(os.path.abspath(path)), f"{what} {path}: its folder", params)
     probe = f"{path}.tmp{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -88,6 +138,6 @@ def check_output_file(path: str, what: str) -> None:
     except OSError as e:
         if os.path.exists(probe):
             os.remove(probe)
-        raise disk_full_error(e, path, what) or InputError(f"{what} {path}: cannot write it ({e.strerror or e})") \
-            from None
+        raise disk_full_error(e, path, what) or InputError(f"{what} {path}: cannot write it ({e.strerror or e})",
+                                                           params=params) from None
     os.remove(probe)

@@ -29,8 +29,9 @@ The messages (``tensorflow/core/example/{example,feature}.proto``)::
 
 from __future__ import annotations
 
+import os
 import struct
-from typing import Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence
 
 from captioning import schema
 from captioning.schema import masked_crc32c
@@ -78,10 +79,13 @@ def frame(record: bytes) -> bytes:
 
 
 class RecordWriter:
-    """Writes a TFRecord file (uncompressed), like ``tf.io.TFRecordWriter``; a context manager."""
+    """Writes a TFRecord file (uncompressed), like ``tf.io.TFRecordWriter``; a context manager. ``target``
+    is a path, or a binary file object the caller owns (and closes), e.g. one from
+    :func:`captioning.fileio.atomic_file`."""
 
-    def __init__(self, path: str):
-        self._file = open(path, "wb")
+    def __init__(self, target: str | BinaryIO):
+        self._owned = isinstance(target, (str, os.PathLike))
+        self._file = open(target, "wb") if self._owned else target
 
     def write(self, record: bytes) -> None:
         self._file.write(frame(record))
@@ -90,7 +94,10 @@ class RecordWriter:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._owned:
+            self._file.close()
+        else:
+            self._file.flush()
 
     def __enter__(self) -> "RecordWriter":
         return self

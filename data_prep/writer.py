@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from captioning.fileio import atomic_write_json
+from captioning.fileio import atomic_file, atomic_write_json
 from captioning.images import ImageError, process_image, read_image_file
 
 
@@ -53,25 +53,21 @@ def write_shard(task: ShardTask, report: Callable[[int], None] = lambda n: None)
     """Writes ``task``'s records and returns ``{"images", "captions", "skipped": [{"image", "reason"}]}``.
     Never imports TensorFlow (:mod:`data_prep.records`), so a worker process starts in a fraction of
     a second."""
-    tmp = task.path + ".tmp"
     stats = {"split": task.split, "shard": os.path.basename(task.path), "images": 0, "captions": 0, "skipped": []}
-    try:
-        _write_records(task, tmp, stats, report)
-    except OSError:  # a full disk: the partial file goes, freeing what it took (a crash leaves it to the next run)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    stats["bytes"] = os.path.getsize(tmp)  # the manifest records it: readers detect a cut or grown shard
-    atomic_write_json(task.stats_path, stats)
-    os.replace(tmp, task.path)
+    # NAME.tmp (not per process): a crash leaves it for the next run to remove. On an error (a full disk)
+    # atomic_file removes it at once, freeing what it took.
+    with atomic_file(task.path, tmp=task.path + ".tmp") as f:
+        _write_records(task, f, stats, report)
+        stats["bytes"] = f.tell()  # the manifest records it: readers detect a cut or grown shard
+        atomic_write_json(task.stats_path, stats)
     return stats
 
 
-def _write_records(task: ShardTask, tmp: str, stats: dict, report) -> None:
+def _write_records(task: ShardTask, f, stats: dict, report) -> None:
     from data_prep import records
 
     pending = 0
-    with records.RecordWriter(tmp) as writer:
+    with records.RecordWriter(f) as writer:
         for i, item in enumerate(task.items):
             try:
                 data = _read(item, task.data[i] if task.data is not None else None)
@@ -89,8 +85,6 @@ def _write_records(task: ShardTask, tmp: str, stats: dict, report) -> None:
                 report(pending)
                 pending = 0
     report(pending)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
 
 
 _progress_queue = None
