@@ -19,6 +19,9 @@ Example (``experiments/show_and_tell_coco_finetune.yaml``)::
       learning_rate: 0.0005
 
 Only ``yaml.safe_load`` is used: a config can never construct Python objects.
+
+(Over 350 lines for one responsibility: the sections' dataclasses are the list of every key with its
+default and meaning, and the reading, type checking and cross-key validation of them belong beside it.)
 """
 
 from __future__ import annotations
@@ -117,11 +120,42 @@ class DistributeConfig:
 
 
 @dataclass
+class DecodeConfig:
+    """How captions are generated (``evaluate``, ``caption``, ``export``, ``benchmark decode``, and the
+    sample captions of training). Stored in the model folder's config.yaml like every section, so a model
+    decodes the way it was set up; the commands' flags (``--beam-size``, ``--max-length``,
+    ``--length-normalization``, ``--top-k``) override it for one call. These are the only defaults."""
+
+    beam_size: int = 3
+    max_length: int = 20  # words, <end> excluded
+    length_normalization: float = 0.0  # rank beams by log p / length ** this (0: plain log p)
+    top_k: int = 1  # captions returned per image, best first (caption, export)
+
+    def check(self, prefix: str = "") -> "DecodeConfig":
+        """Returns itself; an InputError naming the parameter (``prefix`` + name: ``decode.`` for the
+        config keys) when a value cannot be used."""
+        b, n, k, a = (prefix + name for name in ("beam_size", "max_length", "top_k", "length_normalization"))
+        if self.beam_size < 1 or self.max_length < 1:
+            raise InputError(f"{b} and {n} must be at least 1, got {self.beam_size} and {self.max_length}",
+                             params=(b, n))
+        if not math.isfinite(self.length_normalization) or self.length_normalization < 0:
+            raise InputError(f"{a} must be a finite number >= 0, got {self.length_normalization}", params=(a,))
+        if not 1 <= self.top_k <= self.beam_size:
+            raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=(k, b))
+        return self
+
+    def override(self, **values) -> "DecodeConfig":
+        """A copy with the values that are not None replaced (a command's flags), checked."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None}).check()
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     distribute: DistributeConfig = field(default_factory=DistributeConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:
@@ -263,7 +297,8 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
 # Keys added after model folders began to record every key: a model folder's config.yaml written before
 # a key existed may lack it, and gets its default.
 ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s",
-                                          "model.decoder"})
+                                          "model.decoder", "decode.beam_size", "decode.max_length",
+                                          "decode.length_normalization", "decode.top_k"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
@@ -288,7 +323,7 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
     for override in overrides:
         key, eq, value = override.partition("=")
         if not eq:
-            raise InputError(f"--set {override!r} must look like section.key=value")
+            raise InputError(f"overrides {override!r} must look like section.key=value", params=("overrides",))
         _set(config, key.strip(), value, from_text=True)
     return config
 
@@ -346,6 +381,7 @@ def validate(config: Config) -> None:
                        ("distribute.startup_timeout_s", config.distribute.startup_timeout_s)]:
         if value < 1:
             raise InputError(f"{key} must be at least 1, got {value}")
+    config.decode.check(prefix="decode.")
     if not 0.0 <= m.dropout < 1.0:
         raise InputError(f"model.dropout must be in [0, 1), got {m.dropout}")
     if t.learning_rate <= 0:

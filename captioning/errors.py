@@ -4,13 +4,46 @@
 option value). The command line prints ``captioning <command>: error: <message>`` on stderr and exits
 with code 2, the Unix convention for usage errors (argparse uses it too). Anything else that escapes is a
 bug and keeps its traceback.
+
+Library code names *parameters*, not command-line flags: ``prepare(opts)`` says "pass overwrite=True to
+replace it", and lists the parameters its message names in ``params``. The command line rewrites each
+to the flag it came from (:meth:`InputError.for_flags`), so the same error reads "pass --overwrite to
+replace it" there. A parameter is written in the message as its Python name, or ``name=True`` for a
+boolean switch.
+
+>>> e = InputError("pass overwrite=True to replace it; min_word_count must be >= 1",
+...                params=("overwrite", "min_word_count"))
+>>> e.for_flags({"overwrite": "--overwrite", "min_word_count": "--min-word-count"})
+'pass --overwrite to replace it; --min-word-count must be >= 1'
+>>> InputError("output /tmp/output/output.json exists", params=("output",)).for_flags({"output": "--output"})
+'--output /tmp/output/output.json exists'
 """
+
+import re
+from typing import Mapping
 
 
 class InputError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+    """Bad input from the user: printed as one line, exit code 2. ``params``: the parameters (Python
+    names) the message names, for :meth:`for_flags`."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", params: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.params = tuple(params)
+
+    def __reduce__(self):  # kept across process boundaries (prepare's workers), params included
+        return type(self), (str(self), self.params)
+
+    def for_flags(self, flags: Mapping[str, str]) -> str:
+        """The message with each of its parameters written as the flag ``flags`` maps it to."""
+        message = str(self)
+        for name in self.params:
+            if name in flags:
+                # the name as a word, not inside a path or a key ("/tmp/output", "output.json", "decode.top_k")
+                message = re.sub(rf"(?<![\w./-]){re.escape(name)}(=True)?(?![\w/-]|\.\w)", flags[name], message)
+        return message
 
 
 class DiskFullError(InputError):

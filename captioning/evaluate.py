@@ -77,26 +77,54 @@ def settings_label(beam_size: int, max_length: int, length_normalization: float)
 def _prepared_dataset(trained, data_dir: str | None) -> PreparedDataset:
     """The records to evaluate on, checked: prepared, and with the model's vocabulary."""
     folder = data_dir or trained.config.data.dir
-    where = "--data-dir" if data_dir else f"data.dir in {os.path.join(trained.model_dir, 'config.yaml')}"
+    where = "data_dir" if data_dir else f"data.dir in {ModelDir(trained.model_dir).config_file}"
     if not os.path.isfile(PreparedDataset.manifest_path(folder)):
-        raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass --data-dir with "
-                         "the folder `captioning prepare` wrote")
+        raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass data_dir with "
+                         "the folder `captioning prepare` wrote", params=("data_dir",))
     dataset = PreparedDataset.load(folder)
     if dataset.vocabulary() != trained.vocab:
         raise InputError(f"{folder} was prepared with another vocabulary than the model in {trained.model_dir}: "
-                         f"prepare it with --vocab {os.path.join(trained.model_dir, 'vocab.txt')}")
+                         f"prepare it with `captioning prepare --vocab {ModelDir(trained.model_dir).vocab_file}`")
     return dataset
 
 
-def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images: int | None = None,
-             max_length: int = 20, length_normalization: float = 0.0, batch_size: int = 32,
+def _key(name: str) -> property:
+    return property(lambda self: self.get(name), doc=f"the document's {name!r}")
+
+
+class EvaluationResult(dict):
+    """One evaluation: the metrics file's document itself (this dict; the module docstring lists its
+    keys; ``json.dumps`` of it is the file), with typed attribute access on top (``result.metrics``,
+    ``result.perplexity``; ``baseline`` and ``baseline_caption`` are None without ``baseline=True``)."""
+
+    metrics: dict[str, float] = _key("metrics")
+    split: str = _key("split")
+    checkpoint_step: int = _key("checkpoint_step")
+    num_images: int = _key("num_images")
+    all_images: bool = _key("all_images")
+    beam_size: int = _key("beam_size")
+    max_length: int = _key("max_length")
+    length_normalization: float = _key("length_normalization")
+    loss: float = _key("loss")
+    perplexity: float = _key("perplexity")
+    baseline: dict[str, float] | None = _key("baseline")
+    baseline_caption: str | None = _key("baseline_caption")
+
+
+def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
+             max_length: int | None = None, length_normalization: float | None = None, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
-             output: str | None = None, progress: bool = True) -> dict:
+             output: str | None = None, progress: bool = True) -> EvaluationResult:
+    """Evaluates the latest checkpoint of ``model_dir`` on ``split`` (see the module docstring).
+    ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config."""
     metrics.check_java()  # fail before an hour of decoding, not after
     if output:
-        check_output_file(output, "--output")
+        check_output_file(output, "output", params=("output",))
     folder = ModelDir(model_dir)
     trained = inference.load(model_dir)
+    decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
+                                            length_normalization=length_normalization)
+    beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization
     # one pass over the split: nothing to cache; --data-dir points at the records if they moved
     dataset = _prepared_dataset(trained, data_dir)
     cfg = dataclasses.replace(trained.config.data, cache="none", dir=dataset.path)
@@ -109,20 +137,20 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
                  split, trained.step)
         if output:
             atomic_write_json(output, stored)
-        return stored
+        return EvaluationResult(stored)
     path = folder.file(os.path.join("eval", name + ".json"))
     check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
-    captioner = inference.Captioner(trained, beam_size=beam_size, max_length=max_length,
-                                    length_normalization=length_normalization)
+    captioner = inference.Captioner(trained, dataclasses.replace(decode, top_k=1))
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
         candidates, refs, loss = _read_and_caption(captioner, cfg, dataset, shards, split, max_images, batch_size,
                                                    partial or split_images, progress)
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
-    result = {"metrics": scores, "split": split, "checkpoint_step": trained.step, "num_images": len(candidates),
-              "all_images": partial is None, "beam_size": beam_size, "max_length": max_length,
-              "length_normalization": length_normalization, "loss": loss.loss, "perplexity": loss.perplexity}
+    result = EvaluationResult(
+        metrics=scores, split=split, checkpoint_step=trained.step, num_images=len(candidates),
+        all_images=partial is None, beam_size=beam_size, max_length=max_length,
+        length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity)
     if baseline:
         with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
             train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
@@ -143,7 +171,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int = 3, max_images
             tag = settings_label(beam_size, max_length, length_normalization) + (f"-first{partial}" if partial else "")
             for metric, value in scores.items():
                 tf.summary.scalar(f"{tag}/{metric}", value)
-            tf.summary.scalar(f"{tag}/perplexity", result["perplexity"])
+            tf.summary.scalar(f"{tag}/perplexity", result.perplexity)
     except (OSError, tf.errors.OpError) as e:
         full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
         if full is None and not isinstance(e, OSError):

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import tensorflow as tf
 
 from captioning.errors import InputError
-from captioning.fileio import atomic_write_json, disk_full_error
+from captioning.fileio import atomic_folder, atomic_write_json, disk_full_error
 from captioning.inference import Captioner
 
 MARKER = "captioning_export.json"
@@ -66,15 +65,16 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
     target = os.path.realpath(output)
     for what, folder in (("the model folder", model_dir), ("the working directory", os.getcwd())):
         if _inside(os.path.realpath(folder), target):
-            raise InputError(f"--output {output} is {what} or a folder above it; export into a folder of its own")
+            raise InputError(f"output {output} is {what} or a folder above it; export into a folder of its own",
+                             params=("output",))
     if os.path.isfile(output) or (os.path.exists(output) and not os.path.isdir(output)):
-        raise InputError(f"--output {output} is a file; export writes a folder")
+        raise InputError(f"output {output} is a file; export writes a folder", params=("output",))
     if not os.path.isdir(output):
         parent = os.path.dirname(target)
         if not os.path.isdir(parent):
-            raise InputError(f"--output {output}: its parent folder {parent} does not exist")
+            raise InputError(f"output {output}: its parent folder {parent} does not exist", params=("output",))
         if not os.access(parent, os.W_OK):
-            raise InputError(f"--output {output}: cannot write into {parent} (permission denied)")
+            raise InputError(f"output {output}: cannot write into {parent} (permission denied)", params=("output",))
         return None
     if not os.listdir(output):
         return None
@@ -82,8 +82,8 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
         with open(os.path.join(output, MARKER), encoding="utf-8") as f:
             existing = json.load(f)
     except (OSError, ValueError):
-        raise InputError(f"--output {output} holds other files, not an export of this command (no {MARKER}); "
-                         "choose another folder") from None
+        raise InputError(f"output {output} holds other files, not an export of this command (no {MARKER}); "
+                         "choose another folder", params=("output",)) from None
     return existing
 
 
@@ -98,25 +98,12 @@ def export(captioner: Captioner, output: str, model_dir: str, overwrite: bool = 
             return output  # this very export is there already
         if not overwrite:
             raise InputError(f"{output} holds another export ({existing.get('checkpoint')}, "
-                             f"{existing.get('decode')}); pass --overwrite to replace it")
-    target = os.path.realpath(output)
-    tmp, old = f"{target}.tmp{os.getpid()}", f"{target}.old{os.getpid()}"
+                             f"{existing.get('decode')}); pass overwrite=True to replace it", params=("overwrite",))
     server = CaptionServer(captioner)
-    moved_aside = False
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve})
-        atomic_write_json(os.path.join(tmp, MARKER), record)
-        if os.path.isdir(target):
-            os.replace(target, old)
-            moved_aside = True
-        os.replace(tmp, target)
-        moved_aside = False
+        with atomic_folder(output) as tmp:  # written beside, swapped in only when complete
+            tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve})
+            atomic_write_json(os.path.join(tmp, MARKER), record)
     except (OSError, tf.errors.OpError) as e:
         raise disk_full_error(e, output, "the export") or e
-    finally:
-        if moved_aside:  # the new export did not make it: the old one goes back
-            os.replace(old, target)
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
     return output

@@ -10,12 +10,12 @@ encode, beam search. The SavedModel export wraps that same function.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import tensorflow as tf
 
 from captioning.model.decode import beam_search, ids_to_text
-from captioning.errors import InputError
+from captioning.config import DecodeConfig
 from captioning.input_pipeline import model_input
 from captioning.model_dir import ModelDir, TrainedModel
 
@@ -28,17 +28,11 @@ def load(model_dir: str, checkpoint: str | None = None) -> TrainedModel:
 class Captioner:
     """Captions for batches of encoded images, beam search inside one ``tf.function``."""
 
-    def __init__(self, trained: TrainedModel, beam_size: int = 3, max_length: int = 20,
-                 length_normalization: float = 0.0, top_k: int = 1):
-        if beam_size < 1 or max_length < 1:
-            raise InputError("--beam-size and --max-length must be at least 1")
-        if not math.isfinite(length_normalization) or length_normalization < 0:
-            raise InputError(f"--length-normalization must be a finite number >= 0, got {length_normalization}")
-        if not 1 <= top_k <= beam_size:
-            raise InputError(f"--top-k must be between 1 and --beam-size ({beam_size}), got {top_k}")
+    def __init__(self, trained: TrainedModel, decode: DecodeConfig | None = None):
+        """``decode``: the beam search's settings (default: the model's ``decode:`` config)."""
         self.trained = trained
-        self.options = dict(beam_size=beam_size, max_length=max_length,
-                            length_normalization=length_normalization, top_k=top_k)
+        self.settings = (decode or trained.config.decode).check()
+        self.options = dataclasses.asdict(self.settings)  # beam_search's keyword arguments
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
 
     def decode_encoded(self, encoded: tf.Tensor) -> dict:

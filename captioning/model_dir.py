@@ -100,6 +100,14 @@ class ModelDir:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    @property
+    def vocab_file(self) -> str:
+        return self.file(VOCAB)
+
+    @property
+    def config_file(self) -> str:
+        return self.file(CONFIG)
+
     # ---- reading ------------------------------------------------------------------------------------
     def read_config(self) -> config_lib.Config | None:
         """The folder's config.yaml (None when there is none); damaged or cut short: InputError."""
@@ -185,7 +193,7 @@ class ModelDir:
                 diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
             if diff:
                 raise InputError(f"{self.path} holds a model with other {', '.join(diff)}; "
-                                 "use a new --model-dir or the same model settings")
+                                 "use a new model_dir or the same model settings", params=("model_dir",))
         return old
 
     def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
@@ -287,8 +295,8 @@ class ModelDir:
                 tf.train.Checkpoint(**lenient).restore(path).expect_partial()
         except (AssertionError, ValueError) as e:
             error = InputError(f"{path} does not fit the model this config builds ({first_line(e)}); it was "
-                               f"trained with other settings ({CONFIG}, {VOCAB}): use a new --model-dir or that "
-                               "folder's config")
+                               f"trained with other settings ({CONFIG}, {VOCAB}): use a new model_dir or that "
+                               "folder's config", params=("model_dir",))
         except tf.errors.OpError as e:
             error = InputError(f"cannot read checkpoint {path}: {first_line(e.message)}")
         if error is not None:

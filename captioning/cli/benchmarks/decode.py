@@ -22,7 +22,7 @@ import logging
 
 import numpy as np
 
-from captioning.benchmarks import common
+from captioning.cli.benchmarks import common
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.benchmark")
@@ -57,16 +57,20 @@ def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:
     return out
 
 
-def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, beam_size: int = 3,
-        max_length: int = 20, progress: bool = True) -> dict:
+def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, beam_size: int | None = None,
+        max_length: int | None = None, length_normalization: float | None = None, progress: bool = True) -> dict:
+    """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config."""
     import tensorflow as tf
 
     from captioning import inference
 
     if batch_size < 1 or images < batch_size:
-        raise InputError("--batch-size must be at least 1 and --images at least --batch-size")
+        raise InputError("batch_size must be at least 1 and images at least batch_size",
+                         params=("batch_size", "images"))
     trained = inference.load(model_dir) if model_dir else _small_model()
-    captioner = inference.Captioner(trained, beam_size=beam_size, max_length=max_length)
+    captioner = inference.Captioner(trained, trained.config.decode.override(
+        beam_size=beam_size, max_length=max_length, length_normalization=length_normalization, top_k=1))
+    beam_size, max_length = captioner.settings.beam_size, captioner.settings.max_length
     data = _jpegs(images, trained.config.data.resize_size)
     log.info("decode benchmark: %s, vocabulary %d, beam %d, length %d, %d images", model_dir or "small untrained model",
              len(trained.vocab), beam_size, max_length, images)

@@ -17,7 +17,7 @@ length-grouped batches against batches padded to their longest caption without g
 and ``cache: features`` (the frozen encoder of the config, without ImageNet weights).
 
 The data: ``--data DIR`` (a prepared dataset), or COCO-like photos made and prepared once under
-``--work-dir`` (:mod:`captioning.benchmarks.photos`; 640×480 by default): a ``train`` split of
+``--work-dir`` (:mod:`captioning.cli.benchmarks.photos`; 640×480 by default): a ``train`` split of
 ``--images`` and a ``val`` split of ``--cache-images`` for the cache epochs. The config defaults to
 the project defaults, whose data section is im2txt's COCO recipe (346² resize, random 299² crop and
 flip, every caption of every image).
@@ -34,8 +34,8 @@ import tensorflow as tf
 
 from captioning import config as config_lib
 from captioning import schema
-from captioning.benchmarks import common
-from captioning.benchmarks.photos import cached_photos
+from captioning.cli.benchmarks import common
+from captioning.cli.benchmarks.photos import cached_photos
 from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
 from captioning.input_pipeline import decode_and_resize, make_dataset
@@ -156,7 +156,8 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
     """Runs the benchmark (see the module docstring) and returns its JSON-ready result."""
     cfg = config_lib.load_config(config, overrides)
     if measure_images < 1 or rounds < 1 or images < 1 or cache_images < 1:
-        raise InputError("--images, --cache-images, --measure-images and --rounds must be at least 1")
+        raise InputError("images, cache_images, measure_images and rounds must be at least 1",
+                         params=("images", "cache_images", "measure_images", "rounds"))
     if data_dir is None:
         data_dir = photo_records(work_dir, images, cache_images, image_size, progress=progress)
     cfg.data.dir = data_dir

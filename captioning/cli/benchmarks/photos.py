@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from captioning.fileio import atomic_write_json
+from captioning.fileio import atomic_write_bytes, atomic_write_json
 
 # COCO (Karpathy train) caption lengths in words, 8..20, roughly.
 _LENGTHS = np.arange(8, 21)
@@ -106,8 +106,8 @@ def write_photos(out_dir: str, num_images: int | dict[str, int], size: tuple[int
         for _ in range(count):
             image_id, name = next_id, f"photo_{next_id:06d}.jpg"
             next_id += 1
-            with open(os.path.join(images_dir, name), "wb") as f:  # the annotations, written last, commit
-                f.write(_image(rng, canvases, width, height))
+            # each image complete or absent; the annotations, written last, commit the set
+            atomic_write_bytes(os.path.join(images_dir, name), _image(rng, canvases, width, height))
             coco["images"].append({"id": image_id, "file_name": name, "width": width, "height": height})
             for j in range(5):
                 caption = " ".join(rng.choice(words, size=rng.choice(_LENGTHS, p=_LENGTH_P), p=zipf))

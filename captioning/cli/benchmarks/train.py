@@ -15,7 +15,7 @@ import statistics
 import tempfile
 
 from captioning import config as config_lib
-from captioning.benchmarks import common
+from captioning.cli.benchmarks import common
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.benchmark")
@@ -28,7 +28,7 @@ def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: 
     from captioning.train import train
 
     if steps < 1 or warmup < 0:
-        raise InputError("--steps must be at least 1 and --warmup at least 0")
+        raise InputError("steps must be at least 1 and warmup at least 0", params=("steps", "warmup"))
     cfg = config_lib.load_config(config, overrides)
     cfg.train.steps = warmup + steps
     cfg.train.eval_every_steps = 0

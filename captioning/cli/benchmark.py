@@ -1,0 +1,82 @@
+"""``captioning benchmark input|train|decode|prepare``: the flags of each benchmark; the benchmarks
+themselves are in :mod:`captioning.cli.benchmarks` (they wire every stage together, ``prepare``
+included, which is why they live with the command line)."""
+
+from __future__ import annotations
+
+from captioning.cli.parsing import NATURAL, POSITIVE, call, config_flags, decoding_flags, size
+
+
+def add_benchmark(sub) -> None:
+    p = sub.add_parser(
+        "benchmark", help="measure the input pipeline, training loop, decoding and prepare against their ceilings",
+        description="Benchmarks: each measures the project's own code against a baseline and a ceiling on this "
+                    "machine, prints a summary and, with --json, writes the numbers (benchmarks/RESULTS.md has "
+                    "this project's results and how to read them). Each takes under 3 minutes with its defaults "
+                    "on 2 cores.")
+    kinds = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+
+    def common(q, work_dir=True):
+        q.add_argument("--json", metavar="OUT", help="write the results as JSON to this file")
+        if work_dir:
+            q.add_argument("--work-dir", default="runs/benchmarks",
+                           help="where benchmark photos are made once and reused (default runs/benchmarks)")
+
+    q = kinds.add_parser("input", help="input pipeline vs the naive pipeline and the decode ceiling",
+                         description="Images/s of the naive seed-style pipeline, the training input pipeline and "
+                                     "bare decode + resize on the same records; padding efficiency; cache speed-ups.")
+    q.add_argument("--data", metavar="DIR", dest="data_dir", help="a prepared dataset (default: COCO-like photos made in --work-dir)")
+    q.add_argument("--images", type=POSITIVE, default=1000, help="photos in the train split (default 1000)")
+    q.add_argument("--cache-images", type=POSITIVE, default=200, help="photos for the cache epochs (default 200)")
+    q.add_argument("--image-size", type=size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
+    config_flags(q, required=False, help="experiment config whose data and model sections to use (default: the "
+                                         "defaults, im2txt's COCO recipe)")
+    q.add_argument("--measure-images", type=POSITIVE, default=1500,
+                   help="images timed per measurement (default 1500)")
+    q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements per pipeline, best kept (default 2)")
+    common(q)
+    q.set_defaults(handler=run_benchmark)
+
+    q = kinds.add_parser("train", help="the training loop: ingestion vs train-step time",
+                         description="Runs the real training loop and splits each iteration into ingestion time "
+                                     "(waiting for the batch) and train step time.")
+    config_flags(q, help="experiment config, e.g. experiments/shapes.yaml")
+    q.add_argument("--steps", type=POSITIVE, default=300, help="measured steps (default 300)")
+    q.add_argument("--warmup", type=NATURAL, default=50, help="steps run first and not measured (default 50)")
+    common(q, work_dir=False)
+    q.set_defaults(handler=run_benchmark)
+
+    q = kinds.add_parser("decode", help="batched beam search vs one image at a time",
+                         description="Captions/s of batched beam search against one image per call, same code.")
+    q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
+    q.add_argument("--batch-size", type=POSITIVE, default=128, help="images per batched call (default 128)")
+    q.add_argument("--images", type=POSITIVE, default=256,
+                   help="images captioned in the batched measurement (default 256)")
+    decoding_flags(q)
+    common(q, work_dir=False)
+    q.set_defaults(handler=run_benchmark)
+
+    q = kinds.add_parser("prepare", help="prepare with all workers vs one worker vs the one-core ceiling",
+                         description="Images/s of `prepare` with one worker per core and with one worker, and the "
+                                     "one-core rate of its bare per-image work (decode, resize, re-encode).")
+    q.add_argument("--images", type=POSITIVE, default=1000, help="photos to prepare (default 1000)")
+    q.add_argument("--image-size", type=size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
+    q.add_argument("--shorter-side", type=NATURAL, default=346,
+                   help="prepare's --shorter-side (default 346; 0: keep size)")
+    q.add_argument("--workers", type=POSITIVE, default=None, help="workers of the parallel run (default: the cores)")
+    q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements of each, best kept (default 2)")
+    common(q)
+    q.set_defaults(handler=run_benchmark)
+
+
+def run_benchmark(args) -> int:
+    import importlib
+
+    from captioning.cli.benchmarks.common import write_json
+
+    bench = importlib.import_module(f"captioning.cli.benchmarks.{args.benchmark}")  # input, train, decode, prepare
+    values = {"shorter_side": args.shorter_side or None} if args.benchmark == "prepare" else {}  # 0: keep size
+    result = call(bench.run, args, progress=not args.quiet, **values)
+    print(bench.summary(result))
+    write_json(args.json, result)
+    return 0

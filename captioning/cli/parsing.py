@@ -1,0 +1,140 @@
+"""Argument parsing shared by the commands: one-line usage errors, checked numbers, the flags several
+commands share (``--config``/``--set``, the decoding flags), and the bridge from parsed flags to
+library calls.
+
+The library takes parameters, not flags. Two helpers pass them on without copying fields by hand:
+:func:`options` builds an options dataclass (``PrepareOptions``) from the flags of the same names, and
+:func:`call` calls a function with the flags its signature names. Each flag's ``dest`` is its parameter's
+name (``--min-word-count`` → ``min_word_count``), and :meth:`Parser.flag_names` maps them back, which
+is how an :class:`~captioning.errors.InputError` naming ``min_word_count`` is printed as naming
+``--min-word-count``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import math
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``captioning evaluate: error: argument --batch-size: must be
+    an integer of at least 1, got 0 (see captioning evaluate --help)`` and exit code 2; the line names
+    the command as every other error line does (``captioning benchmark: error: …`` for its subcommands).
+    It records each flag's parameter name (:meth:`flag_names`)."""
+
+    def __init__(self, *args, **kwargs):
+        self._flags: dict[str, str] = {}  # before argparse adds --help
+        super().__init__(*args, **kwargs)
+        # parsed arguments carry the flag names of the innermost (sub)parser that parsed them
+        self.set_defaults(flags=self.flag_names)
+
+    def add_argument(self, *names, **kwargs):
+        action = super().add_argument(*names, **kwargs)
+        self._note(action)
+        return action
+
+    def _note(self, action) -> None:
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long:
+            self._flags.setdefault(action.dest, long[0])
+
+    def add_argument_group(self, *args, **kwargs):
+        group = super().add_argument_group(*args, **kwargs)
+        add = group.add_argument
+
+        def add_argument(*names, **kw):  # flags of a group are flags of this parser
+            action = add(*names, **kw)
+            self._note(action)
+            return action
+
+        group.add_argument = add_argument
+        return group
+
+    def flag_names(self) -> dict[str, str]:
+        """Parameter name → flag, e.g. ``{"min_word_count": "--min-word-count", "overrides": "--set"}``."""
+        return dict(self._flags)
+
+    def error(self, message: str):
+        command = " ".join(self.prog.split()[:2])  # "captioning benchmark", as every other error line says
+        self.exit(2, f"{command}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def at_least(low, kind=int):
+    """An argparse type: an integer (or, with ``kind=float``, a finite number) of at least ``low``."""
+    what = "an integer" if kind is int else "a finite number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"must be {what} of at least {low:g}, got {text}")
+        return value
+
+    parse.__name__ = f"{what} >= {low:g}"
+    return parse
+
+
+POSITIVE, NATURAL = at_least(1), at_least(0)
+
+
+def key_int(text: str) -> tuple[str, int]:
+    """``NAME=INTEGER`` (``--shards train=256``)."""
+    name, eq, value = text.partition("=")
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if not eq or not name or number is None:
+        raise argparse.ArgumentTypeError(f"{text!r} must look like NAME=INTEGER, e.g. train=256")
+    return name, number
+
+
+def size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT``, each at least 8."""
+    width, x, height = text.lower().partition("x")
+    if not x or not width.isdigit() or not height.isdigit() or int(width) < 8 or int(height) < 8:
+        raise argparse.ArgumentTypeError(f"{text!r} must look like WIDTHxHEIGHT, e.g. 640x480 (at least 8x8)")
+    return int(width), int(height)
+
+
+def config_flags(p, required: bool = True, help: str | None = None) -> None:
+    """``--config FILE`` and the repeatable ``--set SECTION.KEY=VALUE`` (dest ``overrides``)."""
+    p.add_argument("--config", required=required,
+                   help=help or "experiment YAML (may inherit from another with base:)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                   help="override one config key, parsed by its type (repeatable), e.g. train.steps=500")
+
+
+def decoding_flags(p, top_k: bool = False) -> None:
+    """The flags that override the model's ``decode:`` config for one call (default None: the config's
+    value; the defaults themselves live in :class:`captioning.config.DecodeConfig` alone)."""
+    p.add_argument("--beam-size", type=POSITIVE, default=None,
+                   help="beam width; 1 is greedy decoding (default: the model's decode.beam_size, 3)")
+    p.add_argument("--max-length", type=POSITIVE, default=None,
+                   help="longest caption in words (default: the model's decode.max_length, 20)")
+    p.add_argument("--length-normalization", type=at_least(0.0, float), default=None, metavar="ALPHA",
+                   help="rank complete captions by log_prob / length^ALPHA (default: the model's "
+                        "decode.length_normalization, 0: by log_prob)")
+    if top_k:
+        p.add_argument("--top-k", type=POSITIVE, default=None,
+                       help="captions per image, best first, at most --beam-size (default: decode.top_k, 1)")
+
+
+def options(cls, args: argparse.Namespace, **values):
+    """An instance of the dataclass ``cls`` from the flags named as its fields (``values`` first)."""
+    given = vars(args)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: values[name] if name in values else given[name] for name in fields
+                  if name in values or name in given})
+
+
+def call(function, args: argparse.Namespace, **values):
+    """``function`` called with the flags its signature names (``values`` first)."""
+    given = vars(args)
+    names = inspect.signature(function).parameters
+    return function(**{name: values[name] if name in values else given[name] for name in names
+                       if name in values or name in given})
