@@ -211,3 +211,36 @@ def test_export_again_is_a_no_op_and_overwrite_swaps_in_a_complete_export(traine
     assert other.returncode == 0, other.stderr[-2000:]
     assert json.loads((out / "captioning_export.json").read_text())["decode"]["beam_size"] == 2
     assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary or old folder left beside it
+
+
+def test_decoding_follows_the_models_decode_section_and_flags_override_it(trained_model_dir, user_images, tmp_path):
+    """config.yaml's decode: section is how the model decodes; a flag overrides one setting for one call.
+    An impossible combination is named by parameter in the library and by flag on the command line."""
+    import yaml
+
+    from captioning import inference
+    from captioning.config import DecodeConfig
+    from captioning.errors import InputError
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model_dir)
+    config = yaml.safe_load((model_dir / "config.yaml").read_text())
+    assert config["decode"] == {"beam_size": 3, "max_length": 20, "length_normalization": 0.0, "top_k": 1}
+    config["decode"].update(beam_size=2, top_k=2)
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    photo = str(user_images / "photo0.jpg")
+
+    def captions(*flags):
+        result = run_cli("caption", "--model-dir", str(model_dir), photo, "--json", *flags)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return json.loads(result.stdout.splitlines()[0])["captions"]
+
+    assert len(captions()) == 2  # the model's top_k, no flag given
+    assert len(captions("--top-k", "1")) == 1
+    refused = run_cli("caption", "--model-dir", str(model_dir), photo, "--top-k", "3")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "captioning caption: error: --top-k must be between 1 and --beam-size (2), got 3")
+    with pytest.raises(InputError, match=r"^top_k must be between 1 and beam_size \(2\), got 3$") as e:
+        inference.Captioner(inference.load(str(model_dir)), DecodeConfig(beam_size=2, top_k=3))
+    assert e.value.params == ("top_k", "beam_size")
