@@ -19,12 +19,13 @@ _DISK_FULL_TEXT = {"No space left on device": errno.ENOSPC, "Disk quota exceeded
                    "File too large": errno.EFBIG}
 
 
-def disk_full_error(error: BaseException, path: str, what: str,
-                    then: str = "run the same command again") -> DiskFullError | None:
+def disk_full_error(error: BaseException, path: str, what: str, then: str = "run the same command again",
+                    params: tuple[str, ...] = ()) -> DiskFullError | None:
     """The one-line error for ``error`` when it means the disk (or a quota, or the process's file-size
     limit) is full while writing ``what`` to ``path``; None for any other error. TensorFlow's own file
     writers (checkpoints, SavedModels, tf.data caches) raise ``tf.errors.OpError``\\ s whose message
-    carries the system's text, so both kinds are recognised. ``then`` says what to do once space is free."""
+    carries the system's text, so both kinds are recognised. ``then`` says what to do once space is free
+    (naming ``params``, as :class:`InputError`)."""
     code = getattr(error, "errno", None)
     if code not in _DISK_FULL:
         message = str(getattr(error, "message", None) or error)
@@ -32,7 +33,7 @@ def disk_full_error(error: BaseException, path: str, what: str,
     if code is None:
         return None
     return DiskFullError(f"cannot write {what} to {path}: {_DISK_FULL[code]}; free space there (or write "
-                         f"somewhere else), then {then}")
+                         f"somewhere else), then {then}", params=params)
 
 
 @contextlib.contextmanager

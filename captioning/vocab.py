@@ -1,4 +1,5 @@
-"""The word vocabulary: reserved ids, building from training captions, ``vocab.txt`` on disk.
+"""The word vocabulary: reserved ids, ``vocab.txt`` on disk, words to ids and back. (``prepare`` builds
+it from the training captions: :func:`data_prep.vocabulary.build_vocabulary`.)
 
 Ids 0–3 are reserved and the same in every vocabulary:
 
@@ -17,7 +18,7 @@ Words follow, most frequent first (ties alphabetical), so the file is the same o
 
 Worked example::
 
-    >>> v = Vocabulary.build([["a", "red", "circle"], ["a", "circle"], ["a", "square"]], min_word_count=2)
+    >>> v = Vocabulary(RESERVED + ("a", "circle"))  # "red" and "square" were too rare to keep
     >>> v.words
     ('<pad>', '<start>', '<end>', '<unk>', 'a', 'circle')
     >>> v.encode(["a", "red", "circle"])
@@ -51,14 +52,6 @@ class Vocabulary:
             raise InputError(f"the vocabulary lists {duplicate!r} twice")
         self.words = words
         self._ids = {word: i for i, word in enumerate(words)}
-
-    @classmethod
-    def build(cls, captions: Iterable[Sequence[str]], min_word_count: int) -> "Vocabulary":
-        """Counts the tokens of ``captions`` and keeps those seen at least ``min_word_count`` times."""
-        counts = collections.Counter(token for caption in captions for token in caption)
-        kept = sorted((w for w, n in counts.items() if n >= min_word_count and w not in RESERVED),
-                      key=lambda w: (-counts[w], w))
-        return cls(RESERVED + tuple(kept))
 
     @classmethod
     def load(cls, path: str) -> "Vocabulary":

@@ -26,7 +26,7 @@ re-run a step "with --resume until it succeeds"); other sources or options are r
 Killed at any moment (SIGKILL included), a run leaves no shard under its final name that is not
 complete: shards are renamed into place after they are synced, statistics first. Its worker processes
 exit as soon as it is gone (:func:`data_prep.writer.init_worker`). ``.partial/lock`` keeps two runs
-out of one folder (:class:`OutputLock`): a second run while one is writing stops with an error, and
+out of one folder (:class:`data_prep.output_folder.OutputLock`): a second run while one is writing stops with an error, and
 a run started while workers of a killed one still live waits for them to exit before it removes their
 ``NAME.tmp`` files.
 
@@ -37,91 +37,29 @@ parallel to ``shards``): readers refuse or repair a shard that was cut short or 
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import contextlib
 import hashlib
 import json
 import logging
 import math
-import multiprocessing
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
-from captioning import vocab as vocab_lib
 from captioning.dataset import MANIFEST, VOCAB, PreparedDataset, SplitInfo
 from captioning.errors import InputError
-from captioning.fileio import atomic_write_json, disk_full_error, make_dirs
+from captioning.fileio import disk_full_error, make_dirs
+from captioning.schema import shard_name
 from captioning.text import tokenize_caption
+from captioning.vocab import Vocabulary
 from data_prep import sources as sources_lib
-from data_prep.writer import (RUN_LOCK_BYTE, WRITERS_LOCK_BYTE, Item, ShardTask, init_worker, run_in_worker,
-                              write_shard)
+from data_prep.output_folder import LOCK, PARTIAL, complete_dataset, discard, prepare_output_dir
+from data_prep.vocabulary import build_vocabulary
+from data_prep.writer import Item, ShardTask, with_streamed_bytes, write_shard, write_shards
 
 log = logging.getLogger("captioning.prepare")
-
-PARTIAL = ".partial"
-LOCK = "lock"  # in PARTIAL
-
-
-class OutputLock:
-    """One ``prepare`` per output folder, and none while workers of a killed one still write.
-
-    ``.partial/lock`` carries two POSIX record locks, which the kernel drops when their process dies
-    however it dies: byte 0 is held exclusively by the running ``prepare`` (a second one stops at once
-    with an error), byte 1 shared by each of its worker processes (:func:`data_prep.writer.init_worker`).
-    A new run takes byte 1 exclusively for a moment, so it waits (up to ``wait_s``) until no worker of
-    an earlier run is left, before it removes or rewrites anything. Where ``fcntl`` does not exist
-    (Windows) the lock does nothing; workers still exit with their parent.
-    """
-
-    def __init__(self, path: str, out: str, wait_s: float = 60.0):
-        self.fd = None
-        try:
-            import fcntl
-        except ImportError:
-            return
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, RUN_LOCK_BYTE)
-            except OSError:
-                raise InputError(f"another `captioning prepare` is writing into {out}: wait for it to end, or "
-                                 "stop it first") from None
-            deadline, told = time.monotonic() + wait_s, False
-            while True:
-                try:
-                    fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, WRITERS_LOCK_BYTE)
-                    fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, WRITERS_LOCK_BYTE)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise InputError(f"worker processes of an earlier `captioning prepare` still write into "
-                                         f"{out} after {wait_s:.0f} s: stop them first") from None
-                    if not told:
-                        log.info("waiting for the worker processes of an interrupted run to exit")
-                        told = True
-                    time.sleep(0.05)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases both locks
-            self.fd = None
-
-
-def _clear_partial(partial: str) -> None:
-    """Empties ``.partial/`` but for the lock file, which must keep its inode while it is held."""
-    for name in os.listdir(partial):
-        if name != LOCK:
-            path = os.path.join(partial, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-
 
 @dataclass
 class PrepareOptions:
@@ -149,26 +87,28 @@ class PrepareOptions:
     resume: bool = False
 
     def check(self) -> None:
+        """InputError naming the parameter(s) of the first option that cannot be used."""
         kinds = [bool(self.split), bool(self.karpathy_json), bool(self.tfds)]
         if sum(kinds) != 1:
-            raise InputError("give exactly one source: --split (COCO files), --karpathy-json, or --tfds")
+            raise InputError("give exactly one source: split (COCO files), karpathy_json, or tfds",
+                             params=("split", "karpathy_json", "tfds"))
         if self.karpathy_json and not self.images_root:
-            raise InputError("--karpathy-json needs --images-root (image path = ROOT/filepath/filename)")
+            raise InputError("karpathy_json needs images_root (image path = ROOT/filepath/filename)",
+                             params=("karpathy_json", "images_root"))
         if self.overwrite and self.resume:
-            raise InputError("--overwrite and --resume contradict each other; pass one")
-        for name, value, low in [("--min-word-count", self.min_word_count, 1),
-                                 ("--max-caption-length", self.max_caption_length, 1),
-                                 ("--images-per-shard", self.images_per_shard, 1),
-                                 ("--workers", self.workers, 1)]:
-            if value < low:
-                raise InputError(f"{name} must be at least {low}, got {value}")
+            raise InputError("overwrite=True and resume=True contradict each other; pass one",
+                             params=("overwrite", "resume"))
+        for name in ("min_word_count", "max_caption_length", "images_per_shard", "workers"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}", params=(name,))
         if not 1 <= self.jpeg_quality <= 100:
-            raise InputError(f"--jpeg-quality must be in 1..100, got {self.jpeg_quality}")
+            raise InputError(f"jpeg_quality must be in 1..100, got {self.jpeg_quality}", params=("jpeg_quality",))
         if self.shorter_side is not None and self.shorter_side < 8:
-            raise InputError(f"--shorter-side must be at least 8 pixels, got {self.shorter_side}")
+            raise InputError(f"shorter_side must be at least 8 pixels, got {self.shorter_side}",
+                             params=("shorter_side",))
         for name, count in self.shards.items():
             if count < 1:
-                raise InputError(f"--shards {name}={count}: a split needs at least one shard")
+                raise InputError(f"shards {name}={count}: a split needs at least one shard", params=("shards",))
 
 
 def make_source(opts: PrepareOptions):
@@ -226,18 +166,7 @@ def _check_image_files(usable: dict) -> None:
                              f"{entries[0].path}); check the images folder")
 
 
-def _discard(out: str, tasks: list[ShardTask]) -> None:
-    """Removes what a failed run wrote into ``out``: its shards, vocab.txt and .partial/. (The lock file
-    goes too: this run writes nothing more, and a new run may start as soon as it has raised.)"""
-    for path in [t.path for t in tasks] + [os.path.join(out, VOCAB)]:
-        if os.path.exists(path):
-            os.remove(path)
-    shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
-
-
 def _plan(usable, opts, streamed: bool, vocab) -> list[ShardTask]:
-    from captioning.schema import shard_name
-
     out = opts.output_dir
     tasks = []
     for name in usable:
@@ -269,151 +198,6 @@ def _fingerprint(tasks: list[ShardTask], opts: PrepareOptions, source_desc: dict
     return h.hexdigest()
 
 
-def _kept_shard(out: str, partial: str, name: str) -> bool:
-    """A shard of the interrupted run is kept when its statistics exist and give its size."""
-    try:
-        with open(os.path.join(partial, name + ".json"), encoding="utf-8") as f:
-            stats = json.load(f)
-        size = os.path.getsize(os.path.join(out, name))
-    except (OSError, ValueError):
-        return False
-    return stats.get("bytes", size) == size  # statistics from before "bytes" existed: trusted as before
-
-
-def _complete_dataset(opts: PrepareOptions, fingerprint: str) -> PreparedDataset | None:
-    """With ``--resume``, the dataset of a finished run of the same sources and options, if the output
-    folder holds one (then nothing is left to do, and nothing is touched); else None."""
-    if not opts.resume or not os.path.isfile(PreparedDataset.manifest_path(opts.output_dir)):
-        return None
-    try:
-        dataset = PreparedDataset.load(opts.output_dir)
-    except InputError:
-        return None  # unreadable: _prepare_output_dir refuses it
-    if dataset.fingerprint != fingerprint:
-        return None
-    log.info("%s already holds this dataset, complete (same sources and options): nothing to do", opts.output_dir)
-    return dataset
-
-
-def _prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextlib.ExitStack) -> set[str]:
-    """Locks the output folder (held until ``stack`` closes), checks it against --overwrite/--resume;
-    returns the shards already complete."""
-    from captioning.schema import is_shard_name
-
-    out = opts.output_dir
-    partial = os.path.join(out, PARTIAL)
-    manifest = PreparedDataset.manifest_path(out)
-    if os.path.exists(manifest) and not opts.overwrite:
-        if opts.resume:
-            raise InputError(f"{out} already holds a complete dataset ({MANIFEST}) prepared from other sources "
-                             "or options; pass the same ones, or --overwrite to replace it")
-        raise InputError(f"{out} already holds a prepared dataset ({MANIFEST}); pass --overwrite to replace it")
-    had_partial = os.path.isdir(partial)
-    os.makedirs(partial, exist_ok=True)
-    stack.callback(OutputLock(os.path.join(partial, LOCK), out).close)  # nothing is removed before this
-    if had_partial and not (opts.overwrite or opts.resume):
-        raise InputError(f"an interrupted prepare left partial output in {out}: pass --resume to finish it "
-                         "or --overwrite to start again")
-    if opts.overwrite:
-        if os.path.exists(manifest):
-            os.remove(manifest)  # first, so the folder never looks complete while it is rewritten
-        for name in os.listdir(out):
-            if is_shard_name(name) or name == VOCAB:
-                os.remove(os.path.join(out, name))
-        _clear_partial(partial)
-    for name in os.listdir(out):  # leftovers of a killed run are never valid
-        if (name.endswith(".tmp") and is_shard_name(name[:-4])) or name.startswith(VOCAB + ".tmp") or \
-                name.startswith(MANIFEST + ".tmp"):
-            os.remove(os.path.join(out, name))
-
-    plan_path = os.path.join(partial, "plan.json")
-    done: set[str] = set()
-    if opts.resume and os.path.exists(plan_path):
-        with open(plan_path, encoding="utf-8") as f:
-            previous = json.load(f).get("fingerprint")
-        if previous != fingerprint:
-            raise InputError(f"cannot --resume in {out}: the sources or options differ from the interrupted "
-                             "run's; pass the same ones, or --overwrite to start again")
-        for name in os.listdir(out):
-            if is_shard_name(name) and _kept_shard(out, partial, name):
-                done.add(name)
-        log.info("resuming: %d complete shard(s) kept", len(done))
-    elif opts.resume:
-        log.info("nothing to resume in %s; starting a fresh run", out)
-    if not done:  # stale shards of another plan must not survive next to the new ones
-        for name in os.listdir(out):
-            if is_shard_name(name):
-                os.remove(os.path.join(out, name))
-        _clear_partial(partial)
-    atomic_write_json(plan_path, {"fingerprint": fingerprint})
-    return done
-
-
-def _with_streamed_bytes(source, tasks: list[ShardTask]):
-    """Fills each task's ``data`` from the source's stream, one shard at a time (bounded memory)."""
-    by_split: dict[str, list[ShardTask]] = {}
-    for task in tasks:
-        by_split.setdefault(task.split, []).append(task)
-    for split, split_tasks in by_split.items():
-        stream = source.stream(split)
-        for task in split_tasks:
-            wanted = [item.image_id for item in task.items]
-            data = []
-            for image_id, encoded in stream:
-                if len(data) < len(wanted) and image_id == wanted[len(data)]:
-                    data.append(encoded)
-                    if len(data) == len(wanted):
-                        break
-            if len(data) != len(wanted):
-                raise InputError(f"the {split!r} stream of {source.name} ended early or changed order "
-                                 f"while shard {os.path.basename(task.path)} was read")
-            task.data = data
-            yield task
-
-
-def _run(tasks, total: int, workers: int, progress: bool, on_done, lock_path: str | None = None) -> None:
-    """Writes ``tasks`` (an iterable, possibly lazy) with ``workers`` processes, in-process for one."""
-    bar = tqdm(total=total, desc="prepare", unit="img", disable=None if progress else True, smoothing=0.1,
-               mininterval=0.5)
-    try:
-        if workers == 1:
-            for task in tasks:
-                on_done(write_shard(task, report=bar.update))
-            return
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold TF threads
-        queue = ctx.Queue()
-        with futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
-                                         initargs=(queue, lock_path)) as pool:
-            task_iter = iter(tasks)
-            pending = set()
-
-            def submit_more():
-                while len(pending) < workers + 1:
-                    task = next(task_iter, None)
-                    if task is None:
-                        return
-                    pending.add(pool.submit(run_in_worker, task))
-
-            submit_more()
-            try:
-                while pending:
-                    done, _ = futures.wait(pending, timeout=0.2, return_when=futures.FIRST_COMPLETED)
-                    while not queue.empty():
-                        bar.update(queue.get())
-                    for future in done:
-                        pending.discard(future)
-                        on_done(future.result())
-                    submit_more()
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
-            while not queue.empty():
-                bar.update(queue.get())
-    finally:
-        bar.close()
-
-
 def prepare(opts: PrepareOptions, progress: bool = True) -> PreparedDataset:
     """Runs ``prepare`` (see the module docstring) and returns the dataset it wrote. A full disk is one
     line (:class:`~captioning.errors.DiskFullError`): the shards completed so far are kept, and the same
@@ -423,48 +207,51 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> PreparedDataset:
             return _prepare(opts, progress, stack)
     except OSError as e:
         error = disk_full_error(e, opts.output_dir, "the prepared dataset",
-                                "run the same command with --resume: the complete shards are kept")
+                                "run the same command with resume=True: the complete shards are kept",
+                                params=("resume",))
         if error is None:
             raise
         raise error from None
 
 
-def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) -> dict:
+def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) -> PreparedDataset:
 
     opts.check()
-    make_dirs(opts.output_dir, "--output-dir")  # a file, under a file, /proc, no permission: before any work
+    # a file, under a file, /proc, no permission: before any work
+    make_dirs(opts.output_dir, "output_dir", params=("output_dir",))
     source = make_source(opts)
     log.info("reading annotations (%s)", source.describe()["kind"])
     splits = source.load()
     for name in opts.shards:
         if name not in splits:
-            raise InputError(f"--shards names split {name!r}, but the source has {', '.join(sorted(splits))}")
+            raise InputError(f"shards names split {name!r}, but the source has {', '.join(sorted(splits))}",
+                             params=("shards",))
     usable, skipped, caption_counts = _tokenize(splits, opts)
     for name, entries in usable.items():
         if not entries:
             raise InputError(f"split {name!r}: no image has a usable caption")
     if skipped and opts.strict:
-        raise InputError(f"--strict: {skipped[0]['image']} skipped ({skipped[0]['reason']})")
+        raise InputError(f"strict=True: {skipped[0]['image']} skipped ({skipped[0]['reason']})", params=("strict",))
     if not source.streamed:
         _check_image_files(usable)
 
     if opts.vocab:
-        vocab = vocab_lib.Vocabulary.load(opts.vocab)
+        vocab = Vocabulary.load(opts.vocab)
         log.info("vocabulary: %d tokens from %s", len(vocab), opts.vocab)
     elif "train" in usable:
-        vocab = vocab_lib.Vocabulary.build((t for e in usable["train"] for t in e.tokens), opts.min_word_count)
+        vocab = build_vocabulary((t for e in usable["train"] for t in e.tokens), opts.min_word_count)
         log.info("vocabulary: %d tokens (words seen at least %d times in the train captions)",
                  len(vocab), opts.min_word_count)
     else:
         raise InputError(f"no 'train' split to build the vocabulary from (splits: {', '.join(sorted(usable))}); "
-                         "name one train, or pass --vocab")
+                         "name one train, or pass vocab", params=("vocab",))
 
     tasks = _plan(usable, opts, source.streamed, vocab)
     fingerprint = _fingerprint(tasks, opts, source.describe())
-    complete = _complete_dataset(opts, fingerprint)
+    complete = complete_dataset(opts, fingerprint)
     if complete is not None:  # --resume of a run that finished: a no-op
         return complete
-    done = _prepare_output_dir(opts, fingerprint, stack)
+    done = prepare_output_dir(opts, fingerprint, stack)
     vocab.save(os.path.join(opts.output_dir, VOCAB))
 
     results = {}
@@ -483,14 +270,14 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
         log.info("wrote %s: %d images, %d skipped", stats["shard"], stats["images"], len(stats["skipped"]))
         if stats["skipped"] and opts.strict:
             first = stats["skipped"][0]
-            raise InputError(f"--strict: {first['image']} skipped ({first['reason']})")
+            raise InputError(f"strict=True: {first['image']} skipped ({first['reason']})", params=("strict",))
 
     if source.streamed:
         todo_names = {os.path.basename(t.path) for t in todo}
-        stream = (t for t in _with_streamed_bytes(source, tasks) if os.path.basename(t.path) in todo_names)
+        stream = (t for t in with_streamed_bytes(source, tasks) if os.path.basename(t.path) in todo_names)
     else:
         stream = todo
-    _run(stream, sum(len(t.items) for t in todo), workers, progress, on_done,
+    write_shards(stream, sum(len(t.items) for t in todo), workers, progress, on_done,
          os.path.join(opts.output_dir, PARTIAL, LOCK))
 
     splits = {}
@@ -504,7 +291,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
         if images == 0:
             # Nothing this run wrote can be used (nor resumed): remove it, so the folder does not look
             # like an interrupted run with 0-record shards under final names.
-            _discard(opts.output_dir, tasks)
+            discard(opts.output_dir, tasks)
             first = split_skipped[0] if split_skipped else {"image": "?", "reason": "?"}
             raise InputError(f"split {name!r}: no usable image is left ({len(split_skipped)} skipped; "
                              f"first: {first['image']}: {first['reason']})")

@@ -10,17 +10,21 @@ Worker processes never outlive the ``prepare`` that started them (:func:`init_wo
 parent was killed (SIGKILL, the OOM killer) would otherwise finish its shard, rename it into place, and
 then wait forever for work, possibly racing a ``--resume`` that writes the same ``NAME.tmp``. Each
 worker also holds a shared lock on the output's lock file while it lives, which the next ``prepare``
-waits for before touching the folder (see :class:`data_prep.prepare.OutputLock`).
+waits for before touching the folder (see :class:`data_prep.output_folder.OutputLock`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import multiprocessing
 import os
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from tqdm import tqdm
+
+from captioning.errors import InputError
 from captioning.fileio import atomic_file, atomic_write_json
 from captioning.images import ImageError, process_image, read_image_file
 
@@ -133,3 +137,68 @@ def init_worker(queue, lock_path: str | None = None) -> None:
 
 def run_in_worker(task: ShardTask) -> dict:
     return write_shard(task, report=_progress_queue.put)
+
+
+def with_streamed_bytes(source, tasks: list[ShardTask]):
+    """Fills each task's ``data`` from the source's stream, one shard at a time (bounded memory)."""
+    by_split: dict[str, list[ShardTask]] = {}
+    for task in tasks:
+        by_split.setdefault(task.split, []).append(task)
+    for split, split_tasks in by_split.items():
+        stream = source.stream(split)
+        for task in split_tasks:
+            wanted = [item.image_id for item in task.items]
+            data = []
+            for image_id, encoded in stream:
+                if len(data) < len(wanted) and image_id == wanted[len(data)]:
+                    data.append(encoded)
+                    if len(data) == len(wanted):
+                        break
+            if len(data) != len(wanted):
+                raise InputError(f"the {split!r} stream of {source.name} ended early or changed order "
+                                 f"while shard {os.path.basename(task.path)} was read")
+            task.data = data
+            yield task
+
+
+def write_shards(tasks, total: int, workers: int, progress: bool, on_done, lock_path: str | None = None) -> None:
+    """Writes ``tasks`` (an iterable, possibly lazy) with ``workers`` processes, in-process for one."""
+    bar = tqdm(total=total, desc="prepare", unit="img", disable=None if progress else True, smoothing=0.1,
+               mininterval=0.5)
+    try:
+        if workers == 1:
+            for task in tasks:
+                on_done(write_shard(task, report=bar.update))
+            return
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold TF threads
+        queue = ctx.Queue()
+        with futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
+                                         initargs=(queue, lock_path)) as pool:
+            task_iter = iter(tasks)
+            pending = set()
+
+            def submit_more():
+                while len(pending) < workers + 1:
+                    task = next(task_iter, None)
+                    if task is None:
+                        return
+                    pending.add(pool.submit(run_in_worker, task))
+
+            submit_more()
+            try:
+                while pending:
+                    done, _ = futures.wait(pending, timeout=0.2, return_when=futures.FIRST_COMPLETED)
+                    while not queue.empty():
+                        bar.update(queue.get())
+                    for future in done:
+                        pending.discard(future)
+                        on_done(future.result())
+                    submit_more()
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+            while not queue.empty():
+                bar.update(queue.get())
+    finally:
+        bar.close()

@@ -10,7 +10,9 @@ import tensorflow as tf
 from captioning import schema
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
+from data_prep.vocabulary import build_vocabulary
 from captioning.vocab import UNK_ID, Vocabulary
+from data_prep import output_folder
 from data_prep import prepare as prepare_mod
 from data_prep.prepare import PrepareOptions, prepare, summarize
 from data_prep.shapes import load_split
@@ -111,7 +113,7 @@ def test_vocabulary_comes_from_train_only(shapes_dir, tmp_path):
     prepare(opts(out, split=[coco_split_args(shapes_dir, ["train"])[0],
                              f"val={val_path}:{shapes_dir}/images"]), progress=False)
     vocab = Vocabulary.load(str(out / "vocab.txt"))
-    expected = Vocabulary.build([tokenize_caption(a["caption"]) for a in train["annotations"]], 4)
+    expected = build_vocabulary([tokenize_caption(a["caption"]) for a in train["annotations"]], 4)
     assert vocab == expected and "zebra" not in vocab.words
     zebra_rows = [ids for r in read_records(str(out), "val") for text, ids in zip(r["captions"], r["ids"])
                   if text.endswith(" zebra")]
@@ -195,8 +197,9 @@ def test_quirky_images_and_captions(tmp_path):
     assert records["good.jpg"]["captions"] == ["A Photo of a GRADIENT.", "a colourful gradient image"]
     assert len(records["long.jpg"]["ids"][0]) == 20 + 2  # clipped to 20 words plus <start> and <end>
 
-    with pytest.raises(InputError, match="--strict"):
+    with pytest.raises(InputError, match="strict=True") as refused:
         prepare(opts(tmp_path / "strict", split=[split], strict=True), progress=False)
+    assert refused.value.params == ("strict",)  # the command line prints it as --strict
 
 
 def karpathy_from_shapes(shapes_dir, tmp_path, restval=4):
@@ -309,7 +312,7 @@ def test_resume_after_interruption_equals_a_clean_run(shapes_dir, tmp_path, monk
     assert "manifest.json" not in left and ".partial" in left
     assert len([n for n in left if n.endswith(".tfrecord")]) == 2  # 8 images per train shard: 2 complete
     assert len([n for n in left if n.endswith(".tfrecord.tmp")]) == 1  # the one being written
-    with pytest.raises(InputError, match="--resume"):
+    with pytest.raises(InputError, match="resume=True"):
         prepare(opts(out, split=args), progress=False)
 
     monkeypatch.setitem(prepare_mod.write_shard.__globals__, "process_image", real)
@@ -333,9 +336,9 @@ def test_complete_output_is_refused_unless_overwrite(shapes_dir, tmp_path):
     out = tmp_path / "o"
     prepare(opts(out, split=coco_split_args(shapes_dir), shards={"train": 5}), progress=False)
     (out / "notes.txt").write_text("a researcher's file")
-    with pytest.raises(InputError, match="--overwrite"):
+    with pytest.raises(InputError, match="overwrite=True"):
         prepare(opts(out, split=coco_split_args(shapes_dir)), progress=False)
-    with pytest.raises(InputError, match="--overwrite"):
+    with pytest.raises(InputError, match="overwrite=True"):
         prepare(opts(out, split=coco_split_args(shapes_dir), resume=True), progress=False)
     manifest = prepare(opts(out, split=coco_split_args(shapes_dir), overwrite=True), progress=False)
     assert len(manifest["splits"]["train"]["shards"]) == 4
@@ -545,7 +548,7 @@ def test_a_second_prepare_into_the_same_folder_is_refused(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(InputError, match="another `captioning prepare` is writing into"):
-            prepare_mod.OutputLock(str(out / ".partial" / "lock"), str(out))
+            output_folder.OutputLock(str(out / ".partial" / "lock"), str(out))
     finally:
         holder.kill()
         holder.wait()
@@ -569,7 +572,7 @@ def test_a_new_run_waits_for_workers_of_a_killed_one(tmp_path):
     try:
         assert worker.stdout.readline().strip() == "locked"
         start = time.monotonic()
-        held = prepare_mod.OutputLock(str(lock), str(tmp_path), wait_s=30)
+        held = output_folder.OutputLock(str(lock), str(tmp_path), wait_s=30)
         waited = time.monotonic() - start
         assert worker.poll() is not None and waited > 0.5  # it got the lock only once the worker was gone
         held.close()
@@ -580,7 +583,7 @@ def test_a_new_run_waits_for_workers_of_a_killed_one(tmp_path):
                 stdout=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
             try:
                 assert blocker.stdout.readline().strip() == "locked"
-                prepare_mod.OutputLock(str(lock), str(tmp_path), wait_s=0.3)
+                output_folder.OutputLock(str(lock), str(tmp_path), wait_s=0.3)
             finally:
                 blocker.kill()
                 blocker.wait()

@@ -10,6 +10,7 @@ import captioning.text as text
 import captioning.vocab as vocab_mod
 from captioning.errors import InputError
 from captioning.text import normalize_caption, tokenize_caption
+from data_prep.vocabulary import build_vocabulary
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 
 
@@ -55,7 +56,7 @@ def test_normalize_caption_folds_case_and_space():
 
 def test_vocabulary_build_counts_and_orders():
     captions = [["b", "a"], ["a", "c"], ["a", "b"], ["d"]]
-    v = Vocabulary.build(captions, min_word_count=2)
+    v = build_vocabulary(captions, min_word_count=2)
     assert v.words == ("<pad>", "<start>", "<end>", "<unk>", "a", "b")  # a:3, b:2; c, d dropped
     assert (PAD_ID, START_ID, END_ID, UNK_ID) == (0, 1, 2, 3)
     assert v.encode(["a", "c", "b"]) == [START_ID, 4, UNK_ID, 5, END_ID]
@@ -63,12 +64,12 @@ def test_vocabulary_build_counts_and_orders():
 
 
 def test_vocabulary_ties_are_alphabetical_and_min_count_one_keeps_all():
-    v = Vocabulary.build([["z", "y", "x"]], min_word_count=1)
+    v = build_vocabulary([["z", "y", "x"]], min_word_count=1)
     assert v.words[4:] == ("x", "y", "z")
 
 
 def test_vocabulary_round_trip(tmp_path):
-    v = Vocabulary.build([["red", "circle"], ["red"]], min_word_count=1)
+    v = build_vocabulary([["red", "circle"], ["red"]], min_word_count=1)
     path = str(tmp_path / "vocab.txt")
     v.save(path)
     assert open(path, encoding="utf-8").read() == "<pad>\n<start>\n<end>\n<unk>\nred\ncircle\n"
