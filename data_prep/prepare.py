@@ -26,9 +26,9 @@ re-run a step "with --resume until it succeeds"); other sources or options are r
 Killed at any moment (SIGKILL included), a run leaves no shard under its final name that is not
 complete: shards are renamed into place after they are synced, statistics first. Its worker processes
 exit as soon as it is gone (:func:`data_prep.writer.init_worker`). ``.partial/lock`` keeps two runs
-out of one folder (:class:`data_prep.output_folder.OutputLock`): a second run while one is writing stops with an error, and
-a run started while workers of a killed one still live waits for them to exit before it removes their
-``NAME.tmp`` files.
+out of one folder (:class:`data_prep.output_folder.OutputLock`): a second run while one is writing
+stops with an error, and a run started while workers of a killed one still live waits for them to
+exit before it removes their ``NAME.tmp`` files.
 
 The manifest records each shard's record count and size (``shard_records``, ``shard_bytes``, lists
 parallel to ``shards``): readers refuse or repair a shard that was cut short or grew
