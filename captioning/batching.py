@@ -72,18 +72,67 @@ def length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, train
 
         def batch_at(start):
             picked = tf.gather(order, tf.range(start, tf.minimum(start + batch_size, count)))
-            caption = tf.gather(flat, picked)
-            longest = tf.cast(tf.reduce_max(caption.row_lengths()), tf.int64) - 1
-            bucket = tf.gather(boundaries, tf.minimum(tf.searchsorted(boundaries, [longest], out_type=tf.int64)[0],
-                                                      tf.size(boundaries, out_type=tf.int64) - 1))
-            width = tf.maximum(longest, bucket)
-            shape = tf.stack([tf.size(picked, out_type=tf.int64), width])
-            input_ids = caption[:, :-1].to_tensor(PAD_ID, shape=shape)
-            target_ids = caption[:, 1:].to_tensor(PAD_ID, shape=shape)
-            return {key: tf.gather(window[key], tf.gather(owner, picked)), "input_ids": input_ids,
-                    "target_ids": target_ids, "mask": tf.cast(tf.not_equal(target_ids, PAD_ID), tf.float32)}
+            return {key: tf.gather(window[key], tf.gather(owner, picked)), **_padded(tf.gather(flat, picked),
+                                                                                     boundaries)}
 
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
     windows = ds.batch(per_window, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+    return windows.flat_map(batches_of)
+
+
+def _padded(caption: tf.RaggedTensor, boundaries: tf.Tensor) -> dict:
+    """``input_ids``, ``target_ids`` and ``mask`` of a batch of captions (ragged ``[N, (ids)]``), padded to
+    the longest (or up to the next bucket boundary)."""
+    longest = tf.cast(tf.reduce_max(caption.row_lengths()), tf.int64) - 1
+    bucket = tf.gather(boundaries, tf.minimum(tf.searchsorted(boundaries, [longest], out_type=tf.int64)[0],
+                                              tf.size(boundaries, out_type=tf.int64) - 1))
+    shape = tf.stack([caption.nrows(out_type=tf.int64), tf.maximum(longest, bucket)])
+    input_ids = caption[:, :-1].to_tensor(PAD_ID, shape=shape)
+    target_ids = caption[:, 1:].to_tensor(PAD_ID, shape=shape)
+    return {"input_ids": input_ids, "target_ids": target_ids,
+            "mask": tf.cast(tf.not_equal(target_ids, PAD_ID), tf.float32)}
+
+
+def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: int,
+                    captions_per_image: float) -> tf.data.Dataset:
+    """Training batches of whole images (``data.captions_per_image: grouped``): each batch holds
+    ``round(batch_size / captions_per_image)`` images (at least one) and *all* their captions, about
+    ``batch_size`` examples, so the encoder runs once per image and the image crosses to the device once,
+    not once per caption. ``image_index [N]`` gives each caption's row in ``key``; the model repeats the
+    image's features per caption (:meth:`captioning.model.base.CaptionModel.call`)::
+
+        image        [B, S, S, 3]      B images (or "features" [B, D])
+        image_index  [N]               0 0 0 0 0 1 1 1 1 1 1 2 …   (N ≈ batch_size captions)
+        input_ids    [N, T]            every caption of the B images, padded to the batch's longest
+        target_ids   [N, T], mask [N, T]
+
+    Images are grouped by the length of their longest caption within windows of ``length_window``
+    batches (ties at random), batches come out in random order, and each window's partial batch of
+    images is left out at random, as in :func:`length_grouped_batches`. The trade: a batch pads every
+    caption of an image to the batch's longest, and an image's captions differ in length, so padding
+    efficiency is lower than sorting single captions (``captioning benchmark input`` reports both)."""
+    images_per_batch = max(1, round(batch_size / captions_per_image))
+    boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
+
+    def batches_of(window):
+        captions = window["captions"]  # ragged [images, (captions), (ids)]
+        # each image's longest caption (every image has at least one: prepare skips those without)
+        longest = tf.math.segment_max(captions.values.row_lengths(), captions.value_rowids())
+        count = tf.shape(longest, out_type=tf.int64)[0]
+        keep = tf.random.shuffle(tf.range(count))[:count // images_per_batch * images_per_batch]
+        kept = tf.cast(tf.gather(longest, keep), tf.float32)
+        order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
+        starts = tf.random.shuffle(tf.range(0, tf.size(order, out_type=tf.int64), images_per_batch))
+
+        def batch_at(start):
+            picked = order[start:start + images_per_batch]
+            mine = tf.gather(captions, picked)  # ragged [B, (captions), (ids)]
+            return {key: tf.gather(window[key], picked), "image_index": tf.cast(mine.value_rowids(), tf.int32),
+                    **_padded(mine.values, boundaries)}
+
+        return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
+
+    windows = ds.batch(max(1, cfg.length_window * images_per_batch), num_parallel_calls=AUTOTUNE,
+                       deterministic=cfg.deterministic)
     return windows.flat_map(batches_of)

@@ -50,7 +50,10 @@ class DataConfig:
     eval_split: str = "val"
     image_size: int = 299  # side of the square crop the encoder sees
     resize_size: int = 346  # images are resized to this square before the crop (im2txt: 346 → 299)
-    captions_per_image: str = field(default="all", metadata=_choices("all", "sample"))
+    # all: every caption is an example (its image copied into its batch); sample: one random caption per
+    # image and epoch; grouped: batches of images with all their captions, each image encoded once per
+    # step and its features repeated per caption on the device (captioning.batching)
+    captions_per_image: str = field(default="all", metadata=_choices("all", "sample", "grouped"))
     cache: str = field(default="none", metadata=_choices("none", "memory", "disk", "features"))
     cache_dir: str = ""  # for cache: disk (default: <model_dir>/cache)
     shuffle_buffer: int = 2048  # records (no cache) or cached images

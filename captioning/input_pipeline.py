@@ -54,7 +54,7 @@ from typing import Callable
 import tensorflow as tf
 
 from captioning import disk_cache, schema
-from captioning.batching import length_grouped_batches
+from captioning.batching import grouped_batches, length_grouped_batches
 from captioning.config import DataConfig
 from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
@@ -332,7 +332,10 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
             ds = ds.map(lambda ex: {**ex, "image": crop(ex["image"])}, num_parallel_calls=AUTOTUNE,
                         deterministic=order)
     per_image = 1.0 if training and cfg.captions_per_image == "sample" else dataset.split(split).captions_per_image
-    ds = length_grouped_batches(ds, key, cfg, training, batch_size, per_image)
+    if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
+        ds = grouped_batches(ds, key, cfg, batch_size, per_image)
+    else:
+        ds = length_grouped_batches(ds, key, cfg, training, batch_size, per_image)
     options = tf.data.Options()
     options.autotune.enabled = True
     options.deterministic = cfg.deterministic or not training

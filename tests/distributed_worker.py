@@ -68,6 +68,45 @@ def mirrored(data_dir, out_dir):
     np.savez(os.path.join(out_dir, "mirrored.npz"), **results)
 
 
+def mirrored_grouped(data_dir, out_dir):
+    """captions_per_image: grouped under 2 replicas (each its own batch of whole images, as
+    distribute_datasets_from_function hands them out) against one device given both batches as one."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from captioning.input_pipeline import make_dataset
+    from captioning.train import Trainer
+
+    cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped")
+    one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    for a, b in zip(one.model.variables, two.model.variables):
+        b.assign(a.numpy())
+    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10))
+    first, second = next(stream), next(stream)  # 2 images each, 10 or so captions, different lengths
+    width = max(int(first["input_ids"].shape[1]), int(second["input_ids"].shape[1]))
+
+    def padded(batch):
+        return {k: (tf.pad(v, [[0, 0], [0, width - v.shape[1]]]) if k in ("input_ids", "target_ids", "mask") else v)
+                for k, v in batch.items()}
+
+    first, second = padded(first), padded(second)
+    joined = {k: tf.concat([first[k], second[k] + (len(first["image"]) if k == "image_index" else 0)], 0)
+              for k in first}
+    results = {"tokens_first": first["mask"].numpy().sum(), "tokens_second": second["mask"].numpy().sum(),
+               "images": len(joined["image"]), "captions": len(joined["image_index"])}
+    sources = {"one": tf.data.Dataset.from_tensors(joined),
+               "two": tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))}
+    for name, trainer in (("one", one), ("two", two)):
+        dataset = trainer.strategy.distribute_datasets_from_function(lambda ctx, name=name: sources[name])
+        loss, norm, tokens = trainer.train_step_for(dataset)(next(iter(dataset)))
+        results[f"{name}_loss"], results[f"{name}_norm"] = float(loss), float(norm)
+        results[f"{name}_tokens"] = float(tokens)
+        for key, value in weights(trainer.model).items():
+            results[f"{name}/{key}"] = value
+    np.savez(os.path.join(out_dir, "mirrored_grouped.npz"), **results)
+
+
 def multi_worker(data_dir, out_dir):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     from captioning.train import Trainer
@@ -112,5 +151,6 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
 
 
 if __name__ == "__main__":
-    modes = {"mirrored": mirrored, "multi_worker": multi_worker, "eval_losses": eval_losses}
+    modes = {"mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
+             "eval_losses": eval_losses}
     modes[sys.argv[1]](*sys.argv[2:])

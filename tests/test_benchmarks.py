@@ -39,9 +39,9 @@ def test_benchmark_input(tmp_path):
                    "--set", "train.batch_size=8", "--set", "data.image_size=32", "--set", "data.resize_size=36",
                    "--set", "model.encoder=small_cnn", "--json", str(out))
     result = check(done, out)
-    for key in ("naive_img_per_s", "pipeline_img_per_s", "ceiling_img_per_s"):
+    for key in ("naive_img_per_s", "pipeline_img_per_s", "ceiling_img_per_s", "grouped_img_per_s"):
         assert positive(result[key])
-    assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max"}
+    assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max", "grouped"}
     assert all(0 < v <= 1 for v in result["padding_efficiency"].values())
     assert result["padding_efficiency"]["bucketed"] >= result["padding_efficiency"]["pad_to_max"]
     assert set(result["cache_speedup"]) >= {"memory", "features"}

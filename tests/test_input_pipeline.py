@@ -362,3 +362,44 @@ def open_record_jpeg(path):
     serialized = next(iter(tf.data.TFRecordDataset([path]))).numpy()
     example = tf.train.Example.FromString(serialized)
     return example.features.feature[schema.IMAGE_ENCODED].bytes_list.value[0]
+
+
+@pytest.mark.parametrize("cache", ["none", "memory", "features"])
+def test_grouped_batches_hold_whole_images_with_all_their_captions(data_dir, train_records, cache):
+    """captions_per_image: grouped — each batch: B images, every caption of each, image_index naming the
+    caption's image; one epoch sees each image once (batch_size 10 captions / 5 per image = 2 images)."""
+    by_crop = {r["crop"].tobytes(): r for r in train_records}
+    by_id = {r["id"]: r for r in train_records}
+    cfg = config(data_dir, captions_per_image="grouped", cache=cache, length_window=4)
+    feature_fn = None
+    if cache == "features":  # a stand-in encoder whose "feature" is the image id, found from the crop
+        crops = np.stack([r["crop"] for r in train_records])
+        ids = np.array([r["id"] for r in train_records], np.float32)
+
+        def feature_fn(images):
+            match = tf.reduce_all(tf.equal(images[:, None], tf.constant(crops)[None]), axis=[2, 3, 4])
+            return tf.gather(ids, tf.argmax(tf.cast(match, tf.int32), axis=1))[:, None]
+
+    ds = make_dataset(cfg, "train", training=True, batch_size=10, repeat=False, feature_fn=feature_fn)
+    key = "features" if cache == "features" else "image"
+    assert set(ds.element_spec) == {key, "image_index", "input_ids", "target_ids", "mask"}
+    seen = collections.Counter()
+    for batch in batches(ds):
+        images = len(batch[key])
+        assert images == 2 and batch["input_ids"].shape[0] == len(batch["image_index"])
+        assert batch["input_ids"].shape[1] == batch["mask"].sum(axis=1).max()  # padded to the longest
+        owners = [by_crop[im.tobytes()] if key == "image" else by_id[int(im[0])] for im in batch[key]]
+        for index, owner in enumerate(owners):
+            per_caption = {k: v for k, v in batch.items() if k != key}
+            mine = [c for c, _, row in rows([per_caption]) if row["image_index"] == index]
+            assert collections.Counter(mine) == collections.Counter(owner["captions"])  # all of them, once
+            seen[owner["id"]] += 1
+    assert seen == {r["id"]: 1 for r in train_records}  # 32 images, 16 batches of 2: each once
+
+
+def test_grouped_batches_of_an_odd_batch_size(data_dir, train_records):
+    """7 captions a batch at 5 a image: 1 image a batch (never zero); the windows' leftovers are random."""
+    cfg = config(data_dir, captions_per_image="grouped", length_window=3)
+    got = batches(make_dataset(cfg, "train", training=True, batch_size=7, repeat=False))
+    assert len(got) == 32 and all(len(b["image"]) == 1 and len(b["image_index"]) == 5 for b in got)
+    assert all(not b["image_index"].any() for b in got)

@@ -263,3 +263,33 @@ def test_checkpoint_paths_stay_those_trained_models_have(tmp_path):
     model = ShowAndTell(vocab_size=V, cfg=small_cfg(encoder_trainable=True), image_size=SIZE).build_all()
     path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
     assert sorted(k for k, _ in tf.train.list_variables(path) if k.startswith("model/")) == sorted(expected)
+
+
+def test_grouped_captions_equal_one_copy_of_the_image_per_caption():
+    """image_index: 2 images encoded once, features gathered for their 5 captions — the same logits, loss
+    and gradients (encoder included) as 5 rows each holding a copy of its image."""
+    from captioning.train.objectives import caption_loss_sum
+
+    model = small_model(encoder_trainable=True)
+    images, ids = inputs(seed=3, batch=2)
+    _, caption_ids = inputs(seed=4, batch=5)
+    index = np.array([0, 0, 1, 1, 1], np.int32)
+    mask = np.ones((5, T), np.float32)
+    mask[1, 4:] = mask[3, 2:] = 0.0
+    grouped = {"image": images, "image_index": index, "input_ids": caption_ids,
+               "target_ids": np.roll(caption_ids, -1, axis=1), "mask": mask}
+    copied = {**{k: v for k, v in grouped.items() if k != "image_index"}, "image": images[index]}
+
+    def loss_and_grads(batch):
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch, training=False)
+        return npy(loss), [npy(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)]
+
+    np.testing.assert_allclose(npy(model({k: grouped[k] for k in ("image", "image_index", "input_ids")})),
+                               npy(model({k: copied[k] for k in ("image", "input_ids")})), atol=1e-5)
+    (a, ga), (b, gb) = loss_and_grads(grouped), loss_and_grads(copied)
+    assert a == pytest.approx(b, rel=1e-6) and len(ga) == len(gb) == len(model.trainable_variables)
+    for x, y in zip(ga, gb):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    empty = {"image": images[:0], "image_index": index[:0], "input_ids": caption_ids[:0]}
+    assert model(empty).shape == (0, T, V)  # a replica with no example

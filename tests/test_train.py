@@ -106,6 +106,25 @@ def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
     assert len(losses) == 3 and all(np.isfinite(losses))
 
 
+@pytest.mark.parametrize("cache", ["none", "features"])
+def test_grouped_captions_train(data_dir, tmp_path, cache):
+    """data.captions_per_image: grouped trains through the whole loop (with colour jitter on the
+    images; with cached features), and the validation loss still covers every caption."""
+    from captioning.train import Trainer
+
+    extra = ["data.color_jitter=true"] if cache == "none" else ["model.encoder_trainable=false",
+                                                                 "data.random_crop=false", "data.random_flip=false"]
+    cfg = small_config(data_dir, "data.captions_per_image=grouped", f"data.cache={cache}", "train.steps=40",
+                       "train.optimizer=adam", "train.learning_rate=0.02", "train.batch_size=10", *extra)
+    trainer = Trainer(cfg, str(tmp_path / "model"))
+    before = trainer.evaluate_loss()
+    result = trainer.run(progress=False)
+    after = trainer.evaluate_loss()
+    assert result["step"] == 40 and len(result["losses"]) == 40
+    assert np.mean(result["losses"][-5:]) < 0.8 * np.mean(result["losses"][:3])
+    assert after["loss"] < before["loss"] and after["tokens"] == before["tokens"] > 0
+
+
 def run_worker(args, env=None, timeout=600):
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.Popen([sys.executable, WORKER, *args], env=env, stdout=subprocess.PIPE,
@@ -124,6 +143,23 @@ def test_mirrored_two_replicas_equal_one_device(data_dir, tmp_path):
     names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
     assert len(names) > 20
     for name in names:  # trainable weights and batch-norm statistics alike
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
+
+
+def test_mirrored_grouped_captions_equal_one_device(data_dir, tmp_path):
+    """data.captions_per_image: grouped keeps data-parallel exactness: two replicas, each with its own
+    batch of whole images, update the model exactly as one device given both batches at once."""
+    proc = run_worker(["mirrored_grouped", data_dir, str(tmp_path)])
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    r = np.load(tmp_path / "mirrored_grouped.npz")
+    assert int(r["images"]) == 4 and int(r["captions"]) == 20  # 2 images and their 5 captions a replica
+    assert r["tokens_first"] != r["tokens_second"] and float(r["one_norm"]) > 0.05
+    assert float(r["two_tokens"]) == float(r["one_tokens"]) == r["tokens_first"] + r["tokens_second"]
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 20
+    for name in names:
         np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
 
 

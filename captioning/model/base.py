@@ -8,6 +8,13 @@ subclass, plus its name in :data:`captioning.model.DECODERS` and in ``model.deco
     state = model.initial_state(features, training)   a nest of batch-major tensors [B, ...]
     logits, state = model.step(token_ids, state)      one word: ids [B] → logits [B, V] (float32)
     logits = model({"image" or "features", "input_ids"}, training)    teacher forcing: [B, T, V]
+    logits = model({"image" [B, ...], "image_index" [N], "input_ids" [N, T]})    grouped captions: [N, T, V]
+
+With ``image_index`` (``data.captions_per_image: grouped``), row ``i`` of the captions belongs to image
+``image_index[i]``: the images are encoded once and their features gathered per caption, which equals
+encoding each caption's copy of its image (gradients add up over an image's captions) — apart from
+batch-norm batch statistics of a trainable encoder, which then see each image once instead of once
+per caption.
 
 The state may hold anything a decoding step needs per sequence (an LSTM's ``h`` and ``c``, an attention
 grid): beam search repeats every tensor of it per beam and reorders them all when beams are re-ranked,
@@ -71,6 +78,8 @@ class CaptionModel(keras.Model):
 
     def call(self, inputs, training=False):
         features = inputs["features"] if "features" in inputs else self.encode(inputs["image"], training)
+        if "image_index" in inputs:  # grouped captions: each image encoded once, its features per caption
+            features = tf.gather(features, inputs["image_index"])
         input_ids = inputs["input_ids"]
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         features = _pad_rows(features, tf.maximum(rows, 1))

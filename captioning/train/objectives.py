@@ -39,7 +39,7 @@ class Objective:
 def caption_loss_sum(model, batch: dict, training: bool = False):
     """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
     the global batch's word count, evaluation by the split's (perplexity = exp(mean))."""
-    inputs = {k: batch[k] for k in ("image", "features", "input_ids") if k in batch}
+    inputs = {k: batch[k] for k in ("image", "features", "image_index", "input_ids") if k in batch}
     logits = model(inputs, training=training)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
     return tf.reduce_sum(ce * batch["mask"])

@@ -61,6 +61,7 @@ def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float1
 
 
 def examples_per_epoch(dataset, cfg: config_lib.Config) -> int:
-    """Examples in one epoch of ``dataset``'s (a PreparedDataset) training split: every caption, or one per image."""
+    """Examples (captions) in one epoch of ``dataset``'s (a PreparedDataset) training split: every caption
+    (``all``, ``grouped``), or one per image (``sample``)."""
     split = dataset.split(cfg.data.train_split)
-    return split.captions if cfg.data.captions_per_image == "all" else split.images
+    return split.images if cfg.data.captions_per_image == "sample" else split.captions
