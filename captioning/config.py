@@ -136,15 +136,18 @@ class DecodeConfig:
 
     def check(self, prefix: str = "") -> "DecodeConfig":
         """Returns itself; an InputError naming the parameter (``prefix`` + name: ``decode.`` for the
-        config keys) when a value cannot be used."""
-        b, n, k, a = (prefix + name for name in ("beam_size", "max_length", "top_k", "length_normalization"))
+        config keys) when a value cannot be used. Without a prefix they are marked as parameters
+        (:class:`InputError`); config keys are written as they are."""
+        names = ("beam_size", "max_length", "top_k", "length_normalization")
+        b, n, k, a = (prefix + name if prefix else f"`{name}`" for name in names)
+        params = () if prefix else names
         if self.beam_size < 1 or self.max_length < 1:
             raise InputError(f"{b} and {n} must be at least 1, got {self.beam_size} and {self.max_length}",
-                             params=(b, n))
+                             params=params)
         if not math.isfinite(self.length_normalization) or self.length_normalization < 0:
-            raise InputError(f"{a} must be a finite number >= 0, got {self.length_normalization}", params=(a,))
+            raise InputError(f"{a} must be a finite number >= 0, got {self.length_normalization}", params=params)
         if not 1 <= self.top_k <= self.beam_size:
-            raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=(k, b))
+            raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=params)
         return self
 
     def override(self, **values) -> "DecodeConfig":
@@ -326,7 +329,7 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
     for override in overrides:
         key, eq, value = override.partition("=")
         if not eq:
-            raise InputError(f"overrides {override!r} must look like section.key=value", params=("overrides",))
+            raise InputError(f"`overrides` {override!r} must look like section.key=value", params=("overrides",))
         _set(config, key.strip(), value, from_text=True)
     return config
 

@@ -5,18 +5,17 @@ option value). The command line prints ``captioning <command>: error: <message>`
 with code 2, the Unix convention for usage errors (argparse uses it too). Anything else that escapes is a
 bug and keeps its traceback.
 
-Library code names *parameters*, not command-line flags: ``prepare(opts)`` says "pass overwrite=True to
-replace it", and lists the parameters its message names in ``params``. The command line rewrites each
+Library code names *parameters*, not command-line flags: ``prepare(opts)`` says "pass `overwrite=True`
+to replace it", and lists the parameters its message names in ``params``. The command line rewrites each
 to the flag it came from (:meth:`InputError.for_flags`), so the same error reads "pass --overwrite to
-replace it" there. A parameter is written in the message as its Python name, or ``name=True`` for a
-boolean switch.
+replace it" there. A parameter is marked in the message with backticks: its Python name, or
+``name=True`` for a boolean switch. Only marked names are rewritten, so a value that happens to spell a
+parameter (a folder named ``overwrite``, a split named ``vocab``) is printed as it is.
 
->>> e = InputError("pass overwrite=True to replace it; min_word_count must be >= 1",
+>>> e = InputError("overwrite already holds a dataset: pass `overwrite=True`; `min_word_count` must be >= 1",
 ...                params=("overwrite", "min_word_count"))
 >>> e.for_flags({"overwrite": "--overwrite", "min_word_count": "--min-word-count"})
-'pass --overwrite to replace it; --min-word-count must be >= 1'
->>> InputError("output /tmp/output/output.json exists", params=("output",)).for_flags({"output": "--output"})
-'--output /tmp/output/output.json exists'
+'overwrite already holds a dataset: pass --overwrite; --min-word-count must be >= 1'
 """
 
 import re
@@ -41,8 +40,7 @@ class InputError(Exception):
         message = str(self)
         for name in self.params:
             if name in flags:
-                # the name as a word, not inside a path or a key ("/tmp/output", "output.json", "decode.top_k")
-                message = re.sub(rf"(?<![\w./-]){re.escape(name)}(=True)?(?![\w/-]|\.\w)", flags[name], message)
+                message = re.sub(rf"`{re.escape(name)}(=True)?`", flags[name], message)
         return message
 
 

@@ -79,7 +79,7 @@ def _prepared_dataset(trained, data_dir: str | None) -> PreparedDataset:
     folder = data_dir or trained.config.data.dir
     where = "data_dir" if data_dir else f"data.dir in {ModelDir(trained.model_dir).config_file}"
     if not os.path.isfile(PreparedDataset.manifest_path(folder)):
-        raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass data_dir with "
+        raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass `data_dir` with "
                          "the folder `captioning prepare` wrote", params=("data_dir",))
     dataset = PreparedDataset.load(folder)
     if dataset.vocabulary() != trained.vocab:
@@ -119,7 +119,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config."""
     metrics.check_java()  # fail before an hour of decoding, not after
     if output:
-        check_output_file(output, "output", params=("output",))
+        check_output_file(output, "`output`", params=("output",))
     folder = ModelDir(model_dir)
     trained = inference.load(model_dir)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,

@@ -65,16 +65,16 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
     target = os.path.realpath(output)
     for what, folder in (("the model folder", model_dir), ("the working directory", os.getcwd())):
         if _inside(os.path.realpath(folder), target):
-            raise InputError(f"output {output} is {what} or a folder above it; export into a folder of its own",
+            raise InputError(f"`output` {output} is {what} or a folder above it; export into a folder of its own",
                              params=("output",))
     if os.path.isfile(output) or (os.path.exists(output) and not os.path.isdir(output)):
-        raise InputError(f"output {output} is a file; export writes a folder", params=("output",))
+        raise InputError(f"`output` {output} is a file; export writes a folder", params=("output",))
     if not os.path.isdir(output):
         parent = os.path.dirname(target)
         if not os.path.isdir(parent):
-            raise InputError(f"output {output}: its parent folder {parent} does not exist", params=("output",))
+            raise InputError(f"`output` {output}: its parent folder {parent} does not exist", params=("output",))
         if not os.access(parent, os.W_OK):
-            raise InputError(f"output {output}: cannot write into {parent} (permission denied)", params=("output",))
+            raise InputError(f"`output` {output}: cannot write into {parent} (permission denied)", params=("output",))
         return None
     if not os.listdir(output):
         return None
@@ -82,7 +82,7 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
         with open(os.path.join(output, MARKER), encoding="utf-8") as f:
             existing = json.load(f)
     except (OSError, ValueError):
-        raise InputError(f"output {output} holds other files, not an export of this command (no {MARKER}); "
+        raise InputError(f"`output` {output} holds other files, not an export of this command (no {MARKER}); "
                          "choose another folder", params=("output",)) from None
     return existing
 
@@ -98,7 +98,7 @@ def export(captioner: Captioner, output: str, model_dir: str, overwrite: bool = 
             return output  # this very export is there already
         if not overwrite:
             raise InputError(f"{output} holds another export ({existing.get('checkpoint')}, "
-                             f"{existing.get('decode')}); pass overwrite=True to replace it", params=("overwrite",))
+                             f"{existing.get('decode')}); pass `overwrite=True` to replace it", params=("overwrite",))
     server = CaptionServer(captioner)
     try:
         with atomic_folder(output) as tmp:  # written beside, swapped in only when complete

@@ -193,7 +193,7 @@ class ModelDir:
                 diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
             if diff:
                 raise InputError(f"{self.path} holds a model with other {', '.join(diff)}; "
-                                 "use a new model_dir or the same model settings", params=("model_dir",))
+                                 "use a new `model_dir` or the same model settings", params=("model_dir",))
         return old
 
     def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
@@ -295,7 +295,7 @@ class ModelDir:
                 tf.train.Checkpoint(**lenient).restore(path).expect_partial()
         except (AssertionError, ValueError) as e:
             error = InputError(f"{path} does not fit the model this config builds ({first_line(e)}); it was "
-                               f"trained with other settings ({CONFIG}, {VOCAB}): use a new model_dir or that "
+                               f"trained with other settings ({CONFIG}, {VOCAB}): use a new `model_dir` or that "
                                "folder's config", params=("model_dir",))
         except tf.errors.OpError as e:
             error = InputError(f"cannot read checkpoint {path}: {first_line(e.message)}")

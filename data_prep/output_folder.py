@@ -139,15 +139,15 @@ def prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextlib
     if os.path.exists(manifest) and not opts.overwrite:
         if opts.resume:
             raise InputError(f"{out} already holds a complete dataset ({MANIFEST}) prepared from other sources "
-                             "or options; pass the same ones, or overwrite=True to replace it", params=("overwrite",))
-        raise InputError(f"{out} already holds a prepared dataset ({MANIFEST}); pass overwrite=True to replace it",
+                             "or options; pass the same ones, or `overwrite=True` to replace it", params=("overwrite",))
+        raise InputError(f"{out} already holds a prepared dataset ({MANIFEST}); pass `overwrite=True` to replace it",
                          params=("overwrite",))
     had_partial = os.path.isdir(partial)
     os.makedirs(partial, exist_ok=True)
     stack.callback(OutputLock(os.path.join(partial, LOCK), out).close)  # nothing is removed before this
     if had_partial and not (opts.overwrite or opts.resume):
-        raise InputError(f"an interrupted prepare left partial output in {out}: pass resume=True to finish it "
-                         "or overwrite=True to start again", params=("resume", "overwrite"))
+        raise InputError(f"an interrupted prepare left partial output in {out}: pass `resume=True` to finish it "
+                         "or `overwrite=True` to start again", params=("resume", "overwrite"))
     if opts.overwrite:
         if os.path.exists(manifest):
             os.remove(manifest)  # first, so the folder never looks complete while it is rewritten
@@ -166,8 +166,8 @@ def prepare_output_dir(opts: PrepareOptions, fingerprint: str, stack: contextlib
         with open(plan_path, encoding="utf-8") as f:
             previous = json.load(f).get("fingerprint")
         if previous != fingerprint:
-            raise InputError(f"cannot resume=True in {out}: the sources or options differ from the interrupted "
-                             "run's; pass the same ones, or overwrite=True to start again",
+            raise InputError(f"cannot `resume=True` in {out}: the sources or options differ from the interrupted "
+                             "run's; pass the same ones, or `overwrite=True` to start again",
                              params=("resume", "overwrite"))
         for name in os.listdir(out):
             if is_shard_name(name) and kept_shard(out, partial, name):

@@ -90,25 +90,25 @@ class PrepareOptions:
         """InputError naming the parameter(s) of the first option that cannot be used."""
         kinds = [bool(self.split), bool(self.karpathy_json), bool(self.tfds)]
         if sum(kinds) != 1:
-            raise InputError("give exactly one source: split (COCO files), karpathy_json, or tfds",
+            raise InputError("give exactly one source: `split` (COCO files), `karpathy_json`, or `tfds`",
                              params=("split", "karpathy_json", "tfds"))
         if self.karpathy_json and not self.images_root:
-            raise InputError("karpathy_json needs images_root (image path = ROOT/filepath/filename)",
+            raise InputError("`karpathy_json` needs `images_root` (image path = ROOT/filepath/filename)",
                              params=("karpathy_json", "images_root"))
         if self.overwrite and self.resume:
-            raise InputError("overwrite=True and resume=True contradict each other; pass one",
+            raise InputError("`overwrite=True` and `resume=True` contradict each other; pass one",
                              params=("overwrite", "resume"))
         for name in ("min_word_count", "max_caption_length", "images_per_shard", "workers"):
             if getattr(self, name) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}", params=(name,))
+                raise InputError(f"`{name}` must be at least 1, got {getattr(self, name)}", params=(name,))
         if not 1 <= self.jpeg_quality <= 100:
-            raise InputError(f"jpeg_quality must be in 1..100, got {self.jpeg_quality}", params=("jpeg_quality",))
+            raise InputError(f"`jpeg_quality` must be in 1..100, got {self.jpeg_quality}", params=("jpeg_quality",))
         if self.shorter_side is not None and self.shorter_side < 8:
-            raise InputError(f"shorter_side must be at least 8 pixels, got {self.shorter_side}",
+            raise InputError(f"`shorter_side` must be at least 8 pixels, got {self.shorter_side}",
                              params=("shorter_side",))
         for name, count in self.shards.items():
             if count < 1:
-                raise InputError(f"shards {name}={count}: a split needs at least one shard", params=("shards",))
+                raise InputError(f"`shards` {name}={count}: a split needs at least one shard", params=("shards",))
 
 
 def make_source(opts: PrepareOptions):
@@ -207,7 +207,7 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> PreparedDataset:
             return _prepare(opts, progress, stack)
     except OSError as e:
         error = disk_full_error(e, opts.output_dir, "the prepared dataset",
-                                "run the same command with resume=True: the complete shards are kept",
+                                "run the same command with `resume=True`: the complete shards are kept",
                                 params=("resume",))
         if error is None:
             raise
@@ -218,20 +218,20 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
 
     opts.check()
     # a file, under a file, /proc, no permission: before any work
-    make_dirs(opts.output_dir, "output_dir", params=("output_dir",))
+    make_dirs(opts.output_dir, "`output_dir`", params=("output_dir",))
     source = make_source(opts)
     log.info("reading annotations (%s)", source.describe()["kind"])
     splits = source.load()
     for name in opts.shards:
         if name not in splits:
-            raise InputError(f"shards names split {name!r}, but the source has {', '.join(sorted(splits))}",
+            raise InputError(f"`shards` names split {name!r}, but the source has {', '.join(sorted(splits))}",
                              params=("shards",))
     usable, skipped, caption_counts = _tokenize(splits, opts)
     for name, entries in usable.items():
         if not entries:
             raise InputError(f"split {name!r}: no image has a usable caption")
     if skipped and opts.strict:
-        raise InputError(f"strict=True: {skipped[0]['image']} skipped ({skipped[0]['reason']})", params=("strict",))
+        raise InputError(f"`strict=True`: {skipped[0]['image']} skipped ({skipped[0]['reason']})", params=("strict",))
     if not source.streamed:
         _check_image_files(usable)
 
@@ -244,7 +244,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
                  len(vocab), opts.min_word_count)
     else:
         raise InputError(f"no 'train' split to build the vocabulary from (splits: {', '.join(sorted(usable))}); "
-                         "name one train, or pass vocab", params=("vocab",))
+                         "name one train, or pass `vocab`", params=("vocab",))
 
     tasks = _plan(usable, opts, source.streamed, vocab)
     fingerprint = _fingerprint(tasks, opts, source.describe())
@@ -270,7 +270,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
         log.info("wrote %s: %d images, %d skipped", stats["shard"], stats["images"], len(stats["skipped"]))
         if stats["skipped"] and opts.strict:
             first = stats["skipped"][0]
-            raise InputError(f"strict=True: {first['image']} skipped ({first['reason']})", params=("strict",))
+            raise InputError(f"`strict=True`: {first['image']} skipped ({first['reason']})", params=("strict",))
 
     if source.streamed:
         todo_names = {os.path.basename(t.path) for t in todo}

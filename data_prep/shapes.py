@@ -241,16 +241,16 @@ def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite
     Returns the number of images per split. Refuses a non-empty ``output_dir`` unless ``overwrite``.
     """
     if num_images < 3:
-        raise InputError(f"num_images must be at least 3 (one image per split), got {num_images}",
+        raise InputError(f"`num_images` must be at least 3 (one image per split), got {num_images}",
                          params=("num_images",))
     image_dir = os.path.join(output_dir, "images")
     ann_dir = os.path.join(output_dir, "annotations")
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise InputError(f"{output_dir} is not empty; pass overwrite=True to write the shapes dataset there anyway",
+        raise InputError(f"{output_dir} is not empty; pass `overwrite=True` to write the shapes dataset there anyway",
                          params=("overwrite",))
-    make_dirs(output_dir, "output_dir", ("output_dir",))
-    make_dirs(image_dir, "output_dir: the images folder", ("output_dir",))
-    make_dirs(ann_dir, "output_dir: the annotations folder", ("output_dir",))
+    make_dirs(output_dir, "`output_dir`", ("output_dir",))
+    make_dirs(image_dir, "`output_dir`: the images folder", ("output_dir",))
+    make_dirs(ann_dir, "`output_dir`: the annotations folder", ("output_dir",))
 
     rng = np.random.default_rng(seed)
     counts = _split_counts(num_images)

@@ -61,7 +61,7 @@ def parse_split_arg(arg: str) -> tuple[str, str, str]:
     name, eq, rest = arg.partition("=")
     annotations, colon, images = rest.rpartition(":")
     if not eq or not colon or not name or not annotations or not images:
-        raise InputError(f"split {arg!r} must look like NAME=ANNOTATIONS.json:IMAGES_DIR", params=("split",))
+        raise InputError(f"`split` {arg!r} must look like NAME=ANNOTATIONS.json:IMAGES_DIR", params=("split",))
     return check_split_name(name), annotations, images
 
 
@@ -74,7 +74,7 @@ class CocoSource:
         self.splits_spec = [parse_split_arg(a) for a in split_args]
         names = [name for name, _, _ in self.splits_spec]
         if len(set(names)) != len(names):
-            raise InputError(f"split names must be distinct, got {', '.join(names)}", params=("split",))
+            raise InputError(f"`split` names must be distinct, got {', '.join(names)}", params=("split",))
 
     def describe(self) -> dict:
         return {"kind": "coco", "splits": {n: {"annotations": a, "images": i} for n, a, i in self.splits_spec}}
@@ -150,7 +150,7 @@ class KarpathySource:
         if not isinstance(data, dict) or not isinstance(data.get("images"), list):
             raise InputError(f"{what} {self.json_path} has no 'images' list")
         if not os.path.isdir(self.images_root):
-            raise InputError(f"images_root {self.images_root} does not exist", params=("images_root",))
+            raise InputError(f"`images_root` {self.images_root} does not exist", params=("images_root",))
         splits: dict[str, list[Entry]] = {}
         seen: set = set()
         for i, image in enumerate(data["images"]):

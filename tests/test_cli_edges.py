@@ -196,3 +196,18 @@ def test_a_pipe_or_a_device_is_not_an_image(trained_model_dir, shapes_dir, tmp_p
         f"train={shapes_dir}/annotations/captions_train.json:{images}"]), progress=False)
     assert manifest["skipped"] == [{"image": data["images"][0]["file_name"],
                                     "reason": "not a regular file (a device, pipe or socket)"}]
+
+
+def test_a_value_that_spells_a_parameter_is_not_turned_into_a_flag(shapes_dir, tmp_path):
+    """Library errors mark the parameters they name; the CLI rewrites only those. A dataset folder named
+    `overwrite` stays `overwrite` in the line that tells you to pass --overwrite."""
+    split = coco_split_args(shapes_dir, splits=("train",))
+    first = run_cli("prepare", "--output-dir", "overwrite", "--workers", "1", *sum((["--split", s] for s in split), []),
+                    cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_cli("prepare", "--output-dir", "overwrite", "--workers", "1", *sum((["--split", s] for s in split), []),
+                    cwd=str(tmp_path))
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        "captioning prepare: error: overwrite already holds a prepared dataset (manifest.json); pass --overwrite "
+        "to replace it")

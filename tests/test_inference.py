@@ -241,6 +241,6 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines()[-1] == (
         "captioning caption: error: --top-k must be between 1 and --beam-size (2), got 3")
-    with pytest.raises(InputError, match=r"^top_k must be between 1 and beam_size \(2\), got 3$") as e:
+    with pytest.raises(InputError, match=r"^`top_k` must be between 1 and `beam_size` \(2\), got 3$") as e:
         inference.Captioner(inference.load(str(model_dir)), DecodeConfig(beam_size=2, top_k=3))
-    assert e.value.params == ("top_k", "beam_size")
+    assert {"top_k", "beam_size"} <= set(e.value.params)

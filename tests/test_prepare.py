@@ -312,8 +312,9 @@ def test_resume_after_interruption_equals_a_clean_run(shapes_dir, tmp_path, monk
     assert "manifest.json" not in left and ".partial" in left
     assert len([n for n in left if n.endswith(".tfrecord")]) == 2  # 8 images per train shard: 2 complete
     assert len([n for n in left if n.endswith(".tfrecord.tmp")]) == 1  # the one being written
-    with pytest.raises(InputError, match="resume=True"):
+    with pytest.raises(InputError, match="resume=True") as refused:
         prepare(opts(out, split=args), progress=False)
+    assert refused.value.params == ("resume", "overwrite")  # the command line prints --resume, --overwrite
 
     monkeypatch.setitem(prepare_mod.write_shard.__globals__, "process_image", real)
     calls["n"] = 0
@@ -336,10 +337,12 @@ def test_complete_output_is_refused_unless_overwrite(shapes_dir, tmp_path):
     out = tmp_path / "o"
     prepare(opts(out, split=coco_split_args(shapes_dir), shards={"train": 5}), progress=False)
     (out / "notes.txt").write_text("a researcher's file")
-    with pytest.raises(InputError, match="overwrite=True"):
+    with pytest.raises(InputError, match="overwrite=True") as refused:
         prepare(opts(out, split=coco_split_args(shapes_dir)), progress=False)
-    with pytest.raises(InputError, match="overwrite=True"):
+    assert refused.value.params == ("overwrite",)
+    with pytest.raises(InputError, match="overwrite=True") as refused:
         prepare(opts(out, split=coco_split_args(shapes_dir), resume=True), progress=False)
+    assert refused.value.params == ("overwrite",)
     manifest = prepare(opts(out, split=coco_split_args(shapes_dir), overwrite=True), progress=False)
     assert len(manifest["splits"]["train"]["shards"]) == 4
     assert not os.path.exists(out / schema.shard_name("train", 0, 5))  # the old plan's shards are gone

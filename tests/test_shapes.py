@@ -99,7 +99,9 @@ def test_counts_in_captions_agree(shapes_dir):
 
 def test_refuses_non_empty_dir_and_tiny_sizes(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
-    with pytest.raises(InputError, match="not empty"):
+    with pytest.raises(InputError, match="not empty; pass `overwrite=True`") as refused:
         synthesize(str(tmp_path), num_images=5, progress=False)
-    with pytest.raises(InputError, match="at least 3"):
+    assert refused.value.params == ("overwrite",)
+    with pytest.raises(InputError, match="`num_images` must be at least 3") as refused:
         synthesize(str(tmp_path / "new"), num_images=2, progress=False)
+    assert refused.value.params == ("num_images",)

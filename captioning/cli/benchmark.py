@@ -41,6 +41,7 @@ def add_benchmark(sub) -> None:
                          description="Runs the real training loop and splits each iteration into ingestion time "
                                      "(waiting for the batch) and train step time.")
     config_flags(q, help="experiment config, e.g. experiments/shapes.yaml")
+    q.add_argument("--data", metavar="DIR", dest="data_dir", help="train on these prepared records (data.dir)")
     q.add_argument("--steps", type=POSITIVE, default=300, help="measured steps (default 300)")
     q.add_argument("--warmup", type=NATURAL, default=50, help="steps run first and not measured (default 50)")
     common(q, work_dir=False)

@@ -204,7 +204,7 @@ def run_score(args) -> int:
     from captioning.metrics import format_table, score_files
 
     if args.json:
-        check_output_file(args.json, "json", params=("json",))  # before the scoring, not after it
+        check_output_file(args.json, "`json`", params=("json",))  # before the scoring, not after it
     scores = score_files(args.annotations, args.results, spice=args.spice)
     print(format_table({"results": scores}))
     if args.json:
@@ -231,7 +231,7 @@ def run_caption(args) -> int:
 
     files = caption.collect_paths(args.paths)
     if args.html:
-        check_output_file(args.html, "html", params=("html",))  # before the model loads, not after captioning
+        check_output_file(args.html, "`html`", params=("html",))  # before the model loads, not after captioning
     captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet)
     if args.html:

@@ -54,7 +54,8 @@ class TrainResult:
     running the step, in seconds; ``skipped_steps`` the steps whose batch was skipped for a non-finite
     loss (``train.nan_policy: skip``; their ``losses`` are NaN or Inf); ``interrupted`` the signal's
     name (or ``"another worker's signal"``) when one ended the run early; ``checkpoint`` the path of the
-    folder's latest checkpoint when the run ended (None if there is none). Also readable as
+    folder's latest checkpoint when the run ended (None if there is none); ``replicas`` the replicas in
+    sync. Also readable as
     ``result["step"]``."""
 
     step: int
@@ -64,6 +65,7 @@ class TrainResult:
     skipped_steps: list[int] = field(default_factory=list)
     interrupted: str | None = None
     checkpoint: str | None = None
+    replicas: int = 1  # replicas in sync (all workers')
 
     @property
     def trained_steps(self) -> int:
@@ -149,7 +151,7 @@ class Trainer:
     def run(self, progress: bool = True) -> TrainResult:
         """Trains to ``train.steps``, or until SIGINT/SIGTERM (then saves; see :mod:`captioning.train`)."""
         cfg = self.cfg.train
-        record = TrainResult(step=self.current_step())
+        record = TrainResult(step=self.current_step(), replicas=self.strategy.num_replicas_in_sync)
         if record.step >= cfg.steps:
             log.info("already at step %d of %d: nothing to train", record.step, cfg.steps)
             return record

@@ -65,7 +65,7 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     from captioning import inference
 
     if batch_size < 1 or images < batch_size:
-        raise InputError("batch_size must be at least 1 and images at least batch_size",
+        raise InputError("`batch_size` must be at least 1 and `images` at least `batch_size`",
                          params=("batch_size", "images"))
     trained = inference.load(model_dir) if model_dir else _small_model()
     captioner = inference.Captioner(trained, trained.config.decode.override(

@@ -158,7 +158,7 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
     """Runs the benchmark (see the module docstring) and returns its JSON-ready result."""
     cfg = config_lib.load_config(config, overrides)
     if measure_images < 1 or rounds < 1 or images < 1 or cache_images < 1:
-        raise InputError("images, cache_images, measure_images and rounds must be at least 1",
+        raise InputError("`images`, `cache_images`, `measure_images` and `rounds` must be at least 1",
                          params=("images", "cache_images", "measure_images", "rounds"))
     if data_dir is None:
         data_dir = photo_records(work_dir, images, cache_images, image_size, progress=progress)

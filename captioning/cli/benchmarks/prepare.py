@@ -86,7 +86,7 @@ def run(images: int = 1000, image_size: tuple[int, int] = (640, 480), shorter_si
     from data_prep.prepare import PrepareOptions, prepare
 
     if images < 1 or rounds < 1:
-        raise InputError("images and rounds must be at least 1", params=("images", "rounds"))
+        raise InputError("`images` and `rounds` must be at least 1", params=("images", "rounds"))
     cores = common.available_cores()
     workers = workers or cores
     photos = cached_photos(work_dir, {"train": images, "val": 200}, image_size, progress=progress)

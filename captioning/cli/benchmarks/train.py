@@ -5,6 +5,14 @@ The seeds' definition: iteration time = ingestion time (waiting for the next bat
 during any training); this benchmark runs it for ``warmup + steps`` steps in a scratch model folder,
 with evaluation and sample captions off, and reports the steps after the warm-up (tracing, cache
 filling and the autotuner's ramp-up happen there).
+
+Any config runs on any prepared records (``--data DIR`` sets ``data.dir``). Throughput is reported as
+captions (examples) and distinct images per second, and ``encoder_images_per_caption``: how many images
+the encoder runs per caption — 1 when every caption is its own example (``captions_per_image: all``
+or ``sample``; an image seen with several captions is encoded again for each), ``1 / captions per
+image`` with ``grouped``. Per step they follow from the batch size and the split's captions per image:
+``all`` and ``sample`` batches hold ``batch_size`` captions; ``grouped`` batches hold
+``round(per-replica batch / captions per image)`` images with all their captions, per replica.
 """
 
 from __future__ import annotations
@@ -24,12 +32,16 @@ TARGET_INGESTION_SHARE = 0.02
 
 
 def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: int = 50,
-        progress: bool = True) -> dict:
+        data_dir: str | None = None, progress: bool = True) -> dict:
+    from captioning.dataset import PreparedDataset
     from captioning.train import train
 
     if steps < 1 or warmup < 0:
-        raise InputError("steps must be at least 1 and warmup at least 0", params=("steps", "warmup"))
+        raise InputError("`steps` must be at least 1 and `warmup` at least 0", params=("steps", "warmup"))
     cfg = config_lib.load_config(config, overrides)
+    if data_dir:
+        cfg.data.dir = data_dir
+    per_image = PreparedDataset.load(cfg.data.dir).split(cfg.data.train_split).captions_per_image
     cfg.train.steps = warmup + steps
     cfg.train.eval_every_steps = 0
     cfg.train.sample_captions = 0
@@ -44,23 +56,44 @@ def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: 
         shutil.rmtree(model_dir, ignore_errors=True)
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
     total = sum(ingestion) + sum(step)
+    captions, images = per_step(cfg, per_image, result.replicas)
     return {
         "ingestion_share": sum(ingestion) / total,
         "step_ms": 1000 * statistics.fmean(step),
         "iteration_ms": 1000 * total / len(step),
-        "examples_per_s": cfg.train.batch_size * len(step) / total,
+        "examples_per_s": captions * len(step) / total,
+        "captions_per_s": captions * len(step) / total,
+        "images_per_s": images * len(step) / total,
+        "encoder_images_per_caption": images / captions if cfg.data.captions_per_image == "grouped" else 1.0,
         "ingestion_ms": {"mean": 1000 * statistics.fmean(ingestion), "median": 1000 * statistics.median(ingestion),
                          "max": 1000 * max(ingestion)},
-        "settings": {"config": config, "overrides": list(overrides), "steps": steps, "warmup": warmup,
-                     "batch_size": cfg.train.batch_size, "cache": cfg.data.cache,
-},
+        "settings": {"config": config, "overrides": list(overrides), "data": cfg.data.dir, "steps": steps,
+                     "warmup": warmup, "batch_size": cfg.train.batch_size, "cache": cfg.data.cache,
+                     "captions_per_image": cfg.data.captions_per_image, "encoder": cfg.model.encoder,
+                     "replicas": result.replicas},
         "target": {"ingestion_share": [TARGET_INGESTION_SHARE,
                                        sum(ingestion) / total <= TARGET_INGESTION_SHARE]},
         "machine": common.machine(),
     }
 
 
+def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -> tuple[float, float]:
+    """(captions, distinct images) in one global batch (see the module docstring).
+
+    >>> cfg = config_lib.load_config(None, ["train.batch_size=32", "data.captions_per_image=grouped"])
+    >>> per_step(cfg, 5.0, 1), per_step(cfg, 5.0, 2)
+    ((30.0, 6), (30.0, 6))
+    """
+    batch = cfg.train.batch_size
+    if cfg.data.captions_per_image != "grouped":
+        return float(batch), float(batch)  # nearly all distinct: a caption's image, once per caption
+    images = replicas * max(1, round(batch / replicas / captions_per_image))
+    return images * captions_per_image, images
+
+
 def summary(result: dict) -> str:
     return (f"iteration {result['iteration_ms']:.1f} ms = ingestion {result['ingestion_ms']['mean']:.2f} ms "
             f"+ train step {result['step_ms']:.1f} ms; ingestion share {result['ingestion_share']:.4f} "
-            f"(target <= {TARGET_INGESTION_SHARE}); {result['examples_per_s']:.0f} examples/s")
+            f"(target <= {TARGET_INGESTION_SHARE}); {result['captions_per_s']:.0f} captions/s, "
+            f"{result['images_per_s']:.0f} images/s, encoder images per caption "
+            f"{result['encoder_images_per_caption']:.2f}")
