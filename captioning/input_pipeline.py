@@ -169,6 +169,19 @@ def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
     return records.batch(cfg.parse_batch_size).map(parse, num_parallel_calls=AUTOTUNE)
 
 
+def parsed_images(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
+                  repeat: bool = False, max_images: int | None = None, dataset: PreparedDataset | None = None,
+                  shards: ShardReader | None = None) -> tf.data.Dataset:
+    """One element per image, not decoded: ``{"encoded": JPEG bytes, "image_id", "captions"}`` (the
+    arguments as :func:`image_dataset`'s)."""
+    dataset, shards = _sources(cfg, dataset, shards)
+    ds = _parsed(_records(dataset, split, shards, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
+    if max_images:
+        ds = ds.take(max_images)
+    ds.shard_reader = shards
+    return ds
+
+
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
                   repeat: bool = False, max_images: int | None = None, random_crop: bool = False,
                   dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
@@ -184,9 +197,8 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
     ``dataset`` is ``cfg.dir``'s :class:`~captioning.dataset.PreparedDataset` (loaded when not given);
     ``shards`` the command's :class:`~captioning.integrity.ShardReader` (a new one when not given)."""
     dataset, shards = _sources(cfg, dataset, shards)
-    ds = _parsed(_records(dataset, split, shards, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
-    if max_images:
-        ds = ds.take(max_images)
+    ds = parsed_images(cfg, split, training=training, input_context=input_context, shuffle=shuffle, repeat=repeat,
+                       max_images=max_images, dataset=dataset, shards=shards)
     if random_crop:
         def image_of(encoded):
             image = decode_random_crop(encoded, cfg.resize_size, cfg.image_size)

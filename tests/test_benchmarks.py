@@ -44,6 +44,10 @@ def test_benchmark_input(tmp_path):
     assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max", "grouped"}
     assert all(0 < v <= 1 for v in result["padding_efficiency"].values())
     assert result["padding_efficiency"]["bucketed"] >= result["padding_efficiency"]["pad_to_max"]
+    stages = result["stage_cpu_ms_per_image"]
+    assert set(stages) == {"parse", "decode_crop", "batching", "total"} and positive(stages["total"])
+    assert stages["parse"] + stages["decode_crop"] + stages["batching"] == pytest.approx(stages["total"])
+    assert "by stage: parse" in done.stdout
     assert set(result["cache_speedup"]) >= {"memory", "features"}
     assert all(positive(v) for v in result["cache_speedup"].values())
     assert result["dataset"]["images"] == 24 and result["dataset"]["captions_per_image"] == 5
@@ -62,6 +66,21 @@ def test_benchmark_train(tmp_path, prepared_dir):
         assert positive(result[key])
     assert result["iteration_ms"] >= result["step_ms"]
     assert result["settings"]["steps"] == 6
+    # every caption its own example: one encoder image per caption, 8 captions a step
+    assert result["encoder_images_per_caption"] == 1.0
+    assert result["captions_per_s"] == pytest.approx(8 * 1000 / result["iteration_ms"], rel=1e-6)
+
+
+def test_benchmark_train_grouped_on_other_records(tmp_path, prepared_dir):
+    """--data points any config at any records; grouped batches of 10 captions hold 2 images of 5."""
+    out = tmp_path / "train.json"
+    done = run_cli("-q", "benchmark", "train", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
+                   "--steps", "4", "--warmup", "1", "--set", "train.batch_size=10", "--set", "model.lstm_units=32",
+                   "--set", "data.captions_per_image=grouped", "--json", str(out))
+    result = check(done, out)
+    assert result["settings"]["data"] == prepared_dir and result["encoder_images_per_caption"] == pytest.approx(0.2)
+    assert result["images_per_s"] == pytest.approx(result["captions_per_s"] / 5)
+    assert "encoder images per caption 0.20" in done.stdout
     assert not any(name.startswith("captioning-benchmark-train") for name in os.listdir(tmp_path))
 
 

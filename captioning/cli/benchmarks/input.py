@@ -106,6 +106,33 @@ def _encoded_images(files: list[str]) -> list[bytes]:
     return out
 
 
+def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measure_images: int) -> dict:
+    """CPU ms per image of each stage of the training pipeline, from cumulative pipelines timed one after
+    another (the difference of two is the stage between them): ``parse`` (read, parse and split the
+    records, no image decoded), ``decode_crop`` (decode of the crop window, resize, flip: the per-image
+    work), ``batching`` (caption grouping, padding, gathering images into batches: the rest of the full
+    pipeline). CPU time, unlike a rate, compares between machines and barely moves when something else
+    shares the machine."""
+    from captioning.input_pipeline import image_dataset, parsed_images
+
+    per_image = PreparedDataset.load(cfg.dir).split(split).captions_per_image
+
+    def images_in(batch):
+        return int(tf.shape(batch["image"])[0]) if "image_index" in batch else \
+            int(tf.shape(batch["input_ids"])[0]) / per_image
+
+    pipelines = {
+        "parse": (parsed_images(cfg, split, training=True, shuffle=True, repeat=True), lambda b: 1),
+        "decode_crop": (image_dataset(cfg, split, training=True, shuffle=True, repeat=True,
+                                      random_crop=cfg.random_crop), lambda b: 1),
+        "full": (make_dataset(cfg, split, training=True, batch_size=batch_size), images_in),
+    }
+    cumulative = {name: common.throughput(iter(ds), count, measure_images, warmup=min(300, measure_images))
+                  ["cpu_ms_per_unit"] for name, (ds, count) in pipelines.items()}
+    return {"parse": cumulative["parse"], "decode_crop": cumulative["decode_crop"] - cumulative["parse"],
+            "batching": cumulative["full"] - cumulative["decode_crop"], "total": cumulative["full"]}
+
+
 def padding_efficiency(dataset: tf.data.Dataset, batches: int) -> float:
     real = padded = 0.0
     for batch in dataset.take(batches):
@@ -190,6 +217,9 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
             if name not in best or m["per_s"] > best[name]["per_s"]:
                 best[name] = m
 
+    stages = stage_cpu_ms(cfg.data, split, batch, measure_images)
+    log.info("CPU ms per image by stage: parse %.2f, decode + crop/flip %.2f, batching %.2f (total %.2f)",
+             stages["parse"], stages["decode_crop"], stages["batching"], stages["total"])
     batches = max(20, measure_images // batch)
     bucketed = padding_efficiency(pipelines["pipeline"][0], batches)
     unsorted = dataclasses.replace(cfg.data, length_window=1, bucket_boundaries=[])
@@ -207,6 +237,7 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         "cache_speedup": speedups,
         "pipeline_vs_ceiling": rate["pipeline"] / rate["ceiling"], "pipeline_vs_naive": rate["pipeline"] / rate["naive"],
         "cpu_ms_per_image": {name: m["cpu_ms_per_unit"] for name, m in best.items()},
+        "stage_cpu_ms_per_image": stages,
         "dataset": {"dir": data_dir, "images": len(encoded), "captions_per_image": per_image,
                     "mean_jpeg_kb": sum(map(len, encoded)) / len(encoded) / 1000},
         "settings": {"config": config or "(defaults)", "overrides": list(overrides), "batch_size": batch,
@@ -234,6 +265,10 @@ def summary(result: dict) -> str:
                  f"pipeline / naive {result['pipeline_vs_naive']:.2f} (target >= 1.5)")
     p = result["padding_efficiency"]
     lines.append(f"grouped captions / ceiling {result['grouped_vs_ceiling']:.2f}")
+    st = result["stage_cpu_ms_per_image"]
+    lines.append(f"CPU ms per image by stage: parse {st['parse']:.2f}, decode + crop/flip {st['decode_crop']:.2f}, "
+                 f"batching {st['batching']:.2f} (pipeline {st['total']:.2f}; bare decode + resize "
+                 f"{result['cpu_ms_per_image']['ceiling']:.2f})")
     lines.append(f"padding efficiency: length-grouped {p['bucketed']:.3f} (target >= 0.9), "
                  f"padded to batch max {p['pad_to_max']:.3f}, grouped images {p['grouped']:.3f} (target >= 0.85)")
     c = result["cache_speedup"]
