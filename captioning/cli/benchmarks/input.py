@@ -111,8 +111,9 @@ def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measur
     another (the difference of two is the stage between them): ``parse`` (read, parse and split the
     records, no image decoded), ``decode_crop`` (decode of the crop window, resize, flip: the per-image
     work), ``batching`` (caption grouping, padding, gathering images into batches: the rest of the full
-    pipeline). CPU time, unlike a rate, compares between machines and barely moves when something else
-    shares the machine."""
+    pipeline). The partial pipelines are batched too, so each stage's figure carries the same share of
+    Python's per-batch cost. CPU time, unlike a rate, compares between machines and barely moves when
+    something else shares the machine."""
     from captioning.input_pipeline import image_dataset, parsed_images
 
     per_image = PreparedDataset.load(cfg.dir).split(split).captions_per_image
@@ -121,10 +122,16 @@ def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measur
         return int(tf.shape(batch["image"])[0]) if "image_index" in batch else \
             int(tf.shape(batch["input_ids"])[0]) / per_image
 
+    def batched(ds):  # Python pulls a batch at a time, as from the full pipeline: its per-pull cost is shared
+        return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def count(batch):
+        return int(tf.shape(batch["image_id"])[0])
+
     pipelines = {
-        "parse": (parsed_images(cfg, split, training=True, shuffle=True, repeat=True), lambda b: 1),
-        "decode_crop": (image_dataset(cfg, split, training=True, shuffle=True, repeat=True,
-                                      random_crop=cfg.random_crop), lambda b: 1),
+        "parse": (batched(parsed_images(cfg, split, training=True, shuffle=True, repeat=True)), count),
+        "decode_crop": (batched(image_dataset(cfg, split, training=True, shuffle=True, repeat=True,
+                                              random_crop=cfg.random_crop)), count),
         "full": (make_dataset(cfg, split, training=True, batch_size=batch_size), images_in),
     }
     cumulative = {name: common.throughput(iter(ds), count, measure_images, warmup=min(300, measure_images))
