@@ -114,14 +114,15 @@ class EvaluationResult(dict):
 def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
              max_length: int | None = None, length_normalization: float | None = None, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
-             output: str | None = None, progress: bool = True) -> EvaluationResult:
-    """Evaluates the latest checkpoint of ``model_dir`` on ``split`` (see the module docstring).
-    ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config."""
+             output: str | None = None, progress: bool = True, checkpoint: str | None = None) -> EvaluationResult:
+    """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
+    module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
+    ``decode:`` config."""
     metrics.check_java()  # fail before an hour of decoding, not after
     if output:
         check_output_file(output, "`output`", params=("output",))
     folder = ModelDir(model_dir)
-    trained = inference.load(model_dir)
+    trained = inference.load(model_dir, checkpoint)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization)
     beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization

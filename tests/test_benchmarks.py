@@ -111,3 +111,25 @@ def test_benchmark_usage_errors_are_one_line(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("captioning benchmark: error:")
     done = run_cli("benchmark", "input", "--image-size", "640")
     assert done.returncode == 2 and "WIDTHxHEIGHT" in done.stderr
+
+
+def test_benchmark_quality(tmp_path, prepared_dir):
+    """Time to quality: a checkpoint every 4 steps, each evaluated after training; the clock is the
+    training run's own (rising with the steps), and a target of 0 is reached at the first checkpoint."""
+    out = tmp_path / "quality.json"
+    done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
+                   "--eval-every", "4", "--target", "0", "--model-dir", str(tmp_path / "model"),
+                   "--set", "train.steps=10", "--set", "train.batch_size=8", "--set", "model.lstm_units=32",
+                   "--set", "model.embedding_size=32", "--json", str(out))
+    result = check(done, out)
+    assert [p["step"] for p in result["curve"]] == [4, 8, 10]
+    seconds = [p["seconds"] for p in result["curve"]]
+    assert all(positive(s) for s in seconds) and seconds == sorted(seconds)
+    assert result["steps_to_target"] == 4 and result["seconds_to_target"] == seconds[0]
+    assert result["final"]["step"] == 10 and result["train_seconds"] == seconds[-1]
+    assert all(0 <= p["CIDEr"] <= 10 and 0 <= p["Bleu_4"] <= 1 for p in result["curve"])
+    # the evaluations are the ones `captioning evaluate` keeps, one per checkpoint
+    kept = sorted(os.listdir(tmp_path / "model" / "eval"))
+    assert [n for n in kept if not n.endswith(".predictions.json")] == [
+        f"test-step{s}-beam3-len20-norm0-all.json" for s in (10, 4, 8)]
+    assert "time to quality: CIDEr >= 0 after" in done.stdout

@@ -4,7 +4,7 @@ included, which is why they live with the command line)."""
 
 from __future__ import annotations
 
-from captioning.cli.parsing import NATURAL, POSITIVE, call, config_flags, decoding_flags, size
+from captioning.cli.parsing import NATURAL, POSITIVE, at_least, call, config_flags, decoding_flags, size
 
 
 def add_benchmark(sub) -> None:
@@ -47,6 +47,19 @@ def add_benchmark(sub) -> None:
     common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 
+    q = kinds.add_parser("quality", help="time to quality: training time until a test CIDEr is reached",
+                         description="Trains a config with a checkpoint every --eval-every steps, evaluates each "
+                                     "checkpoint afterwards (evaluation time is not on the clock) and reports the "
+                                     "training time until test CIDEr first reaches --target, and the final quality.")
+    config_flags(q, help="experiment config, e.g. experiments/shapes.yaml")
+    q.add_argument("--data", metavar="DIR", dest="data_dir", help="train on these prepared records (data.dir)")
+    q.add_argument("--eval-every", type=POSITIVE, default=1000, help="steps between checkpoints (default 1000)")
+    q.add_argument("--target", type=at_least(0.0, float), default=3.0, help="the CIDEr to reach (default 3.0)")
+    q.add_argument("--split", default="test", help="split evaluated (default test)")
+    q.add_argument("--model-dir", help="train here and keep it (default: a scratch folder, removed)")
+    common(q, work_dir=False)
+    q.set_defaults(handler=run_benchmark)
+
     q = kinds.add_parser("decode", help="batched beam search vs one image at a time",
                          description="Captions/s of batched beam search against one image per call, same code.")
     q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
@@ -75,7 +88,7 @@ def run_benchmark(args) -> int:
 
     from captioning.cli.benchmarks.common import write_json
 
-    bench = importlib.import_module(f"captioning.cli.benchmarks.{args.benchmark}")  # input, train, decode, prepare
+    bench = importlib.import_module(f"captioning.cli.benchmarks.{args.benchmark}")  # input, train, quality, ...
     values = {"shorter_side": args.shorter_side or None} if args.benchmark == "prepare" else {}  # 0: keep size
     result = call(bench.run, args, progress=not args.quiet, **values)
     print(bench.summary(result))

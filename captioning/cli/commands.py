@@ -169,6 +169,8 @@ def add_evaluate(sub) -> None:
     p.add_argument("--baseline", action="store_true",
                    help="also score the most frequent training caption given for every image")
     p.add_argument("--output", metavar="FILE", help="also write the metrics JSON here")
+    p.add_argument("--checkpoint", metavar="PATH", help="evaluate this checkpoint (MODEL_DIR/ckpt-N; default: "
+                                                       "the latest complete one)")
     p.set_defaults(handler=run_evaluate)
 
 

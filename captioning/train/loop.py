@@ -66,6 +66,7 @@ class TrainResult:
     interrupted: str | None = None
     checkpoint: str | None = None
     replicas: int = 1  # replicas in sync (all workers')
+    elapsed_s: list[float] = field(default_factory=list)  # wall clock from the run's start to each step's end
 
     @property
     def trained_steps(self) -> int:
@@ -165,6 +166,7 @@ class Trainer:
         window = Window()
         bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
+        start = time.perf_counter()
         with StopOnSignal() as stop, quiet_tf_watcher_threads():
             preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
             try:
@@ -184,6 +186,7 @@ class Trainer:
                     record.losses.append(loss)
                     record.ingestion_s.append(t1 - t0)
                     record.step_s.append(t2 - t1)
+                    record.elapsed_s.append(t2 - start)
 
                     # 2. A step whose loss or gradient norm is not finite applied no update.
                     finite = self._step_was_finite(loss, norm)
