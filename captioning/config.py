@@ -105,6 +105,9 @@ class TrainConfig:
     eval_batches: int = 20
     sample_captions: int = 3  # captions written to TensorBoard at each evaluation
     mixed_precision: bool = False
+    # XLA for each replica's forward and backward pass (one compilation per batch shape: set
+    # data.bucket_boundaries so there are few)
+    jit_compile: bool = False
     # [start, stop]: a TensorFlow profiler trace of steps start..stop into logs/train (TensorBoard's
     # Profile tab, with the tensorboard-plugin-profile package); []: no trace
     profile_steps: list[int] = field(default_factory=list)
@@ -304,7 +307,8 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
 # a key existed may lack it, and gets its default.
 ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s",
                                           "model.decoder", "decode.beam_size", "decode.max_length",
-                                          "decode.length_normalization", "decode.top_k"})
+                                          "decode.length_normalization", "decode.top_k",
+                                          "train.jit_compile"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:

@@ -252,7 +252,7 @@ class Trainer:
 
         def train_step():
             return make_train_step(self.model, self.optimizer, self.strategy, self.objective, self.step,
-                                   self.cfg.train.clip_gradient_norm, jitter)
+                                   self.cfg.train.clip_gradient_norm, jitter, self.cfg.train.jit_compile)
 
         return self._compiled(train_step, dataset)
 

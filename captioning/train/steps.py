@@ -62,11 +62,27 @@ class Compiled:
 
 
 def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
-                    clip_gradient_norm: float, jitter: bool):
+                    clip_gradient_norm: float, jitter: bool, jit_compile: bool = False):
     """The training step for a distributed batch: returns the global mean loss, the global gradient norm
-    and the global weight (real tokens for ``xe``); increments ``step_counter``."""
+    and the global weight (real tokens for ``xe``); increments ``step_counter``.
+
+    ``jit_compile`` (``train.jit_compile``) compiles each replica's forward and backward pass with XLA:
+    the gradients of the replica's loss *sum*, divided by the global weight after the all-reduce of the
+    weights (the same gradient as differentiating ``loss_sum / global weight``). XLA compiles once per
+    batch shape, so fix the shapes with ``data.bucket_boundaries``; the cuDNN LSTM kernel is not used
+    under XLA."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     moving = forward_state(model)
+
+    def replica_gradients(batch):
+        """The replica's loss sum, weight and the gradients of its (scaled) loss sum."""
+        with tf.GradientTape() as tape:
+            out = objective.replica_loss(model, batch, training=True)
+            loss_sum = optimizer.scale_loss(out.loss_sum) if scaled else out.loss_sum
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss_sum, model.trainable_variables)]
+        return out.loss_sum, out.weight, grads
+
+    compiled_gradients = tf.function(replica_gradients, jit_compile=True)
 
     def replica_step(batch):
         if jitter:  # im2txt's colour distortions, on the device (captioning.augment)
@@ -74,16 +90,22 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
         ctx = tf.distribute.get_replica_context()
         variables = model.trainable_variables
         before = [tf.identity(v.value) for v in moving]  # the forward pass moves these
-        with tf.GradientTape() as tape:
-            out = objective.replica_loss(model, batch, training=True)
-            global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, out.weight)
-            loss = out.loss_sum / tf.maximum(global_weight, 1.0)
-            if scaled:
-                loss = optimizer.scale_loss(loss)
-        # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+        if jit_compile:
+            loss_sum, weight, grads = compiled_gradients(batch)
+            global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, weight)
+            grads = [g / tf.maximum(global_weight, 1.0) for g in grads]
+        else:
+            with tf.GradientTape() as tape:
+                out = objective.replica_loss(model, batch, training=True)
+                global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, out.weight)
+                loss = out.loss_sum / tf.maximum(global_weight, 1.0)
+                if scaled:
+                    loss = optimizer.scale_loss(loss)
+            # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
+            grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+            loss_sum = out.loss_sum
         # the global gradient and loss, on every replica
-        *grads, global_loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [out.loss_sum])
+        *grads, global_loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [loss_sum])
         if scaled:
             grads = [g / optimizer.dynamic_scale for g in grads]
         norm = tf.linalg.global_norm(grads)
