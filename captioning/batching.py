@@ -1,4 +1,6 @@
-"""Batching: images with their captions → padded batches of (image, caption) examples, grouped by length.
+"""Batching: images with their captions → padded batches of (image, caption) examples, grouped by length
+(:func:`length_grouped_batches`), or batches of whole images with all their captions
+(:func:`grouped_batches`, ``data.captions_per_image: grouped``).
 
 The last stage of the input pipeline (:func:`captioning.input_pipeline.make_dataset`). Padding and masks,
 for a caption ``<start> a red circle <end>`` (ids 1 4 6 5 2) in a batch whose longest caption has 6 input

@@ -12,6 +12,7 @@ measured is what trains. The stages, in order::
       ─ random crop + flip | central crop           (once per image and epoch, to image_size²)
       ─ windows of images ─ their captions sorted by length, cut into batches, batches shuffled
             (one caption sampled per image, or all of them; padded to the batch's longest)
+            or, with captions_per_image: grouped, batches of whole images with all their captions
       ─ prefetch
 
 The shard list comes from the dataset's manifest (:class:`captioning.dataset.PreparedDataset`), checked
