@@ -108,6 +108,10 @@ class ModelDir:
     def config_file(self) -> str:
         return self.file(CONFIG)
 
+    def checkpoint(self, step: int) -> str:
+        """The path (prefix) of the checkpoint of ``step``, as training names it."""
+        return self.file(f"ckpt-{step}")
+
     # ---- reading ------------------------------------------------------------------------------------
     def read_config(self) -> config_lib.Config | None:
         """The folder's config.yaml (None when there is none); damaged or cut short: InputError."""

@@ -16,13 +16,13 @@ Reported: ``seconds_to_target`` and ``steps_to_target`` (None when no checkpoint
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 
 from captioning import config as config_lib
 from captioning.cli.benchmarks import common
 from captioning.errors import InputError
+from captioning.model_dir import ModelDir
 
 log = logging.getLogger("captioning.benchmark")
 
@@ -48,12 +48,15 @@ def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = Non
         log.info("time to quality: training %s for %d steps in %s, a checkpoint every %d", config, steps, model_dir,
                  eval_every)
         result = train(cfg, model_dir, progress=progress)
+        if result.interrupted:
+            raise InputError(f"the training run was interrupted ({result.interrupted}) at step {result.step}: "
+                             "no time to quality")
         if len(result.elapsed_s) != steps:
             raise InputError(f"{model_dir} already held a trained model (trained {len(result.elapsed_s)} of "
                              f"{steps} steps now): give `model_dir` an empty folder", params=("model_dir",))
         curve = []
         for step in [s for s in range(eval_every, steps + 1, eval_every)] + ([steps] if steps % eval_every else []):
-            scores = evaluate(model_dir, split=split, checkpoint=os.path.join(model_dir, f"ckpt-{step}"),
+            scores = evaluate(model_dir, split=split, checkpoint=ModelDir(model_dir).checkpoint(step),
                               progress=False)
             curve.append({"step": step, "seconds": result.elapsed_s[step - 1], "CIDEr": scores.metrics["CIDEr"],
                           "Bleu_4": scores.metrics["Bleu_4"], "perplexity": scores.perplexity})
