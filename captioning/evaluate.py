@@ -74,17 +74,17 @@ def settings_label(beam_size: int, max_length: int, length_normalization: float)
     return f"beam{beam_size}-len{max_length}-norm{length_normalization:g}"
 
 
-def _prepared_dataset(trained, data_dir: str | None) -> PreparedDataset:
+def _prepared_dataset(trained, model_folder: ModelDir, data_dir: str | None) -> PreparedDataset:
     """The records to evaluate on, checked: prepared, and with the model's vocabulary."""
     folder = data_dir or trained.config.data.dir
-    where = "data_dir" if data_dir else f"data.dir in {ModelDir(trained.model_dir).config_file}"
+    where = "data_dir" if data_dir else f"data.dir in {model_folder.config_file}"
     if not os.path.isfile(PreparedDataset.manifest_path(folder)):
         raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass `data_dir` with "
                          "the folder `captioning prepare` wrote", params=("data_dir",))
     dataset = PreparedDataset.load(folder)
     if dataset.vocabulary() != trained.vocab:
         raise InputError(f"{folder} was prepared with another vocabulary than the model in {trained.model_dir}: "
-                         f"prepare it with `captioning prepare --vocab {ModelDir(trained.model_dir).vocab_file}`")
+                         f"prepare it with `captioning prepare --vocab {model_folder.vocab_file}`")
     return dataset
 
 
@@ -127,7 +127,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
                                             length_normalization=length_normalization)
     beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization
     # one pass over the split: nothing to cache; --data-dir points at the records if they moved
-    dataset = _prepared_dataset(trained, data_dir)
+    dataset = _prepared_dataset(trained, folder, data_dir)
     cfg = dataclasses.replace(trained.config.data, cache="none", dir=dataset.path)
     split_images = dataset.split(split).images
     partial = max_images if max_images and max_images < split_images else None

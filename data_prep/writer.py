@@ -22,8 +22,6 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from tqdm import tqdm
-
 from captioning.errors import InputError
 from captioning.fileio import atomic_file, atomic_write_json
 from captioning.images import ImageError, process_image, read_image_file
@@ -163,6 +161,8 @@ def with_streamed_bytes(source, tasks: list[ShardTask]):
 
 def write_shards(tasks, total: int, workers: int, progress: bool, on_done, lock_path: str | None = None) -> None:
     """Writes ``tasks`` (an iterable, possibly lazy) with ``workers`` processes, in-process for one."""
+    from tqdm import tqdm  # the parent's progress bar: worker processes, which import this module, never need it
+
     bar = tqdm(total=total, desc="prepare", unit="img", disable=None if progress else True, smoothing=0.1,
                mininterval=0.5)
     try:

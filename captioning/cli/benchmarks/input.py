@@ -106,7 +106,16 @@ def _encoded_images(files: list[str]) -> list[bytes]:
     return out
 
 
-def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measure_images: int) -> dict:
+def images_in(batch: dict, captions_per_image: float) -> float:
+    """Images in a batch of the pipeline: its images when grouped, else its captions over the captions
+    per image (every caption carries its own copy of its image)."""
+    if "image_index" in batch:
+        return int(tf.shape(batch["image"])[0])
+    return int(tf.shape(batch["input_ids"])[0]) / captions_per_image
+
+
+def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measure_images: int,
+                 captions_per_image: float) -> dict:
     """CPU ms per image of each stage of the training pipeline, from cumulative pipelines timed one after
     another (the difference of two is the stage between them): ``parse`` (read, parse and split the
     records, no image decoded), ``decode_crop`` (decode of the crop window, resize, flip: the per-image
@@ -116,26 +125,21 @@ def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measur
     something else shares the machine."""
     from captioning.input_pipeline import image_dataset, parsed_images
 
-    per_image = PreparedDataset.load(cfg.dir).split(split).captions_per_image
-
-    def images_in(batch):
-        return int(tf.shape(batch["image"])[0]) if "image_index" in batch else \
-            int(tf.shape(batch["input_ids"])[0]) / per_image
-
     def batched(ds):  # Python pulls a batch at a time, as from the full pipeline: its per-pull cost is shared
         return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
-    def count(batch):
+    def per_image_ids(batch):
         return int(tf.shape(batch["image_id"])[0])
 
     pipelines = {
-        "parse": (batched(parsed_images(cfg, split, training=True, shuffle=True, repeat=True)), count),
+        "parse": (batched(parsed_images(cfg, split, training=True, shuffle=True, repeat=True)), per_image_ids),
         "decode_crop": (batched(image_dataset(cfg, split, training=True, shuffle=True, repeat=True,
-                                              random_crop=cfg.random_crop)), count),
-        "full": (make_dataset(cfg, split, training=True, batch_size=batch_size), images_in),
+                                              random_crop=cfg.random_crop)), per_image_ids),
+        "full": (make_dataset(cfg, split, training=True, batch_size=batch_size),
+                 lambda b: images_in(b, captions_per_image)),
     }
-    cumulative = {name: common.throughput(iter(ds), count, measure_images, warmup=min(300, measure_images))
-                  ["cpu_ms_per_unit"] for name, (ds, count) in pipelines.items()}
+    cumulative = {name: common.throughput(iter(ds), counter, measure_images, warmup=min(300, measure_images))
+                  ["cpu_ms_per_unit"] for name, (ds, counter) in pipelines.items()}
     return {"parse": cumulative["parse"], "decode_crop": cumulative["decode_crop"] - cumulative["parse"],
             "batching": cumulative["full"] - cumulative["decode_crop"], "total": cumulative["full"]}
 
@@ -208,12 +212,11 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
              len(encoded), data_dir, sum(map(len, encoded)) / len(encoded) / 1000, per_image, batch)
 
     pipelines = {
-        "naive": (naive_dataset(files, cfg.data, batch), lambda b: int(tf.shape(b["input_ids"])[0]) / per_image),
-        "pipeline": (make_dataset(cfg.data, split, training=True, batch_size=batch),
-                     lambda b: int(tf.shape(b["input_ids"])[0]) / per_image),
+        "naive": (naive_dataset(files, cfg.data, batch), lambda b: images_in(b, per_image)),
+        "pipeline": (make_dataset(cfg.data, split, training=True, batch_size=batch), lambda b: images_in(b, per_image)),
         "ceiling": (ceiling_dataset(encoded, cfg.data.resize_size, batch), lambda b: int(tf.shape(b)[0])),
         "grouped": (make_dataset(dataclasses.replace(cfg.data, captions_per_image="grouped"), split, training=True,
-                                 batch_size=batch), lambda b: int(tf.shape(b["image"])[0])),
+                                 batch_size=batch), lambda b: images_in(b, per_image)),
     }
     best: dict[str, dict] = {}
     for r in range(rounds):
@@ -224,7 +227,7 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
             if name not in best or m["per_s"] > best[name]["per_s"]:
                 best[name] = m
 
-    stages = stage_cpu_ms(cfg.data, split, batch, measure_images)
+    stages = stage_cpu_ms(cfg.data, split, batch, measure_images, per_image)
     log.info("CPU ms per image by stage: parse %.2f, decode + crop/flip %.2f, batching %.2f (total %.2f)",
              stages["parse"], stages["decode_crop"], stages["batching"], stages["total"])
     batches = max(20, measure_images // batch)

@@ -55,7 +55,7 @@ def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = Non
             raise InputError(f"{model_dir} already held a trained model (trained {len(result.elapsed_s)} of "
                              f"{steps} steps now): give `model_dir` an empty folder", params=("model_dir",))
         curve = []
-        for step in [s for s in range(eval_every, steps + 1, eval_every)] + ([steps] if steps % eval_every else []):
+        for step in list(range(eval_every, steps + 1, eval_every)) + ([steps] if steps % eval_every else []):
             scores = evaluate(model_dir, split=split, checkpoint=ModelDir(model_dir).checkpoint(step),
                               progress=False)
             curve.append({"step": step, "seconds": result.elapsed_s[step - 1], "CIDEr": scores.metrics["CIDEr"],
