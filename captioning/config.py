@@ -54,6 +54,10 @@ class DataConfig:
     # image and epoch; grouped: batches of images with all their captions, each image encoded once per
     # step and its features repeated per caption on the device (captioning.batching)
     captions_per_image: str = field(default="all", metadata=_choices("all", "sample", "grouped"))
+    # grouped: how many of each image's captions a batch holds: 0, all of them (every caption once per
+    # epoch); k, k drawn afresh every epoch, without replacement (self-critical.pytorch's seq_per_img),
+    # so every batch holds exactly images x k captions (an image with fewer gives all it has)
+    group_captions: int = 0
     cache: str = field(default="none", metadata=_choices("none", "memory", "disk", "features"))
     cache_dir: str = ""  # for cache: disk (default: <model_dir>/cache)
     shuffle_buffer: int = 2048  # records (no cache) or cached images
@@ -90,6 +94,7 @@ class TrainConfig:
     batch_size: int = 32  # global: split evenly over replicas
     optimizer: str = field(default="sgd", metadata=_choices("sgd", "adam"))
     learning_rate: float = 2.0
+    momentum: float = 0.0  # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
     lr_schedule: str = field(default="step", metadata=_choices("constant", "step", "exponential", "cosine"))
     lr_decay_factor: float = 0.5
     lr_decay_epochs: float = 8.0  # step / exponential schedules: one decay every this many epochs
@@ -108,6 +113,9 @@ class TrainConfig:
     # XLA for each replica's forward and backward pass (one compilation per batch shape: set
     # data.bucket_boundaries so there are few)
     jit_compile: bool = False
+    # the teacher-forced decoder runs every caption to a cut chosen per batch, then only the longer ones
+    # on, skipping most padded steps (captioning.model.base); not under jit_compile (shapes vary)
+    split_padding: bool = False
     # [start, stop]: a TensorFlow profiler trace of steps start..stop into logs/train (TensorBoard's
     # Profile tab, with the tensorboard-plugin-profile package); []: no trace
     profile_steps: list[int] = field(default_factory=list)
@@ -308,7 +316,8 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
 ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s",
                                           "model.decoder", "decode.beam_size", "decode.max_length",
                                           "decode.length_normalization", "decode.top_k",
-                                          "train.jit_compile"})
+                                          "train.jit_compile", "train.split_padding", "data.group_captions",
+                                          "train.momentum"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
@@ -392,8 +401,15 @@ def validate(config: Config) -> None:
         if value < 1:
             raise InputError(f"{key} must be at least 1, got {value}")
     config.decode.check(prefix="decode.")
+    if d.group_captions < 0:
+        raise InputError(f"data.group_captions must be 0 (all) or more, got {d.group_captions}")
+    if d.group_captions and d.captions_per_image != "grouped":
+        raise InputError(f"data.group_captions ({d.group_captions}) applies to data.captions_per_image: grouped, "
+                         f"not {d.captions_per_image}")
     if not 0.0 <= m.dropout < 1.0:
         raise InputError(f"model.dropout must be in [0, 1), got {m.dropout}")
+    if not 0.0 <= t.momentum < 1.0:
+        raise InputError(f"train.momentum must be in [0, 1), got {t.momentum}")
     if t.learning_rate <= 0:
         raise InputError(f"train.learning_rate must be positive, got {t.learning_rate}")
     if t.profile_steps and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0] <= t.profile_steps[1]):

@@ -70,13 +70,15 @@ def mirrored(data_dir, out_dir):
 
 def mirrored_grouped(data_dir, out_dir):
     """captions_per_image: grouped under 2 replicas (each its own batch of whole images, as
-    distribute_datasets_from_function hands them out) against one device given both batches as one."""
+    distribute_datasets_from_function hands them out) against one device given both batches as one;
+    with split padding (train.split_padding), whose cut each replica chooses for its own batch."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from captioning.input_pipeline import make_dataset
     from captioning.train import Trainer
 
-    cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped")
+    cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped",
+                       "train.split_padding=true")
     one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))

@@ -293,3 +293,59 @@ def test_grouped_captions_equal_one_copy_of_the_image_per_caption():
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
     empty = {"image": images[:0], "image_index": index[:0], "input_ids": caption_ids[:0]}
     assert model(empty).shape == (0, T, V)  # a replica with no example
+
+
+def padded_captions(lengths, steps, seed=0):
+    """Input ids [len(lengths), steps]: `<start>`, random words, then <pad> after each length."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, V, (len(lengths), steps), dtype=np.int64)
+    ids[:, 0] = 1
+    for row, n in enumerate(lengths):
+        ids[row, n:] = 0
+    mask = (ids != 0).astype(np.float32)
+    return ids, mask
+
+
+@pytest.mark.parametrize("lengths", [[7, 7, 3, 2, 6], [2, 7, 1, 7, 7, 3], [4, 4, 4], [7], [1, 1, 2], []])
+def test_split_padding_gives_the_same_logits_loss_and_gradients(lengths):
+    """split_padding: the captions run to the cut, only the longer ones on from their state — the logits
+    at real positions, the loss and every gradient equal the one-piece pass (rows in any order, equal
+    lengths, one row, an empty batch)."""
+    from captioning.model.base import split_point
+    from captioning.train.objectives import caption_loss_sum
+
+    model = small_model(encoder_trainable=True)
+    images, _ = inputs(seed=7, batch=max(len(lengths), 1))
+    images = images[:len(lengths)]
+    ids, mask = padded_captions(lengths, T, seed=8)
+    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
+
+    def run(split):
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch, training=False, split_padding=split)
+        logits = npy(model({"image": images, "input_ids": ids}, split_padding=split))
+        return logits, npy(loss), [npy(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)]
+
+    (whole, a, ga), (split, b, gb) = run(False), run(True)
+    assert split.shape == whole.shape == (len(lengths), T, V)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(split[real], whole[real], atol=1e-5)
+    if len(lengths):
+        cut = int(split_point(tf.constant(lengths), T))
+        longer = mask[:, cut:].any(axis=1)
+        assert not split[~longer][:, cut:].any()  # finished captions' later steps: zeros, never computed
+    assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    for x, y in zip(ga, gb):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6)
+
+
+def test_split_point_minimises_the_steps_computed():
+    from captioning.model.base import split_point
+
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        steps = int(rng.integers(1, 12))
+        lengths = rng.integers(1, steps + 1, int(rng.integers(1, 9)))
+        cost = {cut: len(lengths) * cut + int((lengths > cut).sum()) * (steps - cut) for cut in range(1, steps + 1)}
+        best = min(cost.values())
+        assert int(split_point(tf.constant(lengths), steps)) == min(c for c, v in cost.items() if v == best)

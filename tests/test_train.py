@@ -109,10 +109,12 @@ def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
 @pytest.mark.parametrize("cache", ["none", "features"])
 def test_grouped_captions_train(data_dir, tmp_path, cache):
     """data.captions_per_image: grouped trains through the whole loop (with colour jitter on the
-    images; with cached features), and the validation loss still covers every caption."""
+    images, 3 sampled captions per image and split padding; with cached features), and the validation
+    loss still covers every caption."""
     from captioning.train import Trainer
 
-    extra = ["data.color_jitter=true"] if cache == "none" else ["model.encoder_trainable=false",
+    extra = ["data.color_jitter=true", "data.group_captions=3", "train.split_padding=true"] if cache == "none" else [
+        "model.encoder_trainable=false",
                                                                  "data.random_crop=false", "data.random_flip=false"]
     cfg = small_config(data_dir, "data.captions_per_image=grouped", f"data.cache={cache}", "train.steps=40",
                        "train.optimizer=adam", "train.learning_rate=0.02", "train.batch_size=10", *extra)

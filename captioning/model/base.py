@@ -7,6 +7,7 @@ subclass, plus its name in :data:`captioning.model.DECODERS` and in ``model.deco
     features = model.encode(images, training)        pixels [B, S, S, 3] → features [B, ...]
     state = model.initial_state(features, training)   a nest of batch-major tensors [B, ...]
     logits, state = model.step(token_ids, state)      one word: ids [B] → logits [B, V] (float32)
+    logits, state = model.teacher_forced(state, input_ids, training)  a caption from a state: [B, T, V]
     logits = model({"image" or "features", "input_ids"}, training)    teacher forcing: [B, T, V]
     logits = model({"image" [B, ...], "image_index" [N], "input_ids" [N, T]})    grouped captions: [N, T, V]
 
@@ -21,6 +22,18 @@ grid): beam search repeats every tensor of it per beam and reorders them all whe
 so a decoder never sees the search. ``call`` must equal stepping through the caption word by word
 (the tests check it for every decoder).
 
+**Split padding** (``model(..., split_padding=True)``, ``train.split_padding``). A batch pads every caption
+to its longest, and the padded steps cost as much as real ones. With ``split_padding`` the teacher-forced
+pass runs in two pieces of time: every caption up to a cut, then only the captions still going, from
+their state at the cut. :func:`split_point` picks the cut per batch to compute the fewest steps::
+
+    lengths 6 6 3 2 (input ids, <start> included), padded to 6 steps
+    one piece:  4 captions × 6 steps                   = 24 steps computed for 17 real ones (0.71)
+    split at 3: 4 captions × 3 steps + 2 captions × 3 = 18 steps computed                  (0.94)
+
+The logits are the same (padded positions, which the loss masks, come out as zeros). Grouped batches
+(whole images with all their captions) gain the most: an image's captions differ in length.
+
 **Empty batches** are legal: under a distribution strategy the last batch of a split that does not
 divide by the replicas leaves some replica with no example (images ``[0, S, S, 3]``, input_ids ``[0,
 0]``). Keras' LSTM raises on zero rows or zero time steps and TensorFlow's convolutions mis-shape an
@@ -28,7 +41,7 @@ empty batch, so :meth:`CaptionModel.encode` and :meth:`CaptionModel.call` run th
 on at least one row and one step of zero padding and cut the result back: an empty batch gives logits
 ``[0, 0, V]``, zero loss and zero gradients, never an error. (In training mode a padded row would enter
 batch-norm statistics, which is why training input pipelines never yield an empty batch.) Decoders
-implement :meth:`CaptionModel.forward` and get this for free.
+implement :meth:`CaptionModel.teacher_forced` and get this, and split padding, for free.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from captioning.config import ModelConfig
+from captioning.vocab import PAD_ID
 
 
 def _pad_rows(x, rows):
@@ -46,11 +60,26 @@ def _pad_rows(x, rows):
     return tf.pad(x, tf.concat([[[0, extra]], tf.zeros([tf.rank(x) - 1, 2], tf.int32)], axis=0))
 
 
+def split_point(lengths, steps):
+    """The cut (1 ≤ cut ≤ ``steps``) that minimises the steps computed when every caption runs to the cut
+    and only the captions longer than it run on: ``rows × cut + longer × (steps − cut)``; the earliest of
+    equal ones.
+
+    >>> int(split_point(tf.constant([6, 6, 3, 2]), 6)), int(split_point(tf.constant([4, 4]), 4))
+    (3, 1)
+    """
+    lengths = tf.cast(lengths, tf.int32)
+    cuts = tf.range(1, steps + 1)
+    longer = tf.reduce_sum(tf.cast(lengths[None, :] > cuts[:, None], tf.int32), axis=1)
+    computed = tf.size(lengths) * cuts + longer * (steps - cuts)
+    return tf.cast(tf.argmin(computed), tf.int32) + 1
+
+
 class CaptionModel(keras.Model):
     """Base class of every captioning model (see the module docstring).
 
     Subclasses set :attr:`encoder` (a Keras model from pixels to features) and implement
-    :meth:`initial_state`, :meth:`step`, :meth:`forward` and :meth:`decoder_variables`."""
+    :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`."""
 
     vocab_size: int
     image_size: int
@@ -68,15 +97,38 @@ class CaptionModel(keras.Model):
         """One decoding step: ``token_ids [B]`` and the state → ``logits [B, V]`` (float32) and the new state."""
         raise NotImplementedError
 
+    def teacher_forced(self, state, input_ids, training=False):
+        """Teacher-forced logits ``[B, T, V]`` (float32) of ``input_ids [B, T]`` read from ``state``, and the
+        state after the last of them; a batch with at least one row and one step."""
+        raise NotImplementedError
+
     def forward(self, features, input_ids, training=False):
         """Teacher-forced logits ``[B, T, V]`` for a batch with at least one row and one step."""
-        raise NotImplementedError
+        return self.teacher_forced(self.initial_state(features, training), input_ids, training)[0]
+
+    def split_forward(self, features, input_ids, training=False):
+        """:meth:`forward` in two pieces of time (see the module docstring: split padding)."""
+        rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_ids, PAD_ID), tf.int32), axis=1)
+        cut = split_point(lengths, steps)
+        order = tf.argsort(lengths, direction="DESCENDING", stable=True)  # the longer captions first
+        features, input_ids = tf.gather(features, order), tf.gather(input_ids, order)
+        first, state = self.teacher_forced(self.initial_state(features, training), input_ids[:, :cut], training)
+        going = tf.reduce_sum(tf.cast(lengths > cut, tf.int32))  # the first `going` rows run on
+        # at least one row and one step, like every batch (zeros, cut away again)
+        state = tf.nest.map_structure(lambda s: _pad_rows(s[:going], 1), state)
+        rest = input_ids[:going, cut:]
+        rest = tf.pad(rest, [[0, tf.maximum(1 - going, 0)], [0, tf.maximum(1 - (steps - cut), 0)]])
+        second, _ = self.teacher_forced(state, rest, training)
+        second = _pad_rows(second[:going, :steps - cut], rows)  # the finished captions' steps: zeros
+        logits = tf.concat([first, tf.cast(second, first.dtype)], axis=1)
+        return tf.gather(logits, tf.math.invert_permutation(order))
 
     def decoder_variables(self) -> list:
         """The decoder's variables (everything but the encoder's)."""
         raise NotImplementedError
 
-    def call(self, inputs, training=False):
+    def call(self, inputs, training=False, split_padding=False):
         features = inputs["features"] if "features" in inputs else self.encode(inputs["image"], training)
         if "image_index" in inputs:  # grouped captions: each image encoded once, its features per caption
             features = tf.gather(features, inputs["image_index"])
@@ -84,7 +136,8 @@ class CaptionModel(keras.Model):
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         features = _pad_rows(features, tf.maximum(rows, 1))
         input_ids = tf.pad(input_ids, [[0, tf.maximum(1 - rows, 0)], [0, tf.maximum(1 - steps, 0)]])
-        return self.forward(features, input_ids, training=training)[:rows, :steps]
+        forward = self.split_forward if split_padding else self.forward
+        return forward(features, input_ids, training=training)[:rows, :steps]
 
     def build_all(self) -> "CaptionModel":
         """Creates every variable (encoder and decoder) with one tiny forward pass."""

@@ -69,13 +69,12 @@ class ShowAndTell(CaptionModel):
         output, new_state = self.lstm.cell(embedded, state, training=False)
         return self.logits(output), list(new_state)
 
-    def forward(self, features, input_ids, training=False):
-        state = self.initial_state(features, training)
+    def teacher_forced(self, state, input_ids, training=False):
         words = self.input_dropout(self.word_embedding(input_ids), training=training)
         # No mask is needed: captions are right-padded and the LSTM is causal, so padding never changes
         # the outputs at real positions (and the loss masks padded positions). This keeps cuDNN usable.
-        outputs, _, _ = self.lstm(words, initial_state=state, training=training)
-        return self.logits(self.output_dropout(outputs, training=training))
+        outputs, h, c = self.lstm(words, initial_state=state, training=training)
+        return self.logits(self.output_dropout(outputs, training=training)), [h, c]
 
     def decoder_variables(self) -> list:
         return [v for layer in (self.image_embedding, self.word_embedding, self.lstm, self.logits)

@@ -101,7 +101,8 @@ class Trainer:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
                              f"{replicas} replicas")
         self.steps_per_epoch = max(1, examples_per_epoch(self.dataset, cfg) // cfg.train.batch_size)
-        self.objective = OBJECTIVES["xe"]()
+        # split padding needs shapes that vary per batch, which XLA cannot compile
+        self.objective = OBJECTIVES["xe"](split_padding=cfg.train.split_padding and not cfg.train.jit_compile)
 
         policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
         keras.mixed_precision.set_global_policy(policy)

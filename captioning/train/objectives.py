@@ -36,11 +36,12 @@ class Objective:
         raise NotImplementedError
 
 
-def caption_loss_sum(model, batch: dict, training: bool = False):
+def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: bool = False):
     """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
-    the global batch's word count, evaluation by the split's (perplexity = exp(mean))."""
+    the global batch's word count, evaluation by the split's (perplexity = exp(mean)). ``split_padding``:
+    the decoder skips most padded steps (:mod:`captioning.model.base`; the same value)."""
     inputs = {k: batch[k] for k in ("image", "features", "image_index", "input_ids") if k in batch}
-    logits = model(inputs, training=training)
+    logits = model(inputs, training=training, split_padding=split_padding)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
     return tf.reduce_sum(ce * batch["mask"])
 
@@ -48,8 +49,12 @@ def caption_loss_sum(model, batch: dict, training: bool = False):
 class CrossEntropy(Objective):
     name = "xe"
 
+    def __init__(self, split_padding: bool = False):
+        self.split_padding = split_padding
+
     def replica_loss(self, model, batch, training):
-        return ReplicaLoss(caption_loss_sum(model, batch, training=training), tf.reduce_sum(batch["mask"]))
+        loss_sum = caption_loss_sum(model, batch, training=training, split_padding=self.split_padding)
+        return ReplicaLoss(loss_sum, tf.reduce_sum(batch["mask"]))
 
 
 OBJECTIVES: dict[str, type[Objective]] = {"xe": CrossEntropy}
