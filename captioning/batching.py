@@ -30,6 +30,36 @@ from captioning.vocab import PAD_ID
 AUTOTUNE = tf.data.AUTOTUNE
 
 
+def epoch_captions_per_image(cfg: DataConfig, stored: float) -> float:
+    """Captions a training epoch gives each image, on average, when the split stores ``stored`` per image:
+    all of them (``all``; ``grouped``), one (``sample``), or ``data.group_captions`` (``grouped``, k ≥ 1;
+    fewer for an image that has fewer).
+
+    >>> from captioning.config import DataConfig
+    >>> [epoch_captions_per_image(DataConfig(captions_per_image=c, group_captions=k), 5.2)
+    ...  for c, k in (("all", 0), ("sample", 0), ("grouped", 0), ("grouped", 3), ("grouped", 7))]
+    [5.2, 1.0, 5.2, 3.0, 5.2]
+    """
+    if cfg.captions_per_image == "sample":
+        return 1.0
+    if cfg.captions_per_image == "grouped" and cfg.group_captions:
+        return min(float(cfg.group_captions), stored)
+    return stored
+
+
+def sample_captions(captions: tf.RaggedTensor, k: int) -> tf.RaggedTensor:
+    """``k`` of each image's captions (ragged ``[images, (captions), (ids)]``), drawn without replacement
+    in random order; all of them, shuffled, for an image with ``k`` or fewer."""
+    rows = tf.cast(captions.value_rowids(), tf.int64)
+    # sorting by (image, random key) shuffles each image's captions and keeps the images in order
+    order = tf.argsort(tf.cast(rows, tf.float64) + tf.random.uniform(tf.shape(rows), 0.0, 0.5, tf.float64))
+    starts = tf.cast(captions.row_starts(), tf.int64)
+    position = tf.range(tf.size(rows, out_type=tf.int64)) - tf.gather(starts, tf.gather(rows, order))
+    picked = tf.boolean_mask(order, position < k)
+    lengths = tf.minimum(captions.row_lengths(), tf.cast(k, captions.row_splits.dtype))
+    return tf.RaggedTensor.from_row_lengths(tf.gather(captions.values, picked), lengths)
+
+
 def length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, training: bool, batch_size: int,
                            captions_per_image: float) -> tf.data.Dataset:
     """Images with their captions → padded batches of (image, caption) examples, grouped by length.
@@ -101,7 +131,8 @@ def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: 
     """Training batches of whole images (``data.captions_per_image: grouped``): each batch holds
     ``round(batch_size / captions_per_image)`` images (at least one) and *all* their captions, about
     ``batch_size`` examples, so the encoder runs once per image and the image crosses to the device once,
-    not once per caption. ``image_index [N]`` gives each caption's row in ``key``; the model repeats the
+    not once per caption. With ``data.group_captions: k`` an image brings ``k`` of its captions, drawn
+    afresh each epoch (:func:`sample_captions`), and ``captions_per_image`` is ``k``. ``image_index [N]`` gives each caption's row in ``key``; the model repeats the
     image's features per caption (:meth:`captioning.model.base.CaptionModel.call`)::
 
         image        [B, S, S, 3]      B images (or "features" [B, D])
@@ -119,6 +150,8 @@ def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: 
 
     def batches_of(window):
         captions = window["captions"]  # ragged [images, (captions), (ids)]
+        if cfg.group_captions:
+            captions = sample_captions(captions, cfg.group_captions)
         # each image's longest caption (every image has at least one: prepare skips those without)
         longest = tf.math.segment_max(captions.values.row_lengths(), captions.value_rowids())
         count = tf.shape(longest, out_type=tf.int64)[0]

@@ -55,7 +55,7 @@ from typing import Callable
 import tensorflow as tf
 
 from captioning import disk_cache, schema
-from captioning.batching import grouped_batches, length_grouped_batches
+from captioning.batching import epoch_captions_per_image, grouped_batches, length_grouped_batches
 from captioning.config import DataConfig
 from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
@@ -344,7 +344,9 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         if crop:
             ds = ds.map(lambda ex: {**ex, "image": crop(ex["image"])}, num_parallel_calls=AUTOTUNE,
                         deterministic=order)
-    per_image = 1.0 if training and cfg.captions_per_image == "sample" else dataset.split(split).captions_per_image
+    per_image = dataset.split(split).captions_per_image
+    if training:
+        per_image = epoch_captions_per_image(cfg, per_image)
     if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
         ds = grouped_batches(ds, key, cfg, batch_size, per_image)
     else:

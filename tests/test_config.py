@@ -445,3 +445,17 @@ def test_any_yaml_content_gives_a_valid_config_or_one_input_error(document):
         with open(path, "w", encoding="utf-8") as f:
             yaml.safe_dump(document, f, allow_unicode=True)
         config_or_error(path)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["data.group_captions=-1"], "data.group_captions must be 0 (all) or more, got -1"),
+    (["data.group_captions=3"], "data.group_captions (3) applies to data.captions_per_image: grouped, not all"),
+    (["data.group_captions=3", "data.captions_per_image=sample"], "grouped, not sample"),
+])
+def test_cross_key_checks_name_the_keys(overrides, fragment):
+    from captioning.config import validate
+
+    with pytest.raises(InputError) as info:
+        validate(load_config(None, ["data.dir=d"] + overrides))
+    assert fragment in str(info.value)
+    validate(load_config(None, ["data.dir=d", "data.captions_per_image=grouped", "data.group_captions=5"]))

@@ -403,3 +403,31 @@ def test_grouped_batches_of_an_odd_batch_size(data_dir, train_records):
     got = batches(make_dataset(cfg, "train", training=True, batch_size=7, repeat=False))
     assert len(got) == 32 and all(len(b["image"]) == 1 and len(b["image_index"]) == 5 for b in got)
     assert all(not b["image_index"].any() for b in got)
+
+
+def test_grouped_batches_with_sampled_captions(data_dir, train_records):
+    """data.group_captions: 3 — each image brings 3 distinct captions of its own a epoch, drawn afresh
+    every epoch; every batch holds exactly 2 images × 3 captions; k beyond an image's 5 gives all 5."""
+    by_crop = {r["crop"].tobytes(): r for r in train_records}
+    cfg = config(data_dir, captions_per_image="grouped", group_captions=3, length_window=4)
+    drawn = []
+    for epoch in range(2):
+        ds = make_dataset(cfg, "train", training=True, batch_size=6, repeat=False)
+        mine, seen = {}, collections.Counter()
+        for batch in batches(ds):
+            assert len(batch["image"]) == 2 and list(batch["image_index"]) == [0, 0, 0, 1, 1, 1]
+            per_caption = {k: v for k, v in batch.items() if k != "image"}
+            captions = [c for c, _, _ in rows([per_caption])]
+            for index, image in enumerate(batch["image"]):
+                owner = by_crop[image.tobytes()]
+                picked = captions[3 * index:3 * index + 3]
+                assert len(set(picked)) == 3 and set(picked) <= set(owner["captions"])
+                mine[owner["id"]] = frozenset(picked)
+                seen[owner["id"]] += 1
+        assert seen == {r["id"]: 1 for r in train_records}
+        drawn.append(mine)
+    assert sum(drawn[0][i] != drawn[1][i] for i in drawn[0]) >= 16  # 9 of 10 draws of 3 differ
+
+    every = config(data_dir, captions_per_image="grouped", group_captions=9, length_window=4)
+    got = batches(make_dataset(every, "train", training=True, batch_size=10, repeat=False))
+    assert all(len(b["image"]) == 2 and len(b["image_index"]) == 10 for b in got)

@@ -1,6 +1,7 @@
 """The optimizer and its learning-rate schedule, from ``train.*``.
 
-SGD (the paper's and im2txt's: 2.0, halved every 8 epochs, gradients clipped at 5) or Adam, with linear
+SGD (the paper's and im2txt's: 2.0, halved every 8 epochs, gradients clipped at 5; ``train.momentum``
+for heavy-ball momentum) or Adam, with linear
 warm-up and a constant, step, exponential or cosine schedule. Under ``mixed_float16`` the optimizer is
 wrapped in Keras' dynamic loss scaling. Gradient clipping is not the optimizer's: Keras 3 clips per
 replica before its own all-reduce, so the training step clips the global gradient itself
@@ -15,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from captioning import config as config_lib
+from captioning.batching import epoch_captions_per_image
 
 
 class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
@@ -54,7 +56,7 @@ def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float1
     schedule = LearningRate(t.learning_rate, t.lr_schedule, round(t.lr_decay_epochs * steps_per_epoch),
                             t.lr_decay_factor, t.steps, t.warmup_steps)
     if t.optimizer == "sgd":
-        optimizer = keras.optimizers.SGD(learning_rate=schedule)
+        optimizer = keras.optimizers.SGD(learning_rate=schedule, momentum=t.momentum)
     else:
         optimizer = keras.optimizers.Adam(learning_rate=schedule)
     return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_float16 else optimizer
@@ -62,6 +64,8 @@ def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float1
 
 def examples_per_epoch(dataset, cfg: config_lib.Config) -> int:
     """Examples (captions) in one epoch of ``dataset``'s (a PreparedDataset) training split: every caption
-    (``all``, ``grouped``), or one per image (``sample``)."""
+    (``all``, ``grouped``), one per image (``sample``), or about ``data.group_captions`` per image."""
     split = dataset.split(cfg.data.train_split)
-    return split.images if cfg.data.captions_per_image == "sample" else split.captions
+    if cfg.data.captions_per_image == "all" or (cfg.data.captions_per_image == "grouped" and not cfg.data.group_captions):
+        return split.captions
+    return round(split.images * epoch_captions_per_image(cfg.data, split.captions_per_image))
