@@ -84,6 +84,24 @@ def test_benchmark_train_grouped_on_other_records(tmp_path, prepared_dir):
     assert not any(name.startswith("captioning-benchmark-train") for name in os.listdir(tmp_path))
 
 
+def test_benchmark_train_compares_two_settings_side_by_side(tmp_path, prepared_dir):
+    """--compare: the config with and without the extra overrides, alternated (--rounds), both kept with
+    the ratio of their captions/s; here grouped (2 images of 5 captions, split padding) against per caption."""
+    out = tmp_path / "train.json"
+    done = run_cli("-q", "benchmark", "train", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
+                   "--steps", "3", "--warmup", "1", "--rounds", "2", "--set", "train.batch_size=10",
+                   "--set", "model.lstm_units=32", "--compare", "data.captions_per_image=grouped",
+                   "--compare", "train.split_padding=true", "--json", str(out))
+    result = check(done, out)
+    base, compared = result["base"], result["compared"]
+    assert base["settings"]["captions_per_image"] == "all" and base["encoder_images_per_caption"] == 1.0
+    assert compared["settings"]["captions_per_image"] == "grouped"
+    assert compared["encoder_images_per_caption"] == pytest.approx(0.2)
+    assert compared["settings"]["overrides"][-2:] == ["data.captions_per_image=grouped", "train.split_padding=true"]
+    assert result["captions_per_s_ratio"] == pytest.approx(compared["captions_per_s"] / base["captions_per_s"])
+    assert result["rounds"] == 2 and "x the captions/s" in done.stdout
+
+
 def test_benchmark_decode(tmp_path, trained_model_dir):
     for extra in ([], ["--model-dir", trained_model_dir]):
         out = tmp_path / "decode.json"

@@ -42,9 +42,16 @@ def add_benchmark(sub) -> None:
                                      "(waiting for the batch) and train step time.")
     config_flags(q, help="experiment config, e.g. experiments/shapes.yaml")
     q.add_argument("--data", metavar="DIR", dest="data_dir", help="train on these prepared records (data.dir)")
+    q.add_argument("--photos", action="store_true",
+                   help="train on the COCO-like benchmark photos (made once in --work-dir, as benchmark input does)")
     q.add_argument("--steps", type=POSITIVE, default=300, help="measured steps (default 300)")
     q.add_argument("--warmup", type=NATURAL, default=50, help="steps run first and not measured (default 50)")
-    common(q, work_dir=False)
+    q.add_argument("--compare", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="also measure with this override (repeatable) and report both side by side, e.g. "
+                        "data.captions_per_image=grouped")
+    q.add_argument("--rounds", type=POSITIVE, default=2,
+                   help="with --compare: runs of each, alternated, fastest kept (default 2)")
+    common(q)
     q.set_defaults(handler=run_benchmark)
 
     q = kinds.add_parser("quality", help="time to quality: training time until a test CIDEr is reached",
