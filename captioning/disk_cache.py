@@ -58,13 +58,15 @@ def check_folder(folder: str) -> None:
         raise InputError(f"data.cache_dir {folder}: cannot write into it (permission denied)")
 
 
-def claim(prefix: str, key: dict) -> None:
-    """Readies ``prefix`` for ``Dataset.cache``: creates the folder, and unless a complete cache is there,
-    takes the prefix's lock and removes a killed run's leftovers. Raises InputError when the folder cannot
-    be written or another live process is writing this cache."""
+def claim(prefix: str, key: dict, complete: str = ".index", leftovers: tuple[str, ...] = ("_*", ".lockfile"),
+          what: str = "data.cache: disk") -> None:
+    """Readies ``prefix`` for ``Dataset.cache``: creates the folder, and unless a complete cache is there
+    (``prefix + complete``), takes the prefix's lock and removes a killed run's leftovers (``prefix +``
+    each of ``leftovers``, glob patterns). Raises InputError when the folder cannot be written or another
+    live process is writing this cache. (:mod:`captioning.feature_cache` claims its files the same way.)"""
     check_folder(os.path.dirname(prefix))
-    if os.path.exists(prefix + ".index") or prefix in _held:
-        return  # complete (TF reads it), or this process holds it already
+    if os.path.exists(prefix + complete) or prefix in _held:
+        return  # complete (it is read), or this process holds it already
     try:
         import fcntl
     except ImportError:  # no POSIX locks (Windows): a lockfile is taken for stale, as before
@@ -75,10 +77,10 @@ def claim(prefix: str, key: dict) -> None:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise InputError(f"another process is writing the cache {prefix} (data.cache: disk); wait until it "
+            raise InputError(f"another process is writing the cache {prefix} ({what}); wait until it "
                              "has read the split once, or set another data.cache_dir") from None
     _held[prefix] = fd
-    for stale in glob.glob(glob.escape(prefix) + "_*") + glob.glob(glob.escape(prefix) + ".lockfile"):
+    for stale in [p for pattern in leftovers for p in glob.glob(glob.escape(prefix) + pattern)]:
         os.remove(stale)  # a killed run's partial cache: never complete, never read
     from captioning.fileio import atomic_write_json
 

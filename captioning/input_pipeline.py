@@ -22,7 +22,8 @@ im2txt's colour distortions (``data.color_jitter``) are not here: they run on th
 training step (:mod:`captioning.augment`), where they cost a fraction of what they cost the CPU.
 
 ``cache: features`` replaces the image stages: the frozen encoder runs once over every image (central
-crop, batched) and the pipeline serves its pooled features, so no epoch runs the CNN again. It needs a
+crop, batched) and the pipeline serves its features (pooled, or the grid for attention) from a float16
+file on disk (:mod:`captioning.feature_cache`), so no epoch or later run runs the CNN again. It needs a
 frozen encoder and no augmentation (:func:`captioning.config.validate`).
 
 The last stage, windows of captions sorted by length and cut into padded batches (with the padding and
@@ -59,6 +60,7 @@ from captioning.batching import epoch_captions_per_image, grouped_batches, lengt
 from captioning.config import DataConfig
 from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
+from captioning.feature_cache import features_dataset
 from captioning.integrity import ShardReader
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -262,32 +264,18 @@ def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=N
                       num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
 
 
-def extract_features(cfg: DataConfig, split: str, feature_fn: Callable, *, batch_size: int = 64,
-                     input_context=None, max_images: int | None = None, dataset: PreparedDataset | None = None,
-                     shards: ShardReader | None = None) -> tf.data.Dataset:
-    """Runs ``feature_fn`` (the frozen encoder) once over every image of the split; returns a dataset
-    of ``{"features": [D], "image_id", "captions"}`` held in memory."""
-    images = eval_images(cfg, split, batch_size, input_context=input_context, max_images=max_images,
-                         dataset=dataset, shards=shards)
-    features, ids, captions = [], [], []
-    for batch in images:
-        features.append(feature_fn(batch["image"]))
-        ids.append(batch["image_id"])
-        captions.append(batch["captions"])
-    return tf.data.Dataset.from_tensor_slices({
-        "features": tf.concat(features, 0), "image_id": tf.concat(ids, 0), "captions": tf.concat(captions, 0)})
-
-
 def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
-                 feature_fn: Callable | None = None, cache_dir: str | None = None,
+                 feature_fn: Callable | None = None, feature_key: str = "", cache_dir: str | None = None,
                  repeat: bool | None = None, max_images: int | None = None,
                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
 
     ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
     repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
-    that and sees every caption once. ``feature_fn`` is required for ``cache: features``;
-    ``cache_dir`` is the folder of ``cache: disk``'s files (:mod:`captioning.disk_cache`). ``max_images`` limits evaluation to the first
+    that and sees every caption once. ``feature_fn`` (the frozen encoder) and ``feature_key`` (its name
+    and weights, :func:`captioning.feature_cache.encoder_key`) are required for ``cache: features``;
+    ``cache_dir`` is the folder of ``cache: disk``'s and ``cache: features``' files
+    (:mod:`captioning.disk_cache`, :mod:`captioning.feature_cache`). ``max_images`` limits evaluation to the first
     images (the same ones ``image_dataset`` gives). ``dataset`` and ``shards`` are the command's
     :class:`~captioning.dataset.PreparedDataset` and :class:`~captioning.integrity.ShardReader` (new ones
     when not given; the reader then stays with the returned dataset, as ``.shard_reader``).
@@ -315,10 +303,10 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         ds = images_of(shuffle=training, repeat=repeat, random_crop=cropped)
     else:
         if cfg.cache == "features":
-            if feature_fn is None:
-                raise ValueError("cache: features needs the encoder as feature_fn")
-            ds = extract_features(cfg, split, feature_fn, input_context=input_context, max_images=max_images,
-                                  dataset=dataset, shards=shards)
+            if feature_fn is None or not cache_dir:
+                raise ValueError("cache: features needs the encoder as feature_fn and a cache_dir")
+            ds = features_dataset(cfg, split, feature_fn, feature_key, cache_dir, input_context=input_context,
+                                  max_images=max_images, dataset=dataset, shards=shards)
         elif cfg.cache == "memory":
             ds = images_of().cache()
         else:

@@ -22,12 +22,12 @@ STAGES = [
               "captioning.tf_internals"]),
     ("format", ["captioning.schema", "captioning.text", "captioning.vocab", "captioning.images",
                 "captioning.dataset"]),
-    ("data", ["captioning.augment", "captioning.batching", "captioning.disk_cache", "captioning.integrity",
-              "captioning.input_pipeline"]),
+    ("data", ["captioning.augment", "captioning.batching", "captioning.disk_cache", "captioning.feature_cache",
+              "captioning.integrity", "captioning.input_pipeline"]),
     ("model", ["captioning.model", "captioning.model_dir"]),
     ("train", ["captioning.train"]),
     ("use", ["captioning.inference", "captioning.evaluate", "captioning.metrics", "captioning.caption",
-             "captioning.export"]),
+             "captioning.grounding", "captioning.export"]),
     ("cli", ["captioning.cli", "captioning.__main__"]),
 ]
 # modules that may be longer than ~350 lines, each because one responsibility needs it (said in its docstring)

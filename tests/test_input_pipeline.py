@@ -241,7 +241,9 @@ def test_caches_give_the_same_examples(data_dir, tmp_path):
         build("disk")
 
 
-def test_features_cache_runs_the_encoder_once(data_dir, train_records):
+def test_features_cache_runs_the_encoder_once(data_dir, train_records, tmp_path):
+    """cache: features — the encoder runs once over the split; its outputs are kept as float16 on disk
+    and read by every epoch and by a new pipeline (a new run); another encoder key gets its own file."""
     calls = []
 
     def feature_fn(images):
@@ -251,25 +253,39 @@ def test_features_cache_runs_the_encoder_once(data_dir, train_records):
     cfg = config(data_dir, cache="features", shuffle_buffer=8)
     with pytest.raises(ValueError, match="feature_fn"):
         make_dataset(cfg, "train", training=True, batch_size=16)
-    ds = make_dataset(cfg, "train", training=True, batch_size=16, repeat=True, feature_fn=feature_fn)
+    with pytest.raises(ValueError, match="cache_dir"):
+        make_dataset(cfg, "train", training=True, batch_size=16, feature_fn=feature_fn)
+    cache = str(tmp_path / "cache")
+    ds = make_dataset(cfg, "train", training=True, batch_size=16, repeat=True, feature_fn=feature_fn,
+                      feature_key="mean-rgb", cache_dir=cache)
     assert len(calls) == math.ceil(32 / 64) == 1
     assert calls[0] == (32, IMAGE, IMAGE, 3)  # every image once, centrally cropped
+    files = sorted(os.listdir(cache))
+    assert [f for f in files if f.endswith(".tfrecord")] and not [f for f in files if f.endswith(".tmp")]
 
-    expected = np.stack([r["crop"].astype(np.float32).mean(axis=(0, 1)) for r in train_records])
+    expected = np.stack([r["crop"].astype(np.float32).mean(axis=(0, 1)) for r in train_records]).astype(np.float16)
     seen = collections.Counter()
     got = batches(ds, limit=40)  # 640 captions: four epochs of 160
     assert len(calls) == 1  # no epoch runs the encoder again
     for b in got:
         assert set(b) == {"features", "input_ids", "target_ids", "mask"}
-        assert b["features"].shape == (16, 3) and b["features"].dtype == np.float32
+        assert b["features"].shape == (16, 3) and b["features"].dtype == np.float16
     for caption, _, row in rows(got):
         distance = np.abs(expected - row["features"]).max(axis=1)
-        assert distance.min() < 1e-3
+        assert distance.min() == 0  # float16, exactly as written
         record = train_records[int(distance.argmin())]
         assert caption in record["captions"]  # features and captions of the same image
         seen[caption] += 1
     assert sum(seen.values()) == 640
     assert set(seen) == set(all_captions(train_records))  # several epochs: every caption came round
+
+    again = make_dataset(cfg, "train", training=True, batch_size=16, repeat=True, feature_fn=feature_fn,
+                         feature_key="mean-rgb", cache_dir=cache)
+    batches(again, limit=2)
+    assert len(calls) == 1  # a new pipeline (a new run) reads the file
+    make_dataset(cfg, "train", training=True, batch_size=16, feature_fn=feature_fn, feature_key="other-weights",
+                 cache_dir=cache)
+    assert len(calls) == 2  # other weights: other features
 
 
 def test_per_replica_sharding(data_dir, train_records):
@@ -365,7 +381,7 @@ def open_record_jpeg(path):
 
 
 @pytest.mark.parametrize("cache", ["none", "memory", "features"])
-def test_grouped_batches_hold_whole_images_with_all_their_captions(data_dir, train_records, cache):
+def test_grouped_batches_hold_whole_images_with_all_their_captions(data_dir, train_records, cache, tmp_path):
     """captions_per_image: grouped — each batch: B images, every caption of each, image_index naming the
     caption's image; one epoch sees each image once (batch_size 10 captions / 5 per image = 2 images)."""
     by_crop = {r["crop"].tobytes(): r for r in train_records}
@@ -380,7 +396,8 @@ def test_grouped_batches_hold_whole_images_with_all_their_captions(data_dir, tra
             match = tf.reduce_all(tf.equal(images[:, None], tf.constant(crops)[None]), axis=[2, 3, 4])
             return tf.gather(ids, tf.argmax(tf.cast(match, tf.int32), axis=1))[:, None]
 
-    ds = make_dataset(cfg, "train", training=True, batch_size=10, repeat=False, feature_fn=feature_fn)
+    ds = make_dataset(cfg, "train", training=True, batch_size=10, repeat=False, feature_fn=feature_fn,
+                      feature_key="image-id", cache_dir=str(tmp_path / "cache"))
     key = "features" if cache == "features" else "image"
     assert set(ds.element_spec) == {key, "image_index", "input_ids", "target_ids", "mask"}
     seen = collections.Counter()
