@@ -59,7 +59,7 @@ class DataConfig:
     # so every batch holds exactly images x k captions (an image with fewer gives all it has)
     group_captions: int = 0
     cache: str = field(default="none", metadata=_choices("none", "memory", "disk", "features"))
-    cache_dir: str = ""  # for cache: disk (default: <model_dir>/cache)
+    cache_dir: str = ""  # for cache: disk and features (default: <model_dir>/cache)
     shuffle_buffer: int = 2048  # records (no cache) or cached images
     parse_batch_size: int = 64  # records parsed per tf.io.parse_example call
     length_window: int = 16  # batches' worth of captions sorted by length together (1: no grouping)
@@ -76,7 +76,9 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    decoder: str = "show_and_tell"  # one of captioning.model.DECODERS (checked when the model is built)
+    # show_and_tell (Vinyals et al. 2015) or attention (soft attention, Xu et al. 2015): one of
+    # captioning.model.DECODERS (checked when the model is built)
+    decoder: str = "show_and_tell"
     encoder: str = field(default="inception_v3", metadata=_choices(
         "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))
     encoder_weights: str = "none"  # none | imagenet | a path to a weights file
@@ -86,6 +88,10 @@ class ModelConfig:
     lstm_units: int = 512
     dropout: float = 0.3  # on the LSTM's inputs and outputs (im2txt: keep probability 0.7)
     init_scale: float = 0.08  # uniform initialisation in [-init_scale, init_scale]
+    attention_size: int = 512  # attention: the hidden size of the attention MLP
+    # attention: λ of the doubly stochastic regularisation, λ Σ_cells (1 − Σ_words α)² per caption, added
+    # to the caption's summed cross-entropy (Xu et al. 2015; 0 turns it off)
+    attention_l1: float = 1.0
 
 
 @dataclass
@@ -317,7 +323,7 @@ ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribut
                                           "model.decoder", "decode.beam_size", "decode.max_length",
                                           "decode.length_normalization", "decode.top_k",
                                           "train.jit_compile", "train.split_padding", "data.group_captions",
-                                          "train.momentum"})
+                                          "train.momentum", "model.attention_size", "model.attention_l1"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
@@ -396,6 +402,7 @@ def validate(config: Config) -> None:
                        ("data.image_size", d.image_size), ("data.parse_batch_size", d.parse_batch_size),
                        ("data.length_window", d.length_window),
                        ("model.embedding_size", m.embedding_size), ("model.lstm_units", m.lstm_units),
+                       ("model.attention_size", m.attention_size),
                        ("distribute.peer_timeout_s", config.distribute.peer_timeout_s),
                        ("distribute.startup_timeout_s", config.distribute.startup_timeout_s)]:
         if value < 1:
@@ -406,6 +413,8 @@ def validate(config: Config) -> None:
     if d.group_captions and d.captions_per_image != "grouped":
         raise InputError(f"data.group_captions ({d.group_captions}) applies to data.captions_per_image: grouped, "
                          f"not {d.captions_per_image}")
+    if m.attention_l1 < 0:
+        raise InputError(f"model.attention_l1 must be at least 0, got {m.attention_l1}")
     if not 0.0 <= m.dropout < 1.0:
         raise InputError(f"model.dropout must be in [0, 1), got {m.dropout}")
     if not 0.0 <= t.momentum < 1.0:

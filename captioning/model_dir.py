@@ -52,7 +52,7 @@ STATE = "checkpoint"  # tf.train.CheckpointManager's state file
 LOCK = "training.lock"  # held by the training run writing into the folder
 # Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
 # runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
-ARCHITECTURE_KEYS = ("decoder", "encoder", "embedding_size", "lstm_units")
+ARCHITECTURE_KEYS = ("decoder", "encoder", "embedding_size", "lstm_units", "attention_size")
 _CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
 _STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic_write_string_to_file's
 
@@ -191,8 +191,10 @@ class ModelDir:
                              "is damaged; use a new --model-dir")
         old = self.read_config()
         if old is not None:
-            diff = [f"model.{k}" for k in ARCHITECTURE_KEYS if getattr(old.model, k) != getattr(cfg.model, k)]
-            if (not diff and cfg.model.encoder == "small_cnn"
+            keys = [k for k in ARCHITECTURE_KEYS if k != "attention_size" or cfg.model.decoder == "attention"]
+            diff = [f"model.{k}" for k in keys if getattr(old.model, k) != getattr(cfg.model, k)]
+            # attention reads the grid cell by cell: its variables do not depend on the grid's size
+            if (not diff and cfg.model.encoder == "small_cnn" and cfg.model.decoder != "attention"
                     and small_cnn_grid(old.data.image_size) != small_cnn_grid(cfg.data.image_size)):
                 diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
             if diff:

@@ -12,9 +12,10 @@ from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import SMALL_CNN_FILTERS, all_layers, build_encoder
+from captioning.model.attention import ShowAttendTell
 from captioning.model.show_and_tell import ShowAndTell
 
-DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell}
+DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attention": ShowAttendTell}
 
 
 def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0) -> CaptionModel:
@@ -24,5 +25,5 @@ def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 
     return DECODERS[cfg.decoder](vocab_size, cfg, image_size, seed=seed)
 
 
-__all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "all_layers", "build_encoder",
-           "build_model"]
+__all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "ShowAttendTell", "all_layers",
+           "build_encoder", "build_model"]

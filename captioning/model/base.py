@@ -103,33 +103,49 @@ class CaptionModel(keras.Model):
         raise NotImplementedError
 
     def forward(self, features, input_ids, training=False):
-        """Teacher-forced logits ``[B, T, V]`` for a batch with at least one row and one step."""
-        return self.teacher_forced(self.initial_state(features, training), input_ids, training)[0]
+        """Teacher-forced logits ``[B, T, V]`` and the state after the last step, for a batch with at least
+        one row and one step."""
+        return self.teacher_forced(self.initial_state(features, training), input_ids, training)
 
     def split_forward(self, features, input_ids, training=False):
-        """:meth:`forward` in two pieces of time (see the module docstring: split padding)."""
+        """:meth:`forward` in two pieces of time (see the module docstring: split padding). The state
+        returned is each caption's after its own last piece."""
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_ids, PAD_ID), tf.int32), axis=1)
         cut = split_point(lengths, steps)
         order = tf.argsort(lengths, direction="DESCENDING", stable=True)  # the longer captions first
         features, input_ids = tf.gather(features, order), tf.gather(input_ids, order)
-        first, state = self.teacher_forced(self.initial_state(features, training), input_ids[:, :cut], training)
+        first, at_cut = self.teacher_forced(self.initial_state(features, training), input_ids[:, :cut], training)
         going = tf.reduce_sum(tf.cast(lengths > cut, tf.int32))  # the first `going` rows run on
         # at least one row and one step, like every batch (zeros, cut away again)
-        state = tf.nest.map_structure(lambda s: _pad_rows(s[:going], 1), state)
+        state = tf.nest.map_structure(lambda s: _pad_rows(s[:going], 1), at_cut)
         rest = input_ids[:going, cut:]
         rest = tf.pad(rest, [[0, tf.maximum(1 - going, 0)], [0, tf.maximum(1 - (steps - cut), 0)]])
-        second, _ = self.teacher_forced(state, rest, training)
+        second, after = self.teacher_forced(state, rest, training)
         second = _pad_rows(second[:going, :steps - cut], rows)  # the finished captions' steps: zeros
         logits = tf.concat([first, tf.cast(second, first.dtype)], axis=1)
-        return tf.gather(logits, tf.math.invert_permutation(order))
+        unsort = tf.math.invert_permutation(order)
+        final = tf.nest.map_structure(lambda a, b: tf.gather(tf.concat([b[:going], a[going:]], 0), unsort),
+                                      at_cut, after)
+        return tf.gather(logits, unsort), final
+
+    def penalty(self, state):
+        """A per-caption term ``[B]`` the training loss adds to each caption's summed cross-entropy, from
+        the state after its teacher-forced pass (the attention decoder's doubly stochastic
+        regularisation); None for none."""
+        return None
 
     def decoder_variables(self) -> list:
         """The decoder's variables (everything but the encoder's)."""
         raise NotImplementedError
 
-    def call(self, inputs, training=False, split_padding=False):
-        features = inputs["features"] if "features" in inputs else self.encode(inputs["image"], training)
+    def logits_and_penalty(self, inputs, training=False, split_padding=False):
+        """Teacher-forced logits ``[N, T, V]`` and :meth:`penalty` per caption ``[N]`` (zeros for a
+        decoder without one) for ``inputs`` as :meth:`call` takes them."""
+        if "features" in inputs:  # cached (float16 on disk, cast back here, on the device)
+            features = tf.cast(inputs["features"], self.compute_dtype)
+        else:
+            features = self.encode(inputs["image"], training)
         if "image_index" in inputs:  # grouped captions: each image encoded once, its features per caption
             features = tf.gather(features, inputs["image_index"])
         input_ids = inputs["input_ids"]
@@ -137,7 +153,13 @@ class CaptionModel(keras.Model):
         features = _pad_rows(features, tf.maximum(rows, 1))
         input_ids = tf.pad(input_ids, [[0, tf.maximum(1 - rows, 0)], [0, tf.maximum(1 - steps, 0)]])
         forward = self.split_forward if split_padding else self.forward
-        return forward(features, input_ids, training=training)[:rows, :steps]
+        logits, state = forward(features, input_ids, training=training)
+        penalty = self.penalty(state)
+        penalty = tf.zeros([rows]) if penalty is None else tf.cast(penalty, tf.float32)[:rows]
+        return logits[:rows, :steps], penalty
+
+    def call(self, inputs, training=False, split_padding=False):
+        return self.logits_and_penalty(inputs, training=training, split_padding=split_padding)[0]
 
     def build_all(self) -> "CaptionModel":
         """Creates every variable (encoder and decoder) with one tiny forward pass."""

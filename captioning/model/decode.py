@@ -42,7 +42,10 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
 
     Returns ``{"ids": int32 [B, top_k, max_length] (words only, 0-padded), "lengths": int32 [B, top_k]
     (words), "log_probs": float32 [B, top_k] (summed log-probabilities of the words and of <end> when the
-    caption completed), "scores": float32 [B, top_k] (the ranking score)}``, best first.
+    caption completed), "scores": float32 [B, top_k] (the ranking score)}``, best first. A decoder whose
+    state is a dict with an ``attention`` entry (the weights of the step just taken, ``[B, G]``) also
+    gets ``"attention": float32 [B, top_k, max_length, G]``: for each word of each caption, the weights
+    it was chosen with (kept per beam and reordered with the beams; zeros after the caption's end).
     """
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
@@ -60,11 +63,21 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
     never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab), axis=0) * _DEAD  # words never proposed
     rows = tf.range(batch)[:, None] * k
+    attends = isinstance(state, dict) and "attention" in state
+    if attends:  # the weights behind each word of each live caption
+        cells = tf.shape(state["attention"])[1]
+        alive_attention = tf.zeros([batch, k, steps, cells])
+        done["attention"] = tf.zeros([batch, n, steps, cells])
+    else:
+        alive_attention = tf.zeros([0])
 
     for t in tf.range(steps):
         tf.autograph.experimental.set_loop_options(
             shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))))
         logits, state = model.step(tokens, state)
+        if attends:  # word t of every live caption is chosen with this step's weights
+            weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, 1, cells])
+            alive_attention = alive_attention + weights * tf.one_hot(t, steps)[None, None, :, None]
         logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
         top_logp, top_words = tf.math.top_k(tf.reshape(logp, [batch, k, vocab]), k=kw)  # [B, K, kw]
         total = alive_logp[:, :, None] + top_logp
@@ -77,6 +90,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         finished = {"ids": alive_ids, "lengths": tf.fill([batch, k], t),
                     "log_probs": end_logp,
                     "scores": tf.where(end_logp > _DEAD / 2, end_logp / length ** length_normalization, _DEAD)}
+        if attends:  # its t words, without the weights <end> was chosen with
+            finished["attention"] = alive_attention * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None]
         done = _merge(done, finished, n)
         # live captions: the best K extensions by a word other than <end>
         flat = tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, total), [batch, k * kw])
@@ -85,6 +100,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         words = tf.gather(tf.reshape(top_words, [batch, k * kw]), index, batch_dims=1)
         alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
         alive_ids = alive_ids + words[:, :, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, None, :]
+        if attends:
+            alive_attention = tf.gather(alive_attention, parent, batch_dims=1)
         state = tf.nest.map_structure(lambda s: tf.gather(s, tf.reshape(rows + parent, [-1])), state)
         tokens = tf.reshape(words, [-1])
 
@@ -92,6 +109,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     truncated = {"ids": alive_ids, "lengths": tf.fill([batch, k], steps), "log_probs": alive_logp,
                  "scores": tf.where(alive_logp > _DEAD / 2,
                                     alive_logp / float(steps) ** length_normalization, _DEAD)}
+    if attends:
+        truncated["attention"] = alive_attention
     return _merge(done, truncated, n)
 
 

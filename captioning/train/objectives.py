@@ -7,7 +7,8 @@ replicas (and a replica with no example contributes nothing). A new objective is
 module) and a value of ``train.objective``.
 
 ``xe`` (:class:`CrossEntropy`): the masked cross-entropy of the reference captions (teacher forcing),
-weighted by real target tokens: the mean per token over the global batch. Evaluation always measures
+weighted by real target tokens: the mean per token over the global batch (plus the decoder's penalty,
+if it has one: :meth:`captioning.model.base.CaptionModel.penalty`). Evaluation always measures
 this one (:func:`perplexity` of the references), whatever the training objective.
 """
 
@@ -36,14 +37,23 @@ class Objective:
         raise NotImplementedError
 
 
-def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: bool = False):
+def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: bool = False,
+                     penalty: bool = False, parts: bool = False):
     """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
     the global batch's word count, evaluation by the split's (perplexity = exp(mean)). ``split_padding``:
-    the decoder skips most padded steps (:mod:`captioning.model.base`; the same value)."""
+    the decoder skips most padded steps (:mod:`captioning.model.base`; the same value). ``penalty``: plus
+    the decoder's per-caption penalty summed over the captions (the attention decoder's doubly
+    stochastic regularisation), which training adds and evaluation leaves out. Both sums are divided by
+    the same token count, so a per-caption penalty weighs against each caption's summed cross-entropy
+    as in the papers that average both per caption. ``parts``: returns ``(cross-entropy sum, penalty
+    sum)`` instead of one number."""
     inputs = {k: batch[k] for k in ("image", "features", "image_index", "input_ids") if k in batch}
-    logits = model(inputs, training=training, split_padding=split_padding)
+    logits, extra = model.logits_and_penalty(inputs, training=training, split_padding=split_padding)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
-    return tf.reduce_sum(ce * batch["mask"])
+    total = tf.reduce_sum(ce * batch["mask"])
+    if parts:
+        return total, tf.reduce_sum(extra)
+    return total + tf.reduce_sum(extra) if penalty else total
 
 
 class CrossEntropy(Objective):
@@ -53,8 +63,9 @@ class CrossEntropy(Objective):
         self.split_padding = split_padding
 
     def replica_loss(self, model, batch, training):
-        loss_sum = caption_loss_sum(model, batch, training=training, split_padding=self.split_padding)
-        return ReplicaLoss(loss_sum, tf.reduce_sum(batch["mask"]))
+        ce, penalty = caption_loss_sum(model, batch, training=training, split_padding=self.split_padding, parts=True)
+        # reported apart: perplexity is of the cross-entropy alone
+        return ReplicaLoss(ce + penalty, tf.reduce_sum(batch["mask"]), {"cross_entropy": ce, "penalty": penalty})
 
 
 OBJECTIVES: dict[str, type[Objective]] = {"xe": CrossEntropy}

@@ -1,0 +1,186 @@
+"""The soft-attention decoder (Show, Attend and Tell): exact sizes, attention weights, step-by-step
+decoding against teacher forcing, the doubly stochastic penalty, split padding and beam search keeping
+each word's weights. No data needed: random uint8 images."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import ModelConfig
+from captioning.model import ShowAttendTell, build_model
+from captioning.model.decode import beam_search
+from captioning.train.objectives import caption_loss_sum
+
+V, B, T, SIZE = 50, 3, 7, 64  # small_cnn at 64 px: a 4 x 4 grid of 128 features
+E, U, A = 16, 24, 20
+
+
+def cfg(**kw):
+    values = dict(decoder="attention", encoder="small_cnn", embedding_size=E, lstm_units=U, attention_size=A,
+                  dropout=0.0)
+    values.update(kw)
+    return ModelConfig(**values)
+
+
+def model_of(seed=0, **kw):
+    return ShowAttendTell(vocab_size=V, cfg=cfg(**kw), image_size=SIZE, seed=seed).build_all()
+
+
+def inputs(seed=0, batch=B, steps=T):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 256, (batch, SIZE, SIZE, 3), dtype=np.uint8),
+            rng.integers(4, V, (batch, steps), dtype=np.int64))
+
+
+def size(variables):
+    return sum(int(np.prod(v.shape)) for v in variables)
+
+
+def npy(x):
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+def test_parameter_counts_and_shapes():
+    model = model_of()
+    assert (model.grid_cells, model.feature_size, model.grid_shape) == (16, 128, (4, 4))
+    D = 128
+    expected = {
+        "init_h": D * U + U, "init_c": D * U + U,
+        "attention_features": D * A + A, "attention_state": U * A, "attention_score": A + 1, "gate": U + 1,
+        "word_embedding": V * E, "lstm": 4 * ((E + D + U) * U + U),
+        "output_state": U * E, "output_context": D * E, "logits": E * V + V,
+    }
+    for name, count in expected.items():
+        assert size(getattr(model, name).weights) == count, name
+    assert size(model.decoder_variables()) == sum(expected.values()) == 29_604
+    assert {id(v) for v in model.trainable_variables} == {id(v) for v in model.decoder_variables()}  # frozen encoder
+    images, ids = inputs()
+    features = model.encode(images)
+    assert tuple(features.shape) == (B, 16, 128)
+    state = model.initial_state(features)
+    assert set(state) == {"h", "c", "features", "projected", "attention", "coverage"}
+    assert tuple(state["h"].shape) == tuple(state["c"].shape) == (B, U)
+    assert tuple(state["projected"].shape) == (B, 16, A)
+    logits, state = model.step(tf.constant(ids[:, 0]), state)
+    assert tuple(logits.shape) == (B, V) and logits.dtype == "float32"
+    assert tuple(state["attention"].shape) == (B, 16)
+    assert tuple(model({"image": images, "input_ids": ids}).shape) == (B, T, V)
+
+
+def test_inception_grid_parameter_counts():
+    """Inception v3 at 299 px: 8 x 8 cells of 2,048; with the paper-sized decoder (512 everywhere)."""
+    model = build_model(10_000, ModelConfig(decoder="attention", encoder="inception_v3"), 299).build_all()
+    assert (model.grid_cells, model.feature_size, model.grid_shape) == (64, 2048, (8, 8))
+    D, U, E, A, V = 2048, 512, 512, 512, 10_000
+    assert size(model.lstm.weights) == 4 * ((E + D + U) * U + U) == 6_293_504
+    assert size(model.attention_features.weights) == D * A + A == 1_049_088
+    assert size(model.decoder_variables()) == (2 * (D * U + U) + D * A + A + U * A + A + 1 + U + 1 + V * E
+                                               + 4 * ((E + D + U) * U + U) + U * E + D * E + E * V + V)
+
+
+def test_weights_sum_to_one_and_step_by_step_equals_teacher_forcing():
+    model = model_of(dropout=0.0)
+    images, ids = inputs(seed=1)
+    ids[1, 4:] = 0  # a shorter caption, padded
+    full = npy(model({"image": images, "input_ids": ids}))
+    state = model.initial_state(model.encode(images))
+    stepped, weights = [], []
+    for t in range(T):
+        logits, state = model.step(tf.constant(ids[:, t]), state)
+        stepped.append(npy(logits))
+        weights.append(npy(state["attention"]))
+    weights = np.stack(weights, axis=1)  # [B, T, 16]
+    assert (weights >= 0).all()
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert weights.std(axis=-1).max() > 1e-4  # not uniform: the weights depend on the image and the words
+    np.testing.assert_allclose(np.stack(stepped, axis=1), full, atol=1e-5)
+    assert np.abs(full).max() > 1e-3
+    # the teacher-forced state's coverage: the weights summed over the real words (not <pad>)
+    _, final = model.forward(model.encode(images), tf.constant(ids))
+    real = (ids != 0)[..., None]
+    np.testing.assert_allclose(npy(final["coverage"]), (weights * real).sum(1), atol=1e-5)
+
+
+def test_penalty_is_the_doubly_stochastic_regulariser():
+    """training loss = cross-entropy + λ Σ_i (1 − Σ_t α_ti)² per caption; evaluation leaves it out."""
+    model = model_of(attention_l1=0.7)
+    images, ids = inputs(seed=2)
+    ids[0, 5:] = 0
+    mask = (ids != 0).astype(np.float32)
+    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
+    state = model.initial_state(model.encode(images))
+    coverage = np.zeros((B, 16))
+    for t in range(T):
+        _, state = model.step(tf.constant(ids[:, t]), state)
+        coverage += npy(state["attention"]) * mask[:, t:t + 1]
+    expected = 0.7 * ((1.0 - coverage) ** 2).sum()
+    plain = float(caption_loss_sum(model, batch))
+    with_penalty = float(caption_loss_sum(model, batch, penalty=True))
+    assert with_penalty - plain == pytest.approx(expected, rel=1e-4) and expected > 1.0
+    off = model_of(attention_l1=0.0)
+    assert float(caption_loss_sum(off, batch, penalty=True)) == pytest.approx(float(caption_loss_sum(off, batch)))
+
+
+@pytest.mark.parametrize("lengths", [[7, 7, 3, 2, 6], [4, 4, 4], []])
+def test_split_padding_equals_one_piece_for_attention(lengths):
+    """The attention state (features, coverage) crosses the cut: logits, penalty and gradients as in one piece."""
+    model = model_of(encoder_trainable=True)
+    images, ids = inputs(seed=3, batch=max(len(lengths), 1))
+    images, ids = images[:len(lengths)], ids[:len(lengths)]
+    ids[:, 0] = 1
+    for row, n in enumerate(lengths):
+        ids[row, n:] = 0
+    mask = (ids != 0).astype(np.float32)
+    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
+
+    def run(split):
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch, split_padding=split, penalty=True)
+        return npy(loss), [npy(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)]
+
+    (a, ga), (b, gb) = run(False), run(True)
+    assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    for x, y in zip(ga, gb):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6)
+
+
+def test_beam_search_keeps_each_words_weights():
+    model = model_of(seed=4)
+    images, _ = inputs(seed=5)
+    features = model.encode(images)
+    out = tf.function(lambda f: beam_search(model, f, beam_size=3, max_length=6, top_k=2))(features)
+    assert tuple(out["attention"].shape) == (B, 2, 6, 16)
+    weights, lengths = npy(out["attention"]), npy(out["lengths"])
+    for i in range(B):
+        for j in range(2):
+            n = lengths[i, j]
+            np.testing.assert_allclose(weights[i, j, :n].sum(-1), 1.0, atol=1e-5)
+            assert not weights[i, j, n:].any()  # nothing after the caption's last word
+    # beam 1 is greedy: the weights are those of stepping through the greedy caption
+    greedy = beam_search(model, features, beam_size=1, max_length=6)
+    state = model.initial_state(features)
+    tokens = tf.fill([B], 1)
+    for t in range(6):
+        logits, state = model.step(tokens, state)
+        for i in range(B):
+            if t < greedy["lengths"][i, 0]:
+                np.testing.assert_allclose(npy(greedy["attention"])[i, 0, t], npy(state["attention"])[i], atol=1e-6)
+        tokens = tf.constant(npy(greedy["ids"])[:, 0, t], tf.int32)
+
+
+def test_empty_batch_and_mixed_precision():
+    model = model_of(encoder_trainable=True)
+    empty = {"image": tf.zeros([0, SIZE, SIZE, 3], tf.uint8), "input_ids": tf.zeros([0, 0], tf.int64)}
+    assert tuple(model(empty).shape) == (0, 0, V)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        mixed = model_of()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    images, ids = inputs(seed=6)
+    logits = mixed({"image": images, "input_ids": ids})
+    assert logits.dtype == "float32" and np.isfinite(npy(logits)).all()
+    _, state = mixed.step(tf.constant(ids[:, 0]), mixed.initial_state(mixed.encode(images)))
+    assert state["attention"].dtype == "float32"
+    np.testing.assert_allclose(npy(state["attention"]).sum(-1), 1.0, atol=1e-3)
