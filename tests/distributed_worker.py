@@ -3,6 +3,8 @@
     python tests/distributed_worker.py mirrored DATA_DIR OUT_DIR
         one training step from the same weights and the same global batch on one device and on a
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
+    python tests/distributed_worker.py mirrored_attention DATA_DIR OUT_DIR
+        the same with the soft-attention decoder (its doubly stochastic penalty included)
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set)
         trains a few steps under MultiWorkerMirroredStrategy; writes OUT_DIR/weights-<task>.npz
     python tests/distributed_worker.py eval_losses DATA_DIR OUT_DIR MODEL_DIR STRATEGY
@@ -38,7 +40,7 @@ def weights(model):
     return {f"{i:03d}_{v.name}": v.numpy() for i, v in enumerate(model.variables)}
 
 
-def mirrored(data_dir, out_dir):
+def mirrored(data_dir, out_dir, *extra):
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from captioning.input_pipeline import make_dataset
@@ -47,7 +49,7 @@ def mirrored(data_dir, out_dir):
     # clipping at 0.05 is always active here, so clipping per replica instead of after the all-reduce
     # would change the update
     # The encoder trains too: its batch norm sees the global batch's statistics (model.sync_batch_norm).
-    cfg = small_config(data_dir, "train.clip_gradient_norm=0.05")
+    cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", *extra)
     one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
@@ -60,7 +62,8 @@ def mirrored(data_dir, out_dir):
     for name, trainer in (("one", one), ("two", two)):
         dataset = trainer.strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
-        loss, norm, tokens = trainer.train_step_for(dataset)(next(iter(dataset)))
+        out = trainer.train_step_for(dataset)(next(iter(dataset)))
+        loss, norm, tokens = out["loss"], out["gradient_norm"], out["weight"]
         results[f"{name}_loss"], results[f"{name}_norm"] = float(loss), float(norm)
         results[f"{name}_replicas"] = trainer.strategy.num_replicas_in_sync
         for key, value in weights(trainer.model).items():
@@ -101,7 +104,8 @@ def mirrored_grouped(data_dir, out_dir):
                "two": tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))}
     for name, trainer in (("one", one), ("two", two)):
         dataset = trainer.strategy.distribute_datasets_from_function(lambda ctx, name=name: sources[name])
-        loss, norm, tokens = trainer.train_step_for(dataset)(next(iter(dataset)))
+        out = trainer.train_step_for(dataset)(next(iter(dataset)))
+        loss, norm, tokens = out["loss"], out["gradient_norm"], out["weight"]
         results[f"{name}_loss"], results[f"{name}_norm"] = float(loss), float(norm)
         results[f"{name}_tokens"] = float(tokens)
         for key, value in weights(trainer.model).items():
@@ -154,5 +158,6 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
 
 if __name__ == "__main__":
     modes = {"mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
+             "mirrored_attention": lambda d, o: mirrored(d, o, "model.decoder=attention", "model.attention_size=16"),
              "eval_losses": eval_losses}
     modes[sys.argv[1]](*sys.argv[2:])

@@ -43,7 +43,7 @@ def test_training_lowers_the_loss(data_dir, tmp_path):
     assert after["loss"] < 0.7 * before["loss"] and after["tokens"] == before["tokens"] > 0
     assert after["perplexity"] == pytest.approx(np.exp(after["loss"]))
     samples = trainer.sample_captions(2)
-    assert len(samples) == 2 and all(caption for _, caption, _ in samples)
+    assert len(samples) == 2 and all(s.caption and s.image.shape == (32, 32, 3) and s.attention is None for s in samples)
     logs = os.listdir(tmp_path / "model" / "logs" / "train")
     assert logs and os.listdir(tmp_path / "model" / "logs" / "eval")
     assert sorted(os.listdir(tmp_path / "model"))[:3] == ["checkpoint", "ckpt-80.data-00000-of-00001", "ckpt-80.index"]
@@ -145,7 +145,8 @@ def test_xla_step_equals_the_plain_step(data_dir, tmp_path):
         initial = {v.path: v.numpy() for v in trainer.model.variables}
         batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
         dataset = trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))
-        loss, norm, tokens = trainer.train_step_for(dataset)(next(iter(dataset)))
+        out = trainer.train_step_for(dataset)(next(iter(dataset)))
+        loss, norm, tokens = out["loss"], out["gradient_norm"], out["weight"]
         results[jit] = {"trainer": trainer, "initial": initial, "loss": float(loss), "norm": float(norm),
                         "weights": [v.numpy() for v in trainer.model.variables]}
     plain, xla = results[False], results[True]

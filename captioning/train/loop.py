@@ -24,6 +24,7 @@ from captioning import config as config_lib
 from captioning import disk_cache
 from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
+from captioning.feature_cache import encoder_key
 from captioning.fileio import disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset
 from captioning.integrity import ShardReader
@@ -36,7 +37,7 @@ from captioning.train.lifecycle import (Preempted, StepProfiler, StopOnSignal, c
 from captioning.train.objectives import OBJECTIVES
 from captioning.train.optimizer import examples_per_epoch, make_optimizer
 from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, make_train_step
-from captioning.train.summaries import Summaries, Window
+from captioning.train.summaries import Sample, Summaries, Window
 
 log = logging.getLogger("captioning.train")
 
@@ -94,7 +95,7 @@ class Trainer:
         self.folder = ModelDir(model_dir)
         # checks only: config.yaml and vocab.txt are written once the checkpoint is known to fit
         previous = self.folder.check_fits(cfg, self.vocab)
-        if cfg.data.cache == "disk":
+        if cfg.data.cache in ("disk", "features"):
             disk_cache.check_folder(self.cache_dir)
         replicas = self.strategy.num_replicas_in_sync
         if cfg.train.batch_size % replicas:
@@ -163,6 +164,7 @@ class Trainer:
         train_step = self.train_step_for(dataset)
         batches = iter(dataset)
         summaries = Summaries(self.model_dir, self.chief, cfg.batch_size)
+        summaries.config(config_lib.to_dict(config_lib.with_absolute_paths(self.cfg)))
         profiler = StepProfiler(cfg.profile_steps, summaries.train_dir, enabled=self.chief)
         window = Window()
         bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
@@ -180,7 +182,8 @@ class Trainer:
                     # Under multi-worker, the handler first checks whether any worker was signalled; if so,
                     # every worker saves at one common step and Preempted ends the loop.
                     out = train_step(batch) if preemption is None else preemption.run(train_step, batch)
-                    loss, norm, weight = (float(x) for x in out)  # waits for the device: part of step time
+                    out = {k: float(v) for k, v in out.items()}  # waits for the device: part of step time
+                    loss, norm, weight = out.pop("loss"), out.pop("gradient_norm"), out.pop("weight")
                     t2 = time.perf_counter()
                     step = self.current_step()
                     profiler.after(step)
@@ -193,7 +196,7 @@ class Trainer:
                     finite = self._step_was_finite(loss, norm)
                     if not finite:
                         self._non_finite_step(step, loss, norm, record.skipped_steps)
-                    window.add(loss, weight, norm, finite, t1 - t0, t2 - t1)
+                    window.add(loss, weight, norm, finite, t1 - t0, t2 - t1, out)
                     bar.update(1)
 
                     # 3. The checkpoint first: whatever fails after it (summaries, evaluation, samples)
@@ -231,17 +234,18 @@ class Trainer:
     # ---- data ---------------------------------------------------------------------------------------
     def _feature_fn(self):
         if self.cfg.data.cache != "features":
-            return None
-        return tf.function(lambda images: self.model.encoder(images, training=False))
+            return None, ""
+        return tf.function(lambda images: self.model.encoder(images, training=False)), encoder_key(self.model.encoder)
 
     def distributed_dataset(self, split: str, training: bool):
         cfg = self.cfg
+        feature_fn, feature_key = self._feature_fn()
 
         def dataset_fn(input_context):
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
-                                feature_fn=self._feature_fn(), cache_dir=self.cache_dir, dataset=self.dataset,
-                                shards=self.shards)
+                                feature_fn=feature_fn, feature_key=feature_key, cache_dir=self.cache_dir,
+                                dataset=self.dataset, shards=self.shards)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -262,8 +266,9 @@ class Trainer:
         dataset = self.distributed_dataset(self.cfg.data.eval_split, training=False)
         return evaluation_loss(self.model, dataset, self.strategy, max_batches, self._compiled)
 
-    def sample_captions(self, count: int) -> list[tuple[int, str, str]]:
-        """(image id, generated caption, first reference) for the first ``count`` eval images."""
+    def sample_captions(self, count: int) -> list[Sample]:
+        """Greedy captions of the first ``count`` eval images, with their first references, the crops the
+        model saw and (attention decoder) each word's weights."""
         if count <= 0:
             return []
         cfg = self.cfg.data
@@ -271,10 +276,12 @@ class Trainer:
                                       shards=self.shards)))
         best = beam_search(self.model, self.model.encode(batch["image"]), beam_size=1)  # greedy
         captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
+        grid = getattr(self.model, "grid_shape", None)
         out = []
         for i, (caption,) in enumerate(captions):
             reference = " ".join(self.vocab.decode(batch["captions"][i][0].numpy()))
-            out.append((int(batch["image_id"][i]), caption, reference))
+            weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
+            out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid))
         return out
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------

@@ -63,8 +63,9 @@ class Compiled:
 
 def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
                     clip_gradient_norm: float, jitter: bool, jit_compile: bool = False):
-    """The training step for a distributed batch: returns the global mean loss, the global gradient norm
-    and the global weight (real tokens for ``xe``); increments ``step_counter``.
+    """The training step for a distributed batch: returns ``{"loss": the global mean loss, "gradient_norm":
+    the global gradient norm, "weight": the global weight (real tokens for xe), and each of the
+    objective's ReplicaLoss.sums over the global weight}``; increments ``step_counter``.
 
     ``jit_compile`` (``train.jit_compile``) compiles each replica's forward and backward pass with XLA:
     the gradients of the replica's loss *sum*, divided by the global weight after the all-reduce of the
@@ -80,7 +81,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
             out = objective.replica_loss(model, batch, training=True)
             loss_sum = optimizer.scale_loss(out.loss_sum) if scaled else out.loss_sum
         grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss_sum, model.trainable_variables)]
-        return out.loss_sum, out.weight, grads
+        return out.loss_sum, out.weight, grads, out.sums
 
     compiled_gradients = tf.function(replica_gradients, jit_compile=True)
 
@@ -91,7 +92,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
         variables = model.trainable_variables
         before = [tf.identity(v.value) for v in moving]  # the forward pass moves these
         if jit_compile:
-            loss_sum, weight, grads = compiled_gradients(batch)
+            loss_sum, weight, grads, sums = compiled_gradients(batch)
             global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, weight)
             grads = [g / tf.maximum(global_weight, 1.0) for g in grads]
         else:
@@ -103,9 +104,12 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
                     loss = optimizer.scale_loss(loss)
             # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
             grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
-            loss_sum = out.loss_sum
-        # the global gradient and loss, on every replica
-        *grads, global_loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [loss_sum])
+            loss_sum, sums = out.loss_sum, out.sums
+        # the global gradient, loss and reported sums, on every replica
+        names = sorted(sums)
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [loss_sum] + [sums[k] for k in names])
+        grads, global_loss_sum = reduced[:len(grads)], reduced[len(grads)]
+        global_sums = dict(zip(names, reduced[len(grads) + 1:]))
         if scaled:
             grads = [g / optimizer.dynamic_scale for g in grads]
         norm = tf.linalg.global_norm(grads)
@@ -123,22 +127,23 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
         if scaled:  # it applies only finite gradients itself (and lowers its scale otherwise)
             optimizer.apply(grads, variables)
             grads = []
-        return global_loss_sum, global_weight, norm, finite, grads
+        return global_loss_sum, global_weight, norm, finite, grads, global_sums
 
     def apply(grads):
         optimizer.apply(grads, model.trainable_variables)
 
     def train_step(batch):
-        total, weight, norm, finite, grads = strategy.run(replica_step, args=(batch,))
+        total, weight, norm, finite, grads, sums = strategy.run(replica_step, args=(batch,))
         if not scaled:
             # A cond in cross-replica context around strategy.run: optimizer.apply merge_calls, which a
             # cond inside the replica function cannot hold (Keras' LossScaleOptimizer does the same).
             tf.cond(strategy.experimental_local_results(finite)[0],
                     lambda: strategy.run(apply, args=(grads,)), lambda: None)
         step_counter.assign_add(1)
-        # The replicas all-reduced the loss and the weight already: any replica's copy is global.
+        # The replicas all-reduced the loss, the weight and the sums already: any replica's copy is global.
         total, weight, norm = (strategy.experimental_local_results(x)[0] for x in (total, weight, norm))
-        return total / tf.maximum(weight, 1.0), norm, weight
+        means = {k: strategy.experimental_local_results(v)[0] / tf.maximum(weight, 1.0) for k, v in sums.items()}
+        return {"loss": total / tf.maximum(weight, 1.0), "gradient_norm": norm, "weight": weight, **means}
 
     return train_step
 

@@ -3,10 +3,17 @@ validation loss with sample captions at every evaluation.
 
 TensorBoard, ``MODEL_DIR/logs``::
 
-    train/   loss, perplexity, gradient_norm, learning_rate, skipped_batches, examples_per_second,
+    train/   loss, perplexity, gradient_norm, learning_rate, skipped_batches, examples_per_second, the
+             objective's parts (cross_entropy, penalty: the attention decoder's regulariser),
              time/ingestion_ms, time/train_step_ms, time/ingestion_share (iteration time = ingestion +
              train step, the seeds' definition), sample_captions (text)
     eval/    loss, perplexity of the validation references
+
+At every evaluation, sample captions of the first validation images: as text beside their first
+reference, and as images (``samples/<i>``: the crop the model saw, the caption in the description;
+for an attention decoder ``attention/<i>``: a tile per word, lit where the model looked). Each run
+also records its config in TensorBoard's HParams tab (every ``section.key``, lists as text), so runs
+can be compared and filtered by setting.
 
 Only the chief writes (the other workers of a cluster get no-op writers).
 """
@@ -15,10 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
+from captioning.model.pictures import word_strip
 from captioning.train.objectives import perplexity
 
 log = logging.getLogger("captioning.train")
@@ -35,13 +44,17 @@ class Window:
     ingest_s: float = 0.0
     step_s: float = 0.0
     steps: int = 0
+    parts: dict = field(default_factory=dict)  # the objective's parts (per weight), summed × weight
 
-    def add(self, loss: float, weight: float, norm: float, finite: bool, ingest_s: float, step_s: float) -> None:
+    def add(self, loss: float, weight: float, norm: float, finite: bool, ingest_s: float, step_s: float,
+            parts: dict | None = None) -> None:
         if finite:
             self.loss += loss * weight
             self.weight += weight
             self.norm += norm
             self.finite += 1
+            for name, value in (parts or {}).items():
+                self.parts[name] = self.parts.get(name, 0.0) + value * weight
         self.ingest_s += ingest_s
         self.step_s += step_s
         self.steps += 1
@@ -49,6 +62,35 @@ class Window:
     @property
     def mean_loss(self) -> float:
         return self.loss / max(self.weight, 1.0)
+
+    def mean(self, part: str) -> float:
+        return self.parts[part] / max(self.weight, 1.0)
+
+
+@dataclass
+class Sample:
+    """A sample caption at an evaluation: the image, the greedy caption, the first reference, the crop
+    the model saw (``uint8 [S, S, 3]``) and, for an attention decoder, each word's weights and the grid."""
+
+    image_id: int
+    caption: str
+    reference: str
+    image: np.ndarray
+    attention: np.ndarray | None = None
+    grid: tuple[int, int] | None = None
+
+
+def hparams(config_dict: dict) -> dict[str, object]:
+    """A config as HParams values: ``section.key`` → a bool, number or string (lists become text).
+
+    >>> hparams({"train": {"steps": 8, "profile_steps": []}, "model": {"decoder": "attention"}})
+    {'train.steps': 8, 'train.profile_steps': '[]', 'model.decoder': 'attention'}
+    """
+    flat = {}
+    for section, values in config_dict.items():
+        for key, value in values.items():
+            flat[f"{section}.{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
 
 
 class Summaries:
@@ -68,8 +110,12 @@ class Summaries:
         with self.train.as_default(step=step):
             if window.finite:
                 tf.summary.scalar("loss", window.mean_loss)
-                tf.summary.scalar("perplexity", perplexity(window.mean_loss))
+                # perplexity is of the cross-entropy alone (an objective may add a penalty)
+                ce = window.mean("cross_entropy") if "cross_entropy" in window.parts else window.mean_loss
+                tf.summary.scalar("perplexity", perplexity(ce))
                 tf.summary.scalar("gradient_norm", window.norm / window.finite)
+                for name in window.parts:
+                    tf.summary.scalar(name, window.mean(name))
             tf.summary.scalar("learning_rate", learning_rate)
             tf.summary.scalar("skipped_batches", skipped_so_far)  # in this run, so far
             tf.summary.scalar("examples_per_second", examples_per_s)
@@ -79,21 +125,36 @@ class Summaries:
         if not window.finite:
             log.info("step %d: all %d steps since the last log line skipped (non-finite loss)", step, window.steps)
             return
-        log.info("step %d: loss %.4f, %.0f examples/s, ingestion %.1f ms + step %.1f ms", step, window.mean_loss,
-                 examples_per_s, 1000 * window.ingest_s / n, 1000 * window.step_s / n)
+        # the loss's parts, when it has more than the cross-entropy (a penalty that is not zero)
+        more = any(window.mean(name) for name in window.parts if name != "cross_entropy")
+        parts = ", ".join(f"{name.replace('_', ' ')} {window.mean(name):.4f}" for name in window.parts)
+        log.info("step %d: loss %.4f%s, %.0f examples/s, ingestion %.1f ms + step %.1f ms", step, window.mean_loss,
+                 f" ({parts})" if more else "", examples_per_s, 1000 * window.ingest_s / n, 1000 * window.step_s / n)
 
-    def evaluation(self, step: int, loss, samples: list[tuple[int, str, str]]) -> None:
-        """The validation loss (an :class:`~captioning.train.steps.EvaluationLoss`) and sample captions
-        ``(image id, caption, reference)``."""
+    def config(self, config_dict: dict) -> None:
+        """The run's config in TensorBoard's HParams tab (once per run, at its start)."""
+        from tensorboard.plugins.hparams import api as hp
+
+        with self.train.as_default():
+            hp.hparams(hparams(config_dict))
+
+    def evaluation(self, step: int, loss, samples: list[Sample]) -> None:
+        """The validation loss (an :class:`~captioning.train.steps.EvaluationLoss`) and sample captions."""
         with self.eval.as_default(step=step):
             tf.summary.scalar("loss", loss.loss)
             tf.summary.scalar("perplexity", loss.perplexity)
         if samples:
-            text = "\n\n".join(f"image {i}: **{caption}** (reference: {ref})" for i, caption, ref in samples)
+            text = "\n\n".join(f"image {s.image_id}: **{s.caption}** (reference: {s.reference})" for s in samples)
             with self.train.as_default(step=step):
                 tf.summary.text("sample_captions", text)
+                for i, s in enumerate(samples):
+                    description = f"image {s.image_id}: {s.caption} (reference: {s.reference})"
+                    tf.summary.image(f"samples/{i}", s.image[None], description=description)
+                    if s.attention is not None and len(s.attention):
+                        strip = word_strip(s.image, s.caption.split(), s.attention, s.grid)
+                        tf.summary.image(f"attention/{i}", strip[None], description=description)
         log.info("step %d: validation loss %.4f, perplexity %.2f%s", step, loss.loss, loss.perplexity,
-                 f"; e.g. \"{samples[0][1]}\"" if samples else "")
+                 f"; e.g. \"{samples[0].caption}\"" if samples else "")
 
     def flush(self) -> None:
         self.train.flush()

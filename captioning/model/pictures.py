@@ -1,0 +1,56 @@
+"""Pictures of where an attention decoder looked: one image per word, the crop the model saw lit by that
+word's weights. ``caption --html`` and TensorBoard's training samples both draw them here.
+
+A word's weights over the ``h × w`` grid are upsampled (bilinear) to the crop, scaled so the most
+attended point is 1, and the crop is shown at ``0.25 + 0.75 × weight`` of its brightness, with a
+warm tint where the weight is high: bright where the model looked, dim elsewhere (the spotlight of
+Xu et al.'s figures). Weights of one word sum to 1 over the grid; the scaling per word keeps a word
+that looked everywhere a little from vanishing, and :func:`peak_share` says how concentrated it was.
+
+>>> import numpy as np
+>>> crop = np.full((8, 8, 3), 200, np.uint8)
+>>> lit = spotlight(crop, np.array([1.0, 0.0, 0.0, 0.0]), (2, 2), size=8)
+>>> lit.shape, int(lit[1, 1].mean()) > int(lit[6, 6].mean())   # the top-left cell is the bright one
+((8, 8, 3), True)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+
+def upsample(weights: np.ndarray, grid: tuple[int, int], size: int) -> np.ndarray:
+    """A word's weights ``[cells]`` (row by row over ``grid``) as a ``size × size`` float map."""
+    cells = np.asarray(weights, np.float32).reshape(grid)
+    return np.asarray(Image.fromarray(cells, mode="F").resize((size, size), Image.BILINEAR))
+
+
+def peak_share(weights: np.ndarray) -> float:
+    """The largest cell's share of a word's weights (1 / cells when it looked everywhere alike)."""
+    weights = np.asarray(weights, np.float64)
+    return float(weights.max() / max(weights.sum(), 1e-12))
+
+
+def spotlight(image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], size: int | None = None) -> np.ndarray:
+    """The crop ``uint8 [S, S, 3]`` lit by one word's weights, ``size`` pixels a side (default S)."""
+    size = size or image.shape[0]
+    base = np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR), np.float32)
+    light = upsample(weights, grid, size)
+    light = light / max(float(light.max()), 1e-12)
+    tint = np.array([255.0, 190.0, 60.0], np.float32)
+    out = base * (0.25 + 0.75 * light[..., None]) * (1 - 0.25 * light[..., None]) + tint * 0.25 * light[..., None]
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def word_strip(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],
+               tile: int = 96) -> np.ndarray:
+    """One row of tiles, a tile per word (its :func:`spotlight`, the word written under it):
+    ``uint8 [tile + 14, tile × words, 3]`` (the TensorBoard picture of a caption)."""
+    font = ImageFont.load_default()
+    strip = Image.new("RGB", (tile * max(len(words), 1), tile + 14), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
+    for i, (word, w) in enumerate(zip(words, weights)):
+        strip.paste(Image.fromarray(spotlight(image, w, grid, tile)), (i * tile, 0))
+        draw.text((i * tile + 2, tile + 1), word[:14], fill=(0, 0, 0), font=font)
+    return np.asarray(strip)
