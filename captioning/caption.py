@@ -18,7 +18,10 @@ at full size (6 bytes a pixel for colour), so progressive JPEGs beyond about 170
 The budget bounds what one file can cost on a shared machine; ``captioning.images`` explains the estimate.
 
 ``--html`` writes a self-contained gallery page: thumbnails are embedded as data URIs and every caption
-and file name is HTML-escaped.
+and file name is HTML-escaped. For an attention decoder each image's best caption comes with one small
+picture per word: the crop the model saw, lit where it looked while choosing that word
+(:mod:`captioning.model.pictures`). ``--json`` then also gives, per caption, ``attention``: for each word
+its weights over the grid, row by row (``grid``: rows and columns).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from PIL import Image
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes
 from captioning.images import ImageError, process_image, read_image_file
+from captioning.model.pictures import spotlight
 
 MAX_SIDE = 4096
 MAX_DECODE_BYTES = 1 << 30  # memory one image's decode may take (see the module docstring)
@@ -45,9 +49,10 @@ BATCH = 16
 @dataclass
 class Result:
     path: str
-    captions: list[tuple[str, float]] | None = None
+    captions: list | None = None  # captioning.inference.Caption: unpacks as (text, log_prob)
     error: str | None = None
     data: bytes | None = None  # the bytes the model saw, for the gallery's thumbnail
+    grid: tuple[int, int] | None = None  # the attention grid, for an attention decoder
 
 
 def collect_paths(paths: list[str]) -> list[str]:
@@ -106,7 +111,25 @@ def caption_files(captioner, paths: list[str], progress: bool = True) -> list[Re
                     r.error = f"cannot decode: {str(e).splitlines()[0][:200]}"
         for r, c in zip(batch, captions):
             r.captions = c
+            r.grid = captioner.grid_shape if c and c[0].attention is not None else None
     return results
+
+
+def _png(pixels) -> str:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
+
+def _attention_row(result: Result, tile: int = 72) -> str:
+    """The best caption's words, each under its picture (see the module docstring)."""
+    best = result.captions[0]
+    words = best.text.split()
+    tiles = "".join(f'<span class="word"><img src="{_png(spotlight(best.image, w, result.grid, tile))}" '
+                    f'alt="attention for {html.escape(word)}"><br>{html.escape(word)}</span>'
+                    for word, w in zip(words, best.attention))
+    return f'<div class="attention">{tiles}</div>'
+
 
 
 def _thumbnail(data: bytes, size: int = 256) -> str:
@@ -128,15 +151,19 @@ def gallery_html(results: list[Result], title: str = "captioning gallery") -> st
             image = ""
         else:
             items = "".join(f"<li>{html.escape(c)} <span class=\"score\">{lp:.2f}</span></li>" for c, lp in r.captions)
-            body = f"<ol>{items}</ol>"
+            body = f"<ol>{items}</ol>" + (_attention_row(r) if r.grid else "")
             image = f'<img src="{_thumbnail(r.data)}" alt="{html.escape(os.path.basename(r.path))}">'
         cards.append(f'<figure>{image}<figcaption><b>{name}</b>{body}</figcaption></figure>')
     style = ("body{font-family:sans-serif;margin:2em;background:#fafafa}figure{display:inline-block;vertical-align:top;"
              "width:280px;margin:0 1em 1em 0;background:#fff;padding:.6em;border:1px solid #ddd}img{max-width:256px}"
-             ".score{color:#888;font-size:80%}.error{color:#b00}ol{padding-left:1.2em}b{word-break:break-all}")
+             ".score{color:#888;font-size:80%}.error{color:#b00}ol{padding-left:1.2em}b{word-break:break-all}"
+             ".attention{margin-top:.4em}.word{display:inline-block;text-align:center;font-size:80%;margin:0 2px 4px 0}"
+             ".word img{width:72px;height:72px;image-rendering:auto}")
     legend = ('<p class="legend">Each image with its captions, best first. The grey number after a caption is its '
               "log-probability under the model: the sum of the log-probabilities of its words and of the end of "
-              "the caption (0 would be certain; closer to 0 is more likely).</p>")
+              "the caption (0 would be certain; closer to 0 is more likely). For a model with attention, the best "
+              "caption's words follow one by one, each on the picture the model saw, lit where it looked while "
+              "choosing that word.</p>")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>\n{legend}\n" + "\n".join(cards) +
             "\n</body></html>\n")
@@ -156,8 +183,14 @@ def print_results(results: list[Result], as_json: bool) -> int:
             print(f"captioning caption: error: {r.path}: {r.error}", file=sys.stderr)
             continue
         if as_json:
-            print(json.dumps({"image": r.path, "captions": [{"caption": c, "log_prob": round(lp, 6)}
-                                                           for c, lp in r.captions]}, ensure_ascii=False))
+            captions = []
+            for c in r.captions:
+                entry = {"caption": c.text, "log_prob": round(c.log_prob, 6)}
+                if r.grid:  # per word, its weights over the grid cells (row by row)
+                    entry["attention"] = [[round(float(x), 5) for x in word] for word in c.attention]
+                captions.append(entry)
+            line = {"image": r.path, "captions": captions, **({"grid": list(r.grid)} if r.grid else {})}
+            print(json.dumps(line, ensure_ascii=False))
         else:
             print(r.path)
             for c, lp in r.captions:

@@ -2,7 +2,9 @@
 
 The serving signature (``serving_default``) takes ``images``: a 1-D batch of JPEG/PNG (or GIF/BMP) bytes,
 and returns ``captions`` (``string [batch, top_k]``, best first) and ``log_probs``
-(``float32 [batch, top_k]``). It runs the same function ``captioning caption`` runs
+(``float32 [batch, top_k]``); for an attention decoder also ``attention`` (``float32 [batch, max_length,
+rows, cols]``: for each word of the best caption, its weights over the encoder's grid; zeros after the
+caption's last word). It runs the same function ``captioning caption`` runs
 (:meth:`captioning.inference.Captioner.decode_encoded`), so the two give the same captions. The folder
 loads with plain TensorFlow, without this project::
 
@@ -51,7 +53,11 @@ class CaptionServer(tf.Module):
         words = tf.RaggedTensor.from_tensor(tf.gather(self.words, tf.reshape(ids, [-1, steps])),
                                             lengths=tf.reshape(lengths, [-1]))
         captions = tf.reshape(tf.strings.reduce_join(words, axis=1, separator=" "), [batch, top_k])
-        return {"captions": captions, "log_probs": out["log_probs"]}
+        served = {"captions": captions, "log_probs": out["log_probs"]}
+        if "attention" in out:  # the best caption's weights, per word, over the grid's rows and columns
+            rows, cols = self.captioner.grid_shape
+            served["attention"] = tf.reshape(out["attention"][:, 0], [batch, steps, rows, cols])
+        return served
 
 
 def _inside(path: str, folder: str) -> bool:

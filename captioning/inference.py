@@ -36,22 +36,48 @@ class Captioner:
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
 
     def decode_encoded(self, encoded: tf.Tensor) -> dict:
-        """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs."""
+        """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs (with ``attention`` for an
+        attention decoder), and ``images``: the ``uint8`` crops the model saw."""
         cfg = self.trained.config.data
         size = cfg.image_size
         images = tf.map_fn(lambda e: model_input(e, cfg), encoded,
                            fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
         features = self.trained.model.encode(images, training=False)
-        return beam_search(self.trained.model, features, **self.options)
+        return {**beam_search(self.trained.model, features, **self.options), "images": images}
 
     def decode_images(self, images: tf.Tensor) -> dict:
         """Already cropped ``uint8`` images ``[B, S, S, 3]`` → beam search outputs."""
         return beam_search(self.trained.model, self.trained.model.encode(images, training=False), **self.options)
 
-    def caption(self, encoded: list[bytes]) -> list[list[tuple[str, float]]]:
-        """Per image, the ``top_k`` captions with their summed log-probabilities, best first."""
+    @property
+    def grid_shape(self) -> tuple[int, int] | None:
+        """(rows, columns) of the attention grid, or None for a decoder without attention."""
+        return getattr(self.trained.model, "grid_shape", None)
+
+    def caption(self, encoded: list[bytes]) -> list[list[Caption]]:
+        """Per image, the ``top_k`` captions, best first (with each word's attention weights and the crop
+        the model saw, for an attention decoder)."""
         out = self.decode(tf.constant(encoded, dtype=tf.string))
         texts = ids_to_text(self.trained.vocab, out["ids"], out["lengths"])
-        log_probs = out["log_probs"].numpy()
-        return [[(t, float(lp)) for t, lp in zip(image_texts, image_lps)]
-                for image_texts, image_lps in zip(texts, log_probs)]
+        log_probs, lengths = out["log_probs"].numpy(), out["lengths"].numpy()
+        weights = out["attention"].numpy() if "attention" in out else None
+        images = out["images"].numpy()
+        return [[Caption(text, float(lp), weights[i, j, :lengths[i, j]] if weights is not None else None,
+                         images[i] if weights is not None else None)
+                 for j, (text, lp) in enumerate(zip(image_texts, image_lps))]
+                for i, (image_texts, image_lps) in enumerate(zip(texts, log_probs))]
+
+
+@dataclasses.dataclass
+class Caption:
+    """One caption of an image: its text, summed log-probability, and for an attention decoder each
+    word's weights over the grid (``float32 [words, cells]``) and the ``uint8 [S, S, 3]`` crop they
+    refer to. Unpacks as ``(text, log_prob)``."""
+
+    text: str
+    log_prob: float
+    attention: "np.ndarray | None" = None
+    image: "np.ndarray | None" = None
+
+    def __iter__(self):
+        return iter((self.text, self.log_prob))

@@ -113,3 +113,18 @@ def trained_model_dir(prepared_dir, tmp_path_factory):
                              "model.embedding_size=32", "model.lstm_units=32", "train.checkpoint_every_steps=60")
     Trainer(cfg, model_dir).run(progress=False)
     return model_dir
+
+
+@pytest.fixture(scope="session")
+def trained_attention_dir(prepared_dir, tmp_path_factory):
+    """A small soft-attention model (2 x 2 grid at 32 px) trained for 40 steps, with an evaluation (and
+    its TensorBoard sample pictures) at the end."""
+    from captioning.train import Trainer
+
+    model_dir = str(tmp_path_factory.mktemp("attention_model"))
+    cfg = small_train_config(prepared_dir, "model.decoder=attention", "model.attention_size=16", "train.steps=40",
+                             "train.optimizer=adam", "train.learning_rate=0.01", "model.embedding_size=32",
+                             "model.lstm_units=32", "train.checkpoint_every_steps=40", "train.eval_every_steps=40",
+                             "train.eval_batches=1", "train.sample_captions=2")
+    Trainer(cfg, model_dir).run(progress=False)
+    return model_dir

@@ -1,0 +1,164 @@
+"""The soft-attention decoder downstream of the model: training (TensorBoard pictures and HParams, cached
+grid features, resume, 2 mirrored replicas), evaluate, caption --json/--html with each word's weights,
+and the SavedModel returning them. The pictures are real PNGs people look at; the weights are checked
+against each other across caption, export and beam search."""
+
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import REPO, run_cli, small_train_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory, prepared_dir):
+    """Three test images of the shapes fixture, as a user would pass them."""
+    import tensorflow as tf
+
+    from captioning.dataset import PreparedDataset
+    from captioning.schema import IMAGE_ENCODED, parse_batch
+
+    folder = tmp_path_factory.mktemp("photos")
+    files = PreparedDataset.load(prepared_dir).files("test")
+    batch = next(iter(tf.data.TFRecordDataset(files).batch(3).map(parse_batch)))
+    paths = []
+    for i, data in enumerate(batch[IMAGE_ENCODED].numpy()):
+        paths.append(str(folder / f"shape{i}.jpg"))
+        open(paths[-1], "wb").write(data)
+    return paths
+
+
+def test_training_logs_sample_pictures_and_the_config(trained_attention_dir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    logs = event_accumulator.EventAccumulator(os.path.join(trained_attention_dir, "logs", "train"),
+                                              size_guidance={"tensors": 0})
+    logs.Reload()
+    tags = set(logs.Tags()["tensors"])
+    assert {"samples/0", "samples/1", "attention/0", "attention/1", "penalty", "cross_entropy"} <= tags
+    import tensorflow as tf
+
+    width, height, png = tf.make_ndarray(logs.Tensors("attention/0")[-1].tensor_proto)[:3]
+    strip = np.asarray(Image.open(io.BytesIO(png)))
+    assert strip.shape == (int(height), int(width), 3) and int(width) % 96 == 0  # a 96 px tile per word
+    sample = np.asarray(Image.open(io.BytesIO(tf.make_ndarray(logs.Tensors("samples/0")[-1].tensor_proto)[2])))
+    assert sample.shape == (32, 32, 3)
+    assert "_hparams_/session_start_info" in tags  # the run's config, for the HParams tab
+    info = logs.Tensors("_hparams_/session_start_info")[0].tensor_proto
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = plugin_data_pb2.HParamsPluginData.FromString(
+        logs.summary_metadata["_hparams_/session_start_info"].plugin_data.content)
+    hparams = content.session_start_info.hparams
+    assert hparams["model.decoder"].string_value == "attention" and hparams["train.steps"].number_value == 40
+    assert info is not None
+
+
+def test_caption_json_and_gallery_show_where_each_word_looked(trained_attention_dir, photos, tmp_path):
+    gallery = tmp_path / "gallery.html"
+    done = run_cli("caption", "--model-dir", trained_attention_dir, *photos, "--json", "--top-k", "2",
+                   "--html", str(gallery))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(lines) == 3
+    words_total = 0
+    for line in lines:
+        assert line["grid"] == [2, 2]
+        for caption in line["captions"]:
+            weights = np.array(caption["attention"])
+            assert weights.shape == (len(caption["caption"].split()), 4)
+            np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-3)
+        words_total += len(line["captions"][0]["caption"].split())
+    page = gallery.read_text()
+    # a picture per word of each image's best caption, each a PNG of the crop the model saw
+    pictures = re.findall(r'<img src="data:image/png;base64,([^"]+)" alt="attention for ([^"]*)"', page)
+    assert len(pictures) == words_total > 0
+    tile = Image.open(io.BytesIO(base64.b64decode(pictures[0][0])))
+    assert tile.size == (72, 72)
+
+
+LOADER = r"""
+import json, sys
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+out = serve(images=tf.constant([open(p, "rb").read() for p in sys.argv[2:]]))
+print(json.dumps({"captions": [[c.decode() for c in row] for row in out["captions"].numpy()],
+                  "attention": out["attention"].numpy().tolist()}))
+"""
+
+
+def test_export_returns_the_best_captions_weights(trained_attention_dir, photos, tmp_path):
+    export_dir = str(tmp_path / "export")
+    done = run_cli("export", "--model-dir", trained_attention_dir, "--output", export_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    loaded = subprocess.run([sys.executable, "-c", LOADER, export_dir, *photos], capture_output=True, text=True,
+                            cwd=str(tmp_path), env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    served = json.loads(loaded.stdout.splitlines()[-1])
+    attention = np.array(served["attention"])
+    assert attention.shape == (3, 20, 2, 2)  # [images, max_length words, grid rows, grid columns]
+    cli = run_cli("caption", "--model-dir", trained_attention_dir, *photos, "--json")
+    for i, line in enumerate(json.loads(x) for x in cli.stdout.splitlines()):
+        best = line["captions"][0]
+        n = len(best["caption"].split())
+        assert served["captions"][i][0] == best["caption"]
+        np.testing.assert_allclose(attention[i, :n].reshape(n, 4), best["attention"], atol=1e-4)
+        assert not attention[i, n:].any()
+
+
+def test_evaluate_an_attention_model(trained_attention_dir):
+    from captioning.evaluate import evaluate
+
+    result = evaluate(trained_attention_dir, split="test", beam_size=2, progress=False)
+    assert 0 <= result.metrics["CIDEr"] <= 10 and result.perplexity > 1
+
+
+def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path):
+    """cache: features stores the frozen encoder's grid as float16 on disk and trains from it (under
+    mixed precision); a second run in the same folder resumes from the checkpoint and reads the file."""
+    from captioning.train import Trainer
+
+    overrides = ["model.decoder=attention", "model.attention_size=16", "model.encoder_trainable=false",
+                 "data.cache=features", "data.random_crop=false", "train.optimizer=adam", "train.learning_rate=0.01",
+                 "train.mixed_precision=true"]
+    model_dir = str(tmp_path / "model")
+    first = Trainer(small_train_config(prepared_dir, "train.steps=20", *overrides), model_dir)
+    result = first.run(progress=False)
+    assert result.step == 20 and np.mean(result.losses[-5:]) < np.mean(result.losses[:3])
+    cache = os.path.join(model_dir, "cache")
+    files = sorted(f for f in os.listdir(cache) if f.endswith(".tfrecord"))
+    assert files  # the train split's grid features (and the validation split's)
+    grid_bytes = 4 * 128 * 2  # 2 x 2 cells of 128 float16 features per image
+    train_file = [f for f in files if f.startswith("features-train-")][0]
+    assert os.path.getsize(os.path.join(cache, train_file)) > 32 * grid_bytes
+    stamp = os.path.getmtime(os.path.join(cache, train_file))
+    second = Trainer(small_train_config(prepared_dir, "train.steps=25", *overrides), model_dir)
+    assert second.current_step() == 20  # resumed
+    assert second.run(progress=False).step == 25
+    assert os.path.getmtime(os.path.join(cache, train_file)) == stamp  # read, not written again
+
+
+def test_mirrored_attention_equals_one_device(prepared_dir, tmp_path):
+    """Two replicas of the attention decoder (with its penalty) update exactly as one device."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"), "mirrored_attention",
+                           prepared_dir, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    r = np.load(tmp_path / "mirrored.npz")
+    assert (int(r["one_replicas"]), int(r["two_replicas"])) == (1, 2)
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 40  # the encoder's and the attention decoder's weights and statistics
+    for name in names:
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
