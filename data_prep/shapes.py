@@ -18,7 +18,16 @@ Output, laid out as COCO ships it::
 
     D/images/shapes_000001.jpg …
     D/annotations/captions_{train,val,test}.json   # info, licenses, images, annotations
+    D/annotations/instances_{train,val,test}.json  # + categories; one box per shape (see below)
     D/annotations/dataset_shapes.json              # Karpathy's dataset_coco.json layout
+
+The instances files are COCO's object-detection layout, as real COCO ships them beside the captions:
+the captions file's ``info``, ``licenses`` and ``images``, ``categories`` (the three kinds, ids 1–3 in
+:data:`KINDS` order, supercategory ``shape``) and one annotation per shape: ``id``, ``image_id``,
+``category_id``, ``bbox`` ``[x, y, width, height]`` (the tight box of the shape as drawn, in pixels of
+the stored image, to 1/100 px: :func:`shape_bbox`), ``area`` (the box's), ``iscrowd`` 0 and
+``attributes`` ``{"color", "size"}``. They let a caption's words be checked against what is drawn
+(``captioning/grounding.py``).
 
 Splits are 80/10/10 of a seeded shuffle. The same ``seed`` and ``num_images`` give byte-identical files
 (given the same Pillow/libjpeg build). Generation runs in one process: 2,000 images take a few seconds.
@@ -49,6 +58,7 @@ COLORS = {
     "orange": (240, 125, 20),
 }
 KINDS = ("circle", "square", "triangle")
+CATEGORIES = [{"id": i, "name": kind, "supercategory": "shape"} for i, kind in enumerate(KINDS, 1)]
 SIZES = {"small": 0.24, "large": 0.40}  # diameter as a fraction of the image's shorter side
 SIZE_WORDS = {"small": ("small", "little", "tiny"), "large": ("large", "big")}
 RELATION_WORDS = {
@@ -120,18 +130,33 @@ def _place(rng: np.random.Generator, w: int, h: int, count: int) -> list[Shape]:
             return shapes
 
 
+def _outline(s: Shape) -> list[tuple[float, float]]:
+    """The points :func:`_draw` draws ``s`` with: a circle's or square's two box corners, a triangle's
+    three vertices."""
+    if s.kind == "triangle":
+        return [(s.x, s.y - s.r), (s.x - s.r * 0.9, s.y + s.r * 0.7), (s.x + s.r * 0.9, s.y + s.r * 0.7)]
+    half = s.r if s.kind == "circle" else s.r * 0.8
+    return [(s.x - half, s.y - half), (s.x + half, s.y + half)]
+
+
+def shape_bbox(s: Shape) -> list[float]:
+    """The tight box ``[x, y, width, height]`` of ``s`` as drawn, in pixels, to 1/100: circle = centre ± r,
+    square = centre ± 0.8 r, triangle = the extent of its three vertices.
+
+    >>> shape_bbox(Shape("triangle", "red", "small", x=100.0, y=50.0, r=20.0))
+    [82.0, 30.0, 36.0, 34.0]
+    """
+    xs, ys = zip(*_outline(s))
+    x0, y0, x1, y1 = (float(v) for v in (min(xs), min(ys), max(xs), max(ys)))
+    return [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)]
+
+
 def _draw(image: Image.Image, shapes: list[Shape], rng: np.random.Generator) -> None:
     draw = ImageDraw.Draw(image)
     for s in shapes:
         color = tuple(int(np.clip(c + rng.integers(-12, 13), 0, 255)) for c in COLORS[s.color])
-        if s.kind == "circle":
-            draw.ellipse([s.x - s.r, s.y - s.r, s.x + s.r, s.y + s.r], fill=color)
-        elif s.kind == "square":
-            half = s.r * 0.8
-            draw.rectangle([s.x - half, s.y - half, s.x + half, s.y + half], fill=color)
-        else:
-            draw.polygon([(s.x, s.y - s.r), (s.x - s.r * 0.9, s.y + s.r * 0.7), (s.x + s.r * 0.9, s.y + s.r * 0.7)],
-                         fill=color)
+        draw_shape = {"circle": draw.ellipse, "square": draw.rectangle, "triangle": draw.polygon}[s.kind]
+        draw_shape(_outline(s), fill=color)
 
 
 def _relation(a: Shape, b: Shape) -> str:
@@ -225,18 +250,24 @@ def _captions(rng: np.random.Generator, shapes: list[Shape], w: int, h: int, cou
 
 def make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str]]:
     """One random image: (JPEG bytes, width, height, five captions)."""
+    return _make_image(rng)[:4]
+
+
+def _make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], list[Shape]]:
+    """:func:`make_image`, and the shapes drawn."""
     w, h = (int(v) for v in rng.integers(200, 321, size=2))  # aspect ≤ 1.6: models squash to a square
     image = _background(rng, w, h)
     shapes = _place(rng, w, h, int(rng.integers(1, 4)))
     _draw(image, shapes, rng)
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=90)
-    return buf.getvalue(), w, h, _captions(rng, shapes, w, h)
+    return buf.getvalue(), w, h, _captions(rng, shapes, w, h), shapes
 
 
 def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite: bool = False,
                progress: bool = True) -> dict[str, int]:
-    """Writes the shapes dataset to ``output_dir`` (layout in the module docstring).
+    """Writes the shapes dataset to ``output_dir`` (layout in the module docstring): the images, the
+    COCO captions and instances files of each split and the Karpathy-style file.
 
     Returns the number of images per split. Refuses a non-empty ``output_dir`` unless ``overwrite``.
     """
@@ -263,16 +294,23 @@ def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite
         start += counts[split]
 
     coco = {s: {"images": [], "annotations": []} for s in SPLITS}
+    objects = {s: [] for s in SPLITS}  # the instances files' annotations
     karpathy = []
-    sentence_id = 0
+    sentence_id = object_id = 0  # ids unique across the splits, as COCO's
     for image_id in tqdm(range(1, num_images + 1), desc="synth", unit="img",
                          disable=None if progress else True, mininterval=0.5):
-        jpeg, w, h, captions = make_image(rng)
+        jpeg, w, h, captions, shapes = _make_image(rng)
         file_name = IMAGE_FILE.format(image_id)
         atomic_write_bytes(os.path.join(image_dir, file_name), jpeg)
         split = split_of[image_id]
         coco[split]["images"].append({"id": image_id, "file_name": file_name, "width": w, "height": h,
                                       "license": 1})
+        for s in shapes:  # boxes from the shapes drawn: no draw from rng, so the other files stay the same
+            box = shape_bbox(s)
+            object_id += 1
+            objects[split].append({"id": object_id, "image_id": image_id, "category_id":
+                                   KINDS.index(s.kind) + 1, "bbox": box, "area": round(box[2] * box[3], 2),
+                                   "iscrowd": 0, "attributes": {"color": s.color, "size": s.size}})
         sentences = []
         for caption in captions:
             sentence_id += 1
@@ -289,6 +327,9 @@ def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite
     for split in SPLITS:
         atomic_write_json(os.path.join(ann_dir, f"captions_{split}.json"),
                           {"info": info, "licenses": licenses, **coco[split]}, indent=None)
+        atomic_write_json(os.path.join(ann_dir, f"instances_{split}.json"),
+                          {"info": info, "licenses": licenses, "images": coco[split]["images"],
+                           "annotations": objects[split], "categories": CATEGORIES}, indent=None)
     atomic_write_json(os.path.join(ann_dir, "dataset_shapes.json"), {"dataset": "shapes", "images": karpathy},
                       indent=None)
     # --overwrite with fewer images: images of an earlier, larger run would stay behind, unlisted

@@ -24,7 +24,9 @@ def add_synth(sub) -> None:
         "synth", help="write the synthetic 'shapes' dataset in COCO captions format",
         description="Writes a deterministic synthetic captioning dataset: JPEG images of coloured shapes, "
                     "five captions each, in COCO captions format (images/, annotations/captions_{train,val,test}"
-                    ".json) plus Karpathy's dataset_coco.json layout (annotations/dataset_shapes.json). "
+                    ".json), COCO instances files with each shape's box, colour and size "
+                    "(annotations/instances_{train,val,test}.json) and Karpathy's dataset_coco.json layout "
+                    "(annotations/dataset_shapes.json). "
                     "Splits are 80/10/10. The same seed gives byte-identical files.")
     p.add_argument("--output-dir", required=True, help="folder to write images/ and annotations/ into")
     p.add_argument("--num-images", type=at_least(3), default=2000,

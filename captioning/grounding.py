@@ -1,0 +1,350 @@
+"""Grounding on the shapes dataset: does a caption name the shapes drawn, and does the model look at them?
+
+``captioning synth`` writes, beside each captions file, a COCO instances file: a box, a colour and a size
+per shape (``annotations/instances_{split}.json``; data_prep/shapes.py). :func:`load_instances` reads it;
+two pure functions score generated captions against it. Both split their numbers by the number of
+shapes in the image (groups ``"1"``, ``"2"``, ``"3"`` and ``"all"``; a group with nothing in it gives None).
+
+**Naming** (:func:`naming_accuracy`). Each caption is plain text, tokenised with
+:func:`captioning.text.tokenize_caption`. For an image with shapes S:
+
+- colour hits = Σ over colours c of min(number of shapes of colour c, number of times the caption says c):
+  multiplicity counts, two red shapes need "red" twice;
+- kind hits, the same over kinds;
+- both hits = Σ over (c, k) of min(number of shapes that are a c k, number of phrases "c k" in the
+  caption): the colour word right before the kind word, so "a small red circle" holds "red circle"
+  (size words are allowed and not judged).
+
+A group's accuracy is Σ hits / Σ |S| over its images: a mean over shapes, each shape counting once.
+It is a recall: naming a shape that is not there costs nothing here (attention counts it as unmatched).
+
+**Attention** (:func:`attention_localisation`). A decoder's attention weights for one word are a
+distribution over a grid of h × w cells (cell index row * w + col) laid evenly over what the model
+sees: the W × H image squashed to R × R (``resize_size``, aspect not kept), then the central S × S
+window (``image_size``, offset (R − S) // 2 on each axis). A box maps there by the same scaling and
+shift (:func:`box_coverage`). For a word naming a shape:
+
+- mass = Σ_cells α_cell × (fraction of the cell's area the box covers): the attention inside the box;
+- area = the box's share of the S × S crop: the mass uniform attention would give.
+
+The caption's words are read as phrases: a kind word with the colour word right before it ("red
+circle"), or a colour or kind word alone. A phrase naming exactly one shape of the image (colour and
+kind, or the one it gives, equal) scores its words on that shape; its words are otherwise skipped as
+*unmatched* (no such shape: "blue circle" for a red one) or *ambiguous* (several: "circle" beside two
+circles), or as *outside* when the box lies wholly outside the crop. Per group and per word type
+(colour words, kind words): the mean mass, the mean area, their ratio (ratio of means) and the mean of
+each word's mass / area (mean ratio). A ratio of 1 is attention no better than uniform.
+
+Worked example: a red circle in the top-left quarter of a 100 × 100 image, seen whole (R = S = 100) on
+a 2 × 2 grid; the caption names it, and a blue square that is not there::
+
+    >>> shapes = Instances({7: ImageShapes(100, 100, (ShapeBox("circle", "red", "small", (0, 0, 50, 50)),))},
+    ...                    kinds=("circle", "square"), colors=("blue", "red"))
+    >>> naming_accuracy(shapes, {7: "A red circle and a blue square."}).groups["1"]
+    NamingGroup(images=1, shapes=1, color=1.0, kind=1.0, both=1.0)
+    >>> words = ["a", "red", "circle", "and", "a", "blue", "square"]
+    >>> alpha = [[.25, .25, .25, .25], [.7, .1, .1, .1], [.4, .2, .2, .2]] + [[.25] * 4] * 4
+    >>> result = attention_localisation(shapes, {7: (words, alpha)}, grid=(2, 2), resize_size=100,
+    ...                                 image_size=100)
+    >>> red = result.color["all"]  # "red": 0.7 of its attention on a quarter of the crop; "blue" names nothing
+    >>> red.words, red.mean_mass, red.mean_area, red.ratio_of_means, red.skipped_unmatched
+    (1, 0.7, 0.25, 2.8, 1)
+    >>> result.kind["1"].mean_mass, result.kind["1"].skipped_unmatched  # "circle" 0.4; "square" names nothing
+    (0.4, 1)
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from captioning.errors import InputError
+from captioning.text import tokenize_caption
+
+GROUPS = ("1", "2", "3")  # always reported, with "all"; images with other counts add their own group
+
+
+@dataclass(frozen=True)
+class ShapeBox:
+    """One annotated shape: ``bbox`` is ``(x, y, width, height)`` in pixels of the stored image."""
+
+    kind: str
+    color: str
+    size: str
+    bbox: tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class ImageShapes:
+    """An image's stored size and its shapes."""
+
+    width: int
+    height: int
+    shapes: tuple[ShapeBox, ...]
+
+
+@dataclass(frozen=True)
+class Instances:
+    """An instances file: the images by id, the kinds (category names in id order) and the colours
+    (those its annotations use, sorted): the words :func:`attention_localisation` reads as naming a
+    shape. (A colour no shape of the file has is then an ordinary word; ``dataclasses.replace`` sets
+    another list.)"""
+
+    images: Mapping[int, ImageShapes]
+    kinds: tuple[str, ...]
+    colors: tuple[str, ...]
+
+
+def load_instances(instances: str) -> Instances:
+    """Reads a COCO instances file with ``attributes`` ``{"color", "size"}`` per annotation, as
+    ``captioning synth`` writes it. A missing, unreadable or garbled file is an :class:`InputError`
+    naming ``instances``."""
+    try:
+        with open(instances, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise InputError(f"`instances` {instances}: cannot read it ({e.strerror or e})",
+                         params=("instances",)) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise InputError(f"`instances` {instances} is not JSON ({e})", params=("instances",)) from None
+    try:
+        return _parse_instances(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        reason = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise InputError(f"`instances` {instances} is not a shapes instances file: {reason}",
+                         params=("instances",)) from None
+
+
+def _parse_instances(data: dict) -> Instances:
+    kinds = {int(c["id"]): str(c["name"]) for c in data["categories"]}
+    sizes = {int(im["id"]): (int(im["width"]), int(im["height"])) for im in data["images"]}
+    if any(w <= 0 or h <= 0 for w, h in sizes.values()):
+        raise ValueError("an image has no pixels")
+    shapes: dict[int, list[ShapeBox]] = {image_id: [] for image_id in sizes}
+    for ann in data["annotations"]:
+        image_id, category = int(ann["image_id"]), int(ann["category_id"])
+        if image_id not in sizes or category not in kinds:
+            raise ValueError(f"annotation {ann.get('id')} names image {image_id} or category {category}, "
+                             "which are not listed")
+        bbox = tuple(float(v) for v in ann["bbox"])
+        if len(bbox) != 4 or bbox[2] < 0 or bbox[3] < 0:
+            raise ValueError(f"annotation {ann.get('id')} has the bbox {ann['bbox']}, not [x, y, width, height]")
+        attributes = ann["attributes"]
+        shapes[image_id].append(ShapeBox(kinds[category], str(attributes["color"]), str(attributes["size"]), bbox))
+    images = {i: ImageShapes(w, h, tuple(shapes[i])) for i, (w, h) in sizes.items()}
+    colors = tuple(sorted({s.color for image in images.values() for s in image.shapes}))
+    return Instances(images, tuple(kinds[i] for i in sorted(kinds)), colors)
+
+
+def _image(instances: Instances, image_id, param: str) -> ImageShapes:
+    try:
+        return instances.images[image_id]
+    except (KeyError, TypeError):
+        raise InputError(f"`{param}` has image {image_id!r}, which the instances file does not list",
+                         params=(param,)) from None
+
+
+def _group_names(images: list[ImageShapes]) -> list[str]:
+    counts = {str(len(image.shapes)) for image in images} | set(GROUPS)
+    return sorted(counts, key=int) + ["all"]
+
+
+@dataclass(frozen=True)
+class NamingGroup:
+    """Naming accuracy over one group of images: shares of their shapes (None when it has none)."""
+
+    images: int
+    shapes: int
+    color: float | None
+    kind: float | None
+    both: float | None
+
+
+@dataclass(frozen=True)
+class NamingAccuracy:
+    """:func:`naming_accuracy`'s result: ``groups["1"]`` … ``groups["all"]``."""
+
+    groups: dict[str, NamingGroup]
+
+    def to_json(self) -> dict:
+        return {name: asdict(group) for name, group in self.groups.items()}
+
+
+def naming_hits(words: Sequence[str], shapes: Sequence[ShapeBox]) -> tuple[int, int, int]:
+    """(colour, kind, both) hits of a tokenised caption on an image's shapes (module docstring).
+
+    >>> red_circle, red_square = ShapeBox("circle", "red", "small", (0, 0, 1, 1)), ShapeBox("square", "red",
+    ...     "large", (2, 2, 1, 1))
+    >>> naming_hits("a red circle and a big blue square".split(), [red_circle, red_square])
+    (1, 2, 1)
+    """
+    said, pairs = collections.Counter(words), collections.Counter(zip(words, words[1:]))
+
+    def hits(counts: collections.Counter, spoken: collections.Counter) -> int:
+        return sum(min(n, spoken[key]) for key, n in counts.items())
+
+    return (hits(collections.Counter(s.color for s in shapes), said),
+            hits(collections.Counter(s.kind for s in shapes), said),
+            hits(collections.Counter((s.color, s.kind) for s in shapes), pairs))
+
+
+def naming_accuracy(instances: Instances, captions: Mapping[int, str]) -> NamingAccuracy:
+    """Colour, kind and both accuracy (module docstring) of ``captions`` (image id → generated caption;
+    from a COCO results file: ``{p["image_id"]: p["caption"] for p in results}``), by number of shapes."""
+    totals, images = {}, []
+    for image_id, caption in captions.items():
+        image = _image(instances, image_id, "captions")
+        if not isinstance(caption, str):
+            raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
+        images.append(image)
+        row = np.array([1, len(image.shapes), *naming_hits(tokenize_caption(caption), image.shapes)])
+        for name in (str(len(image.shapes)), "all"):
+            totals[name] = totals.get(name, 0) + row
+    groups = {}
+    for name in _group_names(images):
+        n_images, n_shapes, *hits = (int(v) for v in totals.get(name, [0] * 5))
+        groups[name] = NamingGroup(n_images, n_shapes, *(h / n_shapes if n_shapes else None for h in hits))
+    return NamingAccuracy(groups)
+
+
+def box_coverage(bbox: Sequence[float], width: int, height: int, grid: tuple[int, int], resize_size: int,
+                 image_size: int) -> np.ndarray:
+    """The fraction of each grid cell's area (cell index row * w + col) that ``bbox`` (x, y, width,
+    height in pixels of the ``width`` × ``height`` image) covers once the image is squashed to
+    ``resize_size`` squared and its central ``image_size`` square cropped. Its mean is the box's share of
+    the crop. A 200 × 100 image squashed to 120 (x × 0.6, y × 1.2), cropped to 100 from (10, 10): the
+    box (50, 25, 100, 50) becomes 20–80 on both axes, 30 of each 50-px cell's side::
+
+        >>> box_coverage((50, 25, 100, 50), 200, 100, grid=(2, 2), resize_size=120, image_size=100)
+        array([0.36, 0.36, 0.36, 0.36])
+        >>> box_coverage((0, 0, 75, 50), 100, 100, grid=(2, 2), resize_size=100, image_size=100)
+        array([1. , 0.5, 0. , 0. ])
+    """
+    rows, cols = grid
+    x, y, w, h = bbox
+    offset = (resize_size - image_size) // 2
+
+    def axis(start: float, end: float, scale: float, cells: int) -> np.ndarray:
+        lo, hi = (np.clip(v * scale - offset, 0, image_size) for v in (start, end))
+        edges = np.linspace(0.0, image_size, cells + 1)
+        overlap = np.minimum(hi, edges[1:]) - np.maximum(lo, edges[:-1])
+        return np.clip(overlap, 0, None) / (image_size / cells)
+
+    along_y = axis(y, y + h, resize_size / height, rows)
+    along_x = axis(x, x + w, resize_size / width, cols)
+    return np.outer(along_y, along_x).ravel()
+
+
+@dataclass(frozen=True)
+class LocalisationGroup:
+    """Attention on the named shape, over one group's words of one type (means None without words)."""
+
+    words: int
+    mean_mass: float | None
+    mean_area: float | None
+    ratio_of_means: float | None
+    mean_ratio: float | None
+    skipped_unmatched: int
+    skipped_ambiguous: int
+    skipped_outside: int
+
+
+@dataclass(frozen=True)
+class Localisation:
+    """:func:`attention_localisation`'s result: ``color["1"]`` … ``color["all"]``, the same for ``kind``."""
+
+    color: dict[str, LocalisationGroup]
+    kind: dict[str, LocalisationGroup]
+
+    def to_json(self) -> dict:
+        return {"color": {k: asdict(g) for k, g in self.color.items()},
+                "kind": {k: asdict(g) for k, g in self.kind.items()}}
+
+
+def caption_phrases(words: Sequence[str], colors, kinds) -> list[tuple[tuple[int, ...], str | None, str | None]]:
+    """(word positions, colour, kind) of each phrase naming a shape: a kind word with the colour word
+    right before it, or a colour or kind word alone.
+
+    >>> caption_phrases("a big red circle left of a blue one and a square".split(), ("blue", "red"), ("circle",
+    ...                 "square"))
+    [((2, 3), 'red', 'circle'), ((7,), 'blue', None), ((11,), None, 'square')]
+    """
+    phrases, i = [], 0
+    while i < len(words):
+        if words[i] in colors and i + 1 < len(words) and words[i + 1] in kinds:
+            phrases.append(((i, i + 1), words[i], words[i + 1]))
+            i += 1
+        elif words[i] in colors or words[i] in kinds:
+            phrases.append(((i,), *((words[i], None) if words[i] in colors else (None, words[i]))))
+        i += 1
+    return phrases
+
+
+def _check_geometry(grid, resize_size: int, image_size: int) -> tuple[int, int]:
+    if not (isinstance(grid, (tuple, list)) and len(grid) == 2
+            and all(isinstance(n, (int, np.integer)) and n > 0 for n in grid)):
+        raise InputError(f"`grid` must be (rows, columns), two positive integers; got {grid!r}", params=("grid",))
+    if not 0 < image_size <= resize_size:
+        raise InputError(f"`image_size` ({image_size}) must be positive and at most `resize_size` ({resize_size})",
+                         params=("image_size", "resize_size"))
+    return int(grid[0]), int(grid[1])
+
+
+def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int]) -> np.ndarray:
+    alpha = np.asarray(weights, dtype=np.float64)
+    cells = grid[0] * grid[1]
+    if alpha.ndim == 3 and alpha.shape[1:] == grid:
+        alpha = alpha.reshape(len(alpha), cells)
+    if alpha.shape != (len(words), cells):
+        raise InputError(f"`attention` of image {image_id}: weights of shape {alpha.shape} for {len(words)} words "
+                         f"on a {grid[0]}x{grid[1]} grid; expected ({len(words)}, {cells})", params=("attention",))
+    if not np.isfinite(alpha).all() or (alpha < 0).any() or (np.abs(alpha.sum(axis=1) - 1) > 1e-3).any():
+        raise InputError(f"`attention` of image {image_id}: each word's weights must be >= 0 and sum to 1",
+                         params=("attention",))
+    return alpha
+
+
+def attention_localisation(instances: Instances, attention: Mapping[int, tuple[Sequence[str], object]],
+                           grid: tuple[int, int], resize_size: int, image_size: int) -> Localisation:
+    """How much of each shape-naming word's attention falls on the shape it names (module docstring).
+
+    ``attention``: image id → (the caption's words, their weights ``[len(words), rows * cols]``, or
+    ``[len(words), rows, cols]``), each row summing to 1; ``grid`` = (rows, cols); ``resize_size`` and
+    ``image_size`` as the model's ``data.resize_size`` and ``data.image_size``."""
+    grid = _check_geometry(grid, resize_size, image_size)
+    scored = {part: collections.defaultdict(list) for part in ("color", "kind")}  # group -> [(mass, area)]
+    skipped = {part: collections.Counter() for part in ("color", "kind")}  # (group, reason) -> words
+    images = []
+    for image_id, (words, weights) in attention.items():
+        images.append(image := _image(instances, image_id, "attention"))
+        alpha = _weights(image_id, words := list(words), weights, grid)
+        groups = (str(len(image.shapes)), "all")
+        for positions, color, kind in caption_phrases(words, instances.colors, instances.kinds):
+            named = [s for s in image.shapes if color in (None, s.color) and kind in (None, s.kind)]
+            coverage = (box_coverage(named[0].bbox, image.width, image.height, grid, resize_size, image_size)
+                        if len(named) == 1 else None)
+            for p in positions:
+                part = "color" if words[p] in instances.colors else "kind"
+                for group in groups:
+                    if coverage is None:
+                        skipped[part][group, "unmatched" if not named else "ambiguous"] += 1
+                    elif coverage.sum() == 0:
+                        skipped[part][group, "outside"] += 1
+                    else:
+                        scored[part][group].append((float(alpha[p] @ coverage), float(coverage.mean())))
+    names = _group_names(images)
+    return Localisation(*({name: _localisation_group(scored[part][name], skipped[part], name) for name in names}
+                          for part in ("color", "kind")))
+
+
+def _localisation_group(pairs: list[tuple[float, float]], skipped: collections.Counter, name: str):
+    counts = [skipped[name, reason] for reason in ("unmatched", "ambiguous", "outside")]
+    if not pairs:
+        return LocalisationGroup(0, None, None, None, None, *counts)
+    mass, area = np.array(pairs).T
+    means = [float(mass.mean()), float(area.mean())]
+    return LocalisationGroup(len(pairs), *means, means[0] / means[1], float((mass / area).mean()), *counts)
