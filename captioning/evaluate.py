@@ -25,6 +25,11 @@ points at the records when the config's ``data.dir`` is not where they are on th
 
 ``--baseline`` also scores a constant caption, the most frequent (normalised) caption of the training
 split, given for every image: the floor any model must clear.
+
+``--instances FILE`` (a COCO instances file of the split, e.g. the shapes' ``instances_test.json``) adds
+``"grounding"``: the share of the images' shapes whose colour and kind the captions name, by number of
+shapes, and for an attention decoder how much of each colour or kind word's attention fell inside the
+box of the shape it names, against the box's share of the image (:mod:`captioning.grounding`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import os
 import tensorflow as tf
 from tqdm import tqdm
 
-from captioning import inference, metrics
+from captioning import grounding, inference, metrics
 from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
@@ -109,18 +114,21 @@ class EvaluationResult(dict):
     perplexity: float = _key("perplexity")
     baseline: dict[str, float] | None = _key("baseline")
     baseline_caption: str | None = _key("baseline_caption")
+    grounding: dict | None = _key("grounding")
 
 
 def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
              max_length: int | None = None, length_normalization: float | None = None, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
-             output: str | None = None, progress: bool = True, checkpoint: str | None = None) -> EvaluationResult:
+             output: str | None = None, progress: bool = True, checkpoint: str | None = None,
+             instances: str | None = None) -> EvaluationResult:
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
-    ``decode:`` config."""
+    ``decode:`` config. ``instances``: a COCO instances file of the split, for grounding."""
     metrics.check_java()  # fail before an hour of decoding, not after
     if output:
         check_output_file(output, "`output`", params=("output",))
+    shapes = grounding.load_instances(instances) if instances else None
     folder = ModelDir(model_dir)
     trained = inference.load(model_dir, checkpoint)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
@@ -132,7 +140,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     split_images = dataset.split(split).images
     partial = max_images if max_images and max_images < split_images else None
     name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial)
-    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice)
+    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, instances is not None)
     if stored is not None:
         log.info("%s is evaluated already (checkpoint step %d, these settings): the stored result, unchanged",
                  split, trained.step)
@@ -144,8 +152,8 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     captioner = inference.Captioner(trained, dataclasses.replace(decode, top_k=1))
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-        candidates, refs, loss = _read_and_caption(captioner, cfg, dataset, shards, split, max_images, batch_size,
-                                                   partial or split_images, progress)
+        candidates, refs, loss, attention = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
+                                                              batch_size, partial or split_images, progress)
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
     result = EvaluationResult(
@@ -160,6 +168,13 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         log.info("baseline: the most frequent training caption for every image: %r", constant)
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
         result["baseline_caption"] = constant
+    if shapes is not None:
+        result["grounding"] = {"instances": os.path.abspath(instances),
+                               "naming": grounding.naming_accuracy(shapes, candidates).to_json()}
+        if attention:
+            located = grounding.attention_localisation(shapes, attention, captioner.grid_shape, cfg.resize_size,
+                                                       cfg.image_size)
+            result["grounding"]["attention"] = located.to_json()
 
     try:
         atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
@@ -185,32 +200,37 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
                       total: int, progress: bool) -> tuple[dict[int, str], dict[int, list[str]], object]:
-    """Captions for every image, the references, and the references' cross-entropy (perplexity)."""
+    """Captions for every image, the references, the references' cross-entropy (perplexity), and for an
+    attention decoder each caption's words with their weights (image id → (words, [words, cells]))."""
     images = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
     decode = tf.function(captioner.decode_images)
     vocab = captioner.trained.vocab
-    candidates = {}
+    candidates, attention = {}, {}
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
     for batch in images:
         out = decode(batch["image"])
-        for image_id, (text,) in zip(batch["image_id"].numpy(), ids_to_text(vocab, out["ids"], out["lengths"])):
+        texts = ids_to_text(vocab, out["ids"], out["lengths"])
+        for row, (image_id, (text,)) in enumerate(zip(batch["image_id"].numpy(), texts)):
             candidates[int(image_id)] = text
+            if "attention" in out:
+                attention[int(image_id)] = (text.split(), out["attention"][row, 0, :out["lengths"][row, 0]].numpy())
         bar.update(len(batch["image_id"]))
     bar.close()
     refs = references(cfg, split, dataset=dataset, shards=shards)
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards))
-    return candidates, refs, loss
+    return candidates, refs, loss, attention
 
 
-def _stored(path: str, baseline: bool, spice: bool) -> dict | None:
+def _stored(path: str, baseline: bool, spice: bool, grounded: bool = False) -> dict | None:
     """The result already stored under this key, if it holds everything asked for."""
     try:
         with open(path, encoding="utf-8") as f:
             stored = json.load(f)
     except (OSError, ValueError):
         return None
-    if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})):
+    if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
+            (grounded and "grounding" not in stored):
         return None
     return stored

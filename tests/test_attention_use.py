@@ -117,11 +117,30 @@ def test_export_returns_the_best_captions_weights(trained_attention_dir, photos,
         assert not attention[i, n:].any()
 
 
-def test_evaluate_an_attention_model(trained_attention_dir):
+def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shapes_dir):
+    """evaluate --instances: the naming accuracy of the captions by number of shapes, and where each colour
+    or kind word looked; stored with the result (and computed again when a stored result lacks it)."""
     from captioning.evaluate import evaluate
 
-    result = evaluate(trained_attention_dir, split="test", beam_size=2, progress=False)
-    assert 0 <= result.metrics["CIDEr"] <= 10 and result.perplexity > 1
+    plain = evaluate(trained_attention_dir, split="test", beam_size=2, progress=False)
+    assert 0 <= plain.metrics["CIDEr"] <= 10 and plain.perplexity > 1 and plain.grounding is None
+    instances = os.path.join(shapes_dir, "annotations", "instances_test.json")
+    done = run_cli("evaluate", "--model-dir", trained_attention_dir, "--split", "test", "--beam-size", "2",
+                   "--instances", instances)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "attention in box / box area" in done.stdout and re.search(r"\n\s+all\s+4\s", done.stdout)
+    stored = evaluate(trained_attention_dir, split="test", beam_size=2, progress=False, instances=instances)
+    naming, attention = stored.grounding["naming"], stored.grounding["attention"]
+    assert naming["all"]["images"] == 4 and sum(naming[g]["images"] for g in ("1", "2", "3")) == 4
+    assert all(0 <= naming["all"][k] <= 1 for k in ("color", "kind", "both"))
+    assert set(attention) == {"color", "kind"}
+    for kind in ("color", "kind"):
+        group = attention[kind]["all"]
+        used = group["words"] + group["skipped_unmatched"] + group["skipped_ambiguous"] + group["skipped_outside"]
+        assert used > 0  # every colour or kind word the captions hold is counted, used or skipped
+        if group["words"]:
+            assert 0 < group["mean_area"] <= 1 and 0 <= group["mean_mass"] <= 1
+    assert stored.metrics == plain.metrics  # the same captions
 
 
 def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path):

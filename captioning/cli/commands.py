@@ -173,6 +173,10 @@ def add_evaluate(sub) -> None:
     p.add_argument("--output", metavar="FILE", help="also write the metrics JSON here")
     p.add_argument("--checkpoint", metavar="PATH", help="evaluate this checkpoint (MODEL_DIR/ckpt-N; default: "
                                                        "the latest complete one)")
+    p.add_argument("--instances", metavar="FILE",
+                   help="a COCO instances file of the split (captioning synth writes instances_<split>.json): "
+                        "also report which shapes the captions name, by number of shapes, and for an attention "
+                        "model how much attention each colour or kind word put inside the named shape's box")
     p.set_defaults(handler=run_evaluate)
 
 
@@ -187,7 +191,30 @@ def run_evaluate(args) -> int:
     print(f"{args.split}: {result.num_images} images, checkpoint step {result.checkpoint_step}, "
           f"beam {result.beam_size}, perplexity {result.perplexity:.3f}")
     print(format_table(rows))
+    if result.grounding:
+        print(grounding_table(result.grounding))
     return 0
+
+
+def grounding_table(found: dict) -> str:
+    """Naming accuracy and attention localisation per number of shapes, as text."""
+    def cell(value, form="{:.3f}"):
+        return "-" if value is None else form.format(value)
+
+    lines = ["shapes  images  colour  kind   both" + ("   attention in box / box area: colour, kind words"
+                                                  if "attention" in found else "")]
+    for group, naming in found["naming"].items():
+        line = (f"{group:>6}  {naming['images']:>6}  {cell(naming['color'])}  {cell(naming['kind'])}  "
+                f"{cell(naming['both'])}")
+        if "attention" in found:
+            parts = []
+            for kind in ("color", "kind"):
+                g = found["attention"][kind].get(group)
+                parts.append("-" if not g or g["words"] == 0 else
+                             f"{g['mean_mass']:.2f} / {g['mean_area']:.2f} = {g['ratio_of_means']:.1f}x")
+            line += "   " + ", ".join(parts)
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def add_score(sub) -> None:
