@@ -99,7 +99,10 @@ class ShowAttendTell(CaptionModel):
     def _attend(self, state):
         """α ``[B, G]`` (float32) and the gated context ``β Σ α a`` ``[B, D]`` from ``h``."""
         hidden = tf.tanh(state["projected"] + self.attention_state(state["h"])[:, None, :])
-        alpha = tf.nn.softmax(tf.cast(self.attention_score(hidden)[..., 0], tf.float32), axis=-1)
+        # scored as a 2-D matmul: a Dense over [B, G, A] is a tensordot, whose gradient XLA cannot compile
+        # inside a loop (train.jit_compile)
+        flat = self.attention_score(tf.reshape(hidden, [-1, hidden.shape[-1]]))
+        alpha = tf.nn.softmax(tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2]), axis=-1)
         features = state["features"]
         context = tf.reduce_sum(tf.cast(alpha, features.dtype)[..., None] * features, axis=1)
         return alpha, self.gate(state["h"]) * tf.cast(context, self.gate.compute_dtype)
@@ -136,8 +139,8 @@ class ShowAttendTell(CaptionModel):
             return t + 1, state, hs.write(t, state["h"]), contexts.write(t, context)
 
         shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
-        _, state, hs, contexts = tf.while_loop(
-            lambda t, *_: t < steps, body, (tf.constant(0), state, hs, contexts),
+        _, state, hs, contexts = tf.while_loop(  # maximum_iterations: XLA (train.jit_compile) needs the bound
+            lambda t, *_: t < steps, body, (tf.constant(0), state, hs, contexts), maximum_iterations=steps,
             shape_invariants=(tf.TensorShape([]), shapes, tf.TensorShape(None), tf.TensorShape(None)))
         h_all = tf.transpose(hs.stack(), [1, 0, 2])
         context_all = tf.transpose(contexts.stack(), [1, 0, 2])
