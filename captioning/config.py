@@ -97,6 +97,9 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     steps: int = 1_000_000  # total, across restarts
+    # xe: cross-entropy of the references (teacher forcing); scst: self-critical sequence training with a
+    # CIDEr-D reward (the scst: section), usually continuing from an xe checkpoint
+    objective: str = field(default="xe", metadata=_choices("xe", "scst"))
     batch_size: int = 32  # global: split evenly over replicas
     optimizer: str = field(default="sgd", metadata=_choices("sgd", "adam"))
     learning_rate: float = 2.0
@@ -126,6 +129,22 @@ class TrainConfig:
     # Profile tab, with the tensorboard-plugin-profile package); []: no trace
     profile_steps: list[int] = field(default_factory=list)
     seed: int = 0
+
+
+@dataclass
+class ScstConfig:
+    """Self-critical sequence training (``train.objective: scst``; captioning.train.scst)."""
+
+    samples: int = 5  # captions sampled per image and step
+    # mean: the mean reward of the image's other samples (self-critical.pytorch's "new SCST");
+    # greedy: the reward of the image's greedy caption (Rennie et al. 2017)
+    baseline: str = field(default="mean", metadata=_choices("mean", "greedy"))
+    max_length: int = 16  # words a sampled caption may have (self-critical.pytorch: 16)
+    temperature: float = 1.0  # sampling from softmax(logits / temperature)
+    # the reward's n-grams end with <end> (appended to every reference; a sample has it if it chose it),
+    # as self-critical.pytorch counts its <eos>: a caption that stops mid-phrase ("... and a") or not at
+    # all loses the n-grams that end the references. false: words only, pycocoevalcap's CIDEr-D exactly
+    end_in_reward: bool = True
 
 
 @dataclass
@@ -179,6 +198,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     distribute: DistributeConfig = field(default_factory=DistributeConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    scst: ScstConfig = field(default_factory=ScstConfig)
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:
@@ -323,7 +343,9 @@ ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribut
                                           "model.decoder", "decode.beam_size", "decode.max_length",
                                           "decode.length_normalization", "decode.top_k",
                                           "train.jit_compile", "train.split_padding", "data.group_captions",
-                                          "train.momentum", "model.attention_size", "model.attention_l1"})
+                                          "train.momentum", "model.attention_size", "model.attention_l1",
+                                          "train.objective", "scst.samples", "scst.baseline", "scst.max_length",
+                                          "scst.temperature", "scst.end_in_reward"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
@@ -408,6 +430,19 @@ def validate(config: Config) -> None:
         if value < 1:
             raise InputError(f"{key} must be at least 1, got {value}")
     config.decode.check(prefix="decode.")
+    if t.objective == "scst":
+        sc = config.scst
+        if d.captions_per_image != "grouped" or d.group_captions:
+            raise InputError("train.objective: scst rewards samples against every reference of their image: it "
+                             "needs data.captions_per_image: grouped and data.group_captions: 0")
+        if sc.samples < 1 or sc.max_length < 1 or (sc.baseline == "mean" and sc.samples < 2):
+            raise InputError(f"scst.samples ({sc.samples}) must be at least 2 with scst.baseline: mean (1 with "
+                             f"greedy), and scst.max_length ({sc.max_length}) at least 1")
+        if sc.temperature <= 0:
+            raise InputError(f"scst.temperature must be positive, got {sc.temperature}")
+        if t.jit_compile:
+            raise InputError("train.jit_compile does not apply to train.objective: scst (its sampling stops "
+                             "captions at <end>, and the reward's lookup table runs on the host)")
     if d.group_captions < 0:
         raise InputError(f"data.group_captions must be 0 (all) or more, got {d.group_captions}")
     if d.group_captions and d.captions_per_image != "grouped":

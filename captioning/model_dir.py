@@ -9,7 +9,10 @@ Nobody else knows its file names or its rules; everything goes through :class:`M
     ckpt-<step>.*     checkpoints (model, optimizer, step)
     logs/             TensorBoard: train; eval, the validation during training; eval_<split>, evaluate
     eval/             evaluate's results, one file per (split, checkpoint, decoding, images)
-    cache/            data.cache: disk's files, unless data.cache_dir says elsewhere
+    cache/            data.cache: disk's and features' files, unless data.cache_dir says elsewhere
+    cider_document_frequencies.npz   train.objective: scst — the training references' n-gram document
+                      frequencies for the CIDEr-D reward, computed at the first SCST start
+                      (captioning.train.document_frequencies owns the format)
     training.lock     locked by the training run writing here (one at a time: :meth:`ModelDir.lock_for_training`)
 
 **The latest complete checkpoint** is the one the ``checkpoint`` state file names. TF writes a
@@ -50,6 +53,7 @@ HISTORY = "history.yaml"
 VOCAB = "vocab.txt"
 STATE = "checkpoint"  # tf.train.CheckpointManager's state file
 LOCK = "training.lock"  # held by the training run writing into the folder
+DOCUMENT_FREQUENCIES = "cider_document_frequencies.npz"  # scst's reward (captioning.train.document_frequencies)
 # Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
 # runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
 ARCHITECTURE_KEYS = ("decoder", "encoder", "embedding_size", "lstm_units", "attention_size")
@@ -107,6 +111,10 @@ class ModelDir:
     @property
     def config_file(self) -> str:
         return self.file(CONFIG)
+
+    @property
+    def document_frequencies_file(self) -> str:
+        return self.file(DOCUMENT_FREQUENCIES)
 
     def checkpoint(self, step: int) -> str:
         """The path (prefix) of the checkpoint of ``step``, as training names it."""
@@ -201,6 +209,27 @@ class ModelDir:
                 raise InputError(f"{self.path} holds a model with other {', '.join(diff)}; "
                                  "use a new `model_dir` or the same model settings", params=("model_dir",))
         return old
+
+    def check_source_for(self, cfg: config_lib.Config, vocab: Vocabulary, target: "ModelDir") -> None:
+        """Refuses (InputError naming ``init_from``) this folder as the starting weights of a model of
+        ``cfg`` and ``vocab`` in ``target``: it must be another folder, hold a complete checkpoint, and
+        have the same vocabulary and architecture."""
+        if os.path.realpath(self.path) == os.path.realpath(target.path):
+            raise InputError(f"`init_from` {self.path} is the model folder itself; it resumes on its own",
+                             params=("init_from",))
+        if not os.path.isdir(self.path) or not self.latest_checkpoint():
+            raise InputError(f"`init_from` {self.path} holds no trained model (no checkpoint)", params=("init_from",))
+        old, old_vocab = self.read_config(), self.read_vocab()
+        if old is None or old_vocab is None:
+            raise InputError(f"`init_from` {self.path} lacks its config.yaml or vocab.txt", params=("init_from",))
+        if old_vocab != vocab:
+            raise InputError(f"`init_from` {self.path} was trained with another vocabulary than {cfg.data.dir}",
+                             params=("init_from",))
+        keys = [k for k in ARCHITECTURE_KEYS if k != "attention_size" or cfg.model.decoder == "attention"]
+        diff = [f"model.{k}" for k in keys if getattr(old.model, k) != getattr(cfg.model, k)]
+        if diff:
+            raise InputError(f"`init_from` {self.path} holds a model with other {', '.join(diff)}",
+                             params=("init_from",))
 
     def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
         """Records the config a training run starting at ``step`` uses (paths made absolute) and the

@@ -5,7 +5,9 @@
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
     python tests/distributed_worker.py mirrored_attention DATA_DIR OUT_DIR
         the same with the soft-attention decoder (its doubly stochastic penalty included)
-    python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set)
+    python tests/distributed_worker.py mirrored_scst DATA_DIR OUT_DIR
+        one self-critical step (samples, CIDEr-D reward, policy gradient) on one device and on 2 replicas
+    python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set; multi_worker_scst: SCST)
         trains a few steps under MultiWorkerMirroredStrategy; writes OUT_DIR/weights-<task>.npz
     python tests/distributed_worker.py eval_losses DATA_DIR OUT_DIR MODEL_DIR STRATEGY
         the evaluation loss of MODEL_DIR's checkpoint on the val and test splits for several global
@@ -71,7 +73,7 @@ def mirrored(data_dir, out_dir, *extra):
     np.savez(os.path.join(out_dir, "mirrored.npz"), **results)
 
 
-def mirrored_grouped(data_dir, out_dir):
+def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     """captions_per_image: grouped under 2 replicas (each its own batch of whole images, as
     distribute_datasets_from_function hands them out) against one device given both batches as one;
     with split padding (train.split_padding), whose cut each replica chooses for its own batch."""
@@ -81,7 +83,7 @@ def mirrored_grouped(data_dir, out_dir):
     from captioning.train import Trainer
 
     cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped",
-                       "train.split_padding=true")
+                       "train.split_padding=true", *extra)
     one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
@@ -108,17 +110,28 @@ def mirrored_grouped(data_dir, out_dir):
         loss, norm, tokens = out["loss"], out["gradient_norm"], out["weight"]
         results[f"{name}_loss"], results[f"{name}_norm"] = float(loss), float(norm)
         results[f"{name}_tokens"] = float(tokens)
+        results[f"{name}_reward"] = float(out.get("reward", 0.0))
         for key, value in weights(trainer.model).items():
             results[f"{name}/{key}"] = value
-    np.savez(os.path.join(out_dir, "mirrored_grouped.npz"), **results)
+    np.savez(os.path.join(out_dir, f"{out_name}.npz"), **results)
 
 
-def multi_worker(data_dir, out_dir):
+SCST = ("train.objective=scst", "data.captions_per_image=grouped", "train.batch_size=10", "train.optimizer=sgd",
+        "train.learning_rate=0.05", "scst.samples=3")
+
+
+def mirrored_scst(data_dir, out_dir):
+    """SCST under 2 replicas (each its own batch of whole images) against one device given both batches as
+    one: the samples are drawn for the global batch, so both draw the same and update the same."""
+    mirrored_grouped(data_dir, out_dir, *SCST, out_name="mirrored_scst")
+
+
+def multi_worker(data_dir, out_dir, *extra):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     from captioning.train import Trainer
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    cfg = small_config(data_dir, "train.steps=4", "distribute.strategy=multi_worker")
+    cfg = small_config(data_dir, "train.steps=4", "distribute.strategy=multi_worker", *extra)
     trainer = Trainer(cfg, os.path.join(out_dir, "model"), strategy=strategy)
     result = trainer.run(progress=False)
     np.savez(os.path.join(out_dir, f"weights-{task}.npz"), losses=np.array(result["losses"]),
@@ -159,5 +172,6 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
 if __name__ == "__main__":
     modes = {"mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
              "mirrored_attention": lambda d, o: mirrored(d, o, "model.decoder=attention", "model.attention_size=16"),
+             "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
              "eval_losses": eval_losses}
     modes[sys.argv[1]](*sys.argv[2:])

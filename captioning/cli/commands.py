@@ -108,17 +108,23 @@ def run_prepare(args) -> int:
 def add_train(sub) -> None:
     p = sub.add_parser(
         "train", help="train a model from an experiment config",
-        description="Trains the Show-and-Tell model described by a YAML experiment config (see experiments/). "
+        description="Trains the captioning model described by a YAML experiment config (see experiments/). "
                     "Starting again with the same --model-dir resumes from its latest checkpoint and stops at "
-                    "train.steps in total. The model folder also receives the resolved config (config.yaml), "
+                    "train.steps in total; a changed train.objective (e.g. scst after xe), train.optimizer or "
+                    "model.encoder_trainable continues from the latest checkpoint's weights with a new "
+                    "optimizer. The model folder also receives the resolved config (config.yaml), "
                     "the vocabulary and TensorBoard logs (tensorboard --logdir MODEL_DIR/logs).",
         epilog="examples:\n"
                "  captioning train --config experiments/shapes.yaml --model-dir runs/shapes\n"
                "  captioning train --config experiments/shapes.yaml --model-dir runs/s2 \\\n"
-               "      --set train.steps=200 --set distribute.logical_cpus=2 --set distribute.strategy=mirrored",
+               "      --set train.steps=200 --set distribute.logical_cpus=2 --set distribute.strategy=mirrored\n"
+               "  captioning train --config experiments/shapes_scst.yaml --model-dir runs/scst --init-from runs/shapes",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     config_flags(p)
     p.add_argument("--model-dir", required=True, help="folder for checkpoints, logs, config.yaml and vocab.txt")
+    p.add_argument("--init-from", metavar="MODEL_DIR",
+                   help="start a new --model-dir from the weights of this trained folder's latest checkpoint (same "
+                        "vocabulary and architecture; e.g. self-critical training from a cross-entropy model)")
     p.set_defaults(handler=run_train)
 
 
@@ -129,7 +135,7 @@ def run_train(args) -> int:
     from captioning.train import NonFiniteError, train
 
     try:
-        result = train(cfg, args.model_dir, progress=not args.quiet)
+        result = train(cfg, args.model_dir, progress=not args.quiet, init_from=args.init_from)
     except NonFiniteError as e:  # train.nan_policy: stop
         print(f"captioning train: error: {e}", file=sys.stderr)
         return e.exit_code

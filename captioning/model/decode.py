@@ -37,8 +37,9 @@ def _merge(best, candidates, n: int):
 
 
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
-                top_k: int = 1) -> dict:
-    """Captions for a batch of encoder ``features`` ``[B, D]``.
+                top_k: int = 1, initial_state=None) -> dict:
+    """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
+    for them, when given; ``features`` is then unused).
 
     Returns ``{"ids": int32 [B, top_k, max_length] (words only, 0-padded), "lengths": int32 [B, top_k]
     (words), "log_probs": float32 [B, top_k] (summed log-probabilities of the words and of <end> when the
@@ -50,11 +51,13 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
     k, n, steps = beam_size, top_k, max_length
-    batch = tf.shape(features)[0]
+    if initial_state is None:
+        initial_state = model.initial_state(features, training=False)
+    batch = tf.shape(tf.nest.flatten(initial_state)[0])[0]
     vocab = model.vocab_size
     kw = min(k, vocab)  # words proposed per live caption
     # every state tensor [B*K, ...]: image-major, beam-minor
-    state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), model.initial_state(features, training=False))
+    state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), initial_state)
     state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
     alive_logp = tf.tile(tf.constant([[0.0] + [_DEAD] * (k - 1)]), [batch, 1])  # one live beam at first

@@ -174,9 +174,11 @@ def document_frequencies(references: Iterable[Sequence[Sequence[int]]], vocab_si
 
 
 def frequencies_from_split(dataset: PreparedDataset, split: str = "train", n: int = 4,
-                           shards: ShardReader | None = None) -> DocumentFrequencies:
+                           shards: ShardReader | None = None, end_token: bool = False) -> DocumentFrequencies:
     """Document frequencies of a prepared split's references (``caption/ids`` of its records, read without
-    decoding an image; ``<start>``/``<end>`` dropped). Vectorised NumPy: see :func:`benchmark_frequencies`."""
+    decoding an image; ``<start>`` dropped, and ``<end>`` too unless ``end_token``: then it is the last
+    word of every reference, as self-critical.pytorch counts its ``<eos>``). Vectorised NumPy: see
+    :func:`benchmark_frequencies`."""
     files = (shards or ShardReader()).files(dataset, split)
     tokens, lengths, per_image = [], [], []
     # the counts do not depend on the order of the records: files are read in parallel, in any order
@@ -196,13 +198,16 @@ def frequencies_from_split(dataset: PreparedDataset, split: str = "train", n: in
         raise InputError(f"split {split} of {dataset.path} has a caption not framed by <start> and <end>: "
                          "prepare the dataset again")
     words = np.ones(tokens.size, bool)
-    words[ends - lengths], words[ends - 1] = False, False
-    return _count(tokens[words], lengths - 2, np.concatenate(per_image).astype(np.int64),
-                  dataset.vocab_size, n, f"{dataset.identity} {split}")
+    words[ends - lengths] = False
+    if not end_token:
+        words[ends - 1] = False
+    return _count(tokens[words], lengths - (1 if end_token else 2), np.concatenate(per_image).astype(np.int64),
+                  dataset.vocab_size, n, f"{dataset.identity} {split}" + (" +<end>" if end_token else ""),
+                  end_token)
 
 
 def _count(tokens: np.ndarray, lengths: np.ndarray, per_image: np.ndarray, vocab_size: int, n: int,
-           source: str) -> DocumentFrequencies:
+           source: str, end_token: bool = False) -> DocumentFrequencies:
     """Flat word ids, words per caption, captions per image → document frequencies (one sort per order)."""
     documents = per_image.size
     if not 1 <= vocab_size <= max_vocab_size(max(1, n)):
@@ -210,7 +215,7 @@ def _count(tokens: np.ndarray, lengths: np.ndarray, per_image: np.ndarray, vocab
                          f"(at most {max_vocab_size(max(1, n))} words)")
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise InputError(f"word ids must lie in [0, {vocab_size}); got {tokens.min()}..{tokens.max()}")
-    if np.isin(tokens, (PAD_ID, START_ID, END_ID)).any():
+    if np.isin(tokens, (PAD_ID, START_ID) if end_token else (PAD_ID, START_ID, END_ID)).any():
         raise InputError("references hold <pad>, <start> or <end> ids: give words only")
     document = np.repeat(np.repeat(np.arange(documents, dtype=np.int64), per_image), lengths)
     room = np.repeat(np.cumsum(lengths), lengths) - np.arange(tokens.size)  # words from here to the caption's end

@@ -9,6 +9,7 @@ the model folder (:class:`captioning.model_dir.ModelDir`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +41,9 @@ from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, ma
 from captioning.train.summaries import Sample, Summaries, Window
 
 log = logging.getLogger("captioning.train")
+
+# A change of these between runs in one folder starts a new optimizer (the model and step are restored).
+_NEW_OPTIMIZER_KEYS = (("model", "encoder_trainable"), ("train", "optimizer"), ("train", "objective"))
 
 
 class NonFiniteError(Exception):
@@ -80,7 +84,10 @@ class TrainResult:
 class Trainer:
     """Builds the strategy, data, model, optimizer and checkpoints for one run; :meth:`run` trains."""
 
-    def __init__(self, cfg: config_lib.Config, model_dir: str, strategy: tf.distribute.Strategy | None = None):
+    def __init__(self, cfg: config_lib.Config, model_dir: str, strategy: tf.distribute.Strategy | None = None,
+                 init_from: str | None = None):
+        """``init_from``: another model folder whose latest checkpoint's weights a new folder starts from
+        (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
         config_lib.validate(cfg)
         self.cfg, self.model_dir = cfg, model_dir
         self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
@@ -102,8 +109,9 @@ class Trainer:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
                              f"{replicas} replicas")
         self.steps_per_epoch = max(1, examples_per_epoch(self.dataset, cfg) // cfg.train.batch_size)
-        # split padding needs shapes that vary per batch, which XLA cannot compile
-        self.objective = OBJECTIVES["xe"](split_padding=cfg.train.split_padding and not cfg.train.jit_compile)
+        source = ModelDir(init_from) if init_from else None
+        if source is not None:
+            source.check_source_for(cfg, self.vocab, self.folder)
 
         policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
         keras.mixed_precision.set_global_policy(policy)
@@ -117,6 +125,7 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
+        self.objective = self._objective()
 
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
         # The chief writes the folder: one training run at a time (the other workers write scratch folders).
@@ -131,13 +140,20 @@ class Trainer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=cfg.train.keep_checkpoints,
                                                   checkpoint_name="ckpt", step_counter=self.step)
         self._saved_step = None
-        if latest and previous is not None and previous.model.encoder_trainable != cfg.model.encoder_trainable:
+        changed = [f"{section}.{key}" for section, key in _NEW_OPTIMIZER_KEYS
+                   if previous is not None and getattr(getattr(previous, section), key) != getattr(getattr(cfg, section), key)]
+        if latest and changed:
             # Keras optimizers track their variables by position, so when the set of trained variables
             # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state
-            # no longer lines up: restore the model and the step, and start the optimizer afresh.
+            # no longer lines up; another optimizer or objective (SCST after cross-entropy) starts its own
+            # state too: restore the model and the step, and start the optimizer afresh.
             self.folder.restore(latest, {"model": self.model, "step": self.step})
-            log.info("resumed the model from %s at step %d with a new optimizer (model.encoder_trainable "
-                     "changed)", latest, self.current_step())
+            log.info("resumed the model from %s at step %d with a new optimizer (%s changed)", latest,
+                     self.current_step(), ", ".join(changed))
+        elif not latest and source is not None:
+            start = source.latest_checkpoint()
+            self.folder.restore(start, {"model": self.model})
+            log.info("initialised the model from %s (step 0 of this folder)", start)
         elif latest:
             self.folder.restore(latest, {"model": self.model, "step": self.step}, {"optimizer": self.optimizer})
             log.info("resumed from %s at step %d", latest, self.current_step())
@@ -146,6 +162,28 @@ class Trainer:
         if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
             self.folder.write(cfg, self.vocab, step=self.current_step())
         self._compiled = Compiled()
+
+    def _objective(self):
+        cfg = self.cfg
+        if cfg.train.objective == "scst":
+            from captioning.train.cider import CiderD
+            from captioning.train.document_frequencies import DocumentFrequencies, frequencies_from_split
+            from captioning.train.scst import SelfCritical
+
+            path = self.folder.document_frequencies_file
+            end = cfg.scst.end_in_reward
+            source = f"{self.dataset.identity}:{cfg.data.train_split}" + (":end" if end else "")
+            frequencies = DocumentFrequencies.load(path) if os.path.exists(path) else None
+            if frequencies is None or frequencies.source != source or frequencies.vocab_size != len(self.vocab):
+                log.info("counting the n-grams of the %s references for the CIDEr-D reward (once)", cfg.data.train_split)
+                frequencies = frequencies_from_split(self.dataset, cfg.data.train_split, shards=self.shards,
+                                                     end_token=end)
+                frequencies = dataclasses.replace(frequencies, source=source)
+                if self.chief:
+                    frequencies.save(path)
+            return SelfCritical(CiderD(frequencies), cfg.scst, self.step, seed=cfg.train.seed)
+        # split padding needs shapes that vary per batch, which XLA cannot compile
+        return OBJECTIVES["xe"](split_padding=cfg.train.split_padding and not cfg.train.jit_compile)
 
     def current_step(self) -> int:
         return int(self.step.numpy())
@@ -338,11 +376,11 @@ class Trainer:
                 "train.clip_gradient_norm, or set train.nan_policy=skip to skip such batches")
 
 
-def train(cfg: config_lib.Config, model_dir: str, progress: bool = True) -> TrainResult:
+def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_from: str | None = None) -> TrainResult:
     """Configures devices, then trains (see :mod:`captioning.train`)."""
     distribute.configure_devices(cfg.distribute)
     try:
-        trainer = Trainer(cfg, model_dir)
+        trainer = Trainer(cfg, model_dir, init_from=init_from)
         # a damaged shard: one line naming it (InputError), not a DataLossError traceback
         with trainer.shards, trainer.shards.named_errors():
             return trainer.run(progress=progress)

@@ -1,0 +1,207 @@
+"""Self-critical sequence training: sampling in the graph (checked against teacher forcing), the policy
+gradient and its baselines, determinism across replicas, starting from a cross-entropy model (a new
+folder or the same one), resuming, and MirroredStrategy / MultiWorkerMirroredStrategy."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import ScstConfig, load_config
+from captioning.errors import InputError
+from captioning.vocab import END_ID, PAD_ID, START_ID
+from tests.conftest import run_cli, small_train_config
+
+V = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    from captioning.config import ModelConfig
+    from captioning.model import ShowAndTell
+
+    return ShowAndTell(V, ModelConfig(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
+                       seed=3).build_all()
+
+
+def images(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+
+
+def test_samples_stop_at_end_and_their_log_probability_is_the_models(model):
+    """Every sampled caption is words, then <end> (or max_length words), then <pad>; its summed
+    log-probability equals the teacher-forced model's for the same words and <end> (over the words it
+    may choose: never <pad> or <start>)."""
+    from captioning.train.scst import sample_captions
+
+    state = model.initial_state(model.encode(images(4)))
+    state = [tf.repeat(s, 8, axis=0) for s in state]
+    drawn = sample_captions(model, state, max_length=6, temperature=1.0, seed=tf.constant([1, 2]))
+    ids, log_prob, ended = drawn["ids"].numpy(), drawn["log_prob"].numpy(), drawn["ended"].numpy()
+    assert ids.shape == (32, 6)
+    assert not np.isin(ids, (START_ID,)).any()
+    for row in range(32):
+        stop = np.flatnonzero(ids[row] == END_ID)
+        assert ended[row] == bool(stop.size)
+        if stop.size:
+            assert (ids[row, stop[0] + 1:] == PAD_ID).all() and (ids[row, :stop[0]] > END_ID).all()
+        else:
+            assert (ids[row] > END_ID).all()
+    assert len({tuple(r) for r in ids}) > 8  # the 8 samples of an image differ
+    # teacher forcing the same rows: <start> then the sampled words
+    inputs = np.concatenate([np.full((32, 1), START_ID), ids[:, :-1]], axis=1)
+    features = tf.repeat(model.encode(images(4)), 8, axis=0)
+    logits = model({"features": features, "input_ids": inputs}).numpy()
+    logits[..., [PAD_ID, START_ID]] = -np.inf
+    logp = tf.nn.log_softmax(logits).numpy()
+    counted = (np.cumsum(ids == END_ID, axis=1) - (ids == END_ID)) == 0  # words and the <end>, not after it
+    counted &= ids != PAD_ID
+    expected = np.where(counted, np.take_along_axis(logp, ids[..., None], axis=2)[..., 0], 0.0).sum(axis=1)
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_samples_are_a_function_of_the_seed_and_the_global_row(model):
+    from captioning.train.scst import sample_captions
+
+    state = [tf.repeat(s, 4, axis=0) for s in model.initial_state(model.encode(images(3)))]
+    a = sample_captions(model, state, 5, 1.0, tf.constant([0, 7]))["ids"].numpy()
+    b = sample_captions(model, state, 5, 1.0, tf.constant([0, 7]))["ids"].numpy()
+    c = sample_captions(model, state, 5, 1.0, tf.constant([0, 8]))["ids"].numpy()
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).any()
+
+
+def test_policy_gradient_and_baselines(model):
+    """loss = −Σ (r − b) log p / samples, with b the mean of the image's other samples, or its greedy
+    caption's reward; reported reward, baseline and ended are per-sample means."""
+    from captioning.train.cider import CiderD, document_frequencies
+    from captioning.train.scst import SelfCritical, greedy_captions, references_of, sample_captions
+
+    rng = np.random.default_rng(4)
+    refs = [[list(rng.integers(4, V, 5)) for _ in range(2)] for _ in range(3)]
+    frequencies = document_frequencies(refs, vocab_size=V)
+    ids = [[1] + r + [END_ID] for image in refs for r in image]
+    width = max(map(len, ids)) - 1
+    target = np.array([(r[1:] + [0] * width)[:width] for r in ids])
+    batch = {"image": images(3, seed=5), "image_index": np.repeat(np.arange(3), 2).astype(np.int32),
+             "input_ids": np.array([(r[:-1] + [0] * width)[:width] for r in ids]), "target_ids": target,
+             "mask": (target != 0).astype(np.float32)}
+    assert references_of(batch).to_list() == [[[int(w) for w in r] for r in image] for image in refs]
+    step = tf.Variable(11, dtype=tf.int64)
+    for baseline in ("mean", "greedy"):
+        cfg = ScstConfig(samples=4, baseline=baseline, max_length=7, end_in_reward=False)
+        objective = SelfCritical(CiderD(frequencies), cfg, step, seed=2)
+        with tf.GradientTape() as tape:
+            out = objective.replica_loss(model, batch, training=False)
+        grads = tape.gradient(out.loss_sum, model.trainable_variables)
+        assert any(g is not None and np.abs(tf.convert_to_tensor(g).numpy()).sum() > 0 for g in grads)
+        # the same samples again, by hand
+        state = [tf.repeat(s, 4, axis=0) for s in model.initial_state(model.encode(batch["image"]))]
+        drawn = sample_captions(model, state, 7, 1.0, tf.constant([2, 11]))
+        words = drawn["ids"].numpy()
+        lengths = np.array([np.sum(np.cumsum(r == END_ID) == 0) for r in words])
+        lengths = np.minimum(lengths, [np.sum(r > END_ID) for r in words])
+        reward = CiderD(frequencies).scores(words, lengths, references_of(batch), np.repeat(np.arange(3), 4)).numpy()
+        r = reward.reshape(3, 4)
+        if baseline == "mean":
+            b = ((r.sum(1, keepdims=True) - r) / 3).reshape(-1)
+        else:
+            greedy = greedy_captions(model, model.initial_state(model.encode(batch["image"])), 7).numpy()
+            g_len = np.array([np.sum(row > END_ID) for row in greedy])
+            b = np.repeat(CiderD(frequencies).scores(greedy, g_len, references_of(batch)).numpy(), 4)
+        expected = -np.sum((reward - b) * drawn["log_prob"].numpy())
+        assert float(out.loss_sum) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+        assert float(out.weight) == 12
+        assert float(out.sums["reward"]) == pytest.approx(reward.sum(), rel=1e-5)
+        assert float(out.sums["baseline"]) == pytest.approx(b.sum(), rel=1e-5)
+        assert float(out.sums["ended"]) == drawn["ended"].numpy().sum()
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["train.objective=scst"], "needs data.captions_per_image: grouped"),
+    (["train.objective=scst", "data.captions_per_image=grouped", "scst.samples=1"], "scst.samples (1)"),
+    (["train.objective=scst", "data.captions_per_image=grouped", "scst.temperature=0"], "scst.temperature"),
+    (["train.objective=scst", "data.captions_per_image=grouped", "train.jit_compile=true"], "jit_compile"),
+])
+def test_scst_config_errors(overrides, fragment):
+    from captioning.config import validate
+
+    with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        validate(load_config(None, ["data.dir=d"] + overrides))
+
+
+SCST = ["train.objective=scst", "data.captions_per_image=grouped", "train.optimizer=adam", "train.learning_rate=0.001",
+        "scst.samples=3", "train.batch_size=10"]
+TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's trained_model_dir
+
+
+@pytest.mark.slow
+def test_scst_from_a_cross_entropy_model_in_a_new_folder_and_in_the_same_one(trained_model_dir, prepared_dir, tmp_path):
+    """--init-from starts a new folder from another's weights; the same folder switches to SCST from its
+    latest checkpoint with a new optimizer; both resume like any run; the document frequencies are
+    counted once and kept in the folder."""
+    import shutil
+
+    from captioning.model_dir import ModelDir
+    from captioning.train import Trainer
+
+    config = tmp_path / "scst.yaml"
+    cfg = small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=6", "train.eval_every_steps=6",
+                             "train.eval_batches=1")
+    from captioning.config import save_config
+
+    save_config(cfg, str(config))
+    new = tmp_path / "new"
+    done = run_cli("train", "--config", str(config), "--model-dir", str(new), "--init-from", trained_model_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "initialised the model from" in done.stderr and "ckpt-60" in done.stderr
+    assert "reward" in done.stderr and "ended" in done.stderr
+    assert os.path.exists(ModelDir(str(new)).document_frequencies_file)
+    again = run_cli("train", "--config", str(config), "--model-dir", str(new), "--init-from", trained_model_dir,
+                    "--set", "train.steps=8")
+    assert again.returncode == 0 and "resumed from" in again.stderr and "counting the n-grams" not in again.stderr
+    bad = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "x"), "--init-from", str(tmp_path))
+    assert bad.returncode == 2 and "--init-from" in bad.stderr.strip().splitlines()[-1]
+
+    same = tmp_path / "same"
+    shutil.copytree(trained_model_dir, same)
+    trainer = Trainer(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=63"), str(same))
+    assert trainer.current_step() == 60  # restored, with a new optimizer for the new objective
+    before = {v.path: v.numpy() for v in trainer.model.trainable_variables}
+    result = trainer.run(progress=False)
+    assert result.step == 63
+    assert any(not np.array_equal(before[v.path], v.numpy()) for v in trainer.model.trainable_variables)
+    history = open(same / "history.yaml").read()
+    assert "objective: scst" in history and "objective: xe" in history
+
+
+@pytest.mark.slow
+def test_mirrored_scst_equals_one_device(prepared_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"), "mirrored_scst",
+                           prepared_dir, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    r = np.load(tmp_path / "mirrored_scst.npz")
+    assert int(r["images"]) == 4 and float(r["one_tokens"]) == float(r["two_tokens"]) == 12  # 4 images × 3 samples
+    assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-6)
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    for name in names:
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_multi_worker_scst_ends_with_identical_weights(prepared_dir, tmp_path):
+    from tests.test_train import run_two_workers
+
+    run_two_workers(["multi_worker_scst", prepared_dir, str(tmp_path)])
+    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+    assert int(a["replicas"]) == 2 and len(a["losses"]) == 4
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
