@@ -151,3 +151,18 @@ def test_benchmark_quality(tmp_path, prepared_dir):
     assert [n for n in kept if not n.endswith(".predictions.json")] == [
         f"test-step{s}-beam3-len20-norm0-all.json" for s in (10, 4, 8)]
     assert "time to quality: CIDEr >= 0 after" in done.stdout
+
+
+def test_benchmark_quality_compares_two_settings(tmp_path, prepared_dir):
+    """--compare: a second setting trained after the first in the same run; both curves and the ratios."""
+    out = tmp_path / "quality.json"
+    done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
+                   "--eval-every", "6", "--target", "0", "--set", "train.steps=6", "--set", "train.batch_size=8",
+                   "--set", "model.lstm_units=32", "--set", "model.embedding_size=32",
+                   "--compare", "train.steps=12", "--json", str(out))
+    result = check(done, out)
+    base, compared = result["base"], result["compared"]
+    assert [p["step"] for p in base["curve"]] == [6] and [p["step"] for p in compared["curve"]] == [6, 12]
+    assert result["train_seconds_ratio"] == pytest.approx(compared["train_seconds"] / base["train_seconds"])
+    assert result["seconds_to_target_ratio"] == pytest.approx(compared["seconds_to_target"] / base["seconds_to_target"])
+    assert result["compare"] == ["train.steps=12"] and "time to the target" in done.stdout

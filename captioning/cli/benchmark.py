@@ -64,6 +64,9 @@ def add_benchmark(sub) -> None:
     q.add_argument("--target", type=at_least(0.0, float), default=3.0, help="the CIDEr to reach (default 3.0)")
     q.add_argument("--split", default="test", help="split evaluated (default test)")
     q.add_argument("--model-dir", help="train here and keep it (default: a scratch folder, removed)")
+    q.add_argument("--compare", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="then train with this override too (repeatable) and report both and the ratios, e.g. "
+                        "model.dropout=0.2")
     common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 

@@ -11,6 +11,13 @@ Training's own periodic validation and sample captions are switched off.
 
 Reported: ``seconds_to_target`` and ``steps_to_target`` (None when no checkpoint reached
 ``--target``), the final checkpoint's CIDEr and BLEU-4, and the whole curve.
+
+``--compare SECTION.KEY=VALUE`` trains a second setting after the first, on the same machine in the same
+run, and reports both and the ratios (compared / base) of the time to the target and of the training
+time, e.g. the demo config against the one it replaced::
+
+    captioning benchmark quality --config experiments/shapes.yaml --compare model.dropout=0.2 \
+        --compare train.steps=8000
 """
 
 from __future__ import annotations
@@ -28,12 +35,31 @@ log = logging.getLogger("captioning.benchmark")
 
 
 def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = None, eval_every: int = 1000,
-        target: float = 3.0, split: str = "test", model_dir: str | None = None, progress: bool = True) -> dict:
+        target: float = 3.0, split: str = "test", model_dir: str | None = None, compare: tuple[str, ...] = (),
+        progress: bool = True) -> dict:
+    if eval_every < 1 or target < 0:
+        raise InputError("`eval_every` must be at least 1 and `target` at least 0", params=("eval_every", "target"))
+    if compare and model_dir:
+        raise InputError("`model_dir` keeps one trained model: leave it out with `compare`", params=("model_dir",))
+    base = _measure(config, tuple(overrides), data_dir, eval_every, target, split, model_dir, progress)
+    if not compare:
+        return base
+    compared = _measure(config, tuple(overrides) + tuple(compare), data_dir, eval_every, target, split, None, progress)
+
+    def ratio(key):
+        a, b = base[key], compared[key]
+        return None if a is None or b is None else b / a
+
+    return {"base": base, "compared": compared, "compare": list(compare),
+            "seconds_to_target_ratio": ratio("seconds_to_target"), "train_seconds_ratio": ratio("train_seconds"),
+            "machine": common.machine()}
+
+
+def _measure(config: str, overrides: tuple[str, ...], data_dir: str | None, eval_every: int, target: float,
+             split: str, model_dir: str | None, progress: bool) -> dict:
     from captioning.evaluate import evaluate
     from captioning.train import train
 
-    if eval_every < 1 or target < 0:
-        raise InputError("`eval_every` must be at least 1 and `target` at least 0", params=("eval_every", "target"))
     cfg = config_lib.load_config(config, overrides)
     if data_dir:
         cfg.data.dir = data_dir
@@ -81,6 +107,14 @@ def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = Non
 
 
 def summary(result: dict) -> str:
+    if "compared" in result:
+        def times(key):
+            value = result[key]
+            return "-" if value is None else f"{value:.2f}x"
+
+        return (f"base:     {summary(result['base'])}\ncompared: {summary(result['compared'])}\n"
+                f"with {' '.join(result['compare'])}: time to the target {times('seconds_to_target_ratio')}, "
+                f"training time {times('train_seconds_ratio')} of the base's")
     final = result["final"]
     reached = (f"CIDEr >= {result['target_cider']:g} after {result['seconds_to_target']:.0f} s of training "
                f"(step {result['steps_to_target']})" if result["steps_to_target"] is not None else
