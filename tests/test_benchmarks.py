@@ -102,6 +102,17 @@ def test_benchmark_train_compares_two_settings_side_by_side(tmp_path, prepared_d
     assert result["rounds"] == 2 and "x the captions/s" in done.stdout
 
 
+def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
+    out = tmp_path / "train.json"
+    done = run_cli("-q", "benchmark", "train", "--config", "experiments/shapes_scst.yaml", "--data", prepared_dir,
+                   "--steps", "3", "--warmup", "1", "--set", "train.batch_size=10", "--set", "model.lstm_units=32",
+                   "--json", str(out))
+    result = check(done, out)
+    assert positive(result["reward_ms"]) and 0 < result["reward_share"] < 1
+    assert result["reward_share"] == pytest.approx(result["reward_ms"] / result["step_ms"])
+    assert "the CIDEr-D reward alone" in done.stdout
+
+
 def test_benchmark_decode(tmp_path, trained_model_dir):
     for extra in ([], ["--model-dir", trained_model_dir]):
         out = tmp_path / "decode.json"

@@ -172,6 +172,8 @@ def test_scst_from_a_cross_entropy_model_in_a_new_folder_and_in_the_same_one(tra
     result = trainer.run(progress=False)
     assert result.step == 63
     assert any(not np.array_equal(before[v.path], v.numpy()) for v in trainer.model.trainable_variables)
+    samples = trainer.sample_captions(2)  # TensorBoard's sample captions come with their rewards
+    assert all(s.caption and s.reward is not None and 0 <= s.reward <= 10 for s in samples)
     history = open(same / "history.yaml").read()
     assert "objective: scst" in history and "objective: xe" in history
 

@@ -156,7 +156,7 @@ class CiderD:
         with tf.control_dependencies(checks):
             ids = references.to_tensor()  # [B, R, L]
         images, slots, width = tf.unstack(tf.shape(ids))
-        ref_lengths = tf.reshape(references.row_lengths(axis=2).to_tensor(), [-1])
+        ref_lengths = tf.cast(tf.reshape(references.row_lengths(axis=2).to_tensor(), [-1]), tf.int64)
         ref_keys, ref_valid = self._ngrams(tf.reshape(ids, [images * slots, width]), ref_lengths, -2)
         ref_norm = self._vector(ref_keys, ref_valid)[-1]
         keys, valid = self._ngrams(candidates, lengths, -1)

@@ -31,6 +31,7 @@ from captioning.input_pipeline import eval_images, make_dataset
 from captioning.integrity import ShardReader
 from captioning.model import build_model
 from captioning.model.decode import beam_search, ids_to_text
+from captioning.vocab import END_ID
 from captioning.model_dir import ModelDir
 from captioning.train import distribute
 from captioning.train.lifecycle import (Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
@@ -315,12 +316,26 @@ class Trainer:
         best = beam_search(self.model, self.model.encode(batch["image"]), beam_size=1)  # greedy
         captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
         grid = getattr(self.model, "grid_shape", None)
+        rewards = self._rewards(best, batch["captions"]) if self.cfg.train.objective == "scst" else None
         out = []
         for i, (caption,) in enumerate(captions):
             reference = " ".join(self.vocab.decode(batch["captions"][i][0].numpy()))
             weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
-            out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid))
+            out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid,
+                              None if rewards is None else float(rewards[i])))
         return out
+
+    def _rewards(self, best: dict, captions) -> "np.ndarray":
+        """SCST's reward (CIDEr-D against the image's references) of each image's greedy caption."""
+        end = self.cfg.scst.end_in_reward
+        words, lengths = best["ids"][:, 0], best["lengths"][:, 0]
+        ended = lengths < tf.shape(words)[1]  # stopped at <end> before the longest caption allowed
+        if end:  # <end> after the words, as the reward counts it
+            words = tf.pad(words, [[0, 0], [0, 1]])
+            words += END_ID * tf.one_hot(lengths, tf.shape(words)[1], dtype=words.dtype) * tf.cast(ended, words.dtype)[:, None]
+            lengths += tf.cast(ended, lengths.dtype)
+        references = tf.cast(captions[:, :, 1:] if end else captions[:, :, 1:-1], tf.int32)
+        return self.objective.cider.scores(words, lengths, references).numpy()  # int32 ids: as the step's
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------
     def save(self) -> str:

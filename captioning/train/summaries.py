@@ -11,7 +11,8 @@ TensorBoard, ``MODEL_DIR/logs``::
 
 At every evaluation, sample captions of the first validation images: as text beside their first
 reference, and as images (``samples/<i>``: the crop the model saw, the caption in the description;
-for an attention decoder ``attention/<i>``: a tile per word, lit where the model looked). Each run
+for an attention decoder ``attention/<i>``: a tile per word, lit where the model looked; under
+``train.objective: scst`` each caption's CIDEr-D reward beside it). Each run
 also records its config in TensorBoard's HParams tab (every ``section.key``, lists as text), so runs
 can be compared and filtered by setting.
 
@@ -78,6 +79,7 @@ class Sample:
     image: np.ndarray
     attention: np.ndarray | None = None
     grid: tuple[int, int] | None = None
+    reward: float | None = None  # train.objective: scst — the caption's CIDEr-D reward
 
 
 def hparams(config_dict: dict) -> dict[str, object]:
@@ -144,7 +146,9 @@ class Summaries:
             tf.summary.scalar("loss", loss.loss)
             tf.summary.scalar("perplexity", loss.perplexity)
         if samples:
-            text = "\n\n".join(f"image {s.image_id}: **{s.caption}** (reference: {s.reference})" for s in samples)
+            text = "\n\n".join(f"image {s.image_id}: **{s.caption}**" +
+                                 (f" (reward {s.reward:.3f})" if s.reward is not None else "") +
+                                 f" (reference: {s.reference})" for s in samples)
             with self.train.as_default(step=step):
                 tf.summary.text("sample_captions", text)
                 for i, s in enumerate(samples):

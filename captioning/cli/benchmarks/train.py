@@ -97,7 +97,9 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
     total = sum(ingestion) + sum(step)
     captions, images = per_step(cfg, per_image, result.replicas)
-    return {
+    extra = reward_share(cfg, images / result.replicas, per_image, 1000 * statistics.fmean(step)) \
+        if cfg.train.objective == "scst" else {}
+    return {**extra,
         "ingestion_share": sum(ingestion) / total,
         "step_ms": 1000 * statistics.fmean(step),
         "iteration_ms": 1000 * total / len(step),
@@ -117,6 +119,22 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     }
 
 
+def reward_share(cfg: config_lib.Config, images: float, references: float, step_ms: float) -> dict:
+    """``train.objective: scst``: the CIDEr-D reward alone, timed on captions of the step's sizes (a
+    replica's images, the samples — and the greedy captions with ``scst.baseline: greedy`` —, the
+    references per image, ``scst.max_length`` words, the model's vocabulary), and its share of the step.
+    :func:`captioning.train.cider.benchmark` says how the cost scales."""
+    from captioning.dataset import PreparedDataset
+    from captioning.train.cider import benchmark
+
+    vocab = PreparedDataset.load(cfg.data.dir).vocab_size
+    samples = cfg.scst.samples - (1 if cfg.scst.baseline == "mean" else 0)  # benchmark adds one per image
+    timed = benchmark(images=max(1, round(images)), samples=samples, references=max(1, round(references)),
+                      length=cfg.scst.max_length + int(cfg.scst.end_in_reward), vocab_size=vocab,
+                      table_keys=200_000)
+    return {"reward_ms": timed["ms"], "reward_share": timed["ms"] / step_ms}
+
+
 def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -> tuple[float, float]:
     """(captions, distinct images) in one global batch (see the module docstring).
 
@@ -132,6 +150,10 @@ def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -
 
 
 def summary(result: dict) -> str:
+    if "reward_ms" in result and "compared" not in result:
+        return (summary({k: v for k, v in result.items() if k not in ("reward_ms", "reward_share")}) +
+                f"\nthe CIDEr-D reward alone: {result['reward_ms']:.1f} ms, {result['reward_share']:.1%} of the step "
+                "(target <= 10%)")
     if "compared" in result:
         return (f"base:     {summary(result['base'])}\ncompared: {summary(result['compared'])}\n"
                 f"with {' '.join(result['compare'])}: {result['captions_per_s_ratio']:.2f}x the captions/s "
