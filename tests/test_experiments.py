@@ -44,3 +44,31 @@ def test_shapes_is_a_cpu_config():
     c = load_config(os.path.join(REPO, "experiments", "shapes.yaml"))
     assert c.model.encoder == "small_cnn" and c.data.dir == "runs/demo/records" and c.train.optimizer == "sgd"
     assert not c.data.random_flip  # captions name left and right
+
+
+def load(name):
+    return load_config(os.path.join(REPO, "experiments", name))
+
+
+def test_attention_configs():
+    """The shapes comparison runs both decoders at 64 px (a 4 x 4 grid); the COCO one has the paper's decoder."""
+    from captioning.model_dir import small_cnn_grid
+
+    shapes, plain = load("shapes_attention.yaml"), load("shapes_64.yaml")
+    assert shapes.model.decoder == "attention" and plain.model.decoder == "show_and_tell"
+    assert shapes.data.image_size == plain.data.image_size == 64 and small_cnn_grid(64) == 4
+    assert shapes.data.dir == plain.data.dir == load("shapes.yaml").data.dir
+    coco = load("show_attend_tell_coco.yaml")
+    assert (coco.model.decoder, coco.model.encoder, coco.model.lstm_units, coco.model.attention_size) == \
+        ("attention", "inception_v3", 1000, 512)
+    assert coco.model.attention_l1 == 1.0 and coco.train.optimizer == "adam" and coco.data.cache == "features"
+
+
+def test_scst_configs_continue_from_cross_entropy():
+    for name, base in (("shapes_scst.yaml", "shapes.yaml"), ("show_and_tell_coco_scst.yaml", "show_and_tell_coco.yaml")):
+        c, xe = load(name), load(base)
+        assert c.train.objective == "scst" and xe.train.objective == "xe"
+        assert c.data.captions_per_image == "grouped" and c.scst.samples == 5 and c.scst.baseline == "mean"
+        assert (c.model.encoder, c.model.embedding_size, c.model.lstm_units) == \
+            (xe.model.encoder, xe.model.embedding_size, xe.model.lstm_units)  # --init-from fits
+        assert c.train.optimizer == "adam" and c.train.lr_schedule == "constant"
