@@ -55,3 +55,10 @@ class PeerLostError(InputError):
     """A worker of a multi-worker cluster is gone, or never came: one line naming it, exit code 1."""
 
     exit_code = 1
+
+
+class ServiceLostError(InputError):
+    """The tf.data service a run reads its input from is gone mid-run (its dispatcher unreachable, or
+    restarted without its state): one line naming it, exit code 1 (the input itself was fine)."""
+
+    exit_code = 1

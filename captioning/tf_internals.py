@@ -21,14 +21,21 @@ helper                                    what it touches, and why
                                           which TF otherwise leaves to garbage collection
 :func:`raised_in_tf_failure_handling`     the file layout of ``tensorflow/python/distribute/
                                           failure_handling``: telling TF's own watcher threads' errors apart
+:func:`worker_port`                       ``WorkerServer._address``: the port a tf.data worker started with
+                                          port 0 bound (TF's public API has no property for it)
+:func:`dispatcher_version`                the tf.data dispatcher's gRPC method ``/tensorflow.data.
+                                          DispatcherService/GetVersion``: asking, with a deadline, whether a
+                                          dispatcher answers (TF's own clients retry an absent one forever)
 ========================================  ====================================================================
+
+TensorFlow is imported inside the helpers that need it, so :func:`dispatcher_version` (plain gRPC) runs
+before TensorFlow loads: ``captioning data-service`` answers a wrong address in a second, not after the
+seconds TensorFlow takes to import.
 """
 
 from __future__ import annotations
 
 import os
-
-import tensorflow as tf
 
 
 def tfrecord_random_reader(path: str):
@@ -59,6 +66,8 @@ def configure_coordination_service(leader: str, jobs: dict[str, int], heartbeat_
 
 def step_trace(name: str, step: int):
     """A profiler trace context for one step, marked as a step (``step_num``) for TensorBoard."""
+    import tensorflow as tf
+
     return tf.profiler.experimental.Trace(name, step_num=step, _r=1)
 
 
@@ -80,3 +89,33 @@ def raised_in_tf_failure_handling(traceback) -> bool:
             return True
         traceback = traceback.tb_next
     return False
+
+
+def worker_port(server) -> int:
+    """The port a ``tf.data.experimental.service.WorkerServer`` listens on (``_address`` is
+    ``"localhost:PORT"``)."""
+    return int(server._address.rsplit(":", 1)[1])
+
+
+_GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"  # TF's dispatcher.proto; GetVersionRequest is empty
+
+
+def dispatcher_version(address: str, timeout_s: float) -> int:
+    """The data-service version a tf.data dispatcher at ``address`` (``host:port``) reports, asked once
+    with a deadline of ``timeout_s``; raises ``grpc.RpcError``: ``UNAVAILABLE`` when nothing listens or the
+    host is unknown, ``DEADLINE_EXCEEDED`` when nothing answers in time, ``UNIMPLEMENTED`` when a gRPC
+    server that is not a dispatcher (a tf.data worker, say) answers. A fresh channel each call: a reused
+    one stays in gRPC's reconnect backoff after a failure and would report a restarted dispatcher late."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        get_version = channel.unary_unary(_GET_VERSION, request_serializer=lambda message: message,
+                                          response_deserializer=lambda message: message)
+        reply = get_version(b"", timeout=timeout_s)
+    version, shift = 0, 0  # GetVersionResponse: field 1, a varint
+    for byte in reply[1:] if reply[:1] == b"\x08" else b"":
+        version |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    return version

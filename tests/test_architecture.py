@@ -19,11 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # captioning's stages, in the data's order (a module may import its own stage and those above it here)
 STAGES = [
     ("base", ["captioning", "captioning.errors", "captioning.fileio", "captioning.config", "captioning.tf_import",
-              "captioning.tf_internals"]),
+              "captioning.tf_internals", "captioning.service_probe"]),
     ("format", ["captioning.schema", "captioning.text", "captioning.vocab", "captioning.images",
                 "captioning.dataset"]),
     ("data", ["captioning.augment", "captioning.batching", "captioning.disk_cache", "captioning.feature_cache",
-              "captioning.integrity", "captioning.input_pipeline"]),
+              "captioning.integrity", "captioning.input_pipeline", "captioning.data_service"]),
     ("model", ["captioning.model", "captioning.model_dir"]),
     ("train", ["captioning.train"]),
     ("use", ["captioning.inference", "captioning.evaluate", "captioning.metrics", "captioning.caption",

@@ -10,14 +10,15 @@
     captioning caption    captions (and a gallery) for your images          captioning.caption
     captioning export     a SavedModel that captions encoded images         captioning.export
     captioning benchmark  input, train, decode, prepare against ceilings    captioning.cli.benchmarks
+    captioning data-service  a tf.data service dispatcher or worker        captioning.data_service
 
 This package is the only code that wires stages together (``data_prep`` included). Flags live in
-:mod:`.commands` and :mod:`.benchmark`, shared parsing in :mod:`.parsing`.
+:mod:`.commands`, :mod:`.benchmark` and :mod:`.data_service`, shared parsing in :mod:`.parsing`.
 
 Exit codes: 0 success; 1 finished with errors on some inputs (``train``: a non-finite loss under
 ``train.nan_policy: stop``); 2 usage or input error (one line on stderr, no traceback; a library error
 naming a parameter is printed naming its flag); 130 interrupted. ``train`` catches SIGINT and SIGTERM
-itself: it finishes the step, saves a checkpoint and exits 0.
+itself: it finishes the step, saves a checkpoint and exits 0; ``data-service`` servers stop and exit 0.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 from captioning import __version__
 from captioning.cli import commands
 from captioning.cli.benchmark import add_benchmark
+from captioning.cli.data_service import add_data_service
 from captioning.cli.parsing import Parser
 from captioning.errors import InputError, PeerLostError
 
@@ -45,7 +47,8 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, TensorFlow's included")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (commands.add_synth, commands.add_prepare, commands.add_train, commands.add_evaluate,
-                commands.add_score, commands.add_caption, commands.add_export, add_benchmark):
+                commands.add_score, commands.add_caption, commands.add_export, add_benchmark,
+                add_data_service):
         add(sub)
     return parser
 

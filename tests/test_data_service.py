@@ -1,0 +1,325 @@
+"""The tf.data service (captioning/data_service.py, `captioning data-service`): real dispatcher and worker
+processes of the command line on localhost ports, real trainers' iterators in subprocesses
+(tests/data_service_consumer.py: range(N) squared on the workers, each element labelled with the worker
+that made it), real SIGTERM, SIGINT and SIGKILL. The assertions are what TensorFlow 2.21 does, as the
+module docstring of captioning/data_service.py reports it."""
+
+import collections
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, free_port, run_cli
+
+CONSUMER = os.path.join(REPO, "tests", "data_service_consumer.py")
+HOST = re.escape(socket.gethostname())
+
+
+class Proc:
+    """A process in the background, its output going to files we can poll."""
+
+    def __init__(self, folder, name, argv):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "worker.txt").write_text(name)  # read by the dataset's map when this process is a worker
+        self.name, self.out_path, self.err_path = name, folder / f"{name}.out", folder / f"{name}.err"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=folder, env=env, stdin=subprocess.DEVNULL)
+
+    @property
+    def stdout(self):
+        return self.out_path.read_text()
+
+    @property
+    def stderr(self):
+        return self.err_path.read_text()
+
+    def wait_for(self, pattern, timeout=90, stream="stderr"):
+        """Polls the output until ``pattern`` appears; returns the match."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            exited = self.proc.poll() is not None  # before reading: what it wrote before exiting is read
+            match = re.search(pattern, getattr(self, stream), re.M)
+            if match:
+                return match
+            assert not exited, f"{self.name} exited {self.proc.returncode}:\n{self.stderr[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: no {pattern!r} within {timeout} s:\n{self.stderr[-3000:]}")
+
+    def elements(self):
+        """(x, square, worker) of every ELEMENT line so far."""
+        return [(int(x), int(sq), w) for x, sq, w in re.findall(r"^ELEMENT (\d+) (\d+) (\S+)$", self.stdout, re.M)]
+
+    def wait_for_elements(self, count, timeout=90):
+        self.wait_for(rf"(?:^ELEMENT .*\n){{{count}}}", timeout, stream="stdout")
+
+    def stop(self, signum, timeout=15):
+        """Sends ``signum``; returns (exit code, seconds it took to exit)."""
+        sent = time.time()
+        self.proc.send_signal(signum)
+        return self.proc.wait(timeout=timeout), time.time() - sent
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def dispatcher(folder, port, *args):
+    return Proc(folder / f"dispatcher-{port}", "dispatcher", [sys.executable, "-m", "captioning", "data-service",
+                                                              "dispatcher", "--port", str(port), *args])
+
+
+def worker(folder, name, dispatcher_port, port, *args):
+    return Proc(folder / name, name, [sys.executable, "-m", "captioning", "data-service", "worker", "--dispatcher",
+                                      f"localhost:{dispatcher_port}", "--port", str(port), *args])
+
+
+def consumer(folder, name, service, *args):
+    return Proc(folder / name, name, [sys.executable, CONSUMER, "--service", service, *args])
+
+
+class Cluster:
+    """A dispatcher and workers w1, w2, ... on fixed localhost ports, all started at once (the workers wait
+    for the dispatcher)."""
+
+    def __init__(self, folder, workers=2, dispatcher_args=(), worker_args=()):
+        self.folder, self.port, self.dispatcher_args, self.worker_args = folder, free_port(), dispatcher_args, worker_args
+        self.service = f"localhost:{self.port}"
+        self.dispatcher = dispatcher(folder, self.port, *dispatcher_args)
+        self.worker_ports = {f"w{i + 1}": free_port() for i in range(workers)}
+        self.workers = {name: worker(folder, name, self.port, port, *worker_args)
+                        for name, port in self.worker_ports.items()}
+        self.dispatcher.wait_for(rf"dispatcher listening on grpc://{HOST}:{self.port} ")
+        for name, w in self.workers.items():
+            w.wait_for(rf"worker localhost:{self.worker_ports[name]} serving dispatcher localhost:{self.port}\n")
+
+    def restart_worker(self, name):
+        self.workers[name].kill()
+        self.workers[name] = worker(self.folder, name, self.port, self.worker_ports[name], *self.worker_args)
+        self.workers[name].wait_for(rf"worker localhost:{self.worker_ports[name]} serving")
+
+    def restart_dispatcher(self, *args):
+        self.dispatcher.kill()
+        self.dispatcher = dispatcher(self.folder, self.port, *args)
+        self.dispatcher.wait_for(rf"dispatcher listening on grpc://{HOST}:{self.port} ")
+
+    def close(self):
+        for p in [self.dispatcher, *self.workers.values()]:
+            p.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.close()
+
+
+def one_error_line(proc, code, timeout=90):
+    """Waits for ``proc`` to exit with ``code``; returns its stderr, which must be one error line."""
+    assert proc.proc.wait(timeout=timeout) == code, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_help_explains_each_flag():
+    for server, flags in (("dispatcher", ["--port", "--work-dir"]),
+                          ("worker", ["--dispatcher", "--port", "--host", "--timeout", "--heartbeat"])):
+        result = run_cli("data-service", server, "--help", timeout=60)
+        assert result.returncode == 0
+        described = re.findall(r"^  (--[a-z-]+) \S*\s+\S", result.stdout, re.M)  # a flag and the start of its text
+        assert sorted(described) == sorted(flags), result.stdout
+
+
+def test_servers_log_their_address_and_stop_cleanly_on_sigterm_and_sigint(tmp_path):
+    ports = [free_port() for _ in range(4)]
+    servers = {"dispatcher-term": dispatcher(tmp_path, ports[0]), "dispatcher-int": dispatcher(tmp_path, ports[1]),
+               "worker-int": worker(tmp_path, "worker-int", ports[0], ports[2]),
+               "worker-term": worker(tmp_path, "worker-term", ports[1], ports[3])}
+    try:
+        servers["dispatcher-term"].wait_for(rf"dispatcher listening on grpc://{HOST}:{ports[0]} \(no work dir")
+        servers["dispatcher-int"].wait_for(rf"dispatcher listening on grpc://{HOST}:{ports[1]} \(no work dir")
+        servers["worker-int"].wait_for(rf"worker localhost:{ports[2]} serving dispatcher localhost:{ports[0]}\n")
+        servers["worker-term"].wait_for(rf"worker localhost:{ports[3]} serving dispatcher localhost:{ports[1]}\n")
+        for name in ("worker-int", "worker-term", "dispatcher-term", "dispatcher-int"):  # workers first
+            signum = signal.SIGINT if name.endswith("int") else signal.SIGTERM
+            code, took = servers[name].stop(signum)
+            what = name.split("-")[0]
+            assert code == 0 and took < 10, (name, code, took, servers[name].stderr)
+            assert f"{signum.name}: stopping the {what}\n" in servers[name].stderr
+            assert servers[name].stderr.rstrip().endswith(f"{what} stopped"), servers[name].stderr
+            assert "Traceback" not in servers[name].stderr
+    finally:
+        for s in servers.values():
+            s.kill()
+
+
+def test_distributed_epoch_gives_every_element_exactly_once(cluster, tmp_path):
+    n = 101  # not a multiple of the 2 workers
+    c = consumer(tmp_path, "consumer", cluster.service, "--mode", "distributed_epoch", "--n", str(n))
+    assert c.proc.wait(timeout=90) == 0, c.stderr
+    got = c.elements()
+    assert sorted(x for x, _, _ in got) == list(range(n))
+    assert all(square == x * x for x, square, _ in got)
+    assert {w for _, _, w in got} <= {"w1", "w2"}
+
+
+def test_parallel_epochs_has_each_worker_produce_the_whole_dataset(cluster, tmp_path):
+    n = 51
+    c = consumer(tmp_path, "consumer", cluster.service, "--mode", "parallel_epochs", "--n", str(n))
+    assert c.proc.wait(timeout=90) == 0, c.stderr
+    by_worker = collections.defaultdict(list)
+    for x, square, w in c.elements():
+        assert square == x * x
+        by_worker[w].append(x)
+    assert {w: sorted(xs) for w, xs in by_worker.items()} == {"w1": list(range(n)), "w2": list(range(n))}
+
+
+@pytest.mark.parametrize("how", ["job_name", "dataset_id"])
+def test_trainers_sharing_a_job_split_it_between_them(cluster, tmp_path, how):
+    """Two trainers (as the workers of a MultiWorkerMirroredStrategy would be) read one distributed_epoch
+    job: together they see every element once. ``dataset_id``: register_dataset + from_dataset_id."""
+    n = 201
+    shared = ["--job-name", f"shared-{how}"] + (["--dataset-id", "squares-201"] if how == "dataset_id" else [])
+    trainers = [consumer(tmp_path, f"trainer{i}", cluster.service, "--n", str(n), "--delay", "0.01", *shared)
+                for i in range(2)]
+    for t in trainers:
+        assert t.proc.wait(timeout=90) == 0, t.stderr
+    xs = [x for t in trainers for x, _, _ in t.elements()]
+    assert sorted(xs) == list(range(n))
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["dispatcher", "--port", "{dispatcher}"], r"--port {dispatcher} is in use on this machine \(another dispatcher "
+                                                r"or worker\?\): stop that server or choose another port"),
+    (["worker", "--dispatcher", "localhost:{dispatcher}", "--port", "{w1}"], r"--port {w1} is in use on this machine"),
+    (["worker", "--dispatcher", "dispatcher-host"],
+     r"--dispatcher must look like HOST:PORT, e.g. data0:5050, got 'dispatcher-host'"),
+    (["worker", "--dispatcher", "localhost:70000"], r"--dispatcher must look like HOST:PORT, .* got 'localhost:70000'"),
+    (["worker", "--dispatcher", "localhost:{w1}"], r"localhost:{w1} answers, but it is not a tf.data dispatcher "
+                                                   r"\(.*\): --dispatcher must be the address the dispatcher logs, "
+                                                   r"not a worker's"),
+    (["dispatcher", "--port", "{free}", "--work-dir", "{file}/journal"],
+     r"--work-dir {file}/journal cannot be created or written: \[Errno 20\] Not a directory"),
+    (["dispatcher", "--port", "65536"], r"argument --port: must be a port number from 1 to 65535, got '65536'"),
+], ids=["dispatcher-port-in-use", "worker-port-in-use", "no-port", "port-too-large", "a-worker-not-the-dispatcher",
+        "work-dir-under-a-file", "port-out-of-range"])
+def test_usage_errors_are_one_line_and_exit_2(cluster, tmp_path, args, pattern):
+    (tmp_path / "file").write_text("not a folder")
+    values = {"dispatcher": cluster.port, "w1": cluster.worker_ports["w1"], "free": free_port(),
+              "file": tmp_path / "file"}
+    started = time.time()
+    result = run_cli("data-service", *[a.format(**values) for a in args], timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch(rf"captioning data-service: error: {pattern.format(**values)}.*\n", result.stderr), result.stderr
+    assert time.time() - started < 30  # before TensorFlow loads, or within a few seconds
+
+
+def test_an_unreachable_dispatcher_is_one_line_within_the_timeout(tmp_path):
+    port = free_port()
+    started = time.time()
+    result = run_cli("data-service", "worker", "--dispatcher", f"localhost:{port}", "--timeout", "3", timeout=60)
+    took = time.time() - started
+    assert result.returncode == 2 and 3 <= took < 20, (took, result.stderr)
+    assert result.stderr == (f"captioning data-service: error: no tf.data dispatcher answered at localhost:{port} "
+                             f"within 3 s (connection refused): start one there (captioning data-service dispatcher "
+                             f"--port {port}), or correct --dispatcher\n")
+
+    started = time.time()  # a trainer: distribute() fails instead of TF's wait forever
+    c = consumer(tmp_path, "trainer", f"localhost:{port}", "--timeout", "5")
+    line = one_error_line(c, 2, timeout=60)
+    took = time.time() - started  # TensorFlow's import included
+    assert 5 <= took < 60, took
+    assert line == (f"captioning: error: no tf.data dispatcher answered at localhost:{port} within 5 s (connection "
+                    f"refused): start one there (captioning data-service dispatcher --port {port}), or correct "
+                    f"`service`")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_costs_its_splits_but_the_stream_goes_on(tmp_path):
+    """distributed_epoch after ``kill -9`` of one of two workers: the consumer keeps receiving the other
+    worker's elements; none repeats (TF's at-most-once for dynamic sharding), the dead worker's splits are
+    lost. The epoch's end waits until a worker is back at the dead one's address."""
+    n = 400
+    cluster = Cluster(tmp_path)
+    try:
+        c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
+        c.wait_for_elements(40)
+        cluster.workers["w1"].proc.send_signal(signal.SIGKILL)
+        at_kill = len(c.elements())
+        c.wait_for_elements(at_kill + 100, timeout=60)  # the stream goes on
+        while True:  # until the survivor has nothing more
+            before = len(c.elements())
+            time.sleep(3)
+            if len(c.elements()) == before:
+                break
+        assert c.proc.poll() is None and "END" not in c.stdout  # the end of the epoch waits for w1's address
+        cluster.restart_worker("w1")
+        assert c.proc.wait(timeout=90) == 0, c.stderr
+    finally:
+        cluster.close()
+    got = [x for x, _, _ in c.elements()]
+    assert c.stdout.endswith("END\n")
+    assert len(got) == len(set(got)) and set(got) <= set(range(n))  # at most once
+    missing = n - len(got)
+    assert 0 <= missing < 100, missing  # what w1 had fetched or buffered when it died
+    print(f"killed w1 after {at_kill} elements; {missing} elements lost")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("work_dir", [True, False], ids=["from-its-work-dir", "without-state"])
+def test_a_restarted_dispatcher(tmp_path, work_dir):
+    """``kill -9`` of the dispatcher mid-stream, restarted on its port. From its work dir: the consumer
+    started before goes on, and distributed_epoch still gives every element exactly once. Without a work
+    dir: the consumer's job is gone, and it stops with one line (TF's NotFoundError)."""
+    n = 300
+    args = ("--work-dir", str(tmp_path / "journal")) if work_dir else ()
+    cluster = Cluster(tmp_path, dispatcher_args=args)
+    try:
+        c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
+        c.wait_for_elements(40)
+        cluster.dispatcher.proc.send_signal(signal.SIGKILL)
+        killed = time.time()
+        cluster.restart_dispatcher(*args)
+        print(f"dispatcher back after {time.time() - killed:.1f} s")
+        if work_dir:
+            assert c.proc.wait(timeout=120) == 0, c.stderr
+            assert sorted(x for x, _, _ in c.elements()) == list(range(n))
+        else:
+            line = one_error_line(c, 1, timeout=120)
+            # TF's NotFoundError names the trainer's client or the iteration, whichever asked the dispatcher first
+            assert re.fullmatch(rf"captioning: error: the tf.data service at localhost:{cluster.port} lost this run's "
+                                r"input job \(.*(Unknown iteration client id|Iteration id) \d+.*\): start the "
+                                r"dispatcher with a work dir, which keeps jobs across its restarts, then run this "
+                                r"again", line), line
+        print(f"consumer done {time.time() - killed:.1f} s after the kill")
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_a_dispatcher_gone_for_good_ends_a_watched_trainer_with_one_line(tmp_path):
+    """TF's iterator waits forever for a dispatcher that does not come back; watch_dispatcher ends the
+    process with one line after its timeout."""
+    cluster = Cluster(tmp_path, workers=1)
+    try:
+        c = consumer(tmp_path, "consumer", cluster.service, "--n", "100000", "--delay", "0.01", "--watch", "3")
+        c.wait_for_elements(20)
+        cluster.dispatcher.proc.send_signal(signal.SIGKILL)
+        killed = time.time()
+        line = one_error_line(c, 1, timeout=60)
+        took = time.time() - killed
+    finally:
+        cluster.close()
+    assert 3 <= took < 15, took
+    assert line == (f"captioning: error: lost the tf.data dispatcher at localhost:{cluster.port}: no answer for 3 s "
+                    "(TensorFlow would wait for it forever); restart it on its port from its work dir and run this "
+                    "again")
