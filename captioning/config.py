@@ -71,6 +71,14 @@ class DataConfig:
     # false: a damaged shard stops the command with one line naming it; true: each shard is scanned once
     # per process and its corrupt or unparsable records are skipped (and counted in a warning)
     skip_corrupt: bool = False
+    # HOST:PORT of a tf.data service dispatcher (captioning data-service): the training pipeline's work —
+    # reading, parsing, decoding, cropping, batching — runs on its workers, which must see data.dir at the
+    # same path; "": on this host (captioning.data_service). Evaluation always runs here.
+    service: str = ""
+    # parallel_epochs: every service worker runs the whole (repeating) pipeline, caches included;
+    # distributed_epoch: the shards are split among the workers, each image once per epoch
+    service_mode: str = field(default="parallel_epochs", metadata=_choices("parallel_epochs", "distributed_epoch"))
+    service_timeout_s: int = 60  # the dispatcher must answer within this, at the start and while training
     seed: int = 0
 
 
@@ -345,7 +353,8 @@ ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribut
                                           "train.jit_compile", "train.split_padding", "data.group_captions",
                                           "train.momentum", "model.attention_size", "model.attention_l1",
                                           "train.objective", "scst.samples", "scst.baseline", "scst.max_length",
-                                          "scst.temperature", "scst.end_in_reward"})
+                                          "scst.temperature", "scst.end_in_reward", "data.service",
+                                          "data.service_mode", "data.service_timeout_s"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
@@ -443,6 +452,22 @@ def validate(config: Config) -> None:
         if t.jit_compile:
             raise InputError("train.jit_compile does not apply to train.objective: scst (its sampling stops "
                              "captions at <end>, and the reward's lookup table runs on the host)")
+    if d.service:
+        from captioning.service_probe import parse_address
+
+        parse_address(d.service, "data.service")
+        if d.cache == "features":
+            raise InputError("data.cache: features runs the encoder in the trainer and keeps its outputs in the "
+                             "trainer's files, which tf.data service workers cannot serve: use data.cache: none, "
+                             "memory or disk with data.service")
+        if d.service_mode == "distributed_epoch" and d.cache != "none":
+            raise InputError(f"data.cache: {d.cache} with data.service_mode: distributed_epoch would cache on each "
+                             "worker only its share of an epoch: use data.service_mode: parallel_epochs to cache")
+        if d.skip_corrupt:
+            raise InputError("data.skip_corrupt reads damaged shards through scratch copies on the trainer's disk, "
+                             "which tf.data service workers cannot see: prepare the dataset again instead")
+        if d.service_timeout_s < 1:
+            raise InputError(f"data.service_timeout_s must be at least 1, got {d.service_timeout_s}")
     if d.group_captions < 0:
         raise InputError(f"data.group_captions must be 0 (all) or more, got {d.group_captions}")
     if d.group_captions and d.captions_per_image != "grouped":

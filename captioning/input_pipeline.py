@@ -267,7 +267,8 @@ def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=N
 def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
                  feature_fn: Callable | None = None, feature_key: str = "", cache_dir: str | None = None,
                  repeat: bool | None = None, max_images: int | None = None,
-                 dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
+                 dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
+                 service_job: str | None = None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
 
     ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
@@ -279,9 +280,23 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     images (the same ones ``image_dataset`` gives). ``dataset`` and ``shards`` are the command's
     :class:`~captioning.dataset.PreparedDataset` and :class:`~captioning.integrity.ShardReader` (new ones
     when not given; the reader then stays with the returned dataset, as ``.shard_reader``).
+
+    **Through the tf.data service** (``data.service``, training only): everything above — reading,
+    parsing, decoding, cropping, batching, the cache — runs on the service's workers, and this process
+    receives finished batches (:func:`captioning.data_service.distribute`; ``service_job`` is the job's
+    name, shared by the trainers of one run, so they split its batches instead of each reading the
+    split). Every trainer builds the same pipeline of the whole split (no sharding per trainer: the
+    service hands out the work). ``parallel_epochs``: each worker runs the repeating pipeline with its
+    own shuffle (caches live on the workers); ``distributed_epoch``: the shard files of each epoch are
+    split among the workers, each image once, and the trainer repeats the epochs.
     """
     if max_images and training:
         raise ValueError("max_images is for evaluation")
+    served = training and bool(cfg.service)
+    if served:  # the service splits the work between trainers and workers, not the input context
+        input_context = None
+        wanted = training if repeat is None else repeat
+        repeat = wanted and cfg.service_mode == "parallel_epochs"  # distributed_epoch: repeated below
     dataset, shards = _sources(cfg, dataset, shards)
     if training:
         # Training never hands a replica an empty batch (an empty batch would put a padded row into
@@ -343,6 +358,13 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     options.autotune.enabled = True
     options.deterministic = cfg.deterministic or not training
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
-    ds = ds.with_options(options).prefetch(AUTOTUNE)
+    ds = ds.with_options(options)
+    if served:
+        from captioning.data_service import distribute
+
+        ds = distribute(ds, cfg.service, cfg.service_mode, service_job, timeout_s=cfg.service_timeout_s)
+        if wanted and cfg.service_mode == "distributed_epoch":
+            ds = ds.repeat()  # an epoch is a job iteration: every image once, split among the workers
+    ds = ds.prefetch(AUTOTUNE)
     ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
     return ds

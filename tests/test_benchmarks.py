@@ -37,10 +37,12 @@ def test_benchmark_input(tmp_path):
     done = run_cli("-q", "benchmark", "input", "--images", "24", "--cache-images", "8", "--image-size", "96x72",
                    "--measure-images", "24", "--rounds", "1", "--work-dir", str(tmp_path / "work"),
                    "--set", "train.batch_size=8", "--set", "data.image_size=32", "--set", "data.resize_size=36",
-                   "--set", "model.encoder=small_cnn", "--json", str(out))
+                   "--set", "model.encoder=small_cnn", "--service", "1", "--json", str(out))
     result = check(done, out)
-    for key in ("naive_img_per_s", "pipeline_img_per_s", "ceiling_img_per_s", "grouped_img_per_s"):
+    for key in ("naive_img_per_s", "pipeline_img_per_s", "ceiling_img_per_s", "grouped_img_per_s", "service_img_per_s"):
         assert positive(result[key])
+    assert result["service_workers"] == 1 and "through the tf.data service" in done.stdout
+    assert result["service_vs_pipeline"] == pytest.approx(result["service_img_per_s"] / result["pipeline_img_per_s"])
     assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max", "grouped"}
     assert all(0 < v <= 1 for v in result["padding_efficiency"].values())
     assert result["padding_efficiency"]["bucketed"] >= result["padding_efficiency"]["pad_to_max"]

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -209,7 +210,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
         start = time.perf_counter()
-        with StopOnSignal() as stop, quiet_tf_watcher_threads():
+        with StopOnSignal() as stop, quiet_tf_watcher_threads(), self._service_watch():
             preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
             try:
                 while self.current_step() < cfg.steps and (preemption is not None or stop.signal_name is None):
@@ -270,21 +271,46 @@ class Trainer:
             record.checkpoint = os.path.join(self.model_dir, f"ckpt-{self._saved_step}")
         return record
 
+    def _service_watch(self):
+        """data.service: TensorFlow waits forever for a dispatcher that is gone; the watch ends the run
+        with one line once it has not answered for data.service_timeout_s (captioning.data_service)."""
+        import contextlib
+
+        if not self.cfg.data.service:
+            return contextlib.nullcontext()
+        from captioning.data_service import watch_dispatcher
+
+        def lost(error):
+            sys.stderr.write(f"captioning train: error: {error}; resume from the latest checkpoint once it is back\n")
+            sys.stderr.flush()
+            os._exit(error.exit_code)  # the main thread waits inside TensorFlow: no exception reaches it
+
+        return watch_dispatcher(self.cfg.data.service, timeout_s=self.cfg.data.service_timeout_s, on_lost=lost)
+
     # ---- data ---------------------------------------------------------------------------------------
     def _feature_fn(self):
         if self.cfg.data.cache != "features":
             return None, ""
         return tf.function(lambda images: self.model.encoder(images, training=False)), encoder_key(self.model.encoder)
 
+    def service_job(self) -> str:
+        """The tf.data service job of this run (``data.service``): one name for every worker of the run
+        (they split its batches), a new one for each run, so a resumed run never joins a finished job."""
+        import hashlib
+
+        folder = hashlib.sha256(os.path.abspath(self.model_dir).encode()).hexdigest()[:12]
+        return f"captioning-{folder}-from-step-{self.current_step()}"
+
     def distributed_dataset(self, split: str, training: bool):
         cfg = self.cfg
         feature_fn, feature_key = self._feature_fn()
+        job = self.service_job() if training and cfg.data.service else None
 
         def dataset_fn(input_context):
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
                                 feature_fn=feature_fn, feature_key=feature_key, cache_dir=self.cache_dir,
-                                dataset=self.dataset, shards=self.shards)
+                                dataset=self.dataset, shards=self.shards, service_job=job)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -401,3 +427,7 @@ def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_fr
             return trainer.run(progress=progress)
     except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
         raise distribute.peer_error(e, cfg.distribute) or e from None
+    except tf.errors.OpError as e:  # data.service: the dispatcher restarted without this run's job
+        from captioning.data_service import service_error
+
+        raise (service_error(e, cfg.data.service) if cfg.data.service else None) or e from None

@@ -9,7 +9,9 @@ On the same prepared records, in one run, images per second of:
 - ``ceiling`` — :func:`captioning.input_pipeline.decode_and_resize` of the same JPEG bytes held in
   memory, in a parallel ``tf.data`` map with nothing else: what the cores can decode;
 - ``grouped`` — the pipeline with ``data.captions_per_image: grouped`` (batches of whole images with
-  all their captions: each image copied into one batch, not into one per caption).
+  all their captions: each image copied into one batch, not into one per caption);
+- ``service`` (with ``--service N``) — the same pipeline run by a tf.data service dispatcher and N
+  workers started in this process, on the same cores: what the service costs (``data.service``).
 
 Images, not examples, are counted (an image carries ~5 captions). Each is measured ``rounds`` times,
 interleaved, and the best kept; CPU time per image is reported too (it barely moves when something
@@ -50,6 +52,16 @@ log = logging.getLogger("captioning.benchmark")
 PHOTOS = {"images": 1000, "cache_images": 200, "size": (640, 480)}  # the default benchmark photos
 TARGETS = {"pipeline_vs_ceiling": 0.9, "pipeline_vs_naive": 1.5, "bucketed_padding_efficiency": 0.9,
            "grouped_padding_efficiency": 0.85, "features_cache_speedup": 10.0}
+
+
+def local_service(workers: int) -> list:
+    """A tf.data service dispatcher and ``workers`` workers in this process, on free localhost ports (the
+    dispatcher first): the service's overhead measured on the cores the local pipeline uses."""
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+    address = dispatcher.target.split("://")[-1]
+    return [dispatcher] + [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
+                           for _ in range(workers)]
 
 
 def photo_records(work_dir: str, images: int, cache_images: int, size: tuple[int, int], seed: int = 0,
@@ -207,13 +219,13 @@ def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
 def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: str | None = None,
         images: int = PHOTOS["images"], cache_images: int = PHOTOS["cache_images"],
         image_size: tuple[int, int] = PHOTOS["size"],
-        work_dir: str = "runs/benchmarks", measure_images: int = 1500, rounds: int = 2,
+        work_dir: str = "runs/benchmarks", measure_images: int = 1500, rounds: int = 2, service: int = 0,
         progress: bool = True) -> dict:
     """Runs the benchmark (see the module docstring) and returns its JSON-ready result."""
     cfg = config_lib.load_config(config, overrides)
-    if measure_images < 1 or rounds < 1 or images < 1 or cache_images < 1:
-        raise InputError("`images`, `cache_images`, `measure_images` and `rounds` must be at least 1",
-                         params=("images", "cache_images", "measure_images", "rounds"))
+    if measure_images < 1 or rounds < 1 or images < 1 or cache_images < 1 or service < 0:
+        raise InputError("`images`, `cache_images`, `measure_images` and `rounds` must be at least 1, `service` "
+                         "at least 0", params=("images", "cache_images", "measure_images", "rounds", "service"))
     if data_dir is None:
         data_dir = photo_records(work_dir, images, cache_images, image_size, progress=progress)
     cfg.data.dir = data_dir
@@ -234,6 +246,13 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         "grouped": (make_dataset(dataclasses.replace(cfg.data, captions_per_image="grouped"), split, training=True,
                                  batch_size=batch), lambda b: images_in(b, per_image)),
     }
+    servers = None
+    if service:  # the same pipeline, run by `service` tf.data service workers in this process
+        servers = local_service(service)
+        served = dataclasses.replace(cfg.data, service=servers[0].target.split("://")[-1],
+                                     service_mode="parallel_epochs")
+        pipelines["service"] = (make_dataset(served, split, training=True, batch_size=batch),
+                                lambda b: images_in(b, per_image))
     best: dict[str, dict] = {}
     for r in range(rounds):
         for name, (ds, count) in pipelines.items():
@@ -260,6 +279,8 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
     result = {
         "naive_img_per_s": rate["naive"], "pipeline_img_per_s": rate["pipeline"], "ceiling_img_per_s": rate["ceiling"],
         "grouped_img_per_s": rate["grouped"], "grouped_vs_ceiling": rate["grouped"] / rate["ceiling"],
+        **({"service_workers": service, "service_img_per_s": rate["service"],
+            "service_vs_pipeline": rate["service"] / rate["pipeline"]} if service else {}),
         "padding_efficiency": {"bucketed": bucketed, "pad_to_max": pad_to_max, "grouped": grouped,
                                "grouped_split": grouped_split},
         "cache_speedup": speedups,
@@ -287,12 +308,18 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
 
 def summary(result: dict) -> str:
     lines = [f"{'':10} {'images/s':>10} {'CPU ms/image':>13}"]
-    for name in ("naive", "pipeline", "ceiling", "grouped"):
+    for name in ("naive", "pipeline", "ceiling", "grouped", "service"):
+        if name + "_img_per_s" not in result:
+            continue
         lines.append(f"{name:10} {result[name + '_img_per_s']:>10.1f} {result['cpu_ms_per_image'][name]:>13.2f}")
     lines.append(f"pipeline / ceiling {result['pipeline_vs_ceiling']:.2f} (target >= 0.9), "
                  f"pipeline / naive {result['pipeline_vs_naive']:.2f} (target >= 1.5)")
     p = result["padding_efficiency"]
     lines.append(f"grouped captions / ceiling {result['grouped_vs_ceiling']:.2f}")
+    if "service_img_per_s" in result:
+        lines.append(f"through the tf.data service ({result['service_workers']} worker(s) on these cores): "
+                     f"{result['service_img_per_s']:.1f} images/s, {result['service_vs_pipeline']:.2f} of the local "
+                     "pipeline (target >= 0.85)")
     st = result["stage_cpu_ms_per_image"]
     lines.append(f"CPU ms per image by stage: parse {st['parse']:.2f}, decode + crop/flip {st['decode_crop']:.2f}, "
                  f"batching {st['batching']:.2f} (pipeline {st['total']:.2f}; bare decode + resize "

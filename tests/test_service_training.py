@@ -1,0 +1,154 @@
+"""Training with its input from a tf.data service (``data.service``): real dispatcher and worker processes
+(tests/test_data_service.py's Cluster) feeding the real training pipeline and `captioning train`, with
+workers killed and the dispatcher restarted under it."""
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from captioning.config import load_config
+from captioning.errors import InputError
+from tests.conftest import REPO, free_port, run_cli, small_train_config
+from tests.test_data_service import Cluster
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("service"))
+    yield c
+    c.close()
+
+
+def image_captions(prepared_dir):
+    """The train split's images, each as the frozen set of its captions' ids."""
+    import tensorflow as tf
+
+    from captioning.dataset import PreparedDataset
+    from captioning.schema import CAPTION_IDS, parse_batch
+
+    files = PreparedDataset.load(prepared_dir).files("train")
+    return collections.Counter(frozenset(tuple(c) for c in image) for batch in
+                               tf.data.TFRecordDataset(files).batch(64).map(parse_batch)
+                               for image in batch[CAPTION_IDS].to_list())
+
+
+@pytest.mark.slow
+def test_distributed_epoch_sees_every_training_image_once(cluster, prepared_dir):
+    """One epoch of the training pipeline through 2 service workers (distributed_epoch): batches of one
+    whole image with its captions, each image exactly once (the workers split the shards)."""
+    from captioning.input_pipeline import make_dataset
+
+    cfg = load_config(None, [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36",
+                             "data.captions_per_image=grouped", f"data.service={cluster.service}",
+                             "data.service_mode=distributed_epoch", "data.shuffle_buffer=8"]).data
+    ds = make_dataset(cfg, "train", training=True, batch_size=5, repeat=False, service_job="epoch-test")
+    seen = collections.Counter()
+    for batch in ds.as_numpy_iterator():
+        assert batch["image"].shape == (1, 32, 32, 3)
+        captions = [tuple([1] + [int(t) for t in row[:int(m.sum())]]) for row, m in zip(batch["target_ids"], batch["mask"])]
+        seen[frozenset(captions)] += 1
+    assert seen == image_captions(prepared_dir)  # 32 images, each once
+
+
+@pytest.mark.slow
+def test_training_through_the_service_learns_like_local_training(cluster, prepared_dir, tmp_path):
+    """The same config trained locally and with its input from the service (parallel_epochs, the
+    service's workers shuffling on their own) lowers the loss alike."""
+    from captioning.train import Trainer
+
+    losses = {}
+    for name, extra in (("local", []), ("service", [f"data.service={cluster.service}"])):
+        cfg = small_train_config(prepared_dir, "train.steps=80", "train.optimizer=adam", "train.learning_rate=0.02",
+                                 *extra)
+        losses[name] = Trainer(cfg, str(tmp_path / name)).run(progress=False).losses
+    local, served = np.array(losses["local"]), np.array(losses["service"])
+    assert served[-10:].mean() < 0.7 * served[:3].mean(), (local, served)  # it learned
+    assert abs(served[-10:].mean() - local[-10:].mean()) < 0.15 * local[-10:].mean(), (local, served)  # as locally
+
+
+def start_training(tmp_path, prepared_dir, service, steps, *extra):
+    from captioning.config import save_config
+
+    cfg = small_train_config(prepared_dir, f"train.steps={steps}", f"data.service={service}",
+                             "data.service_timeout_s=60", "train.log_every_steps=1", *extra)
+    save_config(cfg, str(tmp_path / "c.yaml"))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    err = open(tmp_path / "train.err", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "captioning", "train", "--config", str(tmp_path / "c.yaml"),
+                             "--model-dir", str(tmp_path / "model")], stdout=subprocess.DEVNULL, stderr=err, env=env,
+                            stdin=subprocess.DEVNULL)
+    return proc, tmp_path / "train.err"
+
+
+def wait_for_step(log, step, proc, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        steps = [int(s) for s in re.findall(r"step (\d+): loss", log.read_text())]
+        if steps and max(steps) >= step:
+            return max(steps)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"no step {step} within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_killed_service_worker_does_not_stop_training(prepared_dir, tmp_path):
+    """kill -9 of one of two workers (parallel_epochs): the other keeps the batches coming, training ends."""
+    cluster = Cluster(tmp_path / "cluster")
+    try:
+        proc, log = start_training(tmp_path, prepared_dir, cluster.service, 150)
+        at = wait_for_step(log, 20, proc)
+        cluster.workers["w2"].proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
+        assert max(int(s) for s in re.findall(r"step (\d+): loss", log.read_text())) == 150 > at
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_training_goes_on_after_the_dispatcher_restarts_from_its_work_dir(prepared_dir, tmp_path):
+    cluster = Cluster(tmp_path / "cluster", dispatcher_args=("--work-dir", str(tmp_path / "journal")))
+    try:
+        proc, log = start_training(tmp_path, prepared_dir, cluster.service, 150)
+        wait_for_step(log, 20, proc)
+        cluster.restart_dispatcher("--work-dir", str(tmp_path / "journal"))  # kill -9, then again on its port
+        assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
+        assert (tmp_path / "model" / "ckpt-150.index").exists()
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_an_unreachable_service_is_one_line_within_the_timeout(prepared_dir, tmp_path):
+    from captioning.config import save_config
+
+    cfg = small_train_config(prepared_dir, "train.steps=5", f"data.service=localhost:{free_port()}",
+                             "data.service_timeout_s=5")
+    save_config(cfg, str(tmp_path / "c.yaml"))
+    start = time.time()
+    done = run_cli("train", "--config", str(tmp_path / "c.yaml"), "--model-dir", str(tmp_path / "m"))
+    took = time.time() - start
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[-1].startswith("captioning train: error:") and "localhost" in lines[-1]
+    assert took < 60
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["data.service=nohost"], "must look like HOST:PORT"),
+    (["data.service=localhost:5050", "data.cache=features", "model.encoder_trainable=false", "data.random_crop=false",
+      "data.random_flip=false"], "data.cache: features"),
+    (["data.service=localhost:5050", "data.service_mode=distributed_epoch", "data.cache=memory"], "parallel_epochs"),
+    (["data.service=localhost:5050", "data.skip_corrupt=true"], "data.skip_corrupt"),
+])
+def test_service_config_errors(overrides, fragment):
+    from captioning.config import validate
+
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        validate(load_config(None, ["data.dir=d"] + overrides))
