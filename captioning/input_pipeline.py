@@ -32,19 +32,10 @@ mask diagram), is :mod:`captioning.batching`.
 Images leave the pipeline as ``uint8`` (4× less host-to-device traffic than float32); the model casts
 and applies its encoder's preprocessing.
 
-Decoding was measured both ways on this project's 2-core machine (decode + resize of JPEGs held in
-memory, best of 3, two runs each):
-
-=====================================  ===================  ====================  ================
-images                                 per-example map      batched map_fn        map_fn, 32 par.
-=====================================  ===================  ====================  ================
-shapes, ~240 px → 72²                  4,619 / 4,489 /s     4,949 / 4,580 /s      4,552 / 4,883 /s
-640×480 photos → 346²                  576 / 542 /s         599 / 507 /s          567 / 428 /s
-=====================================  ===================  ====================  ================
-
-The two are within run-to-run noise (``tf.io.decode_jpeg`` is a scalar op, so a "batched" decode is
-a ``map_fn`` loop inside one map call). The pipeline keeps the per-example parallel map: as fast, simpler,
-and the autotuner spreads single images over however many cores a machine has.
+Decoding per image in a parallel map, or batched in a ``map_fn``, measured within run-to-run noise of
+each other (shapes → 72²: ~4,600 images/s either way; 640×480 photos → 346²: ~550; ``tf.io.decode_jpeg``
+is a scalar op, so a "batched" decode is a loop inside one map call). The pipeline keeps the
+per-example map: as fast, simpler, and the autotuner spreads images over however many cores there are.
 """
 
 from __future__ import annotations
@@ -281,14 +272,11 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     :class:`~captioning.dataset.PreparedDataset` and :class:`~captioning.integrity.ShardReader` (new ones
     when not given; the reader then stays with the returned dataset, as ``.shard_reader``).
 
-    **Through the tf.data service** (``data.service``, training only): everything above — reading,
-    parsing, decoding, cropping, batching, the cache — runs on the service's workers, and this process
-    receives finished batches (:func:`captioning.data_service.distribute`; ``service_job`` is the job's
-    name, shared by the trainers of one run, so they split its batches instead of each reading the
-    split). Every trainer builds the same pipeline of the whole split (no sharding per trainer: the
-    service hands out the work). ``parallel_epochs``: each worker runs the repeating pipeline with its
-    own shuffle (caches live on the workers); ``distributed_epoch``: the shard files of each epoch are
-    split among the workers, each image once, and the trainer repeats the epochs.
+    **Through the tf.data service** (``data.service``, training only): all of the above, the cache too,
+    runs on the service's workers and batches arrive here (:func:`captioning.data_service.distribute`).
+    ``service_job`` names the job the trainers of one run share, each building the whole split's
+    pipeline (the service, not the input context, divides the work). ``parallel_epochs``: every worker
+    runs the repeating pipeline; ``distributed_epoch``: each epoch's shards are split among them.
     """
     if max_images and training:
         raise ValueError("max_images is for evaluation")
@@ -359,12 +347,11 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     options.deterministic = cfg.deterministic or not training
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
     ds = ds.with_options(options)
-    if served:
+    if served:  # distributed_epoch: an epoch is one iteration of the job, so the trainer repeats
         from captioning.data_service import distribute
 
         ds = distribute(ds, cfg.service, cfg.service_mode, service_job, timeout_s=cfg.service_timeout_s)
-        if wanted and cfg.service_mode == "distributed_epoch":
-            ds = ds.repeat()  # an epoch is a job iteration: every image once, split among the workers
+        ds = ds.repeat() if wanted and cfg.service_mode == "distributed_epoch" else ds
     ds = ds.prefetch(AUTOTUNE)
     ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
     return ds

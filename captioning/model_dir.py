@@ -28,6 +28,9 @@ what ``config.yaml`` and ``vocab.txt`` describe.
 
 **Reading while training writes**: :meth:`ModelDir.load` restores the latest checkpoint; if training
 deletes it in the meantime (``train.keep_checkpoints``), it takes the new latest one and tries again.
+
+(Over 350 lines for one responsibility: every file of the folder, the checks that a folder fits a config
+or is a source to start from, and the rules for checkpoints written and read concurrently, in one place.)
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ _STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic
 def first_line(error: BaseException | str, limit: int = 300) -> str:
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _architecture_diff(old: config_lib.Config, cfg: config_lib.Config) -> list[str]:
+    """The ``model.*`` keys of :data:`ARCHITECTURE_KEYS` in which two configs' models differ."""
+    keys = [k for k in ARCHITECTURE_KEYS if k != "attention_size" or cfg.model.decoder == "attention"]
+    return [f"model.{k}" for k in keys if getattr(old.model, k) != getattr(cfg.model, k)]
 
 
 def small_cnn_grid(image_size: int) -> int:
@@ -199,8 +208,7 @@ class ModelDir:
                              "is damaged; use a new --model-dir")
         old = self.read_config()
         if old is not None:
-            keys = [k for k in ARCHITECTURE_KEYS if k != "attention_size" or cfg.model.decoder == "attention"]
-            diff = [f"model.{k}" for k in keys if getattr(old.model, k) != getattr(cfg.model, k)]
+            diff = _architecture_diff(old, cfg)
             # attention reads the grid cell by cell: its variables do not depend on the grid's size
             if (not diff and cfg.model.encoder == "small_cnn" and cfg.model.decoder != "attention"
                     and small_cnn_grid(old.data.image_size) != small_cnn_grid(cfg.data.image_size)):
@@ -214,22 +222,20 @@ class ModelDir:
         """Refuses (InputError naming ``init_from``) this folder as the starting weights of a model of
         ``cfg`` and ``vocab`` in ``target``: it must be another folder, hold a complete checkpoint, and
         have the same vocabulary and architecture."""
+        def refuse(why):
+            return InputError(f"`init_from` {self.path} {why}", params=("init_from",))
+
         if os.path.realpath(self.path) == os.path.realpath(target.path):
-            raise InputError(f"`init_from` {self.path} is the model folder itself; it resumes on its own",
-                             params=("init_from",))
+            raise refuse("is the model folder itself; it resumes on its own")
         if not os.path.isdir(self.path) or not self.latest_checkpoint():
-            raise InputError(f"`init_from` {self.path} holds no trained model (no checkpoint)", params=("init_from",))
+            raise refuse("holds no trained model (no checkpoint)")
         old, old_vocab = self.read_config(), self.read_vocab()
         if old is None or old_vocab is None:
-            raise InputError(f"`init_from` {self.path} lacks its config.yaml or vocab.txt", params=("init_from",))
+            raise refuse("lacks its config.yaml or vocab.txt")
         if old_vocab != vocab:
-            raise InputError(f"`init_from` {self.path} was trained with another vocabulary than {cfg.data.dir}",
-                             params=("init_from",))
-        keys = [k for k in ARCHITECTURE_KEYS if k != "attention_size" or cfg.model.decoder == "attention"]
-        diff = [f"model.{k}" for k in keys if getattr(old.model, k) != getattr(cfg.model, k)]
-        if diff:
-            raise InputError(f"`init_from` {self.path} holds a model with other {', '.join(diff)}",
-                             params=("init_from",))
+            raise refuse(f"was trained with another vocabulary than {cfg.data.dir}")
+        if _architecture_diff(old, cfg):
+            raise refuse(f"holds a model with other {', '.join(_architecture_diff(old, cfg))}")
 
     def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
         """Records the config a training run starting at ``step`` uses (paths made absolute) and the

@@ -190,7 +190,7 @@ def test_save_then_load_gives_equal_config(tmp_path):
 def test_from_dict_inverts_to_dict():
     c = load_config(overrides=["model.encoder=mobilenet_v2", "data.bucket_boundaries=3,4", "train.seed=9"])
     d = to_dict(c)
-    assert set(d) == {"data", "model", "train", "distribute", "decode"} and d["train"]["seed"] == 9
+    assert set(d) == {"data", "model", "train", "distribute", "decode", "scst"} and d["train"]["seed"] == 9
     assert from_dict(d) == c
     assert from_dict(to_dict(Config())) == Config()
     with pytest.raises(InputError, match="train.stepz"):
