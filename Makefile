@@ -50,13 +50,21 @@ demo: $(STAMP)
 	    $$($(BIN)/python -c "import json; print(' '.join('$(SHAPES)/images/' + i['file_name'] for i in json.load(open('$(ANN)/captions_test.json'))['images'][:12]))")
 	$(BIN)/captioning evaluate --model-dir $(DEMO)/model --split test --baseline --output $(DEMO)/metrics.json
 
-# The four benchmarks with their defaults (each under 3 minutes on 2 cores), JSON into runs/benchmarks/.
-# `benchmark train` runs experiments/shapes.yaml, so the demo's records are made first if missing.
+# Every benchmark of benchmarks/RESULTS.md in one run (about 40 minutes on 2 cores; time to quality is
+# most of it), JSON into runs/benchmarks/. `benchmark train` runs experiments/shapes.yaml, so the demo's
+# records are made first if missing. `make benchmarks QUICK=1` leaves out time to quality.
 benchmarks: $(STAMP) $(DEMO)/records/manifest.json
-	$(BIN)/captioning benchmark input --json $(BENCH)/input.json
+	$(BIN)/captioning benchmark input --service 1 --json $(BENCH)/input.json
 	$(BIN)/captioning benchmark train --config experiments/shapes.yaml --json $(BENCH)/train.json
+	$(BIN)/captioning benchmark train --config experiments/show_and_tell_coco.yaml --photos \
+	    --set model.encoder_weights=none --compare data.captions_per_image=grouped --compare train.split_padding=true \
+	    --steps 10 --warmup 3 --json $(BENCH)/train_grouped.json
+	$(BIN)/captioning benchmark train --config experiments/shapes_scst.yaml --steps 100 --warmup 20 \
+	    --json $(BENCH)/train_scst.json
 	$(BIN)/captioning benchmark decode --json $(BENCH)/decode.json
 	$(BIN)/captioning benchmark prepare --json $(BENCH)/prepare.json
+	test -n "$(QUICK)" || $(BIN)/captioning benchmark quality --config experiments/shapes.yaml \
+	    --compare model.dropout=0.2 --compare train.steps=8000 --json $(BENCH)/quality.json
 
 $(DEMO)/records/manifest.json: | $(STAMP)
 	$(prepare_shapes)
