@@ -171,3 +171,54 @@ class StepProfiler:
             tf.profiler.experimental.stop()
             self.active = False
             log.info("profiler trace written under %s (TensorBoard: Profile tab)", self.logdir)
+
+
+def service_watch(data_cfg):
+    """``data.service``: TensorFlow waits forever for a tf.data dispatcher that is gone; the watch ends the
+    run with one line (exit 1) once it has not answered for ``data.service_timeout_s``
+    (:func:`captioning.data_service.watch_dispatcher`). A no-op without a service."""
+    import contextlib
+    import os
+    import sys
+
+    if not data_cfg.service:
+        return contextlib.nullcontext()
+    from captioning.data_service import watch_dispatcher
+
+    def lost(error):
+        sys.stderr.write(f"captioning train: error: {error}; resume from the latest checkpoint once it is back\n")
+        sys.stderr.flush()
+        os._exit(error.exit_code)  # the main thread waits inside TensorFlow: no exception reaches it
+
+    return watch_dispatcher(data_cfg.service, timeout_s=data_cfg.service_timeout_s, on_lost=lost)
+
+
+# A change of these between runs in one folder starts a new optimizer (the model and step are restored).
+NEW_OPTIMIZER_KEYS = (("model", "encoder_trainable"), ("train", "optimizer"), ("train", "objective"))
+
+
+def restore_run(folder, latest, previous, cfg, source, model, step, optimizer) -> None:
+    """Where a run starts: the folder's ``latest`` checkpoint (model, step, optimizer); the model and the
+    step only, with a fresh optimizer, when a key of :data:`NEW_OPTIMIZER_KEYS` changed since the
+    ``previous`` config; another folder's weights (``source``, ``--init-from``) in a folder without a
+    checkpoint; else nothing (step 0)."""
+    import logging
+
+    log = logging.getLogger("captioning.train")
+    changed = [f"{section}.{key}" for section, key in NEW_OPTIMIZER_KEYS if previous is not None and
+               getattr(getattr(previous, section), key) != getattr(getattr(cfg, section), key)]
+    if latest and changed:
+        # Keras optimizers track their variables by position, so when the set of trained variables
+        # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state no
+        # longer lines up; another optimizer or objective (SCST after cross-entropy) starts its own state
+        # too: restore the model and the step, and start the optimizer afresh.
+        folder.restore(latest, {"model": model, "step": step})
+        log.info("resumed the model from %s at step %d with a new optimizer (%s changed)", latest,
+                 int(step.numpy()), ", ".join(changed))
+    elif not latest and source is not None:
+        start = source.latest_checkpoint()
+        folder.restore(start, {"model": model})
+        log.info("initialised the model from %s (step 0 of this folder)", start)
+    elif latest:
+        folder.restore(latest, {"model": model, "step": step}, {"optimizer": optimizer})
+        log.info("resumed from %s at step %d", latest, int(step.numpy()))

@@ -9,12 +9,10 @@ the model folder (:class:`captioning.model_dir.ModelDir`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -31,21 +29,16 @@ from captioning.fileio import disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset
 from captioning.integrity import ShardReader
 from captioning.model import build_model
-from captioning.model.decode import beam_search, ids_to_text
-from captioning.vocab import END_ID
 from captioning.model_dir import ModelDir
 from captioning.train import distribute
 from captioning.train.lifecycle import (Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
-                                        preemption_handler, quiet_tf_watcher_threads)
-from captioning.train.objectives import OBJECTIVES
+                                        preemption_handler, quiet_tf_watcher_threads, restore_run, service_watch)
+from captioning.train.objectives import make_objective
 from captioning.train.optimizer import examples_per_epoch, make_optimizer
 from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, make_train_step
-from captioning.train.summaries import Sample, Summaries, Window
+from captioning.train.summaries import Sample, Summaries, Window, greedy_samples
 
 log = logging.getLogger("captioning.train")
-
-# A change of these between runs in one folder starts a new optimizer (the model and step are restored).
-_NEW_OPTIMIZER_KEYS = (("model", "encoder_trainable"), ("train", "optimizer"), ("train", "objective"))
 
 
 class NonFiniteError(Exception):
@@ -127,7 +120,8 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
-        self.objective = self._objective()
+        self.objective = make_objective(cfg, self.step, self.dataset, self.shards,
+                                        self.folder.document_frequencies_file, self.chief)
 
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
         # The chief writes the folder: one training run at a time (the other workers write scratch folders).
@@ -142,50 +136,12 @@ class Trainer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, write_dir, max_to_keep=cfg.train.keep_checkpoints,
                                                   checkpoint_name="ckpt", step_counter=self.step)
         self._saved_step = None
-        changed = [f"{section}.{key}" for section, key in _NEW_OPTIMIZER_KEYS
-                   if previous is not None and getattr(getattr(previous, section), key) != getattr(getattr(cfg, section), key)]
-        if latest and changed:
-            # Keras optimizers track their variables by position, so when the set of trained variables
-            # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state
-            # no longer lines up; another optimizer or objective (SCST after cross-entropy) starts its own
-            # state too: restore the model and the step, and start the optimizer afresh.
-            self.folder.restore(latest, {"model": self.model, "step": self.step})
-            log.info("resumed the model from %s at step %d with a new optimizer (%s changed)", latest,
-                     self.current_step(), ", ".join(changed))
-        elif not latest and source is not None:
-            start = source.latest_checkpoint()
-            self.folder.restore(start, {"model": self.model})
-            log.info("initialised the model from %s (step 0 of this folder)", start)
-        elif latest:
-            self.folder.restore(latest, {"model": self.model, "step": self.step}, {"optimizer": self.optimizer})
-            log.info("resumed from %s at step %d", latest, self.current_step())
+        restore_run(self.folder, latest, previous, cfg, source, self.model, self.step, self.optimizer)
         if latest:
             self._saved_step = self.current_step()  # so an interrupted run does not write it again
         if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
             self.folder.write(cfg, self.vocab, step=self.current_step())
         self._compiled = Compiled()
-
-    def _objective(self):
-        cfg = self.cfg
-        if cfg.train.objective == "scst":
-            from captioning.train.cider import CiderD
-            from captioning.train.document_frequencies import DocumentFrequencies, frequencies_from_split
-            from captioning.train.scst import SelfCritical
-
-            path = self.folder.document_frequencies_file
-            end = cfg.scst.end_in_reward
-            source = f"{self.dataset.identity}:{cfg.data.train_split}" + (":end" if end else "")
-            frequencies = DocumentFrequencies.load(path) if os.path.exists(path) else None
-            if frequencies is None or frequencies.source != source or frequencies.vocab_size != len(self.vocab):
-                log.info("counting the n-grams of the %s references for the CIDEr-D reward (once)", cfg.data.train_split)
-                frequencies = frequencies_from_split(self.dataset, cfg.data.train_split, shards=self.shards,
-                                                     end_token=end)
-                frequencies = dataclasses.replace(frequencies, source=source)
-                if self.chief:
-                    frequencies.save(path)
-            return SelfCritical(CiderD(frequencies), cfg.scst, self.step, seed=cfg.train.seed)
-        # split padding needs shapes that vary per batch, which XLA cannot compile
-        return OBJECTIVES["xe"](split_padding=cfg.train.split_padding and not cfg.train.jit_compile)
 
     def current_step(self) -> int:
         return int(self.step.numpy())
@@ -210,7 +166,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
         start = time.perf_counter()
-        with StopOnSignal() as stop, quiet_tf_watcher_threads(), self._service_watch():
+        with StopOnSignal() as stop, quiet_tf_watcher_threads(), service_watch(self.cfg.data):
             preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
             try:
                 while self.current_step() < cfg.steps and (preemption is not None or stop.signal_name is None):
@@ -271,22 +227,6 @@ class Trainer:
             record.checkpoint = os.path.join(self.model_dir, f"ckpt-{self._saved_step}")
         return record
 
-    def _service_watch(self):
-        """data.service: TensorFlow waits forever for a dispatcher that is gone; the watch ends the run
-        with one line once it has not answered for data.service_timeout_s (captioning.data_service)."""
-        import contextlib
-
-        if not self.cfg.data.service:
-            return contextlib.nullcontext()
-        from captioning.data_service import watch_dispatcher
-
-        def lost(error):
-            sys.stderr.write(f"captioning train: error: {error}; resume from the latest checkpoint once it is back\n")
-            sys.stderr.flush()
-            os._exit(error.exit_code)  # the main thread waits inside TensorFlow: no exception reaches it
-
-        return watch_dispatcher(self.cfg.data.service, timeout_s=self.cfg.data.service_timeout_s, on_lost=lost)
-
     # ---- data ---------------------------------------------------------------------------------------
     def _feature_fn(self):
         if self.cfg.data.cache != "features":
@@ -339,29 +279,8 @@ class Trainer:
         cfg = self.cfg.data
         batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset,
                                       shards=self.shards)))
-        best = beam_search(self.model, self.model.encode(batch["image"]), beam_size=1)  # greedy
-        captions = ids_to_text(self.vocab, best["ids"], best["lengths"])
-        grid = getattr(self.model, "grid_shape", None)
-        rewards = self._rewards(best, batch["captions"]) if self.cfg.train.objective == "scst" else None
-        out = []
-        for i, (caption,) in enumerate(captions):
-            reference = " ".join(self.vocab.decode(batch["captions"][i][0].numpy()))
-            weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
-            out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid,
-                              None if rewards is None else float(rewards[i])))
-        return out
-
-    def _rewards(self, best: dict, captions) -> "np.ndarray":
-        """SCST's reward (CIDEr-D against the image's references) of each image's greedy caption."""
-        end = self.cfg.scst.end_in_reward
-        words, lengths = best["ids"][:, 0], best["lengths"][:, 0]
-        ended = lengths < tf.shape(words)[1]  # stopped at <end> before the longest caption allowed
-        if end:  # <end> after the words, as the reward counts it
-            words = tf.pad(words, [[0, 0], [0, 1]])
-            words += END_ID * tf.one_hot(lengths, tf.shape(words)[1], dtype=words.dtype) * tf.cast(ended, words.dtype)[:, None]
-            lengths += tf.cast(ended, lengths.dtype)
-        references = tf.cast(captions[:, :, 1:] if end else captions[:, :, 1:-1], tf.int32)
-        return self.objective.cider.scores(words, lengths, references).numpy()  # int32 ids: as the step's
+        rewards = self.objective.rewards_of if self.cfg.train.objective == "scst" else None
+        return greedy_samples(self.model, self.vocab, batch, rewards)
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------
     def save(self) -> str:

@@ -68,7 +68,19 @@ class CrossEntropy(Objective):
         return ReplicaLoss(ce + penalty, tf.reduce_sum(batch["mask"]), {"cross_entropy": ce, "penalty": penalty})
 
 
-OBJECTIVES: dict[str, type[Objective]] = {"xe": CrossEntropy}
+OBJECTIVES: dict[str, type[Objective]] = {"xe": CrossEntropy}  # scst: captioning.train.scst
+
+
+def make_objective(cfg, step, dataset, shards, frequencies_file: str, chief: bool) -> Objective:
+    """The run's objective (``train.objective``). ``scst`` reads the CIDEr-D document frequencies from
+    ``frequencies_file`` (the model folder's), counting them from the training split's references first
+    when the file is missing or was counted from other data (written by the ``chief`` only)."""
+    if cfg.train.objective == "scst":
+        from captioning.train.scst import SelfCritical
+
+        return SelfCritical.for_run(cfg, step, dataset, shards, frequencies_file, chief)
+    # split padding needs shapes that vary per batch, which XLA cannot compile
+    return CrossEntropy(split_padding=cfg.train.split_padding and not cfg.train.jit_compile)
 
 
 def perplexity(loss_per_token: float) -> float:

@@ -124,6 +124,43 @@ class SelfCritical(Objective):
     def __init__(self, cider: CiderD, cfg: ScstConfig, step: tf.Variable, seed: int = 0):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
 
+    @classmethod
+    def for_run(cls, cfg, step, dataset, shards, frequencies_file: str, chief: bool) -> "SelfCritical":
+        """The objective of a training run: document frequencies of the training split's references (with
+        ``<end>`` when ``scst.end_in_reward``) from ``frequencies_file``, counted and saved there (by the
+        ``chief``) when it is missing or was counted from other data."""
+        import dataclasses
+        import logging
+        import os
+
+        from captioning.train.document_frequencies import DocumentFrequencies, frequencies_from_split
+
+        end = cfg.scst.end_in_reward
+        source = f"{dataset.identity}:{cfg.data.train_split}" + (":end" if end else "")
+        frequencies = DocumentFrequencies.load(frequencies_file) if os.path.exists(frequencies_file) else None
+        if frequencies is None or frequencies.source != source or frequencies.vocab_size != dataset.vocab_size:
+            logging.getLogger("captioning.train").info(
+                "counting the n-grams of the %s references for the CIDEr-D reward (once)", cfg.data.train_split)
+            frequencies = frequencies_from_split(dataset, cfg.data.train_split, shards=shards, end_token=end)
+            frequencies = dataclasses.replace(frequencies, source=source)
+            if chief:
+                frequencies.save(frequencies_file)
+        return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed)
+
+    def rewards_of(self, best: dict, captions: tf.RaggedTensor):
+        """The reward of each image's best caption of a beam search (``best``) against the image's
+        references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array:
+        TensorBoard's sample captions under SCST."""
+        end = self.cfg.end_in_reward
+        words, lengths = best["ids"][:, 0], best["lengths"][:, 0]
+        ended = lengths < tf.shape(words)[1]  # stopped at <end> before the longest caption allowed
+        if end:  # <end> after the words, as the reward counts it
+            words = tf.pad(words, [[0, 0], [0, 1]])
+            words += END_ID * tf.one_hot(lengths, tf.shape(words)[1], dtype=words.dtype) * tf.cast(ended, words.dtype)[:, None]
+            lengths += tf.cast(ended, lengths.dtype)
+        references = tf.cast(captions[:, :, 1:] if end else captions[:, :, 1:-1], tf.int32)
+        return self.cider.scores(words, lengths, references).numpy()
+
     def _lengths(self, ids):
         """Words scored per caption: its words, and its ``<end>`` when it has one and the reward counts it."""
         words = caption_lengths(ids)

@@ -82,6 +82,25 @@ class Sample:
     reward: float | None = None  # train.objective: scst — the caption's CIDEr-D reward
 
 
+def greedy_samples(model, vocab, batch: dict, rewards=None) -> list[Sample]:
+    """Greedy captions of a batch of eval images (``eval_images``' ``image``, ``image_id``, ``captions``)
+    with their first references, the crops, each word's attention weights (attention decoder) and, given
+    ``rewards`` (a function of the beam search's output and the references: SCST's), their rewards."""
+    from captioning.model.decode import beam_search, ids_to_text
+
+    best = beam_search(model, model.encode(batch["image"]), beam_size=1)
+    captions = ids_to_text(vocab, best["ids"], best["lengths"])
+    grid = getattr(model, "grid_shape", None)
+    scores = rewards(best, batch["captions"]) if rewards else None
+    out = []
+    for i, (caption,) in enumerate(captions):
+        reference = " ".join(vocab.decode(batch["captions"][i][0].numpy()))
+        weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
+        out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid,
+                          None if scores is None else float(scores[i])))
+    return out
+
+
 def hparams(config_dict: dict) -> dict[str, object]:
     """A config as HParams values: ``section.key`` → a bool, number or string (lists become text).
 
