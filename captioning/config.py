@@ -147,7 +147,10 @@ class ScstConfig:
     # mean: the mean reward of the image's other samples (self-critical.pytorch's "new SCST");
     # greedy: the reward of the image's greedy caption (Rennie et al. 2017)
     baseline: str = field(default="mean", metadata=_choices("mean", "greedy"))
-    max_length: int = 16  # words a sampled caption may have (self-critical.pytorch: 16)
+    # words a sampled caption may have (self-critical.pytorch: 16, its COCO captions cut at 16 words). It
+    # must hold the references: a sample cut short is rewarded cut and the model learns to leave things
+    # out (training warns when more than 1% of the references are longer; shapes needs 20)
+    max_length: int = 16
     temperature: float = 1.0  # sampling from softmax(logits / temperature)
     # the reward's n-grams end with <end> (appended to every reference; a sample has it if it chose it),
     # as self-critical.pytorch counts its <eos>: a caption that stops mid-phrase ("... and a") or not at

@@ -3,6 +3,7 @@ paper's definitions, and against pycocoevalcap's ``Cider``; on random captions a
 shapes records. No mocks."""
 
 import collections
+import dataclasses
 import itertools
 import json
 import math
@@ -228,6 +229,10 @@ def test_save_and_load_round_trip(tmp_path):
     np.testing.assert_array_equal(back.keys, df.keys)
     np.testing.assert_array_equal(back.counts, df.counts)
     assert (back.num_documents, back.vocab_size, back.n, back.source) == (2, 9, 4, "two images")
+    assert back.word_counts.size == 0 and back.share_longer(1) == 0  # not counted: unknown
+    counted = dataclasses.replace(df, word_counts=np.array([0, 1, 1, 1]))  # references of 1, 2 and 3 words
+    counted.save(path)
+    assert list(DocumentFrequencies.load(path).word_counts) == [0, 1, 1, 1] and counted.share_longer(1) == 2 / 3
 
 
 def test_a_damaged_or_foreign_file_is_one_line_naming_it(tmp_path):
@@ -279,6 +284,10 @@ def test_document_frequencies_of_a_prepared_split(data_dir):
     assert (df.num_documents, df.vocab_size, df.keys.size) == (32, dataset.vocab_size, len(expected))
     assert all(df.count(gram) == count for gram, count in expected.items())
     assert df.source.endswith("train") and df.counts.max() <= 32
+    lengths = [len(c) for image in train for c in image]  # words per reference: what scst.max_length must hold
+    assert list(df.word_counts) == list(np.bincount(lengths)) and df.word_counts.sum() == 160
+    longest = max(lengths)
+    assert df.share_longer(longest) == 0 and df.share_longer(longest - 1) == lengths.count(longest) / 160
 
 
 @pytest.mark.parametrize("split", ["test", "train"])

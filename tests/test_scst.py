@@ -3,6 +3,7 @@ gradient and its baselines, determinism across replicas, starting from a cross-e
 folder or the same one), resuming, and MirroredStrategy / MultiWorkerMirroredStrategy."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -132,7 +133,7 @@ def test_scst_config_errors(overrides, fragment):
 
 
 SCST = ["train.objective=scst", "data.captions_per_image=grouped", "train.optimizer=adam", "train.learning_rate=0.001",
-        "scst.samples=3", "train.batch_size=10"]
+        "scst.samples=3", "train.batch_size=10", "scst.max_length=20"]  # the shapes captions have up to 18 words
 TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's trained_model_dir
 
 
@@ -157,10 +158,15 @@ def test_scst_from_a_cross_entropy_model_in_a_new_folder_and_in_the_same_one(tra
     assert done.returncode == 0, done.stderr[-3000:]
     assert "initialised the model from" in done.stderr and "ckpt-60" in done.stderr
     assert "reward" in done.stderr and "ended" in done.stderr
+    assert "references have more than scst.max_length" not in done.stderr
     assert os.path.exists(ModelDir(str(new)).document_frequencies_file)
     again = run_cli("train", "--config", str(config), "--model-dir", str(new), "--init-from", trained_model_dir,
                     "--set", "train.steps=8")
     assert again.returncode == 0 and "resumed from" in again.stderr and "counting the n-grams" not in again.stderr
+    short = run_cli("train", "--config", str(config), "--model-dir", str(new), "--set", "train.steps=9",
+                    "--set", "scst.max_length=6")  # the fixture's captions have 6 or more words: most are cut
+    assert short.returncode == 0 and re.search(r"\d+\.\d% of the train references have more than "
+                                               r"scst.max_length=6 words", short.stderr), short.stderr[-2000:]
     bad = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "x"), "--init-from", str(tmp_path))
     assert bad.returncode == 2 and "--init-from" in bad.stderr.strip().splitlines()[-1]
 

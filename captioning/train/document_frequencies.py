@@ -27,6 +27,7 @@ more: fewer keys). Reading COCO's records comes on top: the shards are read whol
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zipfile
 from dataclasses import dataclass
@@ -77,7 +78,9 @@ class DocumentFrequencies:
     """For each n-gram (order 1..``n``) of the references, in how many documents (images) it occurs.
 
     ``keys``: sorted int64 :func:`ngram_key`\\ s; ``counts``: int64 documents per key (1..``num_documents``);
-    ``vocab_size``: the base of the keys; ``source``: what they were counted from (free text).
+    ``vocab_size``: the base of the keys; ``source``: what they were counted from (free text);
+    ``word_counts``: int64, at ``[w]`` the number of references of ``w`` words (``<end>`` not counted;
+    empty when unknown), which :meth:`share_longer` reads.
 
     >>> df = document_frequencies([[[4, 5, 4], [5]], [[4]]], vocab_size=10, n=2)
     >>> df.num_documents, df.count([4]), df.count([5]), df.count([4, 5]), df.count([6])
@@ -90,6 +93,7 @@ class DocumentFrequencies:
     vocab_size: int
     n: int = 4
     source: str = ""
+    word_counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self):
         keys, counts = self.keys, self.counts
@@ -106,6 +110,11 @@ class DocumentFrequencies:
         if counts.size and (counts.min() < 1 or counts.max() > self.num_documents):
             raise InputError(f"document counts must lie between 1 and {self.num_documents}")
 
+    def share_longer(self, words: int) -> float:
+        """The share of the references with more than ``words`` words (0 when the counts are unknown)."""
+        total = int(self.word_counts.sum())
+        return float(self.word_counts[words + 1:].sum()) / total if total else 0.0
+
     def count(self, ngram: Sequence[int]) -> int:
         """Documents holding ``ngram`` (0 when none)."""
         key = ngram_key(ngram, self.vocab_size)
@@ -118,7 +127,7 @@ class DocumentFrequencies:
             with atomic_file(path) as f:
                 np.savez(f, format_version=np.int64(FORMAT_VERSION), vocab_size=np.int64(self.vocab_size),
                          n=np.int64(self.n), num_documents=np.int64(self.num_documents), keys=self.keys,
-                         counts=self.counts, source=np.str_(self.source))
+                         counts=self.counts, source=np.str_(self.source), word_counts=self.word_counts.astype(np.int64))
         except OSError as e:
             raise disk_full_error(e, path, "document frequencies") or InputError(
                 f"cannot write document frequencies {path}: {e.strerror or e}") from None
@@ -141,6 +150,8 @@ class DocumentFrequencies:
                 if missing:
                     raise InputError(f"{what} is damaged: it has no {', '.join(missing)}")
                 arrays = {name: data[name] for name in _FIELDS}
+                # files of before it existed have none
+                word_counts = data["word_counts"] if "word_counts" in data.files else np.zeros(0, np.int64)
         except FileNotFoundError:
             raise InputError(f"{what}: no such file") from None
         except OSError as e:
@@ -149,7 +160,7 @@ class DocumentFrequencies:
             raise InputError(f"{what} is damaged ({_line(e)}): compute them again") from None
         try:
             return cls(arrays["keys"], arrays["counts"], int(arrays["num_documents"]), int(arrays["vocab_size"]),
-                       int(arrays["n"]), str(arrays["source"]))
+                       int(arrays["n"]), str(arrays["source"]), word_counts)
         except (InputError, ValueError, TypeError) as e:
             raise InputError(f"{what} is damaged: {_line(e)}") from None
 
@@ -201,9 +212,10 @@ def frequencies_from_split(dataset: PreparedDataset, split: str = "train", n: in
     words[ends - lengths] = False
     if not end_token:
         words[ends - 1] = False
-    return _count(tokens[words], lengths - (1 if end_token else 2), np.concatenate(per_image).astype(np.int64),
-                  dataset.vocab_size, n, f"{dataset.identity} {split}" + (" +<end>" if end_token else ""),
-                  end_token)
+    counted = _count(tokens[words], lengths - (1 if end_token else 2), np.concatenate(per_image).astype(np.int64),
+                     dataset.vocab_size, n, f"{dataset.identity} {split}" + (" +<end>" if end_token else ""),
+                     end_token)
+    return dataclasses.replace(counted, word_counts=np.bincount(lengths - 2).astype(np.int64))
 
 
 def _count(tokens: np.ndarray, lengths: np.ndarray, per_image: np.ndarray, vocab_size: int, n: int,

@@ -138,13 +138,20 @@ class SelfCritical(Objective):
         end = cfg.scst.end_in_reward
         source = f"{dataset.identity}:{cfg.data.train_split}" + (":end" if end else "")
         frequencies = DocumentFrequencies.load(frequencies_file) if os.path.exists(frequencies_file) else None
-        if frequencies is None or frequencies.source != source or frequencies.vocab_size != dataset.vocab_size:
+        if (frequencies is None or frequencies.source != source or frequencies.vocab_size != dataset.vocab_size
+                or not frequencies.word_counts.size):
             logging.getLogger("captioning.train").info(
                 "counting the n-grams of the %s references for the CIDEr-D reward (once)", cfg.data.train_split)
             frequencies = frequencies_from_split(dataset, cfg.data.train_split, shards=shards, end_token=end)
             frequencies = dataclasses.replace(frequencies, source=source)
             if chief:
                 frequencies.save(frequencies_file)
+        cut = frequencies.share_longer(cfg.scst.max_length)
+        if cut > 0.01:  # COCO: ~1% of its references are longer than 16 words; shapes: 9% (3 shapes)
+            logging.getLogger("captioning.train").warning(
+                "%.1f%% of the %s references have more than scst.max_length=%d words: samples are cut there and "
+                "rewarded cut, which teaches the model to leave things out; raise scst.max_length",
+                100 * cut, cfg.data.train_split, cfg.scst.max_length)
         return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed)
 
     def rewards_of(self, best: dict, captions: tf.RaggedTensor):
