@@ -9,6 +9,8 @@
         one self-critical step (samples, CIDEr-D reward, policy gradient) on one device and on 2 replicas
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set; multi_worker_scst: SCST)
         trains a few steps under MultiWorkerMirroredStrategy; writes OUT_DIR/weights-<task>.npz
+    python tests/distributed_worker.py multi_worker_service DATA_DIR OUT_DIR HOST:PORT   (with TF_CONFIG set)
+        the same for 30 steps (1.5 epochs) with the input from a tf.data service (distributed_epoch)
     python tests/distributed_worker.py eval_losses DATA_DIR OUT_DIR MODEL_DIR STRATEGY
         the evaluation loss of MODEL_DIR's checkpoint on the val and test splits for several global
         batch sizes, under STRATEGY (one, mirrored over 2 logical CPUs, or multi_worker with TF_CONFIG);
@@ -173,5 +175,7 @@ if __name__ == "__main__":
     modes = {"mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
              "mirrored_attention": lambda d, o: mirrored(d, o, "model.decoder=attention", "model.attention_size=16"),
              "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
-             "eval_losses": eval_losses}
+             "eval_losses": eval_losses,
+             "multi_worker_service": lambda d, o, service: multi_worker(
+                 d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30")}
     modes[sys.argv[1]](*sys.argv[2:])

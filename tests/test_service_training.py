@@ -72,6 +72,60 @@ def test_training_through_the_service_learns_like_local_training(cluster, prepar
     assert abs(served[-10:].mean() - local[-10:].mean()) < 0.15 * local[-10:].mean(), (local, served)  # as locally
 
 
+@pytest.mark.slow
+def test_trainers_of_one_job_split_an_epoch(cluster, prepared_dir):
+    """Two trainers' pipelines with one job name (as the replicas and workers of a run build them), read in
+    turns: together they see every image of the distributed_epoch exactly once — the work is split, not
+    repeated."""
+    from captioning.input_pipeline import make_dataset
+
+    cfg = load_config(None, [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36",
+                             "data.captions_per_image=grouped", f"data.service={cluster.service}",
+                             "data.service_mode=distributed_epoch", "data.shuffle_buffer=8"]).data
+    readers = [iter(make_dataset(cfg, "train", training=True, batch_size=5, repeat=False, service_job="shared-job"))
+               for _ in range(2)]
+    seen, got, active = collections.Counter(), [0, 0], [0, 1]
+    while active:
+        for index in list(active):
+            batch = next(readers[index], None)
+            if batch is None:
+                active.remove(index)
+                continue
+            got[index] += 1
+            rows = zip(batch["target_ids"].numpy(), batch["mask"].numpy())
+            seen[frozenset(tuple([1] + [int(t) for t in r[:int(m.sum())]]) for r, m in rows)] += 1
+    assert seen == image_captions(prepared_dir) and sum(got) == 32 and min(got) > 0  # each image once over both
+
+
+@pytest.mark.slow
+def test_mirrored_training_through_the_service_beyond_an_epoch(cluster, prepared_dir, tmp_path):
+    """2 replicas (logical CPUs) share the run's job; distributed_epoch repeats into a second epoch."""
+    from captioning.config import save_config
+
+    cfg = small_train_config(prepared_dir, "train.steps=30", f"data.service={cluster.service}",
+                             "data.service_mode=distributed_epoch", "distribute.strategy=mirrored",
+                             "distribute.logical_cpus=2")
+    save_config(cfg, str(tmp_path / "c.yaml"))
+    done = run_cli("train", "--config", str(tmp_path / "c.yaml"), "--model-dir", str(tmp_path / "model"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 replica(s)" in done.stderr and "20 steps per epoch" in done.stderr  # 160 captions / 8
+    assert (tmp_path / "model" / "ckpt-30.index").exists()
+
+
+@pytest.mark.slow
+def test_multi_worker_trainers_through_the_service(cluster, prepared_dir, tmp_path):
+    """2 MultiWorkerMirroredStrategy processes, each reading its share of the run's one job: 30 steps
+    (1.5 epochs of distributed_epoch), the same losses and bit-identical weights on both, and learning."""
+    from tests.test_train import run_two_workers
+
+    run_two_workers(["multi_worker_service", prepared_dir, str(tmp_path), cluster.service])
+    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+    assert int(a["replicas"]) == 2 and len(a["losses"]) == 30
+    assert a["losses"][-5:].mean() < 0.95 * a["losses"][:3].mean()  # SGD 0.5 on the tiny model: ~0.92
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
 def start_training(tmp_path, prepared_dir, service, steps, *extra):
     from captioning.config import save_config
 
