@@ -65,10 +65,15 @@ def test_attention_configs():
 
 
 def test_scst_configs_continue_from_cross_entropy():
-    for name, base in (("shapes_scst.yaml", "shapes.yaml"), ("show_and_tell_coco_scst.yaml", "show_and_tell_coco.yaml")):
+    for name, base in (("shapes_scst.yaml", "shapes.yaml"), ("show_and_tell_coco_scst.yaml", "show_and_tell_coco.yaml"),
+                       ("shapes_attention_scst.yaml", "shapes_attention.yaml")):
         c, xe = load(name), load(base)
         assert c.train.objective == "scst" and xe.train.objective == "xe"
         assert c.data.captions_per_image == "grouped" and c.scst.samples == 5 and c.scst.baseline == "mean"
         assert (c.model.encoder, c.model.embedding_size, c.model.lstm_units) == \
             (xe.model.encoder, xe.model.embedding_size, xe.model.lstm_units)  # --init-from fits
+        assert (c.model.decoder, c.model.attention_size, c.data.image_size) == \
+            (xe.model.decoder, xe.model.attention_size, xe.data.image_size)
+        assert not c.model.encoder_trainable and c.scst.max_length == 20  # measured: README
+        assert 4 * c.train.steps == xe.train.steps or name.startswith("show_and_tell")  # a quarter
         assert c.train.optimizer == "adam" and c.train.lr_schedule == "constant"
