@@ -79,6 +79,9 @@ class DataConfig:
     # distributed_epoch: the shards are split among the workers, each image once per epoch
     service_mode: str = field(default="parallel_epochs", metadata=_choices("parallel_epochs", "distributed_epoch"))
     service_timeout_s: int = 60  # the dispatcher must answer within this, at the start and while training
+    # how workers compress batches for the trip to the trainer: none (default; the batches are decoded
+    # pixels, which snappy barely shrinks and costs a core per ~200 MB/s: README), snappy, or auto (TF's)
+    service_compression: str = field(default="none", metadata=_choices("none", "snappy", "auto"))
     seed: int = 0
 
 
@@ -357,7 +360,7 @@ ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribut
                                           "train.momentum", "model.attention_size", "model.attention_l1",
                                           "train.objective", "scst.samples", "scst.baseline", "scst.max_length",
                                           "scst.temperature", "scst.end_in_reward", "data.service",
-                                          "data.service_mode", "data.service_timeout_s"})
+                                          "data.service_mode", "data.service_timeout_s", "data.service_compression"})
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:

@@ -212,8 +212,11 @@ def run_worker(dispatcher: str, port: int = 0, host: str | None = None, timeout_
     log.info("worker stopped")
 
 
+COMPRESSIONS = {"none": None, "snappy": "SNAPPY", "auto": "AUTO"}  # names here → TF's ``compression``
+
+
 def distribute(dataset, service: str, mode: str = "distributed_epoch", job_name: str | None = None, *,
-               dataset_id: str | None = None, timeout_s: float = 60.0):
+               dataset_id: str | None = None, timeout_s: float = 60.0, compression: str = "none"):
     """``dataset`` with its work done by the tf.data service at ``service`` (``HOST:PORT``): iterating it
     starts a job whose workers run ``dataset`` and send the elements here; transformations applied to
     the result run locally.
@@ -232,18 +235,27 @@ def distribute(dataset, service: str, mode: str = "distributed_epoch", job_name:
     ``from_dataset_id``): use it when the trainers' graphs may differ (a seed per trainer, files listed
     in another order) or only one of them should define the input.
 
+    ``compression``: how the workers compress elements for the trip (``"none"``, ``"snappy"``, or
+    ``"auto"``: TF's default, snappy today). Decoded images barely shrink and snappy costs CPU on both
+    ends (``captioning benchmark input --service 1``: README), so the default is none.
+
     The dispatcher must answer within ``timeout_s`` (checked before the job is made, as TF would wait
     forever), else an ``InputError`` naming ``service``. Later failures are in the module docstring.
     """
     if mode not in MODES:
         raise InputError(f"`mode` must be one of {', '.join(MODES)}, got {mode!r}", params=("mode",))
+    if compression not in COMPRESSIONS:
+        raise InputError(f"`compression` must be one of {', '.join(COMPRESSIONS)}, got {compression!r}",
+                         params=("compression",))
     if job_name == "" or dataset_id == "":
         raise InputError("`job_name` and `dataset_id` must not be empty (None: none)", params=("job_name", "dataset_id"))
     target = wait_for_dispatcher(service, timeout_s, "service")
     service_api = _tensorflow().data.experimental.service
     if dataset_id is None:
-        return dataset.apply(service_api.distribute(processing_mode=mode, service=target, job_name=job_name))
-    registered = service_api.register_dataset(target, dataset, dataset_id=dataset_id)
+        return dataset.apply(service_api.distribute(processing_mode=mode, service=target, job_name=job_name,
+                                                    compression=COMPRESSIONS[compression]))
+    registered = service_api.register_dataset(target, dataset, dataset_id=dataset_id,
+                                              compression=COMPRESSIONS[compression])
     return service_api.from_dataset_id(mode, target, dataset_id=registered, element_spec=dataset.element_spec,
                                        job_name=job_name)
 

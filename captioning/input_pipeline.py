@@ -350,7 +350,8 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     if served:  # distributed_epoch: an epoch is one iteration of the job, so the trainer repeats
         from captioning.data_service import distribute
 
-        ds = distribute(ds, cfg.service, cfg.service_mode, service_job, timeout_s=cfg.service_timeout_s)
+        ds = distribute(ds, cfg.service, cfg.service_mode, service_job, timeout_s=cfg.service_timeout_s,
+                        compression=cfg.service_compression)
         ds = ds.repeat() if wanted and cfg.service_mode == "distributed_epoch" else ds
     ds = ds.prefetch(AUTOTUNE)
     ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files

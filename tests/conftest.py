@@ -84,6 +84,35 @@ def run_cli(*args, cwd=None, timeout=300, env=None):
                           cwd=cwd or REPO, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+class Background:
+    """A process in the background (``argv``, run in ``cwd``), its stdout and stderr going to
+    ``folder/<name>.out`` and ``.err``, which the properties read as they grow."""
+
+    def __init__(self, folder, name, argv, cwd=None, env=None):
+        self.name, self.out_path, self.err_path = name, folder / f"{name}.out", folder / f"{name}.err"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd or REPO, env=env,
+                                         stdin=subprocess.DEVNULL)
+
+    @property
+    def stdout(self):
+        return self.out_path.read_text()
+
+    @property
+    def stderr(self):
+        return self.err_path.read_text()
+
+
+def run_distributed_worker(mode, *args, timeout=600):
+    """``tests/distributed_worker.py MODE ARGS`` in a fresh process (logical devices and collectives must be
+    set before TensorFlow starts); asserts that it exits 0."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"), mode, *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
 @pytest.fixture(scope="session")
 def prepared_dir(shapes_dir, tmp_path_factory):
     """The shapes fixture prepared into TFRecords (min word count 1: every word in the vocabulary)."""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, run_cli, small_train_config
+from tests.conftest import run_cli, run_distributed_worker, small_train_config
 
 pytestmark = pytest.mark.slow
 
@@ -177,10 +177,7 @@ def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path)
 
 def test_mirrored_attention_equals_one_device(prepared_dir, tmp_path):
     """Two replicas of the attention decoder (with its penalty) update exactly as one device."""
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"), "mirrored_attention",
-                           prepared_dir, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    run_distributed_worker("mirrored_attention", prepared_dir, str(tmp_path))
     r = np.load(tmp_path / "mirrored.npz")
     assert (int(r["one_replicas"]), int(r["two_replicas"])) == (1, 2)
     assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)

@@ -42,6 +42,7 @@ def test_benchmark_input(tmp_path):
     for key in ("naive_img_per_s", "pipeline_img_per_s", "ceiling_img_per_s", "grouped_img_per_s", "service_img_per_s"):
         assert positive(result[key])
     assert result["service_workers"] == 1 and "through the tf.data service" in done.stdout
+    assert result["targets"]["service_vs_pipeline"] == [0.85, result["service_vs_pipeline"] >= 0.85]
     assert result["service_vs_pipeline"] == pytest.approx(result["service_img_per_s"] / result["pipeline_img_per_s"])
     assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max", "grouped"}
     assert all(0 < v <= 1 for v in result["padding_efficiency"].values())
@@ -145,24 +146,24 @@ def test_benchmark_usage_errors_are_one_line(tmp_path):
 
 
 def test_benchmark_quality(tmp_path, prepared_dir):
-    """Time to quality: a checkpoint every 4 steps, each evaluated after training; the clock is the
+    """Time to quality: a checkpoint every 5 steps, each evaluated after training; the clock is the
     training run's own (rising with the steps), and a target of 0 is reached at the first checkpoint."""
     out = tmp_path / "quality.json"
     done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
-                   "--eval-every", "4", "--target", "0", "--model-dir", str(tmp_path / "model"),
+                   "--eval-every", "5", "--target", "0", "--model-dir", str(tmp_path / "model"),
                    "--set", "train.steps=10", "--set", "train.batch_size=8", "--set", "model.lstm_units=32",
                    "--set", "model.embedding_size=32", "--json", str(out))
     result = check(done, out)
-    assert [p["step"] for p in result["curve"]] == [4, 8, 10]
+    assert [p["step"] for p in result["curve"]] == [5, 10]
     seconds = [p["seconds"] for p in result["curve"]]
     assert all(positive(s) for s in seconds) and seconds == sorted(seconds)
-    assert result["steps_to_target"] == 4 and result["seconds_to_target"] == seconds[0]
+    assert result["steps_to_target"] == 5 and result["seconds_to_target"] == seconds[0]
     assert result["final"]["step"] == 10 and result["train_seconds"] == seconds[-1]
     assert all(0 <= p["CIDEr"] <= 10 and 0 <= p["Bleu_4"] <= 1 for p in result["curve"])
     # the evaluations are the ones `captioning evaluate` keeps, one per checkpoint
     kept = sorted(os.listdir(tmp_path / "model" / "eval"))
     assert [n for n in kept if not n.endswith(".predictions.json")] == [
-        f"test-step{s}-beam3-len20-norm0-all.json" for s in (10, 4, 8)]
+        f"test-step{s}-beam3-len20-norm0-all.json" for s in (10, 5)]
     assert "time to quality: CIDEr >= 0 after" in done.stdout
 
 
@@ -170,12 +171,13 @@ def test_benchmark_quality_compares_two_settings(tmp_path, prepared_dir):
     """--compare: a second setting trained after the first in the same run; both curves and the ratios."""
     out = tmp_path / "quality.json"
     done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
-                   "--eval-every", "6", "--target", "0", "--set", "train.steps=6", "--set", "train.batch_size=8",
+                   "--eval-every", "5", "--target", "0", "--set", "train.steps=5", "--set", "train.batch_size=8",
                    "--set", "model.lstm_units=32", "--set", "model.embedding_size=32",
-                   "--compare", "train.steps=12", "--json", str(out))
+                   "--compare", "model.dropout=0.1", "--json", str(out))
     result = check(done, out)
     base, compared = result["base"], result["compared"]
-    assert [p["step"] for p in base["curve"]] == [6] and [p["step"] for p in compared["curve"]] == [6, 12]
+    assert [p["step"] for p in base["curve"]] == [p["step"] for p in compared["curve"]] == [5]
+    assert base["settings"]["overrides"] != compared["settings"]["overrides"]
     assert result["train_seconds_ratio"] == pytest.approx(compared["train_seconds"] / base["train_seconds"])
     assert result["seconds_to_target_ratio"] == pytest.approx(compared["seconds_to_target"] / base["seconds_to_target"])
-    assert result["compare"] == ["train.steps=12"] and "time to the target" in done.stdout
+    assert result["compare"] == ["model.dropout=0.1"] and "time to the target" in done.stdout

@@ -22,8 +22,7 @@ from captioning.dataset import PreparedDataset
 from captioning.errors import InputError
 from captioning.train.cider import (CiderD, DocumentFrequencies, caption_lengths, document_frequencies,
                                     frequencies_from_split, max_vocab_size, ngram_key, words_of)
-from data_prep.prepare import PrepareOptions, prepare
-from tests.conftest import REPO, coco_split_args
+from tests.conftest import REPO
 
 
 # ---- CIDEr-D from the paper (Vedantam et al. 2015, §3 and CIDEr-D in §4): plain Python, no pycocoevalcap ----
@@ -259,11 +258,8 @@ def test_a_damaged_or_foreign_file_is_one_line_naming_it(tmp_path):
 
 # ---- real prepared shapes records ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def data_dir(shapes_dir, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("cider_data"))
-    prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1, min_word_count=1),
-            progress=False)
-    return out
+def data_dir(prepared_dir):
+    return prepared_dir  # conftest's: the shapes fixture, every word in the vocabulary
 
 
 def split_references(data_dir, split):

@@ -9,36 +9,24 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_cli
+from tests.conftest import REPO, Background, free_port, run_cli
 
 CONSUMER = os.path.join(REPO, "tests", "data_service_consumer.py")
 HOST = re.escape(socket.gethostname())
 
 
-class Proc:
-    """A process in the background, its output going to files we can poll."""
+class Proc(Background):
+    """A server or consumer process in the background, its output going to files we can poll."""
 
     def __init__(self, folder, name, argv):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "worker.txt").write_text(name)  # read by the dataset's map when this process is a worker
-        self.name, self.out_path, self.err_path = name, folder / f"{name}.out", folder / f"{name}.err"
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=folder, env=env, stdin=subprocess.DEVNULL)
-
-    @property
-    def stdout(self):
-        return self.out_path.read_text()
-
-    @property
-    def stderr(self):
-        return self.err_path.read_text()
+        super().__init__(folder, name, argv, cwd=folder)
 
     def wait_for(self, pattern, timeout=90, stream="stderr"):
         """Polls the output until ``pattern`` appears; returns the match."""

@@ -187,11 +187,11 @@ def test_caption_and_evaluate_read_a_complete_checkpoint_while_training_writes(p
         trainer.wait_for_step(3)
         image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
         steps = []
-        for _ in range(3):
-            result = run_cli("caption", "--model-dir", str(model_dir), image)
-            assert result.returncode == 0, result.stderr[-3000:]
-            steps.append(int(re.search(r"restored \S+ckpt-(\d+) \(step (\d+)\)", result.stderr).group(2)))
-        result = run_cli("evaluate", "--model-dir", str(model_dir), "--split", "test", "--beam-size", "1")
+        result = run_cli("caption", "--model-dir", str(model_dir), image)
+        assert result.returncode == 0, result.stderr[-3000:]
+        steps.append(int(re.search(r"restored \S+ckpt-(\d+) \(step (\d+)\)", result.stderr).group(2)))
+        result = run_cli("evaluate", "--model-dir", str(model_dir), "--split", "test", "--beam-size", "1",
+                         "--max-images", "2")
         assert result.returncode == 0, result.stderr[-3000:]
         steps.append(int(re.search(r"checkpoint step (\d+)", result.stdout).group(1)))
         assert steps == sorted(steps) and steps[0] >= 3 and steps[-1] > steps[0]  # newer and newer

@@ -200,6 +200,7 @@ def test_an_unreachable_service_is_one_line_within_the_timeout(prepared_dir, tmp
       "data.random_flip=false"], "data.cache: features"),
     (["data.service=localhost:5050", "data.service_mode=distributed_epoch", "data.cache=memory"], "parallel_epochs"),
     (["data.service=localhost:5050", "data.skip_corrupt=true"], "data.skip_corrupt"),
+    (["data.service=localhost:5050", "data.service_compression=zstd"], "data.service_compression"),
 ])
 def test_service_config_errors(overrides, fragment):
     from captioning.config import validate

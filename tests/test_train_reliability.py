@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from captioning.config import load_config, save_config
-from tests.conftest import REPO, free_port, run_cli, small_train_config
+from tests.conftest import REPO, Background, free_port, run_cli, small_train_config
 
 STEP_LINE = re.compile(r"step (\d+): loss")
 
@@ -30,23 +30,11 @@ def write_config(path, data_dir, *overrides):
     return str(path)
 
 
-class Cli:
+class Cli(Background):
     """``captioning train`` running in the background, its output going to files we can poll."""
 
     def __init__(self, tmp_path, name, *args, env=None):
-        self.out_path, self.err_path = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "captioning", "train", *args], stdout=out, stderr=err,
-                                         cwd=REPO, env=env, stdin=subprocess.DEVNULL)
-
-    @property
-    def stdout(self):
-        return self.out_path.read_text()
-
-    @property
-    def stderr(self):
-        return self.err_path.read_text()
+        super().__init__(tmp_path, name, [sys.executable, "-m", "captioning", "train", *args], env=env)
 
     def logged_steps(self):
         return [int(s) for s in STEP_LINE.findall(self.stderr)]
