@@ -79,8 +79,9 @@ class DataConfig:
     # distributed_epoch: the shards are split among the workers, each image once per epoch
     service_mode: str = field(default="parallel_epochs", metadata=_choices("parallel_epochs", "distributed_epoch"))
     service_timeout_s: int = 60  # the dispatcher must answer within this, at the start and while training
-    # how workers compress batches for the trip to the trainer: none (default; the batches are decoded
-    # pixels, which snappy barely shrinks and costs a core per ~200 MB/s: README), snappy, or auto (TF's)
+    # how workers compress batches for the trip to the trainer: none (default: the batches are decoded
+    # pixels; with auto, TF's default, one local worker gave 0.42 of the in-process pipeline's images/s
+    # against 0.59 without: benchmarks/RESULTS.md), snappy, or auto
     service_compression: str = field(default="none", metadata=_choices("none", "snappy", "auto"))
     seed: int = 0
 
