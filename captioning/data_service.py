@@ -236,9 +236,9 @@ def distribute(dataset, service: str, mode: str = "distributed_epoch", job_name:
     in another order) or only one of them should define the input.
 
     ``compression``: how the workers compress elements for the trip (``"none"``, ``"snappy"``, or
-    ``"auto"``: TF's default, snappy unless its runtime decides otherwise). Decoded images barely shrink and compressing costs
-    CPU on both ends (``captioning benchmark input --service 1``: 0.42 of the in-process pipeline with
-    ``auto``, 0.59 with none; benchmarks/RESULTS.md), so the default is none.
+    ``"auto"``: TF's default, snappy unless its runtime decides otherwise). Decoded images barely shrink
+    and compressing costs CPU on both ends (``captioning benchmark input --service 1``: 0.42 of the
+    in-process pipeline with ``auto``, 0.59 with none; benchmarks/RESULTS.md), so the default is none.
 
     The dispatcher must answer within ``timeout_s`` (checked before the job is made, as TF would wait
     forever), else an ``InputError`` naming ``service``. Later failures are in the module docstring.
