@@ -147,37 +147,32 @@ def test_benchmark_usage_errors_are_one_line(tmp_path):
 
 def test_benchmark_quality(tmp_path, prepared_dir):
     """Time to quality: a checkpoint every 5 steps, each evaluated after training; the clock is the
-    training run's own (rising with the steps), and a target of 0 is reached at the first checkpoint."""
+    training run's own (rising with the steps), and a target of 0 is reached at the first checkpoint.
+    --compare: a second setting (5 steps instead of 10) trained after the first in the same run, with
+    both curves and the ratios. (That each evaluation is kept as `evaluate` keeps it: test_model_dir.)"""
     out = tmp_path / "quality.json"
     done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
-                   "--eval-every", "5", "--target", "0", "--model-dir", str(tmp_path / "model"),
-                   "--set", "train.steps=10", "--set", "train.batch_size=8", "--set", "model.lstm_units=32",
-                   "--set", "model.embedding_size=32", "--json", str(out))
-    result = check(done, out)
-    assert [p["step"] for p in result["curve"]] == [5, 10]
-    seconds = [p["seconds"] for p in result["curve"]]
-    assert all(positive(s) for s in seconds) and seconds == sorted(seconds)
-    assert result["steps_to_target"] == 5 and result["seconds_to_target"] == seconds[0]
-    assert result["final"]["step"] == 10 and result["train_seconds"] == seconds[-1]
-    assert all(0 <= p["CIDEr"] <= 10 and 0 <= p["Bleu_4"] <= 1 for p in result["curve"])
-    # the evaluations are the ones `captioning evaluate` keeps, one per checkpoint
-    kept = sorted(os.listdir(tmp_path / "model" / "eval"))
-    assert [n for n in kept if not n.endswith(".predictions.json")] == [
-        f"test-step{s}-beam3-len20-norm0-all.json" for s in (10, 5)]
-    assert "time to quality: CIDEr >= 0 after" in done.stdout
-
-
-def test_benchmark_quality_compares_two_settings(tmp_path, prepared_dir):
-    """--compare: a second setting trained after the first in the same run; both curves and the ratios."""
-    out = tmp_path / "quality.json"
-    done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
-                   "--eval-every", "5", "--target", "0", "--set", "train.steps=5", "--set", "train.batch_size=8",
+                   "--eval-every", "5", "--target", "0", "--set", "train.steps=10", "--set", "train.batch_size=8",
                    "--set", "model.lstm_units=32", "--set", "model.embedding_size=32",
-                   "--compare", "model.dropout=0.1", "--json", str(out))
+                   "--compare", "train.steps=5", "--json", str(out))
     result = check(done, out)
     base, compared = result["base"], result["compared"]
-    assert [p["step"] for p in base["curve"]] == [p["step"] for p in compared["curve"]] == [5]
-    assert base["settings"]["overrides"] != compared["settings"]["overrides"]
+    assert [p["step"] for p in base["curve"]] == [5, 10] and [p["step"] for p in compared["curve"]] == [5]
+    seconds = [p["seconds"] for p in base["curve"]]
+    assert all(positive(s) for s in seconds) and seconds == sorted(seconds)
+    assert base["steps_to_target"] == 5 and base["seconds_to_target"] == seconds[0]
+    assert base["final"]["step"] == 10 and base["train_seconds"] == seconds[-1]
+    assert all(0 <= p["CIDEr"] <= 10 and 0 <= p["Bleu_4"] <= 1 for p in base["curve"] + compared["curve"])
     assert result["train_seconds_ratio"] == pytest.approx(compared["train_seconds"] / base["train_seconds"])
     assert result["seconds_to_target_ratio"] == pytest.approx(compared["seconds_to_target"] / base["seconds_to_target"])
-    assert result["compare"] == ["model.dropout=0.1"] and "time to the target" in done.stdout
+    assert result["compare"] == ["train.steps=5"]
+    assert "time to quality: CIDEr >= 0 after" in done.stdout and "time to the target" in done.stdout
+
+
+def test_benchmark_quality_keeps_one_model_only_without_compare(tmp_path, prepared_dir):
+    """--model-dir keeps the trained model (and its evaluations); with --compare there would be two."""
+    done = run_cli("-q", "benchmark", "quality", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
+                   "--model-dir", str(tmp_path / "model"), "--compare", "train.steps=5")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--model-dir" in lines[-1] and "--compare" in lines[-1] and not (tmp_path / "model").exists()

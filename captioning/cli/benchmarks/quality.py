@@ -40,7 +40,8 @@ def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = Non
     if eval_every < 1 or target < 0:
         raise InputError("`eval_every` must be at least 1 and `target` at least 0", params=("eval_every", "target"))
     if compare and model_dir:
-        raise InputError("`model_dir` keeps one trained model: leave it out with `compare`", params=("model_dir",))
+        raise InputError("`model_dir` keeps one trained model: leave it out with `compare`",
+                         params=("model_dir", "compare"))
     base = _measure(config, tuple(overrides), data_dir, eval_every, target, split, model_dir, progress)
     if not compare:
         return base
