@@ -47,6 +47,17 @@ def epoch_captions_per_image(cfg: DataConfig, stored: float) -> float:
     return stored
 
 
+def images_per_batch(batch_size: int, captions_per_image: float) -> int:
+    """Images in a grouped batch of ``batch_size`` captions (a replica's share), each with all its
+    captions: ``round(batch_size / captions_per_image)``, at least one (so a batch size below one image's
+    captions still gives whole images, one per batch).
+
+    >>> images_per_batch(32, 5.0), images_per_batch(3, 5.0), images_per_batch(1, 5.0)
+    (6, 1, 1)
+    """
+    return max(1, round(batch_size / captions_per_image))
+
+
 def sample_captions(captions: tf.RaggedTensor, k: int) -> tf.RaggedTensor:
     """``k`` of each image's captions (ragged ``[images, (captions), (ids)]``), drawn without replacement
     in random order; all of them, shuffled, for an image with ``k`` or fewer."""
@@ -145,7 +156,7 @@ def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: 
     images is left out at random, as in :func:`length_grouped_batches`. The trade: a batch pads every
     caption of an image to the batch's longest, and an image's captions differ in length, so padding
     efficiency is lower than sorting single captions (``captioning benchmark input`` reports both)."""
-    images_per_batch = max(1, round(batch_size / captions_per_image))
+    per_batch = images_per_batch(batch_size, captions_per_image)
     boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
 
     def batches_of(window):
@@ -155,19 +166,19 @@ def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: 
         # each image's longest caption (every image has at least one: prepare skips those without)
         longest = tf.math.segment_max(captions.values.row_lengths(), captions.value_rowids())
         count = tf.shape(longest, out_type=tf.int64)[0]
-        keep = tf.random.shuffle(tf.range(count))[:count // images_per_batch * images_per_batch]
+        keep = tf.random.shuffle(tf.range(count))[:count // per_batch * per_batch]
         kept = tf.cast(tf.gather(longest, keep), tf.float32)
         order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
-        starts = tf.random.shuffle(tf.range(0, tf.size(order, out_type=tf.int64), images_per_batch))
+        starts = tf.random.shuffle(tf.range(0, tf.size(order, out_type=tf.int64), per_batch))
 
         def batch_at(start):
-            picked = order[start:start + images_per_batch]
+            picked = order[start:start + per_batch]
             mine = tf.gather(captions, picked)  # ragged [B, (captions), (ids)]
             return {key: tf.gather(window[key], picked), "image_index": tf.cast(mine.value_rowids(), tf.int32),
                     **_padded(mine.values, boundaries)}
 
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
-    windows = ds.batch(max(1, cfg.length_window * images_per_batch), num_parallel_calls=AUTOTUNE,
+    windows = ds.batch(max(1, cfg.length_window * per_batch), num_parallel_calls=AUTOTUNE,
                        deterministic=cfg.deterministic)
     return windows.flat_map(batches_of)

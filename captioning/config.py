@@ -3,12 +3,13 @@
 A config file sets any subset of the keys below; what it does not set keeps the default. ``base:`` names
 another config (a path relative to the file) whose values come first; chains are allowed, cycles are
 errors. ``--set section.key=value`` overrides come last and are parsed by the key's type (``true``/``no``
-for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type or a value
-outside its choices is an :class:`~captioning.errors.InputError` naming the valid keys nearby; so are a
-number that is not finite (``nan``, ``inf``, ``1e999``), an integer beyond 64 bits and a config file that
-cannot be read (a folder, not UTF-8, nested too deeply). Whatever the file or the override says, loading
-gives a valid config or that one-line error, never another exception (tests/test_config.py checks this
-with hypothesis).
+for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type, a value
+outside its choices or outside its range (every number has one: ``train.warmup_steps`` at least 0,
+``model.dropout`` in [0, 1), ...) is an :class:`~captioning.errors.InputError` naming the key and what
+it takes; so are a number that is not finite (``nan``, ``inf``, ``1e999``), an integer beyond 64 bits
+and a config file that cannot be read (a folder, not UTF-8, nested too deeply). Whatever the file or the
+override says, loading gives a valid config or that one-line error, never another exception
+(tests/test_config.py checks this with hypothesis). All of it runs before TensorFlow's runtime starts.
 
 Example (``experiments/show_and_tell_coco_finetune.yaml``)::
 
@@ -18,14 +19,31 @@ Example (``experiments/show_and_tell_coco_finetune.yaml``)::
     train:
       learning_rate: 0.0005
 
+**Sections check themselves.** Each section is a dataclass: its fields are its keys, each with its
+default, its type, and its choices or range in the field's metadata; its ``check()`` holds the rules
+between its own keys. :func:`validate` adds the few rules that span sections.
+
+**The decoder's settings belong to the decoder.** ``model:`` holds the keys every model has
+(:class:`ModelConfig`: the decoder's name, the encoder, dropout) and, in the same section, the chosen
+decoder's own settings (``model.lstm_units``, ``model.attention_size``, ...), which its module declares
+as a dataclass of its own (``captioning.model``). This module keeps those keys as given
+(:attr:`ModelConfig.options`); the model stage checks and types them (:func:`section_from` is the one
+conversion both use), so a new decoder adds no field here.
+
+**Format versions.** A model folder's ``config.yaml`` records every key and the format it was written in
+(``format_version``; a file without one is format 1). Reading an older format applies the migrations of
+:data:`MIGRATIONS` in order, each a function written once and never changed, so folders trained by
+earlier versions of this code keep loading (tests/data/model_folders_v1 holds such files).
+
 Only ``yaml.safe_load`` is used: a config can never construct Python objects.
 
 (Over 350 lines for one responsibility: the sections' dataclasses are the list of every key with its
-default and meaning, and the reading, type checking and cross-key validation of them belong beside it.)
+default and meaning, and the reading, type checking and migration of them belong beside it.)
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -35,34 +53,79 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from captioning.errors import InputError
+from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
 
+FORMAT_VERSION = 2  # of a saved config.yaml (see MIGRATIONS)
+_INT64 = range(-2**63, 2**63)  # what TensorFlow can hold; a larger int is refused here, not deep in a run
+SEED = range(0, 2**31)  # seeds reach int32 ops (stateless sampling) and numpy's generator
 
-def _choices(*values: str) -> dict:
+
+def choices(*values: str) -> dict:
+    """Field metadata: the values a string key may take."""
     return {"choices": values}
 
 
+def at_least(low: float) -> dict:
+    """Field metadata: a number ``>= low``."""
+    return {"range": (low, False, None, False)}
+
+
+def more_than(low: float) -> dict:
+    """Field metadata: a number ``> low``."""
+    return {"range": (low, True, None, False)}
+
+
+def between(low: float, high: float, high_open: bool = False, low_open: bool = False) -> dict:
+    """Field metadata: a number in ``[low, high]`` (``high_open``: ``< high``; ``low_open``: ``> low``)."""
+    return {"range": (low, low_open, high, high_open)}
+
+
+def describe_range(bounds) -> str:
+    """``at least 1``, ``more than 0`` or ``in [0, 1)``."""
+    low, low_open, high, high_open = bounds
+    if high is None:
+        return f"{'more than' if low_open else 'at least'} {low:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def _in_range(value: float, bounds) -> bool:
+    low, low_open, high, high_open = bounds
+    above = value > low if low_open else value >= low
+    below = high is None or (value < high if high_open else value <= high)
+    return above and below
+
+
+class Section:
+    """What every config section is: a dataclass of keys (see the module docstring) that checks the
+    rules between its own keys in :meth:`check`, naming them with ``prefix`` (``"train."``)."""
+
+    def check(self, prefix: str) -> None:
+        """InputError when keys of this section contradict each other (none by default)."""
+
+
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     dir: str = ""  # a folder written by `captioning prepare` (manifest.json, vocab.txt, shards)
     train_split: str = "train"
     eval_split: str = "val"
-    image_size: int = 299  # side of the square crop the encoder sees
-    resize_size: int = 346  # images are resized to this square before the crop (im2txt: 346 → 299)
+    image_size: int = field(default=299, metadata=at_least(1))  # side of the square crop the encoder sees
+    # images are resized to this square before the crop (im2txt: 346 → 299)
+    resize_size: int = field(default=346, metadata=at_least(1))
     # all: every caption is an example (its image copied into its batch); sample: one random caption per
     # image and epoch; grouped: batches of images with all their captions, each image encoded once per
     # step and its features repeated per caption on the device (captioning.batching)
-    captions_per_image: str = field(default="all", metadata=_choices("all", "sample", "grouped"))
+    captions_per_image: str = field(default="all", metadata=choices("all", "sample", "grouped"))
     # grouped: how many of each image's captions a batch holds: 0, all of them (every caption once per
     # epoch); k, k drawn afresh every epoch, without replacement (self-critical.pytorch's seq_per_img),
     # so every batch holds exactly images x k captions (an image with fewer gives all it has)
-    group_captions: int = 0
-    cache: str = field(default="none", metadata=_choices("none", "memory", "disk", "features"))
+    group_captions: int = field(default=0, metadata=at_least(0))
+    cache: str = field(default="none", metadata=choices("none", "memory", "disk", "features"))
     cache_dir: str = ""  # for cache: disk and features (default: <model_dir>/cache)
-    shuffle_buffer: int = 2048  # records (no cache) or cached images
-    parse_batch_size: int = 64  # records parsed per tf.io.parse_example call
-    length_window: int = 16  # batches' worth of captions sorted by length together (1: no grouping)
+    shuffle_buffer: int = field(default=2048, metadata=at_least(1))  # records (no cache) or cached images
+    parse_batch_size: int = field(default=64, metadata=at_least(1))  # records parsed per tf.io.parse_example call
+    # batches' worth of captions sorted by length together (1: no grouping)
+    length_window: int = field(default=16, metadata=at_least(1))
     bucket_boundaries: list[int] = field(default_factory=list)  # pad batches up to these lengths (XLA); []: to the longest
     random_crop: bool = True
     random_flip: bool = True
@@ -73,63 +136,97 @@ class DataConfig:
     skip_corrupt: bool = False
     # HOST:PORT of a tf.data service dispatcher (captioning data-service): the training pipeline's work —
     # reading, parsing, decoding, cropping, batching — runs on its workers, which must see data.dir at the
-    # same path; "": on this host (captioning.data_service). Evaluation always runs here.
+    # same path; "": on this host (captioning.data_service). Evaluation always runs here. The servers have no
+    # authentication: keep them on a private network (docs/distributed.md, "Trust model")
     service: str = ""
     # parallel_epochs: every service worker runs the whole (repeating) pipeline, caches included;
     # distributed_epoch: the shards are split among the workers, each image once per epoch
-    service_mode: str = field(default="parallel_epochs", metadata=_choices("parallel_epochs", "distributed_epoch"))
-    service_timeout_s: int = 60  # the dispatcher must answer within this, at the start and while training
+    service_mode: str = field(default="parallel_epochs", metadata=choices("parallel_epochs", "distributed_epoch"))
+    # the dispatcher must answer, and have a live worker, within this many seconds: at the start and while
+    # training (a run whose service stays unreachable or without workers that long ends with one line)
+    service_timeout_s: int = field(default=60, metadata=at_least(1))
     # how workers compress batches for the trip to the trainer: none (default: the batches are decoded
     # pixels; with auto, TF's default, one local worker gave 0.42 of the in-process pipeline's images/s
     # against 0.59 without: benchmarks/RESULTS.md), snappy, or auto
-    service_compression: str = field(default="none", metadata=_choices("none", "snappy", "auto"))
-    seed: int = 0
+    service_compression: str = field(default="none", metadata=choices("none", "snappy", "auto"))
+    seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
+
+    def check(self, prefix: str = "data.") -> None:
+        if self.image_size > self.resize_size:
+            raise InputError(f"{prefix}image_size ({self.image_size}) cannot exceed {prefix}resize_size "
+                             f"({self.resize_size}): images are resized, then cropped")
+        if self.group_captions and self.captions_per_image != "grouped":
+            raise InputError(f"{prefix}group_captions ({self.group_captions}) applies to {prefix}captions_per_image: "
+                             f"grouped, not {self.captions_per_image}")
+        if list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)) or any(b < 1 for b in self.bucket_boundaries):
+            raise InputError(f"{prefix}bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
+        if not self.service:
+            return
+        from captioning.service_probe import parse_address
+
+        parse_address(self.service, f"{prefix}service")
+        if self.cache == "features":
+            raise InputError(f"{prefix}cache: features runs the encoder in the trainer and keeps its outputs in the "
+                             "trainer's files, which tf.data service workers cannot serve: use data.cache: none, "
+                             f"memory or disk with {prefix}service")
+        if self.service_mode == "distributed_epoch" and self.cache != "none":
+            raise InputError(f"{prefix}cache: {self.cache} with {prefix}service_mode: distributed_epoch would cache on "
+                             "each worker only its share of an epoch: use data.service_mode: parallel_epochs to cache")
+        if self.skip_corrupt:
+            raise InputError(f"{prefix}skip_corrupt reads damaged shards through scratch copies on the trainer's disk, "
+                             f"which tf.data service workers cannot see: prepare the dataset again instead")
 
 
 @dataclass
-class ModelConfig:
-    # show_and_tell (Vinyals et al. 2015) or attention (soft attention, Xu et al. 2015): one of
-    # captioning.model.DECODERS (checked when the model is built)
+class ModelConfig(Section):
+    """The keys every model has. The decoder's own settings (``model.lstm_units`` for Show and Tell,
+    ``model.attention_size`` for soft attention, ...) are declared by the decoder's module and kept in
+    :attr:`options` as given, until the model stage checks them (``captioning.model.resolve``)."""
+
+    # one of captioning.model.DECODERS: show_and_tell (Vinyals et al. 2015), attention (soft attention,
+    # Xu et al. 2015), ...; checked with its settings by the model stage
     decoder: str = "show_and_tell"
-    encoder: str = field(default="inception_v3", metadata=_choices(
+    encoder: str = field(default="inception_v3", metadata=choices(
         "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))
     encoder_weights: str = "none"  # none | imagenet | a path to a weights file
     encoder_trainable: bool = False
     sync_batch_norm: bool = True  # a trainable encoder's batch-norm statistics over the global batch
-    embedding_size: int = 512
-    lstm_units: int = 512
-    dropout: float = 0.3  # on the LSTM's inputs and outputs (im2txt: keep probability 0.7)
-    init_scale: float = 0.08  # uniform initialisation in [-init_scale, init_scale]
-    attention_size: int = 512  # attention: the hidden size of the attention MLP
-    # attention: λ of the doubly stochastic regularisation, λ Σ_cells (1 − Σ_words α)² per caption, added
-    # to the caption's summed cross-entropy (Xu et al. 2015; 0 turns it off)
-    attention_l1: float = 1.0
+    # the decoder's dropout (Show and Tell: on the LSTM's inputs and outputs; im2txt: keep probability 0.7)
+    dropout: float = field(default=0.3, metadata=between(0.0, 1.0, high_open=True))
+    # the decoder's own keys: {name: value} as the file gave them, or {name: Given(text)} from --set
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
-class TrainConfig:
-    steps: int = 1_000_000  # total, across restarts
-    # xe: cross-entropy of the references (teacher forcing); scst: self-critical sequence training with a
-    # CIDEr-D reward (the scst: section), usually continuing from an xe checkpoint
-    objective: str = field(default="xe", metadata=_choices("xe", "scst"))
-    batch_size: int = 32  # global: split evenly over replicas
-    optimizer: str = field(default="sgd", metadata=_choices("sgd", "adam"))
-    learning_rate: float = 2.0
-    momentum: float = 0.0  # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
-    lr_schedule: str = field(default="step", metadata=_choices("constant", "step", "exponential", "cosine"))
-    lr_decay_factor: float = 0.5
-    lr_decay_epochs: float = 8.0  # step / exponential schedules: one decay every this many epochs
-    warmup_steps: int = 0
-    clip_gradient_norm: float = 5.0  # 0 disables clipping
+class TrainConfig(Section):
+    steps: int = field(default=1_000_000, metadata=at_least(1))  # total, across restarts
+    # one of captioning.train.OBJECTIVES: xe, cross-entropy of the references (teacher forcing); scst,
+    # self-critical sequence training with a CIDEr-D reward (the scst: section), usually continuing from
+    # an xe checkpoint; checked by the training stage, which also brings the batches it needs
+    objective: str = "xe"
+    batch_size: int = field(default=32, metadata=at_least(1))  # global: split evenly over replicas
+    optimizer: str = field(default="sgd", metadata=choices("sgd", "adam"))
+    learning_rate: float = field(default=2.0, metadata=more_than(0.0))
+    # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
+    momentum: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
+    lr_schedule: str = field(default="step", metadata=choices("constant", "step", "exponential", "cosine"))
+    # step / exponential schedules: the rate is multiplied by this once per lr_decay_epochs
+    lr_decay_factor: float = field(default=0.5, metadata=between(0.0, 1.0, low_open=True))
+    # step / exponential schedules: one decay every this many epochs
+    lr_decay_epochs: float = field(default=8.0, metadata=more_than(0.0))
+    warmup_steps: int = field(default=0, metadata=at_least(0))  # linear warm-up from 0
+    clip_gradient_norm: float = field(default=5.0, metadata=at_least(0.0))  # 0 disables clipping
     # a step whose loss or gradient norm is NaN/Inf is never applied; then stop: exit 1 naming the step,
     # the last checkpoint kept as it is; skip: drop that batch, count it and train on
-    nan_policy: str = field(default="stop", metadata=_choices("stop", "skip"))
-    checkpoint_every_steps: int = 1000
-    keep_checkpoints: int = 5
-    log_every_steps: int = 100
-    eval_every_steps: int = 1000  # validation loss / perplexity; 0 disables
-    eval_batches: int = 20
-    sample_captions: int = 3  # captions written to TensorBoard at each evaluation
+    nan_policy: str = field(default="stop", metadata=choices("stop", "skip"))
+    checkpoint_every_steps: int = field(default=1000, metadata=at_least(1))
+    keep_checkpoints: int = field(default=5, metadata=at_least(1))
+    log_every_steps: int = field(default=100, metadata=at_least(1))
+    # validation loss / perplexity; 0 disables
+    eval_every_steps: int = field(default=1000, metadata=at_least(0))
+    eval_batches: int = field(default=20, metadata=at_least(1))
+    # captions written to TensorBoard at each evaluation
+    sample_captions: int = field(default=3, metadata=at_least(0))
     mixed_precision: bool = False
     # XLA for each replica's forward and backward pass (one compilation per batch shape: set
     # data.bucket_boundaries so there are few)
@@ -140,50 +237,63 @@ class TrainConfig:
     # [start, stop]: a TensorFlow profiler trace of steps start..stop into logs/train (TensorBoard's
     # Profile tab, with the tensorboard-plugin-profile package); []: no trace
     profile_steps: list[int] = field(default_factory=list)
-    seed: int = 0
+    seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
+
+    def check(self, prefix: str = "train.") -> None:
+        steps = self.profile_steps
+        if steps and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
+            raise InputError(f"{prefix}profile_steps must be [start, stop] with 1 <= start <= stop, got {steps}")
 
 
 @dataclass
-class ScstConfig:
+class ScstConfig(Section):
     """Self-critical sequence training (``train.objective: scst``; captioning.train.scst)."""
 
-    samples: int = 5  # captions sampled per image and step
+    samples: int = field(default=5, metadata=at_least(1))  # captions sampled per image and step
     # mean: the mean reward of the image's other samples (self-critical.pytorch's "new SCST");
     # greedy: the reward of the image's greedy caption (Rennie et al. 2017)
-    baseline: str = field(default="mean", metadata=_choices("mean", "greedy"))
+    baseline: str = field(default="mean", metadata=choices("mean", "greedy"))
     # words a sampled caption may have (self-critical.pytorch: 16, its COCO captions cut at 16 words). It
     # must hold the references: a sample cut short is rewarded cut and the model learns to leave things
     # out (training warns when more than 1% of the references are longer; shapes needs 20)
-    max_length: int = 16
-    temperature: float = 1.0  # sampling from softmax(logits / temperature)
+    max_length: int = field(default=16, metadata=at_least(1))
+    # sampling from softmax(logits / temperature)
+    temperature: float = field(default=1.0, metadata=more_than(0.0))
     # the reward's n-grams end with <end> (appended to every reference; a sample has it if it chose it),
     # as self-critical.pytorch counts its <eos>: a caption that stops mid-phrase ("... and a") or not at
     # all loses the n-grams that end the references. false: words only, pycocoevalcap's CIDEr-D exactly
     end_in_reward: bool = True
 
+    def check(self, prefix: str = "scst.") -> None:
+        if self.baseline == "mean" and self.samples < 2:
+            raise InputError(f"{prefix}samples ({self.samples}) must be at least 2 with {prefix}baseline: mean (the "
+                             "baseline of a sample is the mean of the image's other samples)")
+
 
 @dataclass
-class DistributeConfig:
-    strategy: str = field(default="auto", metadata=_choices("auto", "default", "mirrored", "multi_worker", "tpu"))
-    logical_cpus: int = 0  # split the CPU into this many logical devices (0 or 1: no split)
+class DistributeConfig(Section):
+    strategy: str = field(default="auto", metadata=choices("auto", "default", "mirrored", "multi_worker", "tpu"))
+    # split the CPU into this many logical devices (0 or 1: no split)
+    logical_cpus: int = field(default=0, metadata=at_least(0))
     tpu: str = ""  # TPU name or address, for strategy: tpu
     # multi_worker: a worker silent this long (no heartbeat to TF's coordination service) is lost, and the
     # others stop with an error naming it; workers wait this long for each other to start
-    peer_timeout_s: int = 30
-    startup_timeout_s: int = 600
+    peer_timeout_s: int = field(default=30, metadata=at_least(1))
+    startup_timeout_s: int = field(default=600, metadata=at_least(1))
 
 
 @dataclass
-class DecodeConfig:
+class DecodeConfig(Section):
     """How captions are generated (``evaluate``, ``caption``, ``export``, ``benchmark decode``, and the
     sample captions of training). Stored in the model folder's config.yaml like every section, so a model
     decodes the way it was set up; the commands' flags (``--beam-size``, ``--max-length``,
     ``--length-normalization``, ``--top-k``) override it for one call. These are the only defaults."""
 
-    beam_size: int = 3
-    max_length: int = 20  # words, <end> excluded
-    length_normalization: float = 0.0  # rank beams by log p / length ** this (0: plain log p)
-    top_k: int = 1  # captions returned per image, best first (caption, export)
+    beam_size: int = field(default=3, metadata=at_least(1))
+    max_length: int = field(default=20, metadata=at_least(1))  # words, <end> excluded
+    # rank beams by log p / length ** this (0: plain log p)
+    length_normalization: float = field(default=0.0, metadata=at_least(0.0))
+    top_k: int = field(default=1, metadata=at_least(1))  # captions returned per image, best first (caption, export)
 
     def check(self, prefix: str = "") -> "DecodeConfig":
         """Returns itself; an InputError naming the parameter (``prefix`` + name: ``decode.`` for the
@@ -215,40 +325,69 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     scst: ScstConfig = field(default_factory=ScstConfig)
 
+    def given(self, key: str) -> str | None:
+        """Where ``key`` (``"data.captions_per_image"``) got its value when this config was loaded:
+        ``"file"`` (a config file or one of its bases), ``"set"`` (an override), or None (its default)."""
+        return getattr(self, "_given", {}).get(key)
+
 
 def _fields(cls) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
+    return {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+
+
+def keys_of(cls) -> list[str]:
+    """The keys of a section dataclass (``ModelConfig``'s without its ``options``)."""
+    return list(_fields(cls))
+
+
+_SECTIONS = {name: f.default_factory for name, f in _fields(Config).items()}
 
 
 def all_keys() -> list[str]:
-    return [f"{s}.{k}" for s, sf in _fields(Config).items() for k in _fields(sf.default_factory)]
+    """Every key of the sections here (the decoders' own keys: ``captioning.model.all_keys``)."""
+    return [f"{s}.{k}" for s, cls in _SECTIONS.items() for k in _fields(cls)]
 
 
-def _unknown(key: str) -> InputError:
-    section = key.split(".")[0]
-    sections = list(_fields(Config))
+@dataclass(frozen=True)
+class Given:
+    """A decoder option as ``--set`` gave it: text, parsed once the decoder's type for it is known (the
+    same rules as every key's ``--set`` text)."""
+
+    text: str
+
+    def literal(self):
+        """The value YAML would read from the text (``16`` → 16), what a config file written before the
+        decoder typed it holds: it loads back as the same setting."""
+        try:
+            value = yaml.safe_load(self.text)
+        except yaml.YAMLError:
+            return self.text
+        return value if isinstance(value, (bool, int, float, list)) and not (
+            isinstance(value, float) and not math.isfinite(value)) else self.text
+
+
+def _unknown(key: str, known: typing.Sequence[str] = ()) -> InputError:
+    section, dot, _ = key.partition(".")
+    sections = list(_SECTIONS)
+    if not dot and section in sections:
+        return InputError(f"config key {key!r} names a section: give section.key=value, e.g. {section}."
+                          f"{next(iter(_fields(_SECTIONS[section])))}=...")
     if section not in sections:
         near = difflib.get_close_matches(section, sections, n=2, cutoff=0.5)
         hint = f"did you mean {', '.join(near)}? " if near else ""
-        return InputError(f"unknown config section {section!r} in {key!r}; {hint}sections are {', '.join(sections)}")
-    near = difflib.get_close_matches(key, all_keys(), n=4, cutoff=0.5) or \
-        [k for k in all_keys() if k.startswith(section + ".")]
+        what = f"config section {section!r}" if not dot else f"config section {section!r} (in {key!r})"
+        return InputError(f"unknown {what}; {hint}sections are {', '.join(sections)}")
+    keys = list(known) or all_keys()
+    near = difflib.get_close_matches(key, keys, n=4, cutoff=0.5) or [k for k in keys if k.startswith(section + ".")]
     return InputError(f"unknown config key {key!r}; did you mean {', '.join(near)}?")
 
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
-_INT64 = range(-2**63, 2**63)  # what TensorFlow can hold; a larger int is refused here, not deep in a run
 
 
-def _show(value) -> str:
-    """``repr(value)`` cut to one short line for an error message."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
-    """Checks ``value`` against the field's type (parsing it first when it came from --set)."""
-    kind = typing.get_type_hints(_owner[key.split(".")[0]])[f.name]
+def _convert(key: str, f: dataclasses.Field, kind, value, from_text: bool):
+    """Checks ``value`` against the field's type, choices and range (parsing it first when it came from
+    --set)."""
     raw = value
     try:
         if kind is bool:
@@ -264,14 +403,14 @@ def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
                 raise ValueError
             value = int(str(value).strip()) if from_text else value
             if value not in _INT64:
-                raise InputError(f"config key {key} must be a 64-bit integer, got {_show(raw)}")
+                raise InputError(f"config key {key} must be a 64-bit integer, got {excerpt(raw)}")
         elif kind is float:
             # YAML 1.1 reads 5e-4 (no dot) as a string, so a float field also takes numeric strings.
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
             value = float(str(value).strip()) if isinstance(value, str) else float(value)  # OverflowError
             if not math.isfinite(value):  # nan, inf, 1e999: no key means anything by them
-                raise InputError(f"config key {key} must be a finite number, got {_show(raw)}")
+                raise InputError(f"config key {key} must be a finite number, got {excerpt(raw)}")
         elif kind is str:
             if value is None:
                 value = ""
@@ -286,37 +425,68 @@ def _convert(key: str, f: dataclasses.Field, value, from_text: bool):
                 raise ValueError
             value = list(value)
             if any(v not in _INT64 for v in value):
-                raise InputError(f"config key {key} must hold 64-bit integers, got {_show(raw)}")
+                raise InputError(f"config key {key} must hold 64-bit integers, got {excerpt(raw)}")
         else:  # pragma: no cover - a new field type must be added above
             raise TypeError(f"config field {key} has unsupported type {kind}")
     except (ValueError, OverflowError):  # OverflowError: float() of an int beyond the float range
         name = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}.get(
             kind, "a list of integers like [8, 12]")
-        raise InputError(f"config key {key} must be {name}, got {_show(value)}") from None
-    choices = f.metadata.get("choices")
-    if choices and value not in choices:
-        raise InputError(f"config key {key} must be one of {', '.join(choices)}, got {_show(value)}")
+        raise InputError(f"config key {key} must be {name}, got {excerpt(value)}") from None
+    options = f.metadata.get("choices")
+    if options and value not in options:
+        raise InputError(f"config key {key} must be one of {', '.join(options)}, got {excerpt(value)}")
+    bounds = f.metadata.get("range")
+    if bounds and not _in_range(value, bounds):
+        raise InputError(f"config key {key} must be {describe_range(bounds)}, got {value!r}")
     return value
 
 
-_owner = {name: f.default_factory for name, f in _fields(Config).items()}
+def section_from(cls, values: dict, prefix: str, complete: bool = False, where: str = "config"):
+    """An instance of the section dataclass ``cls`` from ``{name: value}`` (a value given with ``--set``
+    is a :class:`Given`), every value converted and checked as its field declares, then the section's
+    :meth:`Section.check`; InputError naming ``prefix + name`` otherwise. ``complete``: every field must
+    be given (a saved config.yaml). Decoders' settings are read with this too (``captioning.model``)."""
+    fields = _fields(cls)
+    hints = typing.get_type_hints(cls)
+    out = cls()
+    for name, value in values.items():
+        if name not in fields:
+            raise _unknown(prefix + str(name), [prefix + k for k in fields])
+        text = isinstance(value, Given)
+        setattr(out, name, _convert(prefix + name, fields[name], hints[name], value.text if text else value, text))
+    if complete:
+        missing = [prefix + k for k in fields if k not in values]
+        if missing:
+            raise InputError(f"{where} lacks {len(missing)} of its keys ({', '.join(missing[:3])}"
+                             f"{', ...' if len(missing) > 3 else ''}): it is cut short or damaged")
+    if isinstance(out, Section):
+        out.check(prefix)
+    return out
 
 
 def _set(config: Config, key: str, value, from_text: bool) -> None:
     section, dot, name = key.partition(".")
-    if not dot or section not in _owner or name not in _fields(_owner[section]):
+    if not dot or section not in _SECTIONS or (section != "model" and name not in _fields(_SECTIONS[section])):
         raise _unknown(key)
-    f = _fields(_owner[section])[name]
-    setattr(getattr(config, section), name, _convert(key, f, value, from_text))
+    target = getattr(config, section)
+    if section == "model" and name not in _fields(ModelConfig):  # the decoder's: typed by the model stage
+        if not name.isidentifier():
+            raise _unknown(key)
+        target.options[name] = Given(str(value)) if from_text else value
+        return
+    f = _fields(_SECTIONS[section])[name]
+    setattr(target, name, _convert(key, f, typing.get_type_hints(_SECTIONS[section])[name], value, from_text))
 
 
-def _set_section(config: Config, section: str, values, where: str) -> None:
+def _set_section(config: Config, section: str, values, where: str, given: dict) -> None:
     if values is None:  # "train:" with nothing under it
         return
     if not isinstance(values, dict):
         raise InputError(f"{where}: section {section!r} must be a mapping of keys")
     for name, value in values.items():
-        _set(config, f"{section}.{name}", value, from_text=False)
+        key = f"{section}.{name}"
+        _set(config, key, value, from_text=False)
+        given[key] = "file"
 
 
 def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
@@ -335,7 +505,7 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         problem = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise InputError(f"config {shown} is not valid YAML{where}: {problem}") from None
+        raise InputError(f"config {shown} is not valid YAML{where}: {excerpt(problem, 200, quote=False)}") from None
     except UnicodeDecodeError as e:
         raise InputError(f"config {shown} is not UTF-8 text (byte {e.start})") from None
     except RecursionError:
@@ -352,42 +522,79 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
     return layers + [(shown, data)]
 
 
-# Keys added after model folders began to record every key: a model folder's config.yaml written before
-# a key existed may lack it, and gets its default.
-ADDED_LATER: frozenset[str] = frozenset({"distribute.peer_timeout_s", "distribute.startup_timeout_s",
-                                          "model.decoder", "decode.beam_size", "decode.max_length",
-                                          "decode.length_normalization", "decode.top_k",
-                                          "train.jit_compile", "train.split_padding", "data.group_captions",
-                                          "train.momentum", "model.attention_size", "model.attention_l1",
-                                          "train.objective", "scst.samples", "scst.baseline", "scst.max_length",
-                                          "scst.temperature", "scst.end_in_reward", "data.service",
-                                          "data.service_mode", "data.service_timeout_s", "data.service_compression"})
+# ---- format versions -------------------------------------------------------------------------------------
+
+def _from_format_1(data: dict) -> dict:
+    """Format 1 (config.yaml without ``format_version``, written until November 2026): keys were added over
+    time without a version, so an older file may lack the ones below; they get the default they had when
+    they appeared. Every decoder's settings sat in ``model:`` whatever the decoder (``attention_size``
+    and ``attention_l1`` in a Show-and-Tell folder too); format 2 keeps only the chosen decoder's."""
+    added_later = {"distribute.peer_timeout_s": 30, "distribute.startup_timeout_s": 600,
+                   "model.decoder": "show_and_tell", "decode.beam_size": 3, "decode.max_length": 20,
+                   "decode.length_normalization": 0.0, "decode.top_k": 1, "train.jit_compile": False,
+                   "train.split_padding": False, "data.group_captions": 0, "train.momentum": 0.0,
+                   "model.attention_size": 512, "model.attention_l1": 1.0, "train.objective": "xe",
+                   "scst.samples": 5, "scst.baseline": "mean", "scst.max_length": 16, "scst.temperature": 1.0,
+                   "scst.end_in_reward": True, "data.service": "", "data.service_mode": "parallel_epochs",
+                   "data.service_timeout_s": 60, "data.service_compression": "none"}
+    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
+    for key, default in added_later.items():
+        section, name = key.split(".")
+        if isinstance(out.setdefault(section, {}), dict):
+            out[section].setdefault(name, default)
+    model = out.get("model")
+    if isinstance(model, dict) and model.get("decoder") != "attention":
+        model.pop("attention_size", None)
+        model.pop("attention_l1", None)
+    return out
+
+
+# format N → N + 1; never edit one once released: a new format adds a function
+MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {1: _from_format_1}
+
+
+def migrate(data: dict, where: str) -> dict:
+    """A saved config's mapping in the current format (see the module docstring)."""
+    version = data.pop("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise InputError(f"{where} has format_version {excerpt(version)}; this code reads formats 1 to "
+                         f"{FORMAT_VERSION}: it was written by a newer version of captioning, or is damaged")
+    for step in range(version, FORMAT_VERSION):
+        data = MIGRATIONS[step](data)
+    return data
 
 
 def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
     """Defaults ← ``path`` and its bases ← ``overrides`` (``"section.key=value"`` strings).
 
     ``complete=True`` is for a config this project wrote with every key (a model folder's
-    ``config.yaml``): a missing key means the file was cut short or damaged, an InputError naming it,
-    instead of a silent default (keys in :data:`ADDED_LATER` excepted)."""
+    ``config.yaml``): an older format is migrated first (:data:`MIGRATIONS`), then a missing key means the
+    file was cut short or damaged, an InputError naming it, instead of a silent default."""
     config = Config()
-    given: set[str] = set()
+    given: dict[str, str] = {}
     for source, data in _read_yaml(path) if path else []:
+        if complete:
+            data = migrate(data, f"config {source}")
+        else:
+            data.pop("format_version", None)
         for section, values in data.items():
-            if section not in _owner:
+            if section not in _SECTIONS:
                 raise _unknown(str(section))
-            _set_section(config, section, values, f"config {source}")
-            given.update(f"{section}.{k}" for k in (values or {}))
+            _set_section(config, section, values, f"config {source}", given)
     if complete:
-        missing = [k for k in all_keys() if k not in given and k not in ADDED_LATER]
+        missing = [k for k in all_keys() if k not in given]
         if missing:
             raise InputError(f"config {path} lacks {len(missing)} of its keys ({', '.join(missing[:3])}"
                              f"{', ...' if len(missing) > 3 else ''}): it is cut short or damaged")
     for override in overrides:
         key, eq, value = override.partition("=")
         if not eq:
-            raise InputError(f"`overrides` {override!r} must look like section.key=value", params=("overrides",))
+            raise InputError(f"`overrides` {excerpt(override)} must look like section.key=value", params=("overrides",))
         _set(config, key.strip(), value, from_text=True)
+        given[key.strip()] = "set"
+    for name in _SECTIONS:
+        getattr(config, name).check(f"{name}.")
+    object.__setattr__(config, "_given", given)
     return config
 
 
@@ -395,7 +602,7 @@ def with_absolute_paths(config: Config) -> Config:
     """A copy whose file and folder paths (``data.dir``, ``data.cache_dir``, a weights file in
     ``model.encoder_weights``) are absolute, resolved against the working directory: what a model folder
     records, so that later commands work from any directory."""
-    out = from_dict(to_dict(config))
+    out = copy.deepcopy(config)
     out.data.dir = os.path.abspath(out.data.dir) if out.data.dir else ""
     out.data.cache_dir = os.path.abspath(out.data.cache_dir) if out.data.cache_dir else ""
     if out.model.encoder_weights not in ("", "none", "imagenet"):
@@ -404,91 +611,44 @@ def with_absolute_paths(config: Config) -> Config:
 
 
 def to_dict(config: Config) -> dict:
-    return dataclasses.asdict(config)
+    """Every key, section by section; the decoder's own keys sit in ``model`` beside the shared ones."""
+    out = {}
+    for name in _SECTIONS:
+        section = getattr(config, name)
+        values = {k: getattr(section, k) for k in _fields(type(section))}
+        for k, v in values.items():
+            values[k] = list(v) if isinstance(v, list) else v
+        if name == "model":
+            values.update({k: v.literal() if isinstance(v, Given) else v for k, v in section.options.items()})
+        out[name] = values
+    return out
 
 
 def from_dict(data: dict) -> Config:
     """The inverse of :func:`to_dict`, with the same checks as a YAML file."""
     config = Config()
+    given: dict[str, str] = {}
     for section, values in data.items():
-        if section not in _owner:
+        if section not in _SECTIONS:
             raise _unknown(str(section))
-        _set_section(config, section, values, "config")
+        _set_section(config, section, values, "config", given)
     return config
 
 
 def save_config(config: Config, path: str) -> None:
-    """Writes the resolved config (every key) as YAML, atomically."""
-    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Writes the resolved config (every key, and the format version) as YAML, atomically."""
+    atomic_write_text(path, yaml.safe_dump({"format_version": FORMAT_VERSION, **to_dict(config)}, sort_keys=False))
 
 
 def validate(config: Config) -> None:
-    """Checks that concern several keys at once; raises InputError."""
-    d, m, t = config.data, config.model, config.train
+    """Checks that concern several sections at once (each section checks its own keys as it loads);
+    raises InputError."""
+    d, m = config.data, config.model
     if not d.dir:
         raise InputError("data.dir is not set: point it at a folder written by `captioning prepare`")
     if d.cache == "features" and (m.encoder_trainable or d.random_crop or d.random_flip or d.color_jitter):
         raise InputError("data.cache: features caches the frozen encoder's outputs, so it needs "
                          "model.encoder_trainable: false and data.random_crop, data.random_flip and "
                          "data.color_jitter all false")
-    if d.image_size > d.resize_size:
-        raise InputError(f"data.image_size ({d.image_size}) cannot exceed data.resize_size ({d.resize_size}): "
-                         "images are resized, then cropped")
-    for key, value in [("train.steps", t.steps), ("train.batch_size", t.batch_size),
-                       ("train.checkpoint_every_steps", t.checkpoint_every_steps),
-                       ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every_steps", t.log_every_steps),
-                       ("data.image_size", d.image_size), ("data.parse_batch_size", d.parse_batch_size),
-                       ("data.length_window", d.length_window),
-                       ("model.embedding_size", m.embedding_size), ("model.lstm_units", m.lstm_units),
-                       ("model.attention_size", m.attention_size),
-                       ("distribute.peer_timeout_s", config.distribute.peer_timeout_s),
-                       ("distribute.startup_timeout_s", config.distribute.startup_timeout_s)]:
-        if value < 1:
-            raise InputError(f"{key} must be at least 1, got {value}")
-    config.decode.check(prefix="decode.")
-    if t.objective == "scst":
-        sc = config.scst
-        if d.captions_per_image != "grouped" or d.group_captions:
-            raise InputError("train.objective: scst rewards samples against every reference of their image: it "
-                             "needs data.captions_per_image: grouped and data.group_captions: 0")
-        if sc.samples < 1 or sc.max_length < 1 or (sc.baseline == "mean" and sc.samples < 2):
-            raise InputError(f"scst.samples ({sc.samples}) must be at least 2 with scst.baseline: mean (1 with "
-                             f"greedy), and scst.max_length ({sc.max_length}) at least 1")
-        if sc.temperature <= 0:
-            raise InputError(f"scst.temperature must be positive, got {sc.temperature}")
-        if t.jit_compile:
-            raise InputError("train.jit_compile does not apply to train.objective: scst (its sampling stops "
-                             "captions at <end>, and the reward's lookup table runs on the host)")
-    if d.service:
-        from captioning.service_probe import parse_address
-
-        parse_address(d.service, "data.service")
-        if d.cache == "features":
-            raise InputError("data.cache: features runs the encoder in the trainer and keeps its outputs in the "
-                             "trainer's files, which tf.data service workers cannot serve: use data.cache: none, "
-                             "memory or disk with data.service")
-        if d.service_mode == "distributed_epoch" and d.cache != "none":
-            raise InputError(f"data.cache: {d.cache} with data.service_mode: distributed_epoch would cache on each "
-                             "worker only its share of an epoch: use data.service_mode: parallel_epochs to cache")
-        if d.skip_corrupt:
-            raise InputError("data.skip_corrupt reads damaged shards through scratch copies on the trainer's disk, "
-                             "which tf.data service workers cannot see: prepare the dataset again instead")
-        if d.service_timeout_s < 1:
-            raise InputError(f"data.service_timeout_s must be at least 1, got {d.service_timeout_s}")
-    if d.group_captions < 0:
-        raise InputError(f"data.group_captions must be 0 (all) or more, got {d.group_captions}")
-    if d.group_captions and d.captions_per_image != "grouped":
-        raise InputError(f"data.group_captions ({d.group_captions}) applies to data.captions_per_image: grouped, "
-                         f"not {d.captions_per_image}")
-    if m.attention_l1 < 0:
-        raise InputError(f"model.attention_l1 must be at least 0, got {m.attention_l1}")
-    if not 0.0 <= m.dropout < 1.0:
-        raise InputError(f"model.dropout must be in [0, 1), got {m.dropout}")
-    if not 0.0 <= t.momentum < 1.0:
-        raise InputError(f"train.momentum must be in [0, 1), got {t.momentum}")
-    if t.learning_rate <= 0:
-        raise InputError(f"train.learning_rate must be positive, got {t.learning_rate}")
-    if t.profile_steps and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0] <= t.profile_steps[1]):
-        raise InputError(f"train.profile_steps must be [start, stop] with 1 <= start <= stop, got {t.profile_steps}")
-    if list(d.bucket_boundaries) != sorted(set(d.bucket_boundaries)) or any(b < 1 for b in d.bucket_boundaries):
-        raise InputError(f"data.bucket_boundaries must be increasing positive lengths, got {d.bucket_boundaries}")
+    for name in _SECTIONS:
+        getattr(config, name).check(f"{name}.")

@@ -55,7 +55,7 @@ import threading
 from captioning import tf_internals
 from captioning.errors import InputError, ServiceLostError
 from captioning.service_probe import (ADDRESS, check_port_free, is_loopback, parse_address, wait_for_dispatcher,
-                                      watch_dispatcher)
+                                      warn_if_exposed, watch_dispatcher)
 
 __all__ = ["MODES", "run_dispatcher", "run_worker", "distribute", "service_error", "watch_dispatcher",
            "wait_for_dispatcher", "parse_address", "check_port_free"]
@@ -130,6 +130,32 @@ def _make_work_dir(work_dir: str, gfile=None) -> None:
                          params=("work_dir",)) from None
 
 
+WORK_DIR_LOCK = ".captioning-dispatcher.lock"
+
+
+def _lock_work_dir(work_dir: str) -> int | None:
+    """Takes ``work_dir`` for this dispatcher: an exclusive POSIX lock on a file in it, held while the
+    process lives. Two dispatchers writing one journal would corrupt each other's state, and TF does not
+    notice; a second one is an InputError naming the first's process id. None where there are no POSIX
+    locks (or for a URL: object stores have none)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(os.path.join(work_dir, WORK_DIR_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise InputError(f"`work_dir` {work_dir} is in use by another dispatcher (process {holder}): two dispatchers "
+                         "would write one journal; stop that one, or give this one a work dir of its own",
+                         params=("work_dir",)) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def run_dispatcher(port: int, work_dir: str | None = None) -> None:
     """Runs a tf.data dispatcher on ``port`` (all interfaces) until SIGTERM or SIGINT, then stops it.
 
@@ -143,15 +169,21 @@ def run_dispatcher(port: int, work_dir: str | None = None) -> None:
     (a restarted trainer starts a new job). Without ``work_dir`` a restarted dispatcher knows no job, and
     the trainers get ``tf.errors.NotFoundError``.
 
-    ``InputError`` naming the parameter: a port in use, a work dir that cannot be created or written.
+    The dispatcher listens on every network interface, unauthenticated (TensorFlow's choice: see
+    docs/distributed.md, "Trust model"); it says so in one warning line when it starts.
+
+    ``InputError`` naming the parameter: a port in use, a work dir that cannot be created or written, or
+    that another dispatcher uses.
     """
     if port == 0:
         raise InputError("`port` must be a fixed port (1 to 65535): workers and trainers need to know it",
                          params=("port",))
     check_port_free(port, "port")
     url = work_dir and "://" in work_dir
+    lock = None
     if work_dir and not url:
         _make_work_dir(work_dir)
+        lock = _lock_work_dir(work_dir)
     with _StopOnSignal("dispatcher") as stop:
         tf = _tensorflow()
         if url:
@@ -167,8 +199,11 @@ def run_dispatcher(port: int, work_dir: str | None = None) -> None:
                              params=("port", "work_dir")) from None
         log.info("dispatcher listening on grpc://%s:%d (%s)", socket.gethostname(), port,
                  f"work dir {work_dir}" if work_dir else "no work dir: a restart forgets every job")
+        warn_if_exposed("tf.data dispatcher", port, log)
         stop.wait()
         server.stop()
+    if lock is not None:
+        os.close(lock)
     log.info("dispatcher stopped")
 
 
@@ -205,8 +240,9 @@ def run_worker(dispatcher: str, port: int = 0, host: str | None = None, timeout_
             data_transfer_address=f"{host}:%dts_port%")
         server = tf.data.experimental.service.WorkerServer(config, start=False)
         server.start()  # registers with the dispatcher (it answered just now); blocks until it has
-        log.info("worker %s:%d serving dispatcher %s:%d", host, tf_internals.worker_port(server), dispatcher_host,
-                 dispatcher_port)
+        bound = tf_internals.worker_port(server)
+        log.info("worker %s:%d serving dispatcher %s:%d", host, bound, dispatcher_host, dispatcher_port)
+        warn_if_exposed("tf.data worker", bound, log)
         stop.wait()
         server.stop()
     log.info("worker stopped")

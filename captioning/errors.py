@@ -62,3 +62,16 @@ class ServiceLostError(InputError):
     restarted without its state): one line naming it, exit code 1 (the input itself was fine)."""
 
     exit_code = 1
+
+
+def excerpt(value, limit: int = 80, quote: bool = True) -> str:
+    """``repr(value)`` (a string's repr, quotes and escapes included; ``quote=False``: the text itself, on
+    one line) cut to ``limit`` characters, for an error message that quotes what it could not use: one
+    short line, whatever the input (a whole JSON file given where a vocabulary was expected, a 5,000-digit
+    number).
+
+    >>> excerpt("abc"), excerpt("x" * 200, 20), excerpt("two\\nlines", quote=False)
+    ("'abc'", "'xxxxxxxxxxxxxxxx...", 'two lines')
+    """
+    text = repr(value) if quote else " ".join(str(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -9,12 +9,16 @@ real word over every caption of the split (or of those images).
 scored, and is kept under that key in the model folder, each file written under a temporary name and
 renamed::
 
-    eval/<split>-step<N>-beam<B>-len<L>-norm<A>-<all|firstK>.json              the metrics (below)
-    eval/<split>-step<N>-beam<B>-len<L>-norm<A>-<all|firstK>.predictions.json  COCO results format
+    eval/<split>-step<N>-beam<B>-len<L>-norm<A>-<all|firstK>-data<D>[-from<C>].json   the metrics (below)
+    eval/<same key>.predictions.json                                                   COCO results format
 
-The metrics file holds ``{"metrics": {Bleu_1 … CIDEr}, "split", "checkpoint_step", "num_images",
-"all_images", "beam_size", "max_length", "length_normalization", "loss", "perplexity"}`` (plus
-``"baseline"`` with ``--baseline``). Evaluating with other settings or on fewer images never replaces a
+``<D>`` is the start of the prepared dataset's identity (its fingerprint): evaluating another dataset's
+split of the same name is another evaluation, never the stored one. ``-from<C>`` marks a checkpoint of
+another model folder (``--checkpoint OTHER/ckpt-N``, accepted only when that folder's config and
+vocabulary match this one's). The metrics file holds ``{"metrics": {Bleu_1 … CIDEr}, "split",
+"checkpoint_step", "num_images", "all_images", "beam_size", "max_length", "length_normalization",
+"loss", "perplexity", "dataset", "data_dir", "checkpoint"}`` (plus ``"baseline"`` with ``--baseline``);
+a stored result is reused only when its ``dataset`` and ``checkpoint`` are those of this evaluation. Evaluating with other settings or on fewer images never replaces a
 full-split result; evaluating the same key again is a no-op that prints the stored result. TensorBoard
 gets each result once, under ``logs/eval_<split>`` at the checkpoint's step, its scalars tagged with the
 settings (``beam3-len20-norm0/CIDEr``; ``…-first5/CIDEr`` for a partial result), so points of different
@@ -26,7 +30,8 @@ points at the records when the config's ``data.dir`` is not where they are on th
 ``--baseline`` also scores a constant caption, the most frequent (normalised) caption of the training
 split, given for every image: the floor any model must clear.
 
-``--instances FILE`` (a COCO instances file of the split, e.g. the shapes' ``instances_test.json``) adds
+``--instances FILE`` (a COCO instances file of the split, e.g. the shapes' ``instances_test.json``; it
+must list every image of the split, checked before any decoding) adds
 ``"grounding"``: the share of the images' shapes whose colour and kind the captions name, by number of
 shapes, and for an attention decoder how much of each colour or kind word's attention fell inside the
 box of the shape it names, against the box's share of the image (:mod:`captioning.grounding`).
@@ -65,14 +70,17 @@ def most_frequent_caption(texts) -> str:
 
 
 def result_name(split: str, step: int, beam_size: int, max_length: int, length_normalization: float,
-                num_images: int | None) -> str:
-    """The key of one evaluation, as a file name stem.
+                num_images: int | None, data: str = "", checkpoint: str = "") -> str:
+    """The key of one evaluation, as a file name stem: the split, the checkpoint's step, the decoding, the
+    images, the dataset (``data``: its identity's first 8 characters) and, for a checkpoint of another
+    model folder, a hash of its path (``checkpoint``).
 
-    >>> result_name("test", 8000, 3, 20, 0.0, None), result_name("val", 10, 1, 16, 0.7, 5)
-    ('test-step8000-beam3-len20-norm0-all', 'val-step10-beam1-len16-norm0.7-first5')
+    >>> result_name("test", 8000, 3, 20, 0.0, None, "1a2b3c4d"), result_name("val", 10, 1, 16, 0.7, 5)
+    ('test-step8000-beam3-len20-norm0-all-data1a2b3c4d', 'val-step10-beam1-len16-norm0.7-first5')
     """
     images = "all" if num_images is None else f"first{num_images}"
-    return f"{split}-step{step}-{settings_label(beam_size, max_length, length_normalization)}-{images}"
+    extra = (f"-data{data}" if data else "") + (f"-from{checkpoint}" if checkpoint else "")
+    return f"{split}-step{step}-{settings_label(beam_size, max_length, length_normalization)}-{images}{extra}"
 
 
 def settings_label(beam_size: int, max_length: int, length_normalization: float) -> str:
@@ -115,6 +123,9 @@ class EvaluationResult(dict):
     baseline: dict[str, float] | None = _key("baseline")
     baseline_caption: str | None = _key("baseline_caption")
     grounding: dict | None = _key("grounding")
+    dataset: str = _key("dataset")  # the prepared dataset's identity
+    data_dir: str = _key("data_dir")
+    checkpoint: str = _key("checkpoint")  # the checkpoint's path
 
 
 def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
@@ -126,10 +137,12 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
     ``decode:`` config. ``instances``: a COCO instances file of the split, for grounding."""
     metrics.check_java()  # fail before an hour of decoding, not after
-    if output:
-        check_output_file(output, "`output`", params=("output",))
-    shapes = grounding.load_instances(instances) if instances else None
     folder = ModelDir(model_dir)
+    if output:  # never over the model's own files, nor over the instances file it reads
+        folder.refuse_output(output, "`output`", params=("output",))
+        check_output_file(output, "`output`", params=("output",), inputs=(instances,) if instances else (),
+                          kind="json")
+    shapes = grounding.load_instances(instances) if instances else None
     trained = inference.load(model_dir, checkpoint)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization)
@@ -139,8 +152,12 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     cfg = dataclasses.replace(trained.config.data, cache="none", dir=dataset.path)
     split_images = dataset.split(split).images
     partial = max_images if max_images and max_images < split_images else None
-    name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial)
-    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, instances is not None)
+    # the key: the same data, checkpoint and settings, or a new evaluation
+    foreign = not folder.owns_checkpoint(trained.checkpoint)
+    name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial,
+                       dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "")
+    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, instances is not None,
+                     dataset.identity, os.path.realpath(trained.checkpoint))
     if stored is not None:
         log.info("%s is evaluated already (checkpoint step %d, these settings): the stored result, unchanged",
                  split, trained.step)
@@ -152,14 +169,20 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     captioner = inference.Captioner(trained, dataclasses.replace(decode, top_k=1))
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-        candidates, refs, loss, attention = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
-                                                              batch_size, partial or split_images, progress)
+        refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
+        if shapes is not None:  # the instances file is checked before the hour of decoding, not after
+            grounding.check_covers(shapes, refs, split, instances)
+        candidates, loss, attention = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
+                                                        batch_size, partial or split_images, progress)
+        refs = {image_id: refs[image_id] for image_id in candidates}
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
     result = EvaluationResult(
         metrics=scores, split=split, checkpoint_step=trained.step, num_images=len(candidates),
         all_images=partial is None, beam_size=beam_size, max_length=max_length,
-        length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity)
+        length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
+        dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
+        checkpoint=os.path.realpath(trained.checkpoint))
     if baseline:
         with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
             train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
@@ -199,9 +222,9 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
-                      total: int, progress: bool) -> tuple[dict[int, str], dict[int, list[str]], object]:
-    """Captions for every image, the references, the references' cross-entropy (perplexity), and for an
-    attention decoder each caption's words with their weights (image id → (words, [words, cells]))."""
+                      total: int, progress: bool) -> tuple[dict[int, str], object, dict]:
+    """Captions for every image, the references' cross-entropy (perplexity), and for an attention decoder
+    each caption's words with their weights (image id → (words, [words, cells]))."""
     images = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
     decode = tf.function(captioner.decode_images)
     vocab = captioner.trained.vocab
@@ -216,19 +239,27 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
                 attention[int(image_id)] = (text.split(), out["attention"][row, 0, :out["lengths"][row, 0]].numpy())
         bar.update(len(batch["image_id"]))
     bar.close()
-    refs = references(cfg, split, dataset=dataset, shards=shards)
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards))
-    return candidates, refs, loss, attention
+    return candidates, loss, attention
 
 
-def _stored(path: str, baseline: bool, spice: bool, grounded: bool = False) -> dict | None:
-    """The result already stored under this key, if it holds everything asked for."""
+def _short_hash(path: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8]
+
+
+def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str, checkpoint: str) -> dict | None:
+    """The result already stored under this key, if it is of the same dataset and checkpoint (the key says
+    so; the document is checked too) and holds everything asked for."""
     try:
         with open(path, encoding="utf-8") as f:
             stored = json.load(f)
     except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoint:
         return None
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
             (grounded and "grounding" not in stored):

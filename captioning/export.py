@@ -22,20 +22,30 @@ Writing is safe for what is already on disk:
   — never the model folder, a folder above it, the working directory or a folder above that, nor a
   folder of other files (as ``prepare --overwrite`` removes only its own files).
 * Exporting the same checkpoint with the same settings into an export of them is a no-op.
+* ``overwrite`` refuses an export folder holding files the export did not write (the marker lists the
+  ones it wrote), rather than delete them with it; what an export killed on the way left beside
+  ``output`` (``OUTPUT.tmp<pid>``, or the old export moved aside as ``OUTPUT.old<pid>``, which is put
+  back) is cleaned up by the next export.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import tensorflow as tf
 
 from captioning.errors import InputError
-from captioning.fileio import atomic_folder, atomic_write_json, disk_full_error
+from captioning.fileio import atomic_folder, atomic_write_json, clean_folder_leftovers, disk_full_error
 from captioning.inference import Captioner
+from captioning.model_dir import ModelDir
+
+log = logging.getLogger("captioning.export")
 
 MARKER = "captioning_export.json"
+# what tf.saved_model.save writes, and the marker: an export of before "files" was recorded holds these
+SAVED_MODEL_FILES = ("saved_model.pb", "variables", "assets", "fingerprint.pb", MARKER)
 
 
 class CaptionServer(tf.Module):
@@ -69,6 +79,7 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
     """Refuses an ``output`` that export must never write (see the module docstring), before any work.
     Returns what the export already there records (its :data:`MARKER`), or None when there is none."""
     target = os.path.realpath(output)
+    ModelDir(model_dir).refuse_output(output, "`output`", params=("output",))
     for what, folder in (("the model folder", model_dir), ("the working directory", os.getcwd())):
         if _inside(os.path.realpath(folder), target):
             raise InputError(f"`output` {output} is {what} or a folder above it; export into a folder of its own",
@@ -79,8 +90,13 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
         parent = os.path.dirname(target)
         if not os.path.isdir(parent):
             raise InputError(f"`output` {output}: its parent folder {parent} does not exist", params=("output",))
-        if not os.access(parent, os.W_OK):
-            raise InputError(f"`output` {output}: cannot write into {parent} (permission denied)", params=("output",))
+        probe = f"{target}.probe{os.getpid()}"  # only trying tells /proc, a read-only mount, a full disk
+        try:
+            os.mkdir(probe)
+            os.rmdir(probe)
+        except OSError as e:
+            raise InputError(f"`output` {output}: cannot create a folder in {parent} ({e.strerror or e})",
+                             params=("output",)) from None
         return None
     if not os.listdir(output):
         return None
@@ -90,6 +106,12 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
     except (OSError, ValueError):
         raise InputError(f"`output` {output} holds other files, not an export of this command (no {MARKER}); "
                          "choose another folder", params=("output",)) from None
+    if overwrite:  # replacing it must not take along files somebody put there
+        foreign = sorted(set(os.listdir(output)) - set(existing.get("files") or SAVED_MODEL_FILES))
+        if foreign:
+            raise InputError(f"`output` {output} holds files the export did not write ({', '.join(foreign[:3])}"
+                             f"{', ...' if len(foreign) > 3 else ''}), which `overwrite=True` would delete with it: move "
+                             "them out first", params=("output", "overwrite"))
     return existing
 
 
@@ -100,16 +122,19 @@ def export(captioner: Captioner, output: str, model_dir: str, overwrite: bool = 
               "step": trained.step, "decode": dict(captioner.options)}
     existing = check_output(output, model_dir, overwrite)
     if existing is not None:
-        if existing == record:
+        if {k: v for k, v in existing.items() if k != "files"} == record:
             return output  # this very export is there already
         if not overwrite:
             raise InputError(f"{output} holds another export ({existing.get('checkpoint')}, "
                              f"{existing.get('decode')}); pass `overwrite=True` to replace it", params=("overwrite",))
+    cleaned = clean_folder_leftovers(output)  # what an export killed mid-way left beside it
+    if cleaned:
+        log.info("removed what an interrupted export left: %s", ", ".join(cleaned))
     server = CaptionServer(captioner)
     try:
         with atomic_folder(output) as tmp:  # written beside, swapped in only when complete
             tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve})
-            atomic_write_json(os.path.join(tmp, MARKER), record)
+            atomic_write_json(os.path.join(tmp, MARKER), {**record, "files": sorted(os.listdir(tmp) + [MARKER])})
     except (OSError, tf.errors.OpError) as e:
         raise disk_full_error(e, output, "the export") or e
     return output

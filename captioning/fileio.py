@@ -8,7 +8,8 @@ import errno
 import json
 import os
 import shutil
-from typing import IO, Iterator
+import stat
+from typing import IO, Iterable, Iterator
 
 from captioning.errors import DiskFullError, InputError
 
@@ -101,6 +102,42 @@ def atomic_folder(path: str) -> Iterator[str]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def clean_folder_leftovers(path: str) -> list[str]:
+    """What :func:`atomic_folder` runs of dead processes (killed, ``kill -9``) left beside ``path``: a
+    temporary folder ``PATH.tmp<pid>`` is removed; a folder moved aside, ``PATH.old<pid>``, is put back
+    when ``path`` itself is missing (the kill came between the two renames) and removed otherwise.
+    Folders of live processes are left alone. Returns the names handled."""
+    target = os.path.realpath(path)
+    parent, base = os.path.dirname(target), os.path.basename(target)
+    handled = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return handled
+    for name in sorted(names):
+        rest = name[len(base):] if name.startswith(base) else ""
+        kind, pid = rest[:4], rest[4:]
+        if kind not in (".tmp", ".old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        leftover = os.path.join(parent, name)
+        if kind == ".old" and not os.path.exists(target):
+            os.replace(leftover, target)
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+        handled.append(name)
+    return handled
+
+
 def atomic_write_text(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
@@ -122,13 +159,65 @@ def make_dirs(path: str, what: str, params: tuple[str, ...] = ()) -> None:
         raise InputError(f"{what} {path}: cannot create it ({e.strerror or e})", params=params) from None
 
 
-def check_output_file(path: str, what: str, params: tuple[str, ...] = ()) -> None:
-    """Makes sure ``path`` can be written *before* the work that produces it: not a folder, its folder
-    created if missing, and a file really can be written there (a probe of a few KiB, removed at once:
-    only trying tells a read-only or pseudo file system, even for root, or a disk already full). One line
-    naming ``what`` otherwise (:class:`DiskFullError` for a full disk)."""
-    if os.path.isdir(path):
+def _kind(path: str) -> str | None:
+    """What ``path`` is when it exists and is not a regular file ("a folder", "a FIFO", ...); None for a
+    regular file or nothing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+_LOOKS = {"html": (b"<!doctype html", b"<html"), "json": (b"{", b"[")}
+_MAGIC = ((b"\xff\xd8\xff", "a JPEG image"), (b"\x89PNG", "a PNG image"), (b"GIF8", "a GIF image"), (b"BM", "a BMP image"),
+          (b"%PDF", "a PDF document"), (b"PK\x03\x04", "a zip archive"), (b"\x1f\x8b", "a gzip file"))
+
+
+def _looks_like(path: str, kind: str) -> str | None:
+    """None when the regular file ``path`` starts as a ``kind`` file (``html``, ``json``: what this
+    project writes) or is empty; else what it seems to be instead ("a JPEG image", "another file")."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None
+    stripped = head.lstrip().lower()
+    if not stripped or stripped.startswith(_LOOKS[kind]):
+        return None
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "another kind of file")
+
+
+def check_output_file(path: str, what: str, params: tuple[str, ...] = (), inputs: Iterable[str] = (),
+                      kind: str | None = None) -> None:
+    """Makes sure ``path`` can be written *before* the work that produces it, and that writing it destroys
+    nothing but an earlier output: it must be a regular file or not exist (a device, a FIFO, a socket or a
+    symbolic link would be *replaced* by the rename that completes the write: ``--html /dev/null`` as root
+    would replace /dev/null), it must not be one of ``inputs`` (``caption --html photo.jpg other.jpg``
+    would overwrite the photo), its folder is created if missing, and a file really can be written there
+    (a probe of a few KiB, removed at once: only trying tells a read-only or pseudo file system, even for
+    root, or a disk already full). With ``kind`` (``"html"``, ``"json"``) an existing file is replaced
+    only when it is one of that kind, an earlier output: ``caption --html photo.jpg other.jpg``, ``--html``
+    used as if it took no value, must not turn the photo into a web page. One line naming ``what``
+    otherwise (:class:`DiskFullError` for a full disk)."""
+    found = _kind(path)
+    if found == "a folder":
         raise InputError(f"{what} {path} is a folder; give a file name", params=params)
+    if found:
+        raise InputError(f"{what} {path} is {found}, not a regular file: writing it would replace it; give the name "
+                         "of a file", params=params)
+    other = _looks_like(path, kind) if kind and os.path.isfile(path) else None
+    if other:
+        raise InputError(f"{what} {path} exists and is {other}, not {kind.upper()} this command wrote: writing would "
+                         f"overwrite it; {what} takes the name of the {kind.upper()} file to write", params=params)
+    for given in inputs:
+        if os.path.exists(path) and os.path.exists(given) and os.path.samefile(path, given):
+            raise InputError(f"{what} {path} is also an input ({given}): writing it would overwrite that input; give "
+                             "another file name", params=params)
     make_dirs(os.path.dirname(os.path.abspath(path)), f"{what} {path}: its folder", params)
     probe = f"{path}.tmp{os.getpid()}"
     try:

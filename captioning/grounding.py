@@ -119,6 +119,19 @@ def load_instances(instances: str) -> Instances:
                          params=("instances",)) from None
 
 
+def check_covers(instances: Instances, image_ids, split: str, path: str) -> None:
+    """An InputError naming ``instances`` (at ``path``) unless it lists every image (``image_ids``) of
+    ``split``: the wrong split's file is found before the split is decoded and scored."""
+    ids = sorted(int(i) for i in image_ids)
+    missing = [i for i in ids if i not in instances.images]
+    if not missing:
+        return
+    which = "none" if len(missing) == len(ids) else f"{len(missing)}"
+    raise InputError(f"`instances` {path} lists {which} of the {len(ids)} images of split {split} (e.g. image "
+                     f"{missing[0]}): give that split's instances file (captioning synth writes "
+                     f"annotations/instances_{split}.json)", params=("instances",))
+
+
 def _parse_instances(data: dict) -> Instances:
     kinds = {int(c["id"]): str(c["name"]) for c in data["categories"]}
     sizes = {int(im["id"]): (int(im["width"]), int(im["height"])) for im in data["images"]}
@@ -183,10 +196,7 @@ def naming_hits(words: Sequence[str], shapes: Sequence[ShapeBox]) -> tuple[int, 
     (1, 2, 1)
     """
     said, pairs = collections.Counter(words), collections.Counter(zip(words, words[1:]))
-
-    def hits(counts: collections.Counter, spoken: collections.Counter) -> int:
-        return sum(min(n, spoken[key]) for key, n in counts.items())
-
+    hits = lambda counts, spoken: sum(min(n, spoken[key]) for key, n in counts.items())  # noqa: E731
     return (hits(collections.Counter(s.color for s in shapes), said),
             hits(collections.Counter(s.kind for s in shapes), said),
             hits(collections.Counter((s.color, s.kind) for s in shapes), pairs))

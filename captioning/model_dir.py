@@ -35,9 +35,9 @@ or is a source to start from, and the rules for checkpoints written and read con
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
-import math
 import os
 import re
 import shutil
@@ -57,9 +57,8 @@ VOCAB = "vocab.txt"
 STATE = "checkpoint"  # tf.train.CheckpointManager's state file
 LOCK = "training.lock"  # held by the training run writing into the folder
 DOCUMENT_FREQUENCIES = "cider_document_frequencies.npz"  # scst's reward (captioning.train.document_frequencies)
-# Keys that change the variables' shapes. Others (encoder_trainable, dropout, ...) may change between
-# runs in one folder: that is how fine-tuning continues from the frozen-encoder checkpoint.
-ARCHITECTURE_KEYS = ("decoder", "encoder", "embedding_size", "lstm_units", "attention_size")
+# what a run creates in the folder besides checkpoints (all of it removed again when the run is refused)
+OWN_NAMES = frozenset({CONFIG, HISTORY, VOCAB, LOCK, DOCUMENT_FREQUENCIES, "logs", "cache", "eval"})
 _CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
 _STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic_write_string_to_file's
 
@@ -67,19 +66,6 @@ _STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic
 def first_line(error: BaseException | str, limit: int = 300) -> str:
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _architecture_diff(old: config_lib.Config, cfg: config_lib.Config) -> list[str]:
-    """The ``model.*`` keys of :data:`ARCHITECTURE_KEYS` in which two configs' models differ."""
-    keys = [k for k in ARCHITECTURE_KEYS if k != "attention_size" or cfg.model.decoder == "attention"]
-    return [f"model.{k}" for k in keys if getattr(old.model, k) != getattr(cfg.model, k)]
-
-
-def small_cnn_grid(image_size: int) -> int:
-    """The side of small_cnn's final grid (stride-2 'same' convolutions), which it flattens."""
-    from captioning.model import SMALL_CNN_FILTERS
-
-    return math.ceil(image_size / 2 ** len(SMALL_CNN_FILTERS))
 
 
 def _hide_unrestored_values(record: logging.LogRecord) -> bool:
@@ -125,6 +111,53 @@ class ModelDir:
     def document_frequencies_file(self) -> str:
         return self.file(DOCUMENT_FREQUENCIES)
 
+    def owns(self, path: str) -> bool:
+        """Whether ``path`` is (or lies inside) one of this folder's own files: its config, vocabulary,
+        history, checkpoints and their state file, logs, evaluation results, caches, lock. Only ``train``
+        (and ``evaluate``, for its results) writes those; any other output there is refused."""
+        folder, real = os.path.realpath(self.path), os.path.realpath(path)
+        if not real.startswith(folder.rstrip(os.sep) + os.sep):
+            return False
+        first = os.path.relpath(real, folder).split(os.sep)[0]
+        return (first in OWN_NAMES or first == STATE or first == ".preemption" or first.startswith(".tmp-")
+                or bool(_CHECKPOINT_FILE.fullmatch(first)) or bool(_STATE_TEMP.fullmatch(first)))
+
+    def owns_checkpoint(self, checkpoint: str) -> bool:
+        """Whether ``checkpoint`` (a path prefix, ``…/ckpt-N``) lies in this folder."""
+        return os.path.realpath(os.path.dirname(checkpoint) or ".") == os.path.realpath(self.path)
+
+    def check_foreign_checkpoint(self, checkpoint: str, cfg: config_lib.Config, vocab: Vocabulary) -> None:
+        """A checkpoint of another model folder is read only when that folder's config.yaml and vocab.txt say
+        it is this model: the same vocabulary and architecture (else its weights, decoded with this
+        vocabulary, would give garbled captions under this folder's name). InputError naming
+        ``checkpoint`` otherwise; a log line when it fits."""
+        other = ModelDir(os.path.dirname(checkpoint) or ".")
+        def refuse(why):
+            return InputError(f"`checkpoint` {checkpoint} is not of the model folder {self.path} and {why}",
+                              params=("checkpoint",))
+
+        try:
+            old, old_vocab = other.read_config(), other.read_vocab()
+        except InputError as e:
+            raise refuse(f"its folder's files cannot be read ({e})") from None
+        if old is None or old_vocab is None:
+            raise refuse(f"its folder {other.path} has no config.yaml and vocab.txt to tell what it was trained with")
+        if old_vocab != vocab:
+            raise refuse(f"was trained with another vocabulary ({len(old_vocab)} words against {len(vocab)})")
+        from captioning.model import architecture_diff
+
+        diff = architecture_diff(old, cfg)
+        if diff:
+            raise refuse(f"holds a model with other {', '.join(diff)}")
+        log.info("checkpoint %s is of another model folder, %s, with the same vocabulary and architecture", checkpoint,
+                 other.path)
+
+    def refuse_output(self, path: str, what: str, params: tuple[str, ...] = ()) -> None:
+        """An InputError naming ``what`` when ``path`` is one of this folder's own files (:meth:`owns`)."""
+        if self.owns(path):
+            raise InputError(f"{what} {path} is a file of the model folder {self.path}, which only `captioning train` "
+                             "writes; give a file name outside it, or a new name", params=params)
+
     def checkpoint(self, step: int) -> str:
         """The path (prefix) of the checkpoint of ``step``, as training names it."""
         return self.file(f"ckpt-{step}")
@@ -135,8 +168,10 @@ class ModelDir:
         path = self.file(CONFIG)
         if not os.path.exists(path):
             return None
+        from captioning.model import resolve
+
         try:
-            return config_lib.load_config(path, complete=True)
+            return resolve(config_lib.load_config(path, complete=True), complete=True)
         except InputError as e:
             raise InputError(f"{path} is damaged: {e}; restore it, or use a new model folder") from None
 
@@ -193,9 +228,10 @@ class ModelDir:
     # ---- training's checks and writes ------------------------------------------------------------------
     def check_fits(self, cfg: config_lib.Config, vocab: Vocabulary) -> config_lib.Config | None:
         """Refuses (InputError) a folder made for another vocabulary or model shape, one with checkpoints but
-        without the config or vocabulary they were trained with, and a path that is a file. Creates the
-        folder. Returns the folder's config, if any. Writes nothing else."""
-        make_dirs(self.path, "model folder")
+        without the config or vocabulary they were trained with, and a path that is a file. Returns the
+        folder's config, if any. Writes nothing (:meth:`lock_for_training` creates the folder)."""
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise InputError(f"model folder {self.path} is a file, not a folder")
         if os.path.exists(self.file(STATE)):
             for name in (CONFIG, VOCAB):
                 if not os.path.exists(self.file(name)):
@@ -208,11 +244,9 @@ class ModelDir:
                              "is damaged; use a new --model-dir")
         old = self.read_config()
         if old is not None:
-            diff = _architecture_diff(old, cfg)
-            # attention reads the grid cell by cell: its variables do not depend on the grid's size
-            if (not diff and cfg.model.encoder == "small_cnn" and cfg.model.decoder != "attention"
-                    and small_cnn_grid(old.data.image_size) != small_cnn_grid(cfg.data.image_size)):
-                diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
+            from captioning.model import architecture_diff
+
+            diff = architecture_diff(old, cfg)
             if diff:
                 raise InputError(f"{self.path} holds a model with other {', '.join(diff)}; "
                                  "use a new `model_dir` or the same model settings", params=("model_dir",))
@@ -234,8 +268,11 @@ class ModelDir:
             raise refuse("lacks its config.yaml or vocab.txt")
         if old_vocab != vocab:
             raise refuse(f"was trained with another vocabulary than {cfg.data.dir}")
-        if _architecture_diff(old, cfg):
-            raise refuse(f"holds a model with other {', '.join(_architecture_diff(old, cfg))}")
+        from captioning.model import architecture_diff
+
+        diff = architecture_diff(old, cfg)
+        if diff:
+            raise refuse(f"holds a model with other {', '.join(diff)}")
 
     def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
         """Records the config a training run starting at ``step`` uses (paths made absolute) and the
@@ -271,6 +308,7 @@ class ModelDir:
         process id, instead of two runs overwriting each other's checkpoints. (POSIX locks belong to the
         process, so several Trainers of one process do not exclude each other.) None where there are no
         POSIX locks (Windows)."""
+        make_dirs(self.path, "model folder")
         try:
             import fcntl
         except ImportError:
@@ -285,7 +323,30 @@ class ModelDir:
                              "to end or stop it; two runs would overwrite each other's checkpoints") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        self.lock_fd = fd
         return fd
+
+    @contextlib.contextmanager
+    def undo_on_refusal(self):
+        """A training run's start: if an :class:`InputError` refuses the run inside the block (a checkpoint
+        that does not fit, another run training there), what the block created here is removed again —
+        the folder itself when it did not exist, else the files of this folder's own names that were not
+        there — and the lock released, so a refused run leaves the disk as it found it."""
+        existed = os.path.isdir(self.path)
+        before = set(os.listdir(self.path)) if existed else set()
+        try:
+            yield
+        except InputError:
+            if getattr(self, "lock_fd", None) is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+            created = (set(os.listdir(self.path)) if os.path.isdir(self.path) else set()) - before
+            for name in created & OWN_NAMES:
+                path = self.file(name)
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+            if not existed and os.path.isdir(self.path) and not os.listdir(self.path):
+                os.rmdir(self.path)
+            raise
 
     def remove_partial_checkpoints(self, latest: str | None) -> list[str]:
         """Deletes what an interrupted save left: ``ckpt-N_temp/`` folders, ``ckpt-N.*`` files that the state
@@ -355,6 +416,8 @@ class ModelDir:
         from captioning.model import build_model
 
         cfg, vocab = self.require_trained()
+        if checkpoint and not self.owns_checkpoint(checkpoint):
+            self.check_foreign_checkpoint(checkpoint, cfg, vocab)
         model_cfg = dataclasses.replace(cfg.model, encoder_weights="none")
         model = build_model(len(vocab), model_cfg, cfg.data.image_size).build_all()
         step = tf.Variable(0, dtype=tf.int64)

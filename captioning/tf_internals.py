@@ -26,6 +26,11 @@ helper                                    what it touches, and why
 :func:`dispatcher_version`                the tf.data dispatcher's gRPC method ``/tensorflow.data.
                                           DispatcherService/GetVersion``: asking, with a deadline, whether a
                                           dispatcher answers (TF's own clients retry an absent one forever)
+:func:`dispatcher_workers`                its ``GetWorkers``: the workers registered with it (TF's Python API
+                                          has no client for it; the dispatcher lists a dead worker until its
+                                          heartbeat times out, minutes later)
+:func:`worker_answers`                    a tf.data worker's ``/tensorflow.data.WorkerService/GetWorkerTasks``:
+                                          whether a registered worker is alive now
 ========================================  ====================================================================
 
 TensorFlow is imported inside the helpers that need it, so :func:`dispatcher_version` (plain gRPC) runs
@@ -98,6 +103,51 @@ def worker_port(server) -> int:
 
 
 _GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"  # TF's dispatcher.proto; GetVersionRequest is empty
+_GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # GetWorkersRequest is empty
+_GET_WORKER_TASKS = "/tensorflow.data.WorkerService/GetWorkerTasks"  # worker.proto; GetWorkerTasksRequest is empty
+
+
+def _call(address: str, method: str, timeout_s: float) -> bytes:
+    """One gRPC call of ``method`` with an empty request (every request here is an empty message) on a
+    fresh channel: a reused one stays in gRPC's reconnect backoff after a failure and would report a
+    restarted server late. Raises ``grpc.RpcError``."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(method, request_serializer=lambda message: message,
+                                   response_deserializer=lambda message: message)
+        return call(b"", timeout=timeout_s)
+
+
+def _fields(message: bytes):
+    """(field number, wire type, value) of a protobuf message's top-level fields: varints as ints,
+    length-delimited fields as bytes (the only two kinds the replies read here hold)."""
+    pos = 0
+
+    def varint():
+        nonlocal pos
+        value, shift = 0, 0
+        while True:
+            byte = message[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while pos < len(message):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            yield number, wire, varint()
+        elif wire == 2:
+            length = varint()
+            yield number, wire, message[pos:pos + length]
+            pos += length
+        elif wire in (1, 5):  # fixed 64 / 32 bits: skipped
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire}")
 
 
 def dispatcher_version(address: str, timeout_s: float) -> int:
@@ -106,16 +156,26 @@ def dispatcher_version(address: str, timeout_s: float) -> int:
     host is unknown, ``DEADLINE_EXCEEDED`` when nothing answers in time, ``UNIMPLEMENTED`` when a gRPC
     server that is not a dispatcher (a tf.data worker, say) answers. A fresh channel each call: a reused
     one stays in gRPC's reconnect backoff after a failure and would report a restarted dispatcher late."""
+    reply = _call(address, _GET_VERSION, timeout_s)  # GetVersionResponse: version = 1, a varint
+    return next((value for number, wire, value in _fields(reply) if number == 1 and wire == 0), 0)
+
+
+def dispatcher_workers(address: str, timeout_s: float) -> list[str]:
+    """The addresses of the workers registered with the tf.data dispatcher at ``address``
+    (``GetWorkersResponse``: ``repeated WorkerInfo workers = 1``, ``WorkerInfo``: ``string address = 1``).
+    Raises ``grpc.RpcError`` as :func:`dispatcher_version` does."""
+    reply = _call(address, _GET_WORKERS, timeout_s)
+    workers = [value for number, wire, value in _fields(reply) if number == 1 and wire == 2]
+    return [next((v.decode("utf-8", "replace") for n, w, v in _fields(info) if n == 1 and w == 2), "")
+            for info in workers]
+
+
+def worker_answers(address: str, timeout_s: float) -> bool:
+    """Whether the tf.data worker at ``address`` answers a ``GetWorkerTasks`` call within ``timeout_s``."""
     import grpc
 
-    with grpc.insecure_channel(address) as channel:
-        get_version = channel.unary_unary(_GET_VERSION, request_serializer=lambda message: message,
-                                          response_deserializer=lambda message: message)
-        reply = get_version(b"", timeout=timeout_s)
-    version, shift = 0, 0  # GetVersionResponse: field 1, a varint
-    for byte in reply[1:] if reply[:1] == b"\x08" else b"":
-        version |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return version
+    try:
+        _call(address, _GET_WORKER_TASKS, timeout_s)
+        return True
+    except grpc.RpcError:
+        return False

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 from typing import Iterable, Sequence
 
-from captioning.errors import InputError
+from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
@@ -46,10 +46,11 @@ class Vocabulary:
     def __init__(self, words: Sequence[str]):
         words = tuple(words)
         if words[: len(RESERVED)] != RESERVED:
-            raise InputError(f"a vocabulary must start with {', '.join(RESERVED)}; got {', '.join(words[:4])}")
+            raise InputError(f"a vocabulary must start with {', '.join(RESERVED)}; got "
+                             f"{excerpt(', '.join(words[:4]))}")
         if len(set(words)) != len(words):
             duplicate = next(w for w, n in collections.Counter(words).items() if n > 1)
-            raise InputError(f"the vocabulary lists {duplicate!r} twice")
+            raise InputError(f"the vocabulary lists {excerpt(duplicate)} twice")
         self.words = words
         self._ids = {word: i for i, word in enumerate(words)}
 

@@ -23,6 +23,14 @@ def shapes_dir(tmp_path_factory):
     return root
 
 
+def model_config(**values):
+    """A ModelConfig from keyword values, the decoder's own settings (``lstm_units``, ...) among them."""
+    from captioning.config import ModelConfig, keys_of
+
+    shared = {k: v for k, v in values.items() if k in keys_of(ModelConfig)}
+    return ModelConfig(**shared, options={k: v for k, v in values.items() if k not in shared})
+
+
 def coco_split_args(shapes_dir, splits=("train", "val", "test")):
     return [f"{s}={shapes_dir}/annotations/captions_{s}.json:{shapes_dir}/images" for s in splits]
 

@@ -11,6 +11,7 @@ from captioning.config import ModelConfig
 from captioning.model import ShowAttendTell, build_model
 from captioning.model.decode import beam_search
 from captioning.train.objectives import caption_loss_sum
+from tests.conftest import model_config
 
 V, B, T, SIZE = 50, 3, 7, 64  # small_cnn at 64 px: a 4 x 4 grid of 128 features
 E, U, A = 16, 24, 20
@@ -20,7 +21,7 @@ def cfg(**kw):
     values = dict(decoder="attention", encoder="small_cnn", embedding_size=E, lstm_units=U, attention_size=A,
                   dropout=0.0)
     values.update(kw)
-    return ModelConfig(**values)
+    return model_config(**values)
 
 
 def model_of(seed=0, **kw):

@@ -138,7 +138,7 @@ def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shape
     from captioning.grounding import load_instances
 
     shapes = load_instances(instances)
-    [predictions] = glob.glob(os.path.join(trained_attention_dir, "eval", "test-*-beam2-*-all.predictions.json"))
+    [predictions] = glob.glob(os.path.join(trained_attention_dir, "eval", "test-*-beam2-*-all-data*.predictions.json"))
     words = [w for p in json.load(open(predictions)) for w in p["caption"].split()]
     for kind, names in (("color", shapes.colors), ("kind", shapes.kinds)):
         group = attention[kind]["all"]

@@ -14,8 +14,53 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from captioning.config import Config, TrainConfig, all_keys, from_dict, load_config, save_config, to_dict
+from captioning import model as model_lib
+from captioning.config import (Config, ModelConfig, TrainConfig, all_keys as core_keys, describe_range, from_dict,
+                               keys_of, save_config, to_dict)
+from captioning.config import load_config as load_core
 from captioning.errors import InputError
+
+
+def load_config(path=None, overrides=(), complete=False):
+    """A config as the commands load it: the sections of captioning.config, and the decoder's own keys
+    typed by the model stage."""
+    return model_lib.resolve(load_core(path, overrides, complete=complete), complete=complete)
+
+
+# the decoders' own keys, each with the first decoder that declares it
+OWNER = {}
+for _name, _cls in model_lib.DECODERS.items():
+    for _f in dataclasses.fields(_cls.settings_class):
+        OWNER.setdefault(f"model.{_f.name}", _name)
+
+
+def all_keys():
+    return core_keys() + sorted(OWNER)
+
+
+VALID = {"data.service": "localhost:5050", "model.decoder": "attention"}  # string keys whose values have a form
+# keys that apply only beside another setting of their section
+COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"]}
+
+
+def owner(key):
+    """The overrides that make ``key`` apply: the decoder declaring it, or the setting it goes with."""
+    return [f"model.decoder={OWNER[key]}"] if key in OWNER else COMPANIONS.get(key, [])
+
+
+@functools.cache
+def fields_of(key):
+    """The dataclass field of ``key`` and its declared type."""
+    section, name = key.split(".")
+    cls = model_lib.DECODERS[OWNER[key]].settings_class if key in OWNER else type(getattr(Config(), section))
+    return next(f for f in dataclasses.fields(cls) if f.name == name), typing.get_type_hints(cls)[name]
+
+
+def value_of(config, key):
+    section, name = key.split(".")
+    if key in OWNER:
+        return config.model.options[name]
+    return getattr(getattr(config, section), name)
 
 
 def write(path, text):
@@ -34,7 +79,7 @@ def load_error(tmp_path, text="", overrides=()):
 
 def test_defaults_without_a_file(tmp_path):
     c = load_config()
-    assert c == Config() == load_config(write(tmp_path / "empty.yaml", ""))
+    assert c == model_lib.resolve(Config()) == load_config(write(tmp_path / "empty.yaml", ""))
     assert (c.train.steps, c.train.learning_rate, c.data.cache) == (1_000_000, 2.0, "none")
     assert (c.model.encoder, c.distribute.strategy) == ("inception_v3", "auto")
     assert c.data.bucket_boundaries == [] and c.data.length_window == 16
@@ -49,7 +94,7 @@ def test_file_overrides_keys_in_several_sections_and_keeps_other_defaults(tmp_pa
     assert c.model.dropout == 0.0 and isinstance(c.model.dropout, float)  # an int is accepted for a float
     assert c.train.steps == 500 and c.train.mixed_precision is True
     assert c.train.learning_rate == 2.0 and isinstance(c.train.learning_rate, float)
-    assert c.data.image_size == 299 and c.model.lstm_units == 512 and c.train.batch_size == 32
+    assert c.data.image_size == 299 and c.model.options["lstm_units"] == 512 and c.train.batch_size == 32
     assert c.distribute == Config().distribute
 
 
@@ -57,7 +102,7 @@ def test_child_overrides_base(tmp_path):
     write(tmp_path / "base.yaml", "train:\n  steps: 10\n  batch_size: 8\nmodel:\n  lstm_units: 64\n")
     child = write(tmp_path / "child.yaml", "base: base.yaml\ntrain:\n  steps: 20\n")
     c = load_config(child)
-    assert (c.train.steps, c.train.batch_size, c.model.lstm_units) == (20, 8, 64)
+    assert (c.train.steps, c.train.batch_size, c.model.options["lstm_units"]) == (20, 8, 64)
 
 
 def test_chain_of_three_files_in_different_directories(tmp_path):
@@ -117,7 +162,8 @@ def test_unknown_section_in_file(tmp_path):
 def test_unknown_key_via_set(tmp_path):
     message = load_error(tmp_path, None, ["model.lstm_unit=3"])
     assert "unknown config key 'model.lstm_unit'" in message and "model.lstm_units" in message
-    assert "unknown config key 'train'" in load_error(tmp_path, None, ["train=3"])
+    assert "config key 'train' names a section: give section.key=value, e.g. train.steps=" in load_error(
+        tmp_path, None, ["train=3"])
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -229,12 +275,17 @@ def test_any_text_for_bool_field_gives_bool_or_input_error(text):
 
 
 def other_value(key):
-    """A value for ``key`` of its default's type, different from the default."""
-    section, name = key.split(".")
-    f = next(f for f in dataclasses.fields(type(getattr(Config(), section))) if f.name == name)
-    default = getattr(getattr(Config(), section), name)
+    """A value for ``key`` of its default's type, different from the default (inside its range)."""
+    f, _ = fields_of(key)
+    default = value_of(load_config(overrides=owner(key)), key)
     if "choices" in f.metadata:
         return next(c for c in f.metadata["choices"] if c != default)
+    if key in VALID:
+        return VALID[key]
+    if "range" in f.metadata and isinstance(default, (int, float)) and not isinstance(default, bool):
+        _, _, high, _ = f.metadata["range"]
+        if high is not None:  # halfway to the top, inside the range
+            return default + 1 if isinstance(default, int) and default + 1 < high else (default + high) / 2
     if isinstance(default, bool):
         return not default
     if isinstance(default, list):
@@ -246,15 +297,56 @@ def other_value(key):
 def test_every_key_can_be_overridden(key):
     value = other_value(key)
     text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    section, name = key.split(".")
-    got = getattr(getattr(load_config(overrides=[f"{key}={text}"]), section), name)
+    got = value_of(load_config(overrides=owner(key) + [f"{key}={text}"]), key)
     assert got == value and type(got) is type(value)
+
+
+NUMERIC = [key for key in all_keys() if "range" in fields_of(key)[0].metadata]
+
+
+def outside(bounds, kind):
+    """Values just outside a field's range (below it, and above it when it has a top)."""
+    low, low_open, high, high_open = bounds
+    values = [low if low_open else (low - 1 if kind is int else low - 0.5)]
+    if high is not None:
+        values.append(high if high_open else (high + 1 if kind is int else high + 0.5))
+    return values
+
+
+def test_every_number_declares_its_range():
+    kinds = {key: fields_of(key)[1] for key in all_keys()}
+    assert [k for k, kind in kinds.items() if kind in (int, float) and k not in NUMERIC] == []
+
+
+@pytest.mark.parametrize("key", NUMERIC)
+def test_a_number_outside_its_range_is_one_line_naming_the_key_and_the_range(key):
+    f, kind = fields_of(key)
+    bounds = f.metadata["range"]
+    for value in outside(bounds, kind):
+        with pytest.raises(InputError) as info:
+            load_config(overrides=owner(key) + [f"{key}={value}"])
+        assert str(info.value) == f"config key {key} must be {describe_range(bounds)}, got {kind(value)!r}"
+
+
+def test_range_checks_come_before_tensorflow_starts():
+    """Out-of-range values are refused by config loading, in a process that never imports TensorFlow."""
+    import subprocess
+
+    code = ("import sys; from captioning.config import load_config; from captioning.errors import InputError\n"
+            "try: load_config(None, ['train.warmup_steps=-5'])\n"
+            "except InputError as e: print(e)\n"
+            "assert 'tensorflow' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0 and out.stdout.strip() == "config key train.warmup_steps must be at least 0, got -5"
 
 
 def test_all_keys_names_every_field():
     keys = all_keys()
-    assert len(keys) == len(set(keys)) == sum(len(v) for v in to_dict(Config()).values())
-    assert {"data.cache", "model.encoder", "train.steps", "distribute.tpu"} <= set(keys)
+    shared = sum(len(v) for k, v in to_dict(Config()).items() if k != "model") + len(keys_of(ModelConfig))
+    assert len(keys) == len(set(keys)) == shared + len(OWNER)
+    assert {"data.cache", "model.encoder", "train.steps", "distribute.tpu", "model.lstm_units",
+            "model.attention_size"} <= set(keys)
 
 
 def test_scientific_notation_float_in_yaml(tmp_path):
@@ -264,6 +356,17 @@ def test_scientific_notation_float_in_yaml(tmp_path):
 
 def test_empty_section_keeps_defaults(tmp_path):
     assert load_config(write(tmp_path / "c.yaml", "train:\nmodel:\n  lstm_units: 8\n")).train == TrainConfig()
+
+
+def test_another_decoders_key_is_left_out_and_an_unknown_one_named():
+    c = load_config(overrides=["model.attention_size=64", "model.lstm_units=8"])  # show_and_tell: no attention
+    assert c.model.options == {"embedding_size": 512, "lstm_units": 8, "init_scale": 0.08}
+    assert load_config(overrides=["model.decoder=attention", "model.attention_size=64"]).model.options[
+        "attention_size"] == 64
+    message = load_error(None, None, ["model.atention_size=64"])
+    assert message.startswith("unknown config key 'model.atention_size'; did you mean model.attention_size")
+    assert load_error(None, None, ["model.decoder=atention"]) == \
+        "config key model.decoder must be one of show_and_tell, attention, got 'atention' (did you mean attention?)"
 
 
 def test_set_strips_text_values_and_unknown_sections_are_named():
@@ -281,21 +384,21 @@ def test_from_dict_rejects_non_mapping_section():
 
 # --- properties: any key, any value, any YAML gives a valid Config or one clear InputError ----------------
 
-@functools.cache
-def fields_of(key):
-    """The dataclass field of ``key`` and its declared type."""
-    section, name = key.split(".")
-    cls = type(getattr(Config(), section))
-    return next(f for f in dataclasses.fields(cls) if f.name == name), typing.get_type_hints(cls)[name]
-
-
 def assert_valid(config):
-    """Every key holds a value of its declared type, inside its choices, that TensorFlow can take."""
+    """Every key holds a value of its declared type, inside its choices and range, that TensorFlow can
+    take."""
     assert isinstance(config, Config)
-    for key in all_keys():
+    decoder = model_lib.DECODERS[config.model.decoder].settings_class
+    assert set(config.model.options) == {f.name for f in dataclasses.fields(decoder)}
+    for key in core_keys() + [f"model.{name}" for name in config.model.options]:
         section, name = key.split(".")
-        f, kind = fields_of(key)
-        value = getattr(getattr(config, section), name)
+        f, kind = fields_of(key) if key not in OWNER else (
+            next(x for x in dataclasses.fields(decoder) if x.name == name), typing.get_type_hints(decoder)[name])
+        value = value_of(config, key)
+        if "range" in f.metadata:
+            low, low_open, high, high_open = f.metadata["range"]
+            assert (value > low if low_open else value >= low) and (
+                high is None or (value < high if high_open else value <= high)), (key, value)
         if typing.get_origin(kind) is list:
             assert type(value) is list and all(type(v) is int and -2**63 <= v < 2**63 for v in value), key
         else:
@@ -390,10 +493,15 @@ def typed_value(key):
     if kind is bool:
         return st.sampled_from(["true", "Yes", "ON", "1", "false", "no", "Off", "0"]).map(
             lambda t: (t.lower() in ("true", "yes", "on", "1"), t))
+    low, low_open, high, high_open = f.metadata.get("range", (None, False, None, False))
     if kind is int:
-        return st.integers(-2**63, 2**63 - 1).map(lambda n: (n, str(n)))
+        low = -2**63 if low is None else int(low) + int(low_open)
+        high = 2**63 - 1 if high is None else int(high) - int(high_open)
+        return st.integers(low, high).map(lambda n: (n, str(n)))
     if kind is float:
-        return st.floats(allow_nan=False, allow_infinity=False).map(lambda x: (x, repr(x)))
+        return st.floats(min_value=low, max_value=high, exclude_min=low_open and low is not None,
+                         exclude_max=high_open and high is not None, allow_nan=False,
+                         allow_infinity=False).map(lambda x: (x, repr(x)))
     if kind is str:
         return st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cc", "Zs", "Zl", "Zp"))).map(
             lambda t: (t, t))
@@ -406,9 +514,11 @@ def typed_value(key):
        st.sampled_from(["", " ", "\t"]))
 def test_every_valid_spelling_is_accepted_with_its_exact_value(key_value_text, pad):
     key, (value, text) = key_value_text
-    config = config_or_error(overrides=[f"{key}={pad}{text}{pad}"], round_trip=False)
-    section, name = key.split(".")
-    got = getattr(getattr(config, section), name)
+    config = config_or_error(overrides=owner(key) + [f"{key}={pad}{text}{pad}"], round_trip=False)
+    if isinstance(config, str):  # a rule between this key and another of its section (image_size > resize_size)
+        assert key in config, config
+        return
+    got = value_of(config, key)
     assert got == value and type(got) is type(value)
 
 
@@ -448,7 +558,7 @@ def test_any_yaml_content_gives_a_valid_config_or_one_input_error(document):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["data.group_captions=-1"], "data.group_captions must be 0 (all) or more, got -1"),
+    (["data.group_captions=-1"], "config key data.group_captions must be at least 0, got -1"),
     (["data.group_captions=3"], "data.group_captions (3) applies to data.captions_per_image: grouped, not all"),
     (["data.group_captions=3", "data.captions_per_image=sample"], "grouped, not sample"),
 ])

@@ -309,5 +309,4 @@ def test_a_dispatcher_gone_for_good_ends_a_watched_trainer_with_one_line(tmp_pat
         cluster.close()
     assert 3 <= took < 15, took
     assert line == (f"captioning: error: lost the tf.data dispatcher at localhost:{cluster.port}: no answer for 3 s "
-                    "(TensorFlow would wait for it forever); restart it on its port from its work dir and run this "
-                    "again")
+                    "(TensorFlow would wait for it forever); restart it on its port from its work dir")

@@ -10,6 +10,7 @@ from captioning.config import ModelConfig
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.model import ShowAndTell
 from captioning.vocab import END_ID, PAD_ID, START_ID, Vocabulary
+from tests.conftest import model_config
 
 WORDS = [3, 4, 5, 6]  # <unk> and three words; with <pad>, <start>, <end> the vocabulary has 7 ids
 
@@ -17,7 +18,7 @@ WORDS = [3, 4, 5, 6]  # <unk> and three words; with <pad>, <start>, <end> the vo
 def tiny_model(seed, end_bias=0.0, vocab=7, size=16):
     """A random model whose distributions are far from uniform (large init); a negative bias on <end>
     makes longer captions likely."""
-    cfg = ModelConfig(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0, init_scale=1.2)
+    cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0, init_scale=1.2)
     model = ShowAndTell(vocab, cfg, size, seed=seed).build_all()
     bias = model.logits.bias.numpy()
     bias[END_ID] += end_bias

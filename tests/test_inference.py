@@ -23,8 +23,16 @@ def evaluation(trained_model_dir):
     return evaluate(trained_model_dir, split="test", beam_size=2, baseline=True, progress=False)
 
 
+def data_key(prepared_dir):
+    """The dataset part of an evaluation's key."""
+    from captioning.dataset import PreparedDataset
+
+    return "data" + PreparedDataset.load(prepared_dir).identity[:8]
+
+
 def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_dir):
-    on_disk = json.load(open(os.path.join(trained_model_dir, "eval", "test-step60-beam2-len20-norm0-all.json")))
+    key = data_key(prepared_dir)
+    on_disk = json.load(open(os.path.join(trained_model_dir, "eval", f"test-step60-beam2-len20-norm0-all-{key}.json")))
     assert on_disk == json.loads(json.dumps(evaluation))
     assert set(on_disk["metrics"]) == set(METRICS) == set(on_disk["baseline"])
     assert all(math.isfinite(v) and v >= 0 for v in on_disk["metrics"].values())
@@ -33,7 +41,7 @@ def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_di
     assert on_disk["perplexity"] == pytest.approx(math.exp(on_disk["loss"]))
     assert 1.0 < on_disk["perplexity"] < 50.0
     predictions = json.load(open(os.path.join(trained_model_dir, "eval",
-                                              "test-step60-beam2-len20-norm0-all.predictions.json")))
+                                              f"test-step60-beam2-len20-norm0-all-{key}.predictions.json")))
     from captioning.config import DataConfig
     from captioning.input_pipeline import references
 
@@ -50,12 +58,13 @@ def test_baseline_is_the_most_frequent_training_caption():
     assert most_frequent_caption(["b thing", "a thing"]) == "a thing"  # ties: alphabetical
 
 
-def test_evaluate_max_images_and_cli(trained_model_dir):
+def test_evaluate_max_images_and_cli(trained_model_dir, prepared_dir):
     result = run_cli("evaluate", "--model-dir", trained_model_dir, "--split", "val", "--max-images", "2",
                      "--beam-size", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "val: 2 images" in result.stdout and "CIDEr" in result.stdout
-    saved = json.load(open(os.path.join(trained_model_dir, "eval", "val-step60-beam1-len20-norm0-first2.json")))
+    saved = json.load(open(os.path.join(trained_model_dir, "eval",
+                                        f"val-step60-beam1-len20-norm0-first2-{data_key(prepared_dir)}.json")))
     assert (saved["split"], saved["num_images"], saved["beam_size"]) == ("val", 2, 1)
 
 

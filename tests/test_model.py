@@ -9,6 +9,7 @@ import tensorflow as tf
 from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model import ShowAndTell, build_encoder
+from tests.conftest import model_config
 
 V, B, T, SIZE = 50, 3, 7, 32
 
@@ -16,7 +17,7 @@ V, B, T, SIZE = 50, 3, 7, 32
 def small_cfg(**kw):
     values = dict(encoder="small_cnn", embedding_size=16, lstm_units=24, dropout=0.0)
     values.update(kw)
-    return ModelConfig(**values)
+    return model_config(**values)
 
 
 def small_model(seed=0, **kw):

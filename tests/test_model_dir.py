@@ -88,7 +88,10 @@ def test_each_evaluation_is_kept_once_and_never_replaced_by_a_partial_one(model,
         return evaluate(str(model), split="test", beam_size=1, progress=False, **kw)
 
     result = run()
-    full = model / "eval" / "test-step60-beam1-len20-norm0-all.json"
+    from captioning.dataset import PreparedDataset
+
+    key = "data" + PreparedDataset.load(result["data_dir"]).identity[:8]
+    full = model / "eval" / f"test-step60-beam1-len20-norm0-all-{key}.json"
     stamp, content = os.stat(full).st_mtime_ns, full.read_text()
     assert json.loads(content) == json.loads(json.dumps(result)) and result["all_images"] is True
     run(max_images=2)
@@ -101,9 +104,9 @@ def test_each_evaluation_is_kept_once_and_never_replaced_by_a_partial_one(model,
     assert os.stat(full).st_mtime_ns == stamp and full.read_text() == content  # the full result is untouched
     assert sum(1 for _ in _events(events)) == n_events  # and no new point
     assert sorted(os.path.basename(p) for p in glob.glob(str(model / "eval" / "test-step60-beam1-*.json"))) == [
-        "test-step60-beam1-len20-norm0-all.json", "test-step60-beam1-len20-norm0-all.predictions.json",
-        "test-step60-beam1-len20-norm0-first2.json", "test-step60-beam1-len20-norm0-first2.predictions.json",
-        "test-step60-beam1-len8-norm0-all.json", "test-step60-beam1-len8-norm0-all.predictions.json"]
+        f"test-step60-beam1-len20-norm0-{images}-{key}{end}" for images in ("all", "first2") for end in
+        (".json", ".predictions.json")] + [f"test-step60-beam1-len8-norm0-all-{key}{end}" for end in
+                                           (".json", ".predictions.json")]
     cider = {tag: scalars(events, f"{tag}/CIDEr") for tag in ("beam1-len20-norm0", "beam1-len20-norm0-first2",
                                                               "beam1-len8-norm0")}
     assert all(list(points) == [60] for points in cider.values())  # one point each, at the checkpoint's step

@@ -13,7 +13,7 @@ import tensorflow as tf
 from captioning.config import ScstConfig, load_config
 from captioning.errors import InputError
 from captioning.vocab import END_ID, PAD_ID, START_ID
-from tests.conftest import run_cli, run_distributed_worker, small_train_config
+from tests.conftest import run_cli, run_distributed_worker, small_train_config, model_config
 
 V = 40
 
@@ -23,7 +23,7 @@ def model():
     from captioning.config import ModelConfig
     from captioning.model import ShowAndTell
 
-    return ShowAndTell(V, ModelConfig(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
+    return ShowAndTell(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
                        seed=3).build_all()
 
 
@@ -35,7 +35,7 @@ def test_samples_stop_at_end_and_their_log_probability_is_the_models(model):
     """Every sampled caption is words, then <end> (or max_length words), then <pad>; its summed
     log-probability equals the teacher-forced model's for the same words and <end> (over the words it
     may choose: never <pad> or <start>)."""
-    from captioning.train.scst import sample_captions
+    from captioning.train.objectives.scst import sample_captions
 
     state = model.initial_state(model.encode(images(4)))
     state = [tf.repeat(s, 8, axis=0) for s in state]
@@ -64,7 +64,7 @@ def test_samples_stop_at_end_and_their_log_probability_is_the_models(model):
 
 
 def test_samples_are_a_function_of_the_seed_and_the_global_row(model):
-    from captioning.train.scst import sample_captions
+    from captioning.train.objectives.scst import sample_captions
 
     state = [tf.repeat(s, 4, axis=0) for s in model.initial_state(model.encode(images(3)))]
     a = sample_captions(model, state, 5, 1.0, tf.constant([0, 7]))["ids"].numpy()
@@ -78,7 +78,7 @@ def test_policy_gradient_and_baselines(model):
     """loss = −Σ (r − b) log p / samples, with b the mean of the image's other samples, or its greedy
     caption's reward; reported reward, baseline and ended are per-sample means."""
     from captioning.train.cider import CiderD, document_frequencies
-    from captioning.train.scst import SelfCritical, greedy_captions, references_of, sample_captions
+    from captioning.train.objectives.scst import SelfCritical, greedy_captions, references_of, sample_captions
 
     rng = np.random.default_rng(4)
     refs = [[list(rng.integers(4, V, 5)) for _ in range(2)] for _ in range(3)]
@@ -120,17 +120,41 @@ def test_policy_gradient_and_baselines(model):
         assert float(out.sums["ended"]) == drawn["ended"].numpy().sum()
 
 
+def fitted(path=None, overrides=()):
+    from captioning.config import validate
+    from captioning.model import resolve
+    from captioning.train.objectives import fit_config
+
+    cfg = fit_config(resolve(load_config(path, ["data.dir=d", *overrides])))
+    validate(cfg)
+    return cfg
+
+
 @pytest.mark.parametrize("overrides, fragment", [
-    (["train.objective=scst"], "needs data.captions_per_image: grouped"),
-    (["train.objective=scst", "data.captions_per_image=grouped", "scst.samples=1"], "scst.samples (1)"),
-    (["train.objective=scst", "data.captions_per_image=grouped", "scst.temperature=0"], "scst.temperature"),
-    (["train.objective=scst", "data.captions_per_image=grouped", "train.jit_compile=true"], "jit_compile"),
+    (["train.objective=scst", "data.captions_per_image=sample"],
+     "train.objective: scst needs data.captions_per_image: grouped, but data.captions_per_image is sample (with --set)"),
+    (["train.objective=scst", "data.captions_per_image=all"], "data.captions_per_image is all (with --set)"),
+    (["train.objective=scst", "data.captions_per_image=grouped", "data.group_captions=3"],
+     "train.objective: scst needs data.group_captions: 0, but data.group_captions is 3"),
+    (["train.objective=scst", "scst.samples=1"], "scst.samples (1) must be at least 2 with scst.baseline: mean"),
+    (["train.objective=scst", "scst.temperature=0"], "config key scst.temperature must be more than 0, got 0.0"),
+    (["train.objective=scst", "train.jit_compile=true"], "train.jit_compile does not apply to train.objective: scst"),
+    (["train.objective=scts"], "config key train.objective must be one of xe, scst, got 'scts'"),
 ])
 def test_scst_config_errors(overrides, fragment):
-    from captioning.config import validate
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        fitted(overrides=overrides)
 
-    with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-        validate(load_config(None, ["data.dir=d"] + overrides))
+
+def test_choosing_scst_brings_the_grouped_batches_it_needs(tmp_path):
+    """A cross-entropy config (its captions_per_image at the default, given in the file or not) with
+    train.objective=scst trains on grouped batches; only an explicit other choice is refused (above)."""
+    assert fitted(overrides=["train.objective=scst"]).data.captions_per_image == "grouped"
+    config = tmp_path / "xe.yaml"
+    config.write_text("data:\n  captions_per_image: all\n  group_captions: 0\n")
+    cfg = fitted(str(config), ["train.objective=scst"])
+    assert (cfg.data.captions_per_image, cfg.data.group_captions) == ("grouped", 0)
+    assert fitted(str(config)).data.captions_per_image == "all"  # cross-entropy keeps its own
 
 
 SCST = ["train.objective=scst", "data.captions_per_image=grouped", "train.optimizer=adam", "train.learning_rate=0.001",
@@ -141,7 +165,12 @@ TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's train
 def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_path, caplog):
     """Samples cut at scst.max_length are rewarded cut: training warns when over 1% of references are longer."""
     from captioning.dataset import PreparedDataset
-    from captioning.train.scst import SelfCritical
+    from captioning.train.objectives import RunContext
+    from captioning.train.objectives.scst import SelfCritical
+
+    class Folder:  # what the objective asks of the model folder
+        def __init__(self, path):
+            self.document_frequencies_file = path
 
     dataset, step = PreparedDataset.load(prepared_dir), tf.Variable(0, dtype=tf.int64)
     logger = logging.getLogger("captioning.train")
@@ -150,7 +179,7 @@ def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_pa
         for max_length, warned in ((20, False), (6, True)):  # the fixture's captions have 6 to 18 words
             caplog.clear()
             cfg = small_train_config(prepared_dir, *SCST, f"scst.max_length={max_length}")
-            SelfCritical.for_run(cfg, step, dataset, None, str(tmp_path / "df.npz"), chief=True)
+            SelfCritical.for_run(RunContext(cfg, step, dataset, None, Folder(str(tmp_path / "df.npz"))))
             said = re.search(rf"(\d+\.\d)% of the train references have more than scst.max_length={max_length} "
                              "words", caplog.text)
             assert bool(said) == warned and (not said or float(said.group(1)) > 50), caplog.text
@@ -196,7 +225,8 @@ def test_scst_from_a_cross_entropy_model_in_a_new_folder_and_in_the_same_one(tra
     assert result.step == 63
     assert any(not np.array_equal(before[v.path], v.numpy()) for v in trainer.model.trainable_variables)
     samples = trainer.sample_captions(2)  # TensorBoard's sample captions come with their rewards
-    assert all(s.caption and s.reward is not None and 0 <= s.reward <= 10 for s in samples)
+    rewards = [float(re.fullmatch(r"reward (\d+\.\d+)", s.note).group(1)) for s in samples]
+    assert all(s.caption for s in samples) and all(0 <= r <= 10 for r in rewards)
     history = open(same / "history.yaml").read()
     assert "objective: scst" in history and "objective: xe" in history
 

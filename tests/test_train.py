@@ -245,7 +245,10 @@ def test_train_cli_runs_and_resumes(data_dir, tmp_path):
     result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trained to step 6" in result.stdout
-    assert load_config(str(tmp_path / "m" / "config.yaml")) == cfg
+    from captioning.model import resolve
+    from captioning.model_dir import ModelDir
+
+    assert ModelDir(str(tmp_path / "m")).read_config() == resolve(cfg)  # every key, the decoder's typed
     result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=9",
                      "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
     assert result.returncode == 0, result.stderr[-2000:]

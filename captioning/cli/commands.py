@@ -130,9 +130,12 @@ def add_train(sub) -> None:
 
 def run_train(args) -> int:
     from captioning.config import load_config
-
-    cfg = load_config(args.config, args.overrides)  # config errors come before TensorFlow loads
+    from captioning.model import resolve
     from captioning.train import NonFiniteError, train
+    from captioning.train.objectives import fit_config
+
+    # every config error (the decoder's settings, the objective's batches) before TensorFlow's runtime starts
+    cfg = fit_config(resolve(load_config(args.config, args.overrides)))
 
     try:
         result = train(cfg, args.model_dir, progress=not args.quiet, init_from=args.init_from)
@@ -163,9 +166,11 @@ def add_evaluate(sub) -> None:
         "evaluate", help="perplexity and COCO caption metrics of a trained model on a split",
         description="Captions every image of a split with beam search and scores the captions against all "
                     "their references with the COCO caption metrics (Bleu_1-4, METEOR, ROUGE_L, CIDEr; "
-                    "pycocoevalcap, which needs Java), and computes the perplexity of the references. Writes "
-                    "metrics.json and predictions.json (COCO results format) into the model folder, and "
-                    "TensorBoard scalars under logs/eval_<split>.")
+                    "pycocoevalcap, which needs Java), and computes the perplexity of the references. Keeps the "
+                    "result in the model folder as eval/<key>.json and the captions as eval/<key>.predictions.json "
+                    "(COCO results format), the key naming the split, checkpoint, decoding, images and dataset; "
+                    "the same evaluation again prints the stored result. Also TensorBoard scalars under "
+                    "logs/eval_<split>; --output writes the metrics JSON to a file of your choice too.")
     p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
     p.add_argument("--split", default="test", help="split of the prepared dataset (default test)")
     p.add_argument("--max-images", type=POSITIVE, default=None, help="only the first N images of the split")
@@ -241,7 +246,9 @@ def run_score(args) -> int:
     from captioning.metrics import format_table, score_files
 
     if args.json:
-        check_output_file(args.json, "`json`", params=("json",))  # before the scoring, not after it
+        # before the scoring, not after it; never over the files it reads
+        check_output_file(args.json, "`json`", params=("json",), inputs=(args.annotations, args.results),
+                          kind="json")
     scores = score_files(args.annotations, args.results, spice=args.spice)
     print(format_table({"results": scores}))
     if args.json:
@@ -267,8 +274,11 @@ def run_caption(args) -> int:
     from captioning import caption
 
     files = caption.collect_paths(args.paths)
-    if args.html:
-        check_output_file(args.html, "`html`", params=("html",))  # before the model loads, not after captioning
+    if args.html:  # before the model loads, not after captioning; never over an image or the model's files
+        from captioning.model_dir import ModelDir
+
+        check_output_file(args.html, "`html`", params=("html",), inputs=files, kind="html")
+        ModelDir(args.model_dir).refuse_output(args.html, "`html`", params=("html",))
     captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet)
     if args.html:

@@ -43,38 +43,59 @@ forget-gate bias at 1). Scores, weights and logits are computed in float32 under
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import ModelConfig
+from captioning.config import ModelConfig, at_least, more_than
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import build_encoder
 from captioning.vocab import PAD_ID
 
 
+@dataclass
+class AttentionSettings:
+    """``model.decoder: attention``'s own keys (``model.attention_size``, ...)."""
+
+    embedding_size: int = field(default=512, metadata=at_least(1))  # word embedding E
+    lstm_units: int = field(default=512, metadata=at_least(1))  # U
+    # kernels and embeddings start uniform in [-init_scale, init_scale]
+    init_scale: float = field(default=0.08, metadata=more_than(0.0))
+    attention_size: int = field(default=512, metadata=at_least(1))  # the hidden size A of the attention MLP
+    # λ of the doubly stochastic regularisation, λ Σ_cells (1 − Σ_words α)² per caption, added to the
+    # caption's summed cross-entropy (Xu et al. 2015; 0 turns it off)
+    attention_l1: float = field(default=1.0, metadata=at_least(0.0))
+
+
 class ShowAttendTell(CaptionModel):
     """Encoder grid + soft-attention LSTM decoder (see the module docstring)."""
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0, **kwargs):
+    settings_class = AttentionSettings
+    incompatible_keys = ("embedding_size", "lstm_units", "attention_size")
+    features = "grid"
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+                 settings: AttentionSettings | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, image_size
+        self.setup(vocab_size, cfg, image_size, settings)
+        s = self.settings
         self.encoder = build_encoder(cfg, image_size, grid=True)
         self.grid_cells, self.feature_size = (int(d) for d in self.encoder.output.shape[1:])
         side = math.isqrt(self.grid_cells)
         self.grid_shape = (side, side) if side * side == self.grid_cells else (1, self.grid_cells)
 
         def init(offset):
-            return keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=seed + offset)
+            return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)
 
-        units, embedding = cfg.lstm_units, cfg.embedding_size
+        units, embedding = s.lstm_units, s.embedding_size
         # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
         self.init_h = layers.Dense(units, activation="tanh", kernel_initializer=init(1), name="init_h")
         self.init_c = layers.Dense(units, activation="tanh", kernel_initializer=init(2), name="init_c")
-        self.attention_features = layers.Dense(cfg.attention_size, kernel_initializer=init(3),
+        self.attention_features = layers.Dense(s.attention_size, kernel_initializer=init(3),
                                                name="attention_features")
-        self.attention_state = layers.Dense(cfg.attention_size, use_bias=False, kernel_initializer=init(4),
+        self.attention_state = layers.Dense(s.attention_size, use_bias=False, kernel_initializer=init(4),
                                             name="attention_state")
         self.attention_score = layers.Dense(1, kernel_initializer=init(5), name="attention_score")
         self.gate = layers.Dense(1, activation="sigmoid", kernel_initializer=init(6), name="gate")
@@ -148,9 +169,9 @@ class ShowAttendTell(CaptionModel):
 
     def penalty(self, state):
         """λ Σ_i (1 − Σ_t α_ti)² per caption (the doubly stochastic regularisation)."""
-        if not self.cfg.attention_l1:
+        if not self.settings.attention_l1:
             return None
-        return self.cfg.attention_l1 * tf.reduce_sum(tf.square(1.0 - state["coverage"]), axis=-1)
+        return self.settings.attention_l1 * tf.reduce_sum(tf.square(1.0 - state["coverage"]), axis=-1)
 
     def decoder_variables(self) -> list:
         return [v for layer in (self.init_h, self.init_c, self.attention_features, self.attention_state,

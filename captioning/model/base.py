@@ -46,12 +46,19 @@ implement :meth:`CaptionModel.teacher_forced` and get this, and split padding, f
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 import tensorflow as tf
 
-from captioning.config import ModelConfig
+from captioning.config import ModelConfig, section_from
 from captioning.vocab import PAD_ID
+
+
+@dataclasses.dataclass
+class NoSettings:
+    """The settings of a decoder that has none of its own."""
 
 
 def _pad_rows(x, rows):
@@ -78,12 +85,35 @@ def split_point(lengths, steps):
 class CaptionModel(keras.Model):
     """Base class of every captioning model (see the module docstring).
 
-    Subclasses set :attr:`encoder` (a Keras model from pixels to features) and implement
-    :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`."""
+    A subclass declares what the rest of the code asks about it, as class attributes:
+
+    * :attr:`settings_class` — a dataclass of its own settings (``model.<name>`` keys in a config; each
+      field with its default, type and range in the field's metadata, as config sections declare them);
+    * :attr:`incompatible_keys` — which of those settings change its variables' shapes (a model folder
+      refuses a config that changes them);
+    * :attr:`features` — ``"pooled"`` (``[B, D]``) or ``"grid"`` (``[B, cells, D]``, read cell by cell:
+      its variables do not depend on the grid's size);
+
+    and its constructor ``(vocab_size, cfg: ModelConfig, image_size, seed=0, settings=None)`` calls
+    :meth:`setup` first. It sets :attr:`encoder` (a Keras model from pixels to features) and implements
+    :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`. A decoder
+    with attention weights puts the step's ``attention`` ``[B, cells]`` in a dict state and sets
+    :attr:`grid_shape`; beam search, captions, export, pictures and grounding then show them."""
+
+    settings_class: type = NoSettings
+    incompatible_keys: tuple[str, ...] = ()
+    features: str = "pooled"
+    grid_shape: tuple[int, int] | None = None
 
     vocab_size: int
     image_size: int
     cfg: ModelConfig
+
+    def setup(self, vocab_size: int, cfg: ModelConfig, image_size: int, settings=None):
+        """Records the model's sizes and config; ``settings`` (an instance of :attr:`settings_class`)
+        default to ``cfg.options`` read as that class declares them."""
+        self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, image_size
+        self.settings = settings if settings is not None else section_from(self.settings_class, cfg.options, "model.")
 
     def encode(self, images, training=False):
         """Pixels ``[B, S, S, 3]`` → the features this decoder reads; ``[0, ...]`` for an empty batch."""

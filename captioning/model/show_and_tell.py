@@ -25,33 +25,51 @@ The encoder (:mod:`captioning.model.encoders`) gives pooled features ``[B, D]``;
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import keras
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import ModelConfig
+from captioning.config import ModelConfig, at_least, more_than
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import build_encoder
+
+
+@dataclass
+class ShowAndTellSettings:
+    """``model.decoder: show_and_tell``'s own keys (``model.embedding_size``, ...)."""
+
+    embedding_size: int = field(default=512, metadata=at_least(1))  # image and word embeddings
+    lstm_units: int = field(default=512, metadata=at_least(1))
+    # decoder kernels and embeddings start uniform in [-init_scale, init_scale]
+    init_scale: float = field(default=0.08, metadata=more_than(0.0))
 
 
 class ShowAndTell(CaptionModel):
     """Encoder + LSTM decoder (see the module docstring and :class:`CaptionModel`'s interface)."""
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0, **kwargs):
+    settings_class = ShowAndTellSettings
+    incompatible_keys = ("embedding_size", "lstm_units")
+    features = "pooled"
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+                 settings: ShowAndTellSettings | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, image_size
+        self.setup(vocab_size, cfg, image_size, settings)
+        s = self.settings
         self.encoder = build_encoder(cfg, image_size)
         self.feature_size = int(self.encoder.output.shape[-1])
 
         def init(offset):
-            return keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=seed + offset)
+            return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)
 
         # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
-        self.image_embedding = layers.Dense(cfg.embedding_size, use_bias=False, kernel_initializer=init(1),
+        self.image_embedding = layers.Dense(s.embedding_size, use_bias=False, kernel_initializer=init(1),
                                             name="image_embedding")
-        self.word_embedding = layers.Embedding(vocab_size, cfg.embedding_size, embeddings_initializer=init(2),
+        self.word_embedding = layers.Embedding(vocab_size, s.embedding_size, embeddings_initializer=init(2),
                                                name="word_embedding")
-        self.lstm = layers.LSTM(cfg.lstm_units, return_sequences=True, return_state=True,
+        self.lstm = layers.LSTM(s.lstm_units, return_sequences=True, return_state=True,
                                 kernel_initializer=init(3), recurrent_initializer=init(4), name="lstm")
         self.input_dropout = layers.Dropout(cfg.dropout, seed=seed + 5, name="lstm_input_dropout")
         self.output_dropout = layers.Dropout(cfg.dropout, seed=seed + 6, name="lstm_output_dropout")

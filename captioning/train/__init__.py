@@ -66,7 +66,8 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
   these are an :class:`~captioning.errors.InputError` (one line, exit 2) before the first step.
 """
 
-from captioning.train.loop import NonFiniteError, Trainer, TrainResult, train
+from captioning.train.loop import Trainer, train
+from captioning.train.result import NonFiniteError, TrainResult
 from captioning.train.lifecycle import StopOnSignal
 from captioning.train.objectives import caption_loss_sum, perplexity
 from captioning.train.steps import EvaluationLoss, evaluation_loss

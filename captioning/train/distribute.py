@@ -82,6 +82,7 @@ def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
         except tf.errors.OpError as e:
             raise peer_error(e, cfg) or e from None
+        _warn_if_exposed(tf_config)
     elif name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.tpu or None)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -91,6 +92,19 @@ def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
         raise InputError(f"unknown distribute.strategy {name!r}")
     log.info("strategy: %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
+
+
+def _warn_if_exposed(tf_config: dict) -> None:
+    """One warning line when this worker's gRPC server (TF's, at its TF_CONFIG address's port, on every
+    interface: docs/distributed.md, "Trust model") can be reached from other machines."""
+    from captioning.service_probe import warn_if_exposed
+
+    task = tf_config.get("task", {})
+    try:
+        port = int(tf_config["cluster"][task["type"]][task["index"]].rsplit(":", 1)[1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return
+    warn_if_exposed("multi-worker gRPC server of this worker", port, log)
 
 
 def _configure_coordination_service(cluster: dict, cfg: DistributeConfig) -> None:
@@ -147,6 +161,13 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
         return True
     return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0
                                              and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    """True for a MultiWorkerMirroredStrategy of a cluster (several processes)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and resolver is not None and bool(
+        resolver.cluster_spec().jobs)
 
 
 def worker_id(strategy: tf.distribute.Strategy) -> str:

@@ -1,7 +1,9 @@
 """What a training run does around its steps: signals, preemption across workers, the profiler.
 
 * :class:`StopOnSignal` — the first SIGINT or SIGTERM asks the loop to stop after the step under way (it
-  then saves and exits 0); the second kills the process at once (the previous checkpoint stays intact).
+  then saves and exits 0); the second ends the process at once (the previous checkpoint stays intact).
+  Signals are seen at once even while the loop waits inside TensorFlow for a batch that does not come:
+  :class:`Gate` and :func:`end_while_waiting` then save the last step from another thread and exit.
 * :func:`preemption_handler` — under MultiWorkerMirroredStrategy every worker must stop after the *same*
   step, so TF's ``tf.distribute.experimental.PreemptionCheckpointHandler`` agrees on it through the
   cluster's coordination service: its ``TerminationConfig`` polls our signal flag (SIGINT as well as
@@ -22,7 +24,9 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
+import time
 
 import tensorflow as tf
 
@@ -37,39 +41,151 @@ class Preempted(Exception):
 
 
 class StopOnSignal:
-    """While active (a context manager), the first SIGINT or SIGTERM sets :attr:`signal_name` and makes
-    both signals' next delivery take the operating system's default action (the process dies at once).
-    Signal handlers can only be installed from the main thread; elsewhere it does nothing."""
+    """While active (a context manager), the first SIGINT or SIGTERM sets :attr:`signal_name` (the loop
+    stops after the step under way, saves and exits 0); the second ends the process at once, exit code
+    128 + the signal's number, without saving (the latest checkpoint stays the latest), as the operating
+    system's default action would.
+
+    Python runs signal handlers only between bytecodes of the main thread, and a main thread waiting
+    inside TensorFlow for its next batch (a tf.data service with no live worker) runs none. So the
+    signals are watched from a thread of their own through :func:`signal.set_wakeup_fd` (the C-level
+    handler writes each signal's number to a pipe): they are seen at once, whatever the main thread is
+    doing. After the first, ``when_stuck(signal_name)`` (the loop's: :func:`end_while_waiting`) is called
+    from that thread every 0.25 s until it returns True. The Python-level handlers stay installed until
+    the end (resetting them to the default action from the first one raced with a second signal already
+    pending: "OSError: Signal 15 ignored due to race condition"). Signal handlers can only be installed
+    from the main thread; elsewhere it does nothing."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, when_stuck=None):
         self.signal_name: str | None = None
+        self.when_stuck = when_stuck
         self._previous: dict = {}
+        self._pipe: tuple[int, int] | None = None
+        self._old_wakeup = -1
+        self._closed = threading.Event()
 
     def __enter__(self) -> "StopOnSignal":
         if threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self._pipe = (read, write)
+            self._old_wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            threading.Thread(target=self._watch, name="signal watch", daemon=True).start()
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.signal_name is not None:
-            return
-        self.signal_name = signal.Signals(signum).name
-        for other in self.SIGNALS:
-            signal.signal(other, signal.SIG_DFL)
-        log.warning("%s: finishing the current step, then saving a checkpoint and exiting "
-                    "(a second SIGINT/SIGTERM exits at once, without saving)", self.signal_name)
+        """The Python-level handler: the watch thread does the work (it sees every delivery)."""
+
+    def _watch(self) -> None:
+        read = self._pipe[0]
+        seen = 0
+        while True:
+            data = os.read(read, 64)
+            if self._closed.is_set() or not data:
+                return
+            for signum in data:
+                if signum not in [int(s) for s in self.SIGNALS]:
+                    continue
+                seen += 1
+                name = signal.Signals(signum).name
+                if seen == 1:
+                    self.signal_name = name
+                    log.warning("%s: finishing the current step, then saving a checkpoint and exiting "
+                                "(a second SIGINT/SIGTERM exits at once, without saving)", name)
+                else:
+                    sys.stderr.write(f"{name} again: exiting at once, without saving\n")
+                    sys.stderr.flush()
+                    os._exit(128 + signum)
+            if seen == 1 and self.when_stuck is not None:
+                threading.Thread(target=self._rescue, name="signal rescue", daemon=True).start()
+
+    def _rescue(self) -> None:
+        while not self._closed.is_set():
+            if self.when_stuck(self.signal_name):
+                return
+            self._closed.wait(0.25)
 
     def release(self) -> None:
-        """Gives the signals back to their previous handlers."""
+        """Gives the signals back to their previous handlers and stops the watch."""
+        if self._pipe is not None:
+            self._closed.set()
+            signal.set_wakeup_fd(self._old_wakeup)
+            os.write(self._pipe[1], b"\0")  # wakes the watch, which sees it is closed
+            os.close(self._pipe[1])
+            self._pipe = None
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class Gate:
+    """The loop's iterations and another thread's take-over of the run exclude each other. The loop holds
+    the gate from the moment its next batch arrives until it asks for the one after (:meth:`next`), so a
+    thread that takes it (:meth:`take`) while the loop waits for a batch knows that no step runs: the
+    step counter and the weights are those of the last step, complete, and can be saved."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held = False
+        self.waiting_since: float | None = None
+
+    def next(self, batches):
+        """The next batch of the iterator ``batches``, waited for without the gate, returned with it."""
+        if self._held:
+            self._held = False
+            self._lock.release()
+        self.waiting_since = time.monotonic()
+        try:
+            batch = next(batches)
+        finally:
+            self.waiting_since = None
+        self._lock.acquire()
+        self._held = True
+        return batch
+
+    def close(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
+
+    def waited(self) -> float:
+        """How long the loop has been waiting for its next batch (0 when it is not)."""
+        since = self.waiting_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def take(self, timeout_s: float) -> bool:
+        """Takes the gate for good (the taker ends the process), waiting at most ``timeout_s`` for the loop
+        to finish the step under way."""
+        return self._lock.acquire(timeout=timeout_s)
+
+
+def end_while_waiting(gate: Gate, save, line: str, exit_code: int, after_s: float = 2.0,
+                      timeout_s: float = 0.1, stream=None) -> bool:
+    """From another thread: when the loop has waited at least ``after_s`` for its next batch (or at once
+    when ``after_s`` is 0, waiting up to ``timeout_s`` for a step under way), takes the :class:`Gate`,
+    saves the last step with ``save()`` (None: nothing saved), prints ``line`` (``{checkpoint}`` replaced
+    by what was saved) and ends the process with ``exit_code``. Returns False, doing nothing, when the
+    loop is not stuck: it will act on the signal itself after its step."""
+    if after_s and gate.waited() < after_s:
+        return False
+    if not gate.take(timeout_s):
+        return False
+    try:
+        saved = save() if save is not None else None
+    except Exception as e:  # a full disk, a weight that is not finite: say so, and still end
+        saved = f"nothing (the save failed: {str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    out = stream or sys.stdout
+    out.write(line.format(checkpoint=saved or "nothing") + "\n")
+    out.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def _hide_handler_deprecation(record: logging.LogRecord) -> bool:
@@ -173,22 +289,20 @@ class StepProfiler:
             log.info("profiler trace written under %s (TensorBoard: Profile tab)", self.logdir)
 
 
-def service_watch(data_cfg):
-    """``data.service``: TensorFlow waits forever for a tf.data dispatcher that is gone; the watch ends the
-    run with one line (exit 1) once it has not answered for ``data.service_timeout_s``
-    (:func:`captioning.data_service.watch_dispatcher`). A no-op without a service."""
-    import contextlib
-    import os
-    import sys
-
+def service_watch(data_cfg, gate: Gate, save):
+    """``data.service``: TensorFlow waits forever for a tf.data dispatcher that is gone, or for workers
+    when none is left alive; the watch ends the run with one line (exit 1) once the dispatcher has not
+    answered, or no registered worker has, for ``data.service_timeout_s``
+    (:func:`captioning.service_probe.watch_dispatcher`), after saving the last step with ``save`` (None:
+    nothing saved; multi-worker runs, whose saves need every worker). A no-op without a service."""
     if not data_cfg.service:
         return contextlib.nullcontext()
-    from captioning.data_service import watch_dispatcher
+    from captioning.service_probe import watch_dispatcher
 
     def lost(error):
-        sys.stderr.write(f"captioning train: error: {error}; resume from the latest checkpoint once it is back\n")
-        sys.stderr.flush()
-        os._exit(error.exit_code)  # the main thread waits inside TensorFlow: no exception reaches it
+        line = (f"captioning train: error: {error}; saved {{checkpoint}}: run the same command to resume once "
+                "the service is back")
+        end_while_waiting(gate, save, line, error.exit_code, after_s=0, timeout_s=60, stream=sys.stderr)
 
     return watch_dispatcher(data_cfg.service, timeout_s=data_cfg.service_timeout_s, on_lost=lost)
 
@@ -207,6 +321,9 @@ def restore_run(folder, latest, previous, cfg, source, model, step, optimizer) -
     log = logging.getLogger("captioning.train")
     changed = [f"{section}.{key}" for section, key in NEW_OPTIMIZER_KEYS if previous is not None and
                getattr(getattr(previous, section), key) != getattr(getattr(cfg, section), key)]
+    if latest and source is not None:  # a rerun of the command that started the folder resumes it
+        log.warning("the model folder's own checkpoint %s wins over init_from %s: training resumes from it",
+                    os.path.basename(latest), source.path)
     if latest and changed:
         # Keras optimizers track their variables by position, so when the set of trained variables
         # changes (fine-tuning the encoder after training with it frozen) the saved optimizer state no

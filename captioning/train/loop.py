@@ -14,7 +14,6 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
@@ -28,52 +27,20 @@ from captioning.feature_cache import encoder_key
 from captioning.fileio import disk_full_error
 from captioning.input_pipeline import eval_images, make_dataset
 from captioning.integrity import ShardReader
-from captioning.model import build_model
+from captioning.model import build_model, resolve
 from captioning.model_dir import ModelDir
 from captioning.train import distribute
-from captioning.train.lifecycle import (Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
-                                        preemption_handler, quiet_tf_watcher_threads, restore_run, service_watch)
-from captioning.train.objectives import make_objective
-from captioning.train.optimizer import examples_per_epoch, make_optimizer
+from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
+                                        end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
+                                        restore_run, service_watch)
+from captioning.train.objectives import RunContext, fit_config, objective_class
+from captioning.train.result import NonFiniteError, TrainResult
+from captioning.service_probe import wait_for_dispatcher
+from captioning.train.optimizer import epoch_plan, make_optimizer
 from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, make_train_step
 from captioning.train.summaries import Sample, Summaries, Window, greedy_samples
 
 log = logging.getLogger("captioning.train")
-
-
-class NonFiniteError(Exception):
-    """The loss, the gradient norm or the weights stopped being finite (``train.nan_policy: stop``).
-    Nothing was saved; the command line prints the message and exits 1."""
-
-    exit_code = 1
-
-
-@dataclass
-class TrainResult:
-    """What a run did. ``ingestion_s`` and ``step_s`` are each iteration's time waiting for the batch and
-    running the step, in seconds; ``skipped_steps`` the steps whose batch was skipped for a non-finite
-    loss (``train.nan_policy: skip``; their ``losses`` are NaN or Inf); ``interrupted`` the signal's
-    name (or ``"another worker's signal"``) when one ended the run early; ``checkpoint`` the path of the
-    folder's latest checkpoint when the run ended (None if there is none); ``replicas`` the replicas in
-    sync. Also readable as
-    ``result["step"]``."""
-
-    step: int
-    losses: list[float] = field(default_factory=list)
-    ingestion_s: list[float] = field(default_factory=list)
-    step_s: list[float] = field(default_factory=list)
-    skipped_steps: list[int] = field(default_factory=list)
-    interrupted: str | None = None
-    checkpoint: str | None = None
-    replicas: int = 1  # replicas in sync (all workers')
-    elapsed_s: list[float] = field(default_factory=list)  # wall clock from the run's start to each step's end
-
-    @property
-    def trained_steps(self) -> int:
-        return len(self.losses)
-
-    def __getitem__(self, key: str):
-        return getattr(self, key)
 
 
 class Trainer:
@@ -83,6 +50,7 @@ class Trainer:
                  init_from: str | None = None):
         """``init_from``: another model folder whose latest checkpoint's weights a new folder starts from
         (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
+        cfg = fit_config(resolve(cfg))  # the decoder's settings typed; the batches the objective needs
         config_lib.validate(cfg)
         self.cfg, self.model_dir = cfg, model_dir
         self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
@@ -95,18 +63,20 @@ class Trainer:
         self.strategy = strategy or distribute.make_strategy(cfg.distribute)
         self.chief = distribute.is_chief(self.strategy)
         self.folder = ModelDir(model_dir)
-        # checks only: config.yaml and vocab.txt are written once the checkpoint is known to fit
+        # Everything that can refuse the run comes before anything is written; what is written afterwards
+        # is removed again if the run is refused after all (a checkpoint that does not fit).
         previous = self.folder.check_fits(cfg, self.vocab)
-        if cfg.data.cache in ("disk", "features"):
-            disk_cache.check_folder(self.cache_dir)
         replicas = self.strategy.num_replicas_in_sync
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
                              f"{replicas} replicas")
-        self.steps_per_epoch = max(1, examples_per_epoch(self.dataset, cfg) // cfg.train.batch_size)
+        self.plan = epoch_plan(self.dataset, cfg, replicas)
+        self.steps_per_epoch = self.plan.steps_per_epoch
         source = ModelDir(init_from) if init_from else None
         if source is not None:
             source.check_source_for(cfg, self.vocab, self.folder)
+        if cfg.data.service:  # a dispatcher with a live worker, or one line now (TF would wait forever)
+            wait_for_dispatcher(cfg.data.service, cfg.data.service_timeout_s, "data.service", need_worker=True)
 
         policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
         keras.mixed_precision.set_global_policy(policy)
@@ -120,12 +90,20 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
-        self.objective = make_objective(cfg, self.step, self.dataset, self.shards,
-                                        self.folder.document_frequencies_file, self.chief)
-
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
-        # The chief writes the folder: one training run at a time (the other workers write scratch folders).
+        with self.folder.undo_on_refusal():
+            self._start(cfg, previous, source)
+        self._compiled = Compiled()
+
+    def _start(self, cfg, previous, source) -> None:
+        """Takes the folder (the chief writes it: one training run at a time; the other workers write scratch
+        folders), makes the objective, and restores where the run starts."""
+        model_dir = self.model_dir
         self._lock = self.folder.lock_for_training() if self.chief else None
+        if cfg.data.cache in ("disk", "features"):
+            disk_cache.check_folder(self.cache_dir)
+        self.objective = objective_class(cfg.train.objective).for_run(
+            RunContext(cfg, self.step, self.dataset, self.shards, self.folder, self.chief))
         latest = self.folder.latest_checkpoint()
         if self.chief:
             self.folder.remove_partial_checkpoints(latest)
@@ -141,7 +119,6 @@ class Trainer:
             self._saved_step = self.current_step()  # so an interrupted run does not write it again
         if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
             self.folder.write(cfg, self.vocab, step=self.current_step())
-        self._compiled = Compiled()
 
     def current_step(self) -> int:
         return int(self.step.numpy())
@@ -154,26 +131,35 @@ class Trainer:
         if record.step >= cfg.steps:
             log.info("already at step %d of %d: nothing to train", record.step, cfg.steps)
             return record
-        log.info("training from step %d to %d: global batch %d on %d replica(s), %d steps per epoch", record.step,
-                 cfg.steps, cfg.batch_size, self.strategy.num_replicas_in_sync, self.steps_per_epoch)
+        log.info("training from step %d to %d: %s on %d replica(s), %d steps per epoch", record.step, cfg.steps,
+                 self.plan.describe(), self.strategy.num_replicas_in_sync, self.steps_per_epoch)
         dataset = self.distributed_dataset(self.cfg.data.train_split, training=True)
         train_step = self.train_step_for(dataset)
         batches = iter(dataset)
-        summaries = Summaries(self.model_dir, self.chief, cfg.batch_size)
+        summaries = Summaries(self.model_dir, self.chief, self.plan.captions, self.objective.parts)
         summaries.config(config_lib.to_dict(config_lib.with_absolute_paths(self.cfg)))
         profiler = StepProfiler(cfg.profile_steps, summaries.train_dir, enabled=self.chief)
         window = Window()
         bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
         start = time.perf_counter()
-        with StopOnSignal() as stop, quiet_tf_watcher_threads(), service_watch(self.cfg.data):
+        # a signal, or a lost tf.data service, while the loop waits for a batch that does not come: another
+        # thread saves the last step and ends the run (not across workers, whose saves need them all)
+        gate, save = Gate(), (None if distribute.is_multi_worker(self.strategy) else self.save)
+
+        def when_stuck(name):
+            return save is not None and end_while_waiting(
+                gate, save, f"interrupted by {name} at step {self.current_step()} while waiting for input: saved "
+                            "{checkpoint}; run the same command to resume", 0)
+
+        with StopOnSignal(when_stuck) as stop, quiet_tf_watcher_threads(), service_watch(self.cfg.data, gate, save):
             preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
             try:
                 while self.current_step() < cfg.steps and (preemption is not None or stop.signal_name is None):
                     # 1. One iteration = ingestion (waiting for the batch) + the train step.
                     profiler.before(self.current_step() + 1)
                     t0 = time.perf_counter()
-                    batch = next(batches)
+                    batch = gate.next(batches)
                     t1 = time.perf_counter()
                     # Under multi-worker, the handler first checks whether any worker was signalled; if so,
                     # every worker saves at one common step and Preempted ends the loop.
@@ -215,6 +201,7 @@ class Trainer:
             except Preempted:  # every worker saved this step (PreemptionCheckpointHandler's save_fn)
                 record.interrupted = stop.signal_name or "another worker's signal"
             finally:
+                gate.close()
                 profiler.close()
                 close_preemption_handler(preemption)
                 bar.close()
@@ -279,8 +266,7 @@ class Trainer:
         cfg = self.cfg.data
         batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset,
                                       shards=self.shards)))
-        rewards = self.objective.rewards_of if self.cfg.train.objective == "scst" else None
-        return greedy_samples(self.model, self.vocab, batch, rewards)
+        return greedy_samples(self.model, self.vocab, batch, self.objective.sample_notes)
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------
     def save(self) -> str:

@@ -16,7 +16,9 @@ import keras
 import tensorflow as tf
 
 from captioning import config as config_lib
-from captioning.batching import epoch_captions_per_image
+from dataclasses import dataclass
+
+from captioning.batching import epoch_captions_per_image, images_per_batch
 
 
 class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
@@ -62,10 +64,44 @@ def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float1
     return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_float16 else optimizer
 
 
-def examples_per_epoch(dataset, cfg: config_lib.Config) -> int:
-    """Examples (captions) in one epoch of ``dataset``'s (a PreparedDataset) training split: every caption
-    (``all``, ``grouped``), one per image (``sample``), or about ``data.group_captions`` per image."""
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one training step holds and how many make an epoch (the schedule's epochs count these).
+    ``images`` is None for per-caption batches (``batch_size`` captions, each with its image)."""
+
+    batch_size: int
+    captions: float  # captions a global batch holds (on average)
+    images: int | None  # grouped batches: whole images a global batch holds
+    steps_per_epoch: int
+
+    def describe(self) -> str:
+        if self.images is None:
+            return f"global batch {self.batch_size} captions"
+        return (f"global batch {self.images} image{'s' if self.images != 1 else ''} with all their captions "
+                f"(about {self.captions:.0f} captions; train.batch_size {self.batch_size})")
+
+
+def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1) -> EpochPlan:
+    """The :class:`EpochPlan` of training ``cfg`` on ``dataset``'s (a PreparedDataset) training split over
+    ``replicas``. Per-caption batches: every caption once an epoch (``all``), one per image (``sample``).
+    Grouped batches hold whole images, each replica :func:`~captioning.batching.images_per_batch` of its
+    share of ``train.batch_size``: with 5 captions per image, a batch size of 3 still holds one image and
+    its 5 captions, and an epoch is one step per image (not per 3 captions).
+
+    >>> class Split: images, captions, captions_per_image = 100, 500, 5.0
+    >>> class Data:
+    ...     def split(self, name): return Split()
+    >>> cfg = config_lib.load_config(None, ["data.captions_per_image=grouped", "train.batch_size=3"])
+    >>> plan = epoch_plan(Data(), cfg); (plan.images, plan.captions, plan.steps_per_epoch)
+    (1, 5.0, 100)
+    >>> plan.describe()
+    'global batch 1 image with all their captions (about 5 captions; train.batch_size 3)'
+    """
     split = dataset.split(cfg.data.train_split)
-    if cfg.data.captions_per_image == "all" or (cfg.data.captions_per_image == "grouped" and not cfg.data.group_captions):
-        return split.captions
-    return round(split.images * epoch_captions_per_image(cfg.data, split.captions_per_image))
+    per_image = epoch_captions_per_image(cfg.data, split.captions_per_image)
+    batch = cfg.train.batch_size
+    if cfg.data.captions_per_image != "grouped":
+        captions = split.captions if cfg.data.captions_per_image == "all" else split.images
+        return EpochPlan(batch, float(batch), None, max(1, captions // batch))
+    images = replicas * images_per_batch(batch // replicas, per_image)
+    return EpochPlan(batch, images * per_image, images, max(1, split.images // images))

@@ -65,7 +65,7 @@ class Window:
         return self.loss / max(self.weight, 1.0)
 
     def mean(self, part: str) -> float:
-        return self.parts[part] / max(self.weight, 1.0)
+        return self.parts.get(part, 0.0) / max(self.weight, 1.0)
 
 
 @dataclass
@@ -79,25 +79,26 @@ class Sample:
     image: np.ndarray
     attention: np.ndarray | None = None
     grid: tuple[int, int] | None = None
-    reward: float | None = None  # train.objective: scst — the caption's CIDEr-D reward
+    note: str | None = None  # what the objective says of it (SCST: its CIDEr-D reward)
 
 
-def greedy_samples(model, vocab, batch: dict, rewards=None) -> list[Sample]:
+def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
     """Greedy captions of a batch of eval images (``eval_images``' ``image``, ``image_id``, ``captions``)
     with their first references, the crops, each word's attention weights (attention decoder) and, given
-    ``rewards`` (a function of the beam search's output and the references: SCST's), their rewards."""
+    ``notes`` (a function of the beam search's output and the references: the objective's
+    :meth:`~captioning.train.objectives.Objective.sample_notes`), a note each."""
     from captioning.model.decode import beam_search, ids_to_text
 
     best = beam_search(model, model.encode(batch["image"]), beam_size=1)
     captions = ids_to_text(vocab, best["ids"], best["lengths"])
     grid = getattr(model, "grid_shape", None)
-    scores = rewards(best, batch["captions"]) if rewards else None
+    noted = notes(best, batch["captions"]) if notes else None
     out = []
     for i, (caption,) in enumerate(captions):
         reference = " ".join(vocab.decode(batch["captions"][i][0].numpy()))
         weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
         out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid,
-                          None if scores is None else float(scores[i])))
+                          None if noted is None else noted[i]))
     return out
 
 
@@ -117,12 +118,13 @@ def hparams(config_dict: dict) -> dict[str, object]:
 class Summaries:
     """The run's log lines and TensorBoard writers (no-op writers off the chief)."""
 
-    def __init__(self, model_dir: str, chief: bool, batch_size: int):
+    def __init__(self, model_dir: str, chief: bool, batch_size: int, parts: tuple[str, ...] = ()):
+        """``parts``: what the objective reports besides its loss (its declared ``parts``), in order."""
         logs = os.path.join(model_dir, "logs")
         self.train_dir = os.path.join(logs, "train")
         make = tf.summary.create_file_writer if chief else (lambda _: tf.summary.create_noop_writer())
         self.train, self.eval = make(self.train_dir), make(os.path.join(logs, "eval"))
-        self.batch_size = batch_size
+        self.batch_size, self.parts = batch_size, tuple(parts)
 
     def window(self, window: Window, step: int, learning_rate: float, skipped_so_far: int) -> None:
         n = max(window.steps, 1)
@@ -135,7 +137,7 @@ class Summaries:
                 ce = window.mean("cross_entropy") if "cross_entropy" in window.parts else window.mean_loss
                 tf.summary.scalar("perplexity", perplexity(ce))
                 tf.summary.scalar("gradient_norm", window.norm / window.finite)
-                for name in window.parts:
+                for name in self.parts:
                     tf.summary.scalar(name, window.mean(name))
             tf.summary.scalar("learning_rate", learning_rate)
             tf.summary.scalar("skipped_batches", skipped_so_far)  # in this run, so far
@@ -147,8 +149,8 @@ class Summaries:
             log.info("step %d: all %d steps since the last log line skipped (non-finite loss)", step, window.steps)
             return
         # the loss's parts, when it has more than the cross-entropy (a penalty that is not zero)
-        more = any(window.mean(name) for name in window.parts if name != "cross_entropy")
-        parts = ", ".join(f"{name.replace('_', ' ')} {window.mean(name):.4f}" for name in window.parts)
+        more = any(window.mean(name) for name in self.parts if name != "cross_entropy")
+        parts = ", ".join(f"{name.replace('_', ' ')} {window.mean(name):.4f}" for name in self.parts)
         log.info("step %d: loss %.4f%s, %.0f examples/s, ingestion %.1f ms + step %.1f ms", step, window.mean_loss,
                  f" ({parts})" if more else "", examples_per_s, 1000 * window.ingest_s / n, 1000 * window.step_s / n)
 
@@ -166,7 +168,7 @@ class Summaries:
             tf.summary.scalar("perplexity", loss.perplexity)
         if samples:
             text = "\n\n".join(f"image {s.image_id}: **{s.caption}**" +
-                                 (f" (reward {s.reward:.3f})" if s.reward is not None else "") +
+                                 (f" ({s.note})" if s.note else "") +
                                  f" (reference: {s.reference})" for s in samples)
             with self.train.as_default(step=step):
                 tf.summary.text("sample_captions", text)

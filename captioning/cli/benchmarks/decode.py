@@ -38,8 +38,8 @@ def _small_model(vocab_size: int = 1_000):
 
     cfg = config_lib.Config()
     cfg.data = dataclasses.replace(cfg.data, image_size=32, resize_size=36)
-    cfg.model = dataclasses.replace(cfg.model, encoder="small_cnn", encoder_trainable=True, embedding_size=256,
-                                    lstm_units=256)
+    cfg.model = dataclasses.replace(cfg.model, encoder="small_cnn", encoder_trainable=True,
+                                    options={"embedding_size": 256, "lstm_units": 256})
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
     model = build_model(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
     return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir="")

@@ -76,8 +76,10 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     from captioning.batching import epoch_captions_per_image
     from captioning.dataset import PreparedDataset
     from captioning.train import train
+    from captioning.model import resolve
+    from captioning.train.objectives import fit_config, objective_class
 
-    cfg = config_lib.load_config(config, overrides)
+    cfg = fit_config(resolve(config_lib.load_config(config, overrides)))  # as training will run it
     if data_dir:
         cfg.data.dir = data_dir
     stored = PreparedDataset.load(cfg.data.dir).split(cfg.data.train_split).captions_per_image
@@ -97,8 +99,10 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
     total = sum(ingestion) + sum(step)
     captions, images = per_step(cfg, per_image, result.replicas)
-    extra = reward_share(cfg, images / result.replicas, per_image, 1000 * statistics.fmean(step)) \
-        if cfg.train.objective == "scst" else {}
+    objective = objective_class(cfg.train.objective)
+    extra = objective.measure(cfg, images / result.replicas, per_image, 1000 * statistics.fmean(step))
+    if extra:  # what the objective measured of its own, and one line about it
+        extra["objective_note"] = objective.summarize(extra)
     return {**extra,
         "ingestion_share": sum(ingestion) / total,
         "step_ms": 1000 * statistics.fmean(step),
@@ -119,22 +123,6 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     }
 
 
-def reward_share(cfg: config_lib.Config, images: float, references: float, step_ms: float) -> dict:
-    """``train.objective: scst``: the CIDEr-D reward alone, timed on captions of the step's sizes (a
-    replica's images, the samples — and the greedy captions with ``scst.baseline: greedy`` —, the
-    references per image, ``scst.max_length`` words, the model's vocabulary), and its share of the step.
-    :func:`captioning.train.cider.benchmark` says how the cost scales."""
-    from captioning.dataset import PreparedDataset
-    from captioning.train.cider import benchmark
-
-    vocab = PreparedDataset.load(cfg.data.dir).vocab_size
-    samples = cfg.scst.samples - (1 if cfg.scst.baseline == "mean" else 0)  # benchmark adds one per image
-    timed = benchmark(images=max(1, round(images)), samples=samples, references=max(1, round(references)),
-                      length=cfg.scst.max_length + int(cfg.scst.end_in_reward), vocab_size=vocab,
-                      table_keys=200_000)
-    return {"reward_ms": timed["ms"], "reward_share": timed["ms"] / step_ms}
-
-
 def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -> tuple[float, float]:
     """(captions, distinct images) in one global batch (see the module docstring).
 
@@ -150,10 +138,8 @@ def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -
 
 
 def summary(result: dict) -> str:
-    if "reward_ms" in result and "compared" not in result:
-        return (summary({k: v for k, v in result.items() if k not in ("reward_ms", "reward_share")}) +
-                f"\nthe CIDEr-D reward alone: {result['reward_ms']:.1f} ms, {result['reward_share']:.1%} of the step "
-                "(target <= 10%)")
+    if "objective_note" in result and "compared" not in result:
+        return summary({k: v for k, v in result.items() if k != "objective_note"}) + "\n" + result["objective_note"]
     if "compared" in result:
         return (f"base:     {summary(result['base'])}\ncompared: {summary(result['compared'])}\n"
                 f"with {' '.join(result['compare'])}: {result['captions_per_s_ratio']:.2f}x the captions/s "

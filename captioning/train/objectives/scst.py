@@ -46,7 +46,7 @@ import tensorflow as tf
 
 from captioning.config import ScstConfig
 from captioning.train.cider import CiderD, caption_lengths
-from captioning.train.objectives import Objective, ReplicaLoss
+from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext
 from captioning.vocab import END_ID, PAD_ID, START_ID
 
 _NEVER = -1e9
@@ -120,21 +120,27 @@ class SelfCritical(Objective):
     """``train.objective: scst`` (see the module docstring)."""
 
     name = "scst"
+    # every reference of an image in the batch: whole images with all their captions
+    needs = {"captions_per_image": "grouped", "group_captions": 0}
+    parts = ("reward", "baseline", "ended")
+    xla = False  # its sampling stops captions at <end>, and the reward's lookup table runs on the host
 
     def __init__(self, cider: CiderD, cfg: ScstConfig, step: tf.Variable, seed: int = 0):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
 
     @classmethod
-    def for_run(cls, cfg, step, dataset, shards, frequencies_file: str, chief: bool) -> "SelfCritical":
+    def for_run(cls, context: RunContext) -> "SelfCritical":
         """The objective of a training run: document frequencies of the training split's references (with
-        ``<end>`` when ``scst.end_in_reward``) from ``frequencies_file``, counted and saved there (by the
-        ``chief``) when it is missing or was counted from other data."""
+        ``<end>`` when ``scst.end_in_reward``) from the model folder's file, counted and saved there (by
+        the chief) when it is missing or was counted from other data."""
         import dataclasses
         import logging
         import os
 
         from captioning.train.document_frequencies import DocumentFrequencies, frequencies_from_split
 
+        cfg, dataset, shards, chief = context.cfg, context.dataset, context.shards, context.chief
+        frequencies_file, step = context.folder.document_frequencies_file, context.step
         end = cfg.scst.end_in_reward
         source = f"{dataset.identity}:{cfg.data.train_split}" + (":end" if end else "")
         frequencies = DocumentFrequencies.load(frequencies_file) if os.path.exists(frequencies_file) else None
@@ -154,10 +160,34 @@ class SelfCritical(Objective):
                 100 * cut, cfg.data.train_split, cfg.scst.max_length)
         return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed)
 
+    def sample_notes(self, best: dict, captions: tf.RaggedTensor) -> list[str]:
+        """Each sample caption's reward (TensorBoard's sample captions under SCST)."""
+        return [f"reward {r:.3f}" for r in self.rewards_of(best, captions)]
+
+    @classmethod
+    def measure(cls, cfg, images: float, references: float, step_ms: float) -> dict:
+        """The CIDEr-D reward alone, timed on captions of the step's sizes (a replica's images, the samples
+        — and the greedy captions with ``scst.baseline: greedy`` —, the references per image,
+        ``scst.max_length`` words, the model's vocabulary), and its share of the step.
+        :func:`captioning.train.cider.benchmark` says how the cost scales."""
+        from captioning.dataset import PreparedDataset
+        from captioning.train.cider import benchmark
+
+        vocab = PreparedDataset.load(cfg.data.dir).vocab_size
+        samples = cfg.scst.samples - (1 if cfg.scst.baseline == "mean" else 0)  # benchmark adds one per image
+        timed = benchmark(images=max(1, round(images)), samples=samples, references=max(1, round(references)),
+                          length=cfg.scst.max_length + int(cfg.scst.end_in_reward), vocab_size=vocab,
+                          table_keys=200_000)
+        return {"reward_ms": timed["ms"], "reward_share": timed["ms"] / step_ms}
+
+    @classmethod
+    def summarize(cls, figures: dict) -> str:
+        return (f"the CIDEr-D reward alone: {figures['reward_ms']:.1f} ms, {figures['reward_share']:.1%} of the step "
+                "(target <= 10%)")
+
     def rewards_of(self, best: dict, captions: tf.RaggedTensor):
         """The reward of each image's best caption of a beam search (``best``) against the image's
-        references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array:
-        TensorBoard's sample captions under SCST."""
+        references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array."""
         end = self.cfg.end_in_reward
         words, lengths = best["ids"][:, 0], best["lengths"][:, 0]
         ended = lengths < tf.shape(words)[1]  # stopped at <end> before the longest caption allowed

@@ -1,0 +1,65 @@
+"""Training objectives: what one replica's loss is on its share of the global batch.
+
+:data:`OBJECTIVES` is the registry: ``train.objective`` names one of them. Each is a class in a module
+of this package (:mod:`.base` has the interface: what an objective declares); a new objective is a new
+module and one entry here. :func:`fit_config` makes a config fit the chosen objective (the batches it
+needs, its own checks), :func:`objective_class` finds it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+from captioning import config as config_lib
+from captioning.errors import InputError
+from captioning.train.objectives.base import (Objective, ReplicaLoss, RunContext, caption_loss_sum,
+                                              perplexity)
+from captioning.train.objectives.scst import SelfCritical
+from captioning.train.objectives.xe import CrossEntropy
+
+log = logging.getLogger("captioning.train")
+
+OBJECTIVES: dict[str, type[Objective]] = {"xe": CrossEntropy, "scst": SelfCritical}
+
+
+def objective_class(name: str) -> type[Objective]:
+    """The registered objective ``name``; an InputError naming ``train.objective`` otherwise."""
+    if name not in OBJECTIVES:
+        raise InputError(f"config key train.objective must be one of {', '.join(OBJECTIVES)}, got {name!r}")
+    return OBJECTIVES[name]
+
+
+def fit_config(cfg: config_lib.Config) -> config_lib.Config:
+    """``cfg`` with the ``data.*`` settings its objective ``needs`` (a copy when it changes any). A
+    setting that contradicts a need is brought to it when it holds its default and was not given with
+    ``--set``, with one log line; otherwise it is an explicit choice the objective cannot train with,
+    an InputError naming both keys. Then the objective's own :meth:`~Objective.check`."""
+    cls = objective_class(cfg.train.objective)
+    out = cfg
+    defaults = config_lib.DataConfig()
+    for name, wanted in cls.needs.items():
+        key, value = f"data.{name}", getattr(cfg.data, name)
+        if value == wanted:
+            continue
+        if cfg.given(key) == "set" or value != getattr(defaults, name):
+            how = "with --set" if cfg.given(key) == "set" else "in the config"
+            raise InputError(f"train.objective: {cls.name} needs {key}: {wanted}, but {key} is {value} ({how}); "
+                             f"leave {key} out, or set it to {wanted}")
+        if out is cfg:
+            out = copy.copy(cfg)
+            out.data = dataclasses.replace(cfg.data)
+            object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
+        setattr(out.data, name, wanted)
+        log.info("train.objective %s trains on %s: %s (set for this run)", cls.name, key, wanted)
+    if out.train.jit_compile and not cls.xla:
+        raise InputError(f"train.jit_compile does not apply to train.objective: {cls.name}; set train.jit_compile: "
+                         "false for it")
+    cls.check(out)
+    out.data.check("data.")
+    return out
+
+
+__all__ = ["OBJECTIVES", "CrossEntropy", "Objective", "ReplicaLoss", "RunContext", "SelfCritical", "caption_loss_sum",
+           "fit_config", "objective_class", "perplexity"]

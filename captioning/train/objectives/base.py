@@ -1,0 +1,116 @@
+"""What a training objective is: the interface every objective implements, and the cross-entropy of the
+references that evaluation always measures.
+
+The training step (:mod:`captioning.train.steps`) is the same for every objective: each replica calls
+:meth:`Objective.replica_loss`, the step all-reduces the weights and divides every replica's loss sum by
+the *global* weight, so the summed gradients are those of the global mean whatever the split between
+replicas (and a replica with no example contributes nothing).
+
+An objective class declares what the rest of the code asks about it, so that the loop, the summaries
+and the benchmarks never name one:
+
+* ``needs`` — the ``data.*`` settings its batches must have (SCST: whole images with all their
+  references, ``{"captions_per_image": "grouped", "group_captions": 0}``); choosing the objective brings
+  them (:func:`captioning.train.objectives.fit_config`);
+* ``parts`` — the quantities its :class:`ReplicaLoss` reports besides the loss (TensorBoard
+  ``train/<part>``, per weight);
+* ``xla`` — whether its step can be compiled with XLA (``train.jit_compile``);
+* :meth:`Objective.check` — rules between its settings and the rest of the config;
+* :meth:`Objective.for_run` — the objective of a training run, from the run's :class:`RunContext`;
+* :meth:`Objective.sample_notes` — what it has to say about the greedy sample captions of an evaluation
+  (SCST: each one's reward), or nothing;
+* :meth:`Objective.measure` and :meth:`Objective.summarize` — extra figures for ``benchmark train``
+  (SCST: the reward's share of a step) and a line about them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import tensorflow as tf
+
+
+@dataclass
+class ReplicaLoss:
+    """A replica's contribution: ``loss_sum / global weight`` is what it differentiates. ``sums`` are other
+    quantities to report, summed over the replicas and divided by the global weight (e.g. a reward)."""
+
+    loss_sum: tf.Tensor
+    weight: tf.Tensor
+    sums: dict[str, tf.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class RunContext:
+    """What a training run hands an objective: the config, the step counter, the prepared dataset and the
+    run's shard reader, the model folder (``captioning.model_dir.ModelDir``) and whether this process
+    writes it (the chief)."""
+
+    cfg: object
+    step: tf.Variable
+    dataset: object
+    shards: object
+    folder: object
+    chief: bool = True
+
+
+class Objective:
+    """The interface (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    needs: ClassVar[dict] = {}
+    parts: ClassVar[tuple[str, ...]] = ()
+    xla: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """InputError when ``cfg`` cannot train with this objective (beyond ``needs``)."""
+
+    @classmethod
+    def for_run(cls, context: RunContext) -> "Objective":
+        raise NotImplementedError
+
+    def replica_loss(self, model, batch: dict, training: bool) -> ReplicaLoss:
+        raise NotImplementedError
+
+    def sample_notes(self, best: dict, captions) -> list[str] | None:
+        """Per sample caption (a greedy beam search's ``best`` for eval images whose references are
+        ``captions``, ragged ids), a note shown beside it in TensorBoard; None for none."""
+        return None
+
+    @classmethod
+    def measure(cls, cfg, images: float, references: float, step_ms: float) -> dict:
+        """Extra figures for ``benchmark train`` about a step of ``images`` per replica with ``references``
+        each that took ``step_ms``; none by default."""
+        return {}
+
+    @classmethod
+    def summarize(cls, figures: dict) -> str:
+        """One line about what :meth:`measure` gave."""
+        return ", ".join(f"{k} {v:.3g}" for k, v in figures.items())
+
+
+def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: bool = False,
+                     penalty: bool = False, parts: bool = False):
+    """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
+    the global batch's word count, evaluation by the split's (perplexity = exp(mean)). ``split_padding``:
+    the decoder skips most padded steps (:mod:`captioning.model.base`; the same value). ``penalty``: plus
+    the decoder's per-caption penalty summed over the captions (the attention decoder's doubly
+    stochastic regularisation), which training adds and evaluation leaves out. Both sums are divided by
+    the same token count, so a per-caption penalty weighs against each caption's summed cross-entropy
+    as in the papers that average both per caption. ``parts``: returns ``(cross-entropy sum, penalty
+    sum)`` instead of one number."""
+    inputs = {k: batch[k] for k in ("image", "features", "image_index", "input_ids") if k in batch}
+    logits, extra = model.logits_and_penalty(inputs, training=training, split_padding=split_padding)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
+    total = tf.reduce_sum(ce * batch["mask"])
+    if parts:
+        return total, tf.reduce_sum(extra)
+    return total + tf.reduce_sum(extra) if penalty else total
+
+
+def perplexity(loss_per_token: float) -> float:
+    """``exp(mean cross-entropy per token)``, capped at exp(50) so a diverged model reports a number."""
+    return math.exp(min(loss_per_token, 50.0))
