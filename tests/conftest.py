@@ -85,6 +85,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_main(*args) -> tuple[int, str, str]:
+    """The command line in this process (no TensorFlow start-up to pay again): ``(exit code, stdout,
+    stderr)``. For what happens before a command's work; signals, kills and servers use :func:`run_cli`."""
+    import contextlib
+
+    from captioning.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
 def run_cli(*args, cwd=None, timeout=300, env=None):
     """Runs ``python -m captioning ARGS`` in a fresh process; returns the CompletedProcess."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))

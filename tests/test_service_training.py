@@ -207,3 +207,92 @@ def test_service_config_errors(overrides, fragment):
 
     with pytest.raises(InputError, match=re.escape(fragment)):
         validate(load_config(None, ["data.dir=d"] + overrides))
+
+
+def start(tmp_path, prepared_dir, service, steps, *extra):
+    """`captioning train` through the service in the background: (process, its stderr file, stdout file)."""
+    from captioning.config import save_config
+
+    cfg = small_train_config(prepared_dir, f"train.steps={steps}", f"data.service={service}",
+                             "train.log_every_steps=1", "train.checkpoint_every_steps=100000", *extra)
+    save_config(cfg, str(tmp_path / "c.yaml"))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    out, err = tmp_path / "train.out", tmp_path / "train.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "captioning", "train", "--config", str(tmp_path / "c.yaml"),
+                                 "--model-dir", str(tmp_path / "model")], stdout=o, stderr=e, env=env,
+                                stdin=subprocess.DEVNULL)
+    return proc, err, out
+
+
+def stalls(log, proc, quiet_s=3.0, timeout=120):
+    """Waits until training has logged a step and then no new one for ``quiet_s``: its input has stopped.
+    Returns the last step logged."""
+    deadline, last, since = time.time() + timeout, None, time.time()
+    while time.time() < deadline:
+        steps = [int(s) for s in re.findall(r"step (\d+): loss", log.read_text())]
+        assert proc.poll() is None, log.read_text()[-3000:]
+        if steps and steps[-1] != last:
+            last, since = steps[-1], time.time()
+        elif last is not None and time.time() - since >= quiet_s:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"training did not stall within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(prepared_dir, tmp_path):
+    from tests.test_data_service import dispatcher
+
+    port = free_port()
+    server = dispatcher(tmp_path, port)
+    try:
+        server.wait_for("dispatcher listening")
+        proc, err, _ = start(tmp_path, prepared_dir, f"localhost:{port}", 5, "data.service_timeout_s=5")
+        started = time.time()
+        code = proc.wait(timeout=90)
+        took = time.time() - started
+    finally:
+        server.kill()
+    lines = err.read_text().strip().splitlines()
+    assert code == 2 and "Traceback" not in err.read_text(), err.read_text()[-2000:]
+    assert lines[-1] == (f"captioning train: error: the tf.data dispatcher at localhost:{port} has no workers (none has "
+                         f"registered within 5 s): start one there (captioning data-service worker --dispatcher "
+                         f"localhost:{port})")
+    assert took < 45 and not (tmp_path / "model").exists()  # a refusal writes nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["timeout", "SIGINT", "SIGTERM"])
+def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp_path, then):
+    """kill -9 of the only worker: TF's iterator waits forever. The run ends within data.service_timeout_s
+    with one line, exit 1, and the last step saved; a signal while it waits saves and exits 0 at once."""
+    cluster = Cluster(tmp_path / "cluster", workers=1)
+    timeout = 8 if then == "timeout" else 120
+    try:
+        proc, err, out = start(tmp_path, prepared_dir, cluster.service, 100000, "data.cache=none",
+                               f"data.service_timeout_s={timeout}")
+        wait_for_step(err, 5, proc)
+        cluster.workers["w1"].proc.send_signal(signal.SIGKILL)
+        step = stalls(err, proc)
+        sent = time.time()
+        if then != "timeout":
+            proc.send_signal(getattr(signal, then))
+        code = proc.wait(timeout=90)
+        took = time.time() - sent
+    finally:
+        cluster.close()
+    saved = tmp_path / "model" / f"ckpt-{step}.index"
+    text = err.read_text()
+    assert "Traceback" not in text and "race condition" not in text, text[-3000:]
+    if then == "timeout":
+        line = text.strip().splitlines()[-1]
+        assert code == 1 and line.startswith(f"captioning train: error: the tf.data dispatcher at {cluster.service} "
+                                             f"has had no live worker for {timeout} s (it lists localhost:"), line
+        assert line.endswith(f"; saved {tmp_path / 'model'}/ckpt-{step}: run the same command to resume once the "
+                             "service is back")
+    else:
+        assert code == 0 and took < 15, (code, took, text[-2000:])
+        assert out.read_text() == (f"interrupted by {then} at step {step} while waiting for input: saved "
+                                   f"{tmp_path / 'model'}/ckpt-{step}; run the same command to resume\n")
+    assert saved.exists()

@@ -170,6 +170,9 @@ def test_sigterm_to_one_multi_worker_process_stops_both_at_one_step(data_dir, tm
     step = steps[0]
     assert "interrupted by SIGTERM" in workers[1].stderr
     assert "interrupted by another worker's signal" in workers[0].stderr
+    for w, port in zip(workers, ports):  # each says its own server is open (docs/distributed.md, "Trust model")
+        assert f"the multi-worker gRPC server of this worker listens on every network interface at port {port} " \
+               "without authentication" in w.stderr
     assert checkpoint_state(model_dir) == f"ckpt-{step}"  # the chief wrote it into the model folder
     assert int(read_checkpoint(model_dir / f"ckpt-{step}")["step/.ATTRIBUTES/VARIABLE_VALUE"]) == step
     assert not [n for n in os.listdir(model_dir) if n.startswith(".")]  # no scratch or handler folders left

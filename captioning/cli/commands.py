@@ -277,8 +277,8 @@ def run_caption(args) -> int:
     if args.html:  # before the model loads, not after captioning; never over an image or the model's files
         from captioning.model_dir import ModelDir
 
-        check_output_file(args.html, "`html`", params=("html",), inputs=files, kind="html")
         ModelDir(args.model_dir).refuse_output(args.html, "`html`", params=("html",))
+        check_output_file(args.html, "`html`", params=("html",), inputs=files, kind="html")
     captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet)
     if args.html:

@@ -25,10 +25,11 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
 
 * **SIGTERM / SIGINT** (Ctrl-C, a scheduler's stop): the loop finishes the step under way, saves
   ``ckpt-<step>`` and returns; ``captioning train`` prints ``interrupted at step N: saved DIR/ckpt-N; run
-  the same command to resume`` and exits 0. The first signal resets both signals to the operating
-  system's default action, so a second one kills the process at once (as ``kill -9`` would: the
-  latest complete checkpoint stays the latest). Python runs signal handlers between steps, so a
-  signal that arrives during a long step, save or evaluation is acted on when it ends. Under
+  the same command to resume`` and exits 0. A second signal ends the process at once, without saving
+  (exit code 128 + the signal's number; the latest complete checkpoint stays the latest). The signals
+  are watched by a thread of their own (:class:`~captioning.train.lifecycle.StopOnSignal`), so they are
+  acted on even while the loop waits inside TensorFlow for a batch that does not come (a tf.data service
+  whose workers are gone): that thread then saves the last step itself and exits 0. Under
   MultiWorkerMirroredStrategy every worker must stop after the *same* step, so TF's own
   ``tf.distribute.experimental.PreemptionCheckpointHandler`` agrees on it through the cluster's
   coordination service: its ``TerminationConfig`` polls our signal flag (SIGINT as well as SIGTERM;

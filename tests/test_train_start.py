@@ -1,0 +1,136 @@
+"""How a training run starts: the objective brings the batches it needs, a refused run leaves the disk as
+it found it, the log says what a grouped batch holds, and a folder's own checkpoint wins over --init-from
+(issue 19's items 1, 14, 16 and 17)."""
+
+import os
+import re
+import shutil
+
+import pytest
+import yaml
+
+from captioning.config import save_config
+from tests.conftest import run_main, small_train_config
+
+TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's trained_model_dir
+
+
+def xe_config(path, data_dir, *overrides):
+    """A cross-entropy config file, as a user has it (captions_per_image: all given in the file)."""
+    save_config(small_train_config(data_dir, *TRAINED, "train.steps=60", *overrides), str(path))
+    return str(path)
+
+
+def history(model):
+    with open(os.path.join(model, "history.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+@pytest.mark.slow
+def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(trained_model_dir, prepared_dir,
+                                                                               tmp_path):
+    """The commands the SCST issue showed, as shown: the same folder with --set train.objective=scst (and
+    more steps), and a new folder from --init-from with a cross-entropy config."""
+    config = xe_config(tmp_path / "xe.yaml", prepared_dir)
+    same = tmp_path / "same"
+    shutil.copytree(trained_model_dir, same)
+    scst = ["--set", "train.objective=scst", "--set", "scst.samples=3", "--set", "scst.max_length=20",
+            "--set", "train.optimizer=adam", "--set", "train.learning_rate=0.0001"]
+    code, out, err = run_main("train", "--config", config, "--model-dir", same, *scst, "--set", "train.steps=62")
+    assert code == 0, err
+    assert "trained to step 62" in out
+    last = history(same)[-1]
+    assert last["started_at_step"] == 60 and last["config"]["train"]["objective"] == "scst"
+    assert last["config"]["data"]["captions_per_image"] == "grouped"
+    assert os.path.exists(same / "cider_document_frequencies.npz")
+    new = tmp_path / "new"
+    code, out, err = run_main("train", "--config", config, "--model-dir", new, "--init-from", trained_model_dir,
+                              *scst, "--set", "train.steps=2")
+    assert code == 0, err
+    assert history(new)[-1]["config"]["data"]["captions_per_image"] == "grouped"
+    # an explicit contradicting choice is still refused, in one line, writing nothing
+    code, out, err = run_main("train", "--config", config, "--model-dir", tmp_path / "no", *scst,
+                              "--set", "data.captions_per_image=sample")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "captioning train: error: train.objective: scst needs data.captions_per_image: grouped, but "
+        "data.captions_per_image is sample (with --set); leave data.captions_per_image out, or set it to grouped")
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("case", ["init_from_missing", "init_from_other_model", "service_unreachable",
+                                  "other_vocabulary"])
+def test_a_refused_run_writes_nothing(case, trained_model_dir, trained_attention_dir, prepared_dir, tmp_path):
+    config = xe_config(tmp_path / "c.yaml", prepared_dir, "train.steps=2")
+    model = tmp_path / "model"
+    args = ["train", "--config", config, "--model-dir", model]
+    expected = {"init_from_missing": "--init-from {p} holds no trained model (no checkpoint)",
+                "init_from_other_model": "--init-from {p} holds a model with other model.decoder",
+                "service_unreachable": "no tf.data dispatcher answered at localhost:1 within 1 s",
+                "other_vocabulary": "was trained with another vocabulary"}[case]
+    before = None
+    if case == "init_from_missing":
+        args += ["--init-from", tmp_path / "nothing"]
+        expected = expected.format(p=tmp_path / "nothing")
+    elif case == "init_from_other_model":
+        args += ["--init-from", trained_attention_dir]
+        expected = expected.format(p=trained_attention_dir)
+    elif case == "service_unreachable":
+        args += ["--set", "data.service=localhost:1", "--set", "data.service_timeout_s=1", "--set", "data.cache=none"]
+    else:  # an existing folder of another vocabulary: a refusal there leaves it as it was (no lock file either)
+        shutil.copytree(trained_model_dir, model)
+        os.remove(model / "training.lock")
+        with open(model / "vocab.txt", "a") as f:
+            f.write("zebra\n")
+        before = sorted(os.listdir(model))
+    code, _, err = run_main(*args)
+    assert code == 2 and expected in err.strip().splitlines()[-1], err
+    if before is None:
+        assert not model.exists()
+    else:
+        assert sorted(os.listdir(model)) == before
+
+
+def test_a_refusal_after_the_folder_is_taken_removes_what_it_made(trained_model_dir, prepared_dir, tmp_path):
+    """--init-from a folder whose checkpoint does not fit (its config.yaml says otherwise): found when
+    restoring, after the lock and the objective's files exist; they go again."""
+    source = tmp_path / "source"
+    shutil.copytree(trained_model_dir, source)
+    with open(source / "config.yaml") as f:
+        text = f.read()
+    (source / "config.yaml").write_text(text.replace("lstm_units: 32", "lstm_units: 24"))
+    config = xe_config(tmp_path / "c.yaml", prepared_dir, "train.steps=2", "model.lstm_units=24")
+    code, _, err = run_main("train", "--config", config, "--model-dir", tmp_path / "model", "--init-from", source)
+    assert code == 2 and "does not fit the model this config builds" in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "model").exists()
+
+
+def test_the_folders_own_checkpoint_wins_over_init_from_and_says_so(trained_model_dir, prepared_dir, tmp_path,
+                                                                     caplog):
+    model = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model)
+    config = xe_config(tmp_path / "c.yaml", prepared_dir, "train.steps=61")
+    with caplog.at_level("WARNING", logger="captioning.train"):
+        code, out, err = run_main("train", "--config", config, "--model-dir", model, "--init-from", trained_model_dir)
+    assert code == 0, err
+    assert f"the model folder's own checkpoint ckpt-60 wins over init_from {trained_model_dir}: training resumes " \
+           "from it" in caplog.text
+    assert "trained to step 61" in out
+
+
+@pytest.mark.parametrize("batch_size, images", [(1, 1), (3, 1), (7, 1), (10, 2)])
+def test_a_grouped_batch_says_what_it_holds_and_epochs_count_images(prepared_dir, tmp_path, caplog, batch_size,
+                                                                    images):
+    from captioning.dataset import PreparedDataset
+    from captioning.train import Trainer
+
+    cfg = small_train_config(prepared_dir, "data.captions_per_image=grouped", f"train.batch_size={batch_size}",
+                             "train.steps=1")
+    trainer = Trainer(cfg, str(tmp_path / "m"))
+    split = PreparedDataset.load(prepared_dir).split("train")
+    assert trainer.plan.images == images and trainer.steps_per_epoch == split.images // images
+    with caplog.at_level("INFO", logger="captioning.train"):
+        trainer.run(progress=False)
+    line = re.search(r"training from step 0 to 1: (.*) on 1 replica\(s\), (\d+) steps per epoch", caplog.text)
+    assert line and int(line.group(2)) == split.images // images
+    assert line.group(1) == (f"global batch {images} image{'s' if images > 1 else ''} with all their captions (about "
+                             f"{images * split.captions_per_image:.0f} captions; train.batch_size {batch_size})")
