@@ -1,9 +1,23 @@
-"""captioning: Show-and-Tell image captioning on TensorFlow 2 / Keras 3.
+"""captioning: image captioning on TensorFlow 2 / Keras 3, from COCO to TFRecords to trained models.
 
-The data's one-way path through the package::
+The folders are the data's one-way path; each is a stage, and a module imports only the base modules
+(the ones directly in this folder: errors, fileio, config, vocab, text, images, service_probe and the
+TensorFlow helpers) and modules of its own stage or an earlier one::
 
-    data_prep/ (prepare) → captioning.schema (records) → input pipeline → model → train
-                         → decode / evaluate → captioning.cli (the ``captioning`` command)
+    data_prep/        prepare: COCO, Karpathy's split, TFDS or the synthetic shapes → a prepared dataset
+    data/             records → batches: schema, the prepared dataset, reading, batching, caches, tf.data service
+    model/            encoders, decoders (a registry), beam search, the model folder
+    train/            the training loop, objectives (a registry), optimizer, distribution, summaries
+    inference/        a trained model in use: captions for images, the gallery, the SavedModel
+    evaluation/       metrics, grounding, ``evaluate``
+    benchmarks/       every stage measured against its ceiling
+    cli/              the ``captioning`` command
+
+:data:`STAGES` is that order; ``tests/test_architecture.py`` checks every import against it (and that
+no import cycle exists, counting imports inside functions), and docs/architecture.md explains it.
 """
 
 __version__ = "0.1.0"
+
+# the stages, in the data's order (folders of this package; the base modules come before all of them)
+STAGES = ("data", "model", "train", "inference", "evaluation", "benchmarks", "cli")

@@ -114,7 +114,7 @@ class DataConfig(Section):
     resize_size: int = field(default=346, metadata=at_least(1))
     # all: every caption is an example (its image copied into its batch); sample: one random caption per
     # image and epoch; grouped: batches of images with all their captions, each image encoded once per
-    # step and its features repeated per caption on the device (captioning.batching)
+    # step and its features repeated per caption on the device (captioning.data.batching)
     captions_per_image: str = field(default="all", metadata=choices("all", "sample", "grouped"))
     # grouped: how many of each image's captions a batch holds: 0, all of them (every caption once per
     # epoch); k, k drawn afresh every epoch, without replacement (self-critical.pytorch's seq_per_img),
@@ -136,7 +136,7 @@ class DataConfig(Section):
     skip_corrupt: bool = False
     # HOST:PORT of a tf.data service dispatcher (captioning data-service): the training pipeline's work —
     # reading, parsing, decoding, cropping, batching — runs on its workers, which must see data.dir at the
-    # same path; "": on this host (captioning.data_service). Evaluation always runs here. The servers have no
+    # same path; "": on this host (captioning.data.service). Evaluation always runs here. The servers have no
     # authentication: keep them on a private network (docs/distributed.md, "Trust model")
     service: str = ""
     # parallel_epochs: every service worker runs the whole (repeating) pipeline, caches included;

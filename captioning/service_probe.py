@@ -1,7 +1,7 @@
 """Where a tf.data service server listens and whether a dispatcher (and a worker) answers: ``HOST:PORT``
 addresses, free ports, waiting (boundedly) for a dispatcher with a live worker, watching both during a
 run, and which interfaces a server listens on. Plain Python and gRPC, no TensorFlow:
-:mod:`captioning.data_service` and training use these before TensorFlow's runtime starts, so a wrong
+:mod:`captioning.data.service` and training use these before TensorFlow's runtime starts, so a wrong
 address is answered in a second.
 
 A dispatcher is asked with one gRPC call, its own ``GetVersion``
@@ -32,7 +32,7 @@ import grpc
 from captioning import tf_internals
 from captioning.errors import InputError, ServiceLostError, excerpt
 
-log = logging.getLogger("captioning.data_service")
+log = logging.getLogger("captioning.data.service")
 
 ADDRESS = re.compile(r"(?:grpc://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?):(\d{1,5})")
 

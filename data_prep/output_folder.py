@@ -7,7 +7,7 @@ a killed run left behind.
       train-00000-of-00004.tfrecord …   finished shards (renamed into place when complete)
       NAME.tmp                          a shard being written (a killed run's is removed by the next run)
       vocab.txt                         written before the shards
-      manifest.json                     written last (captioning.dataset): the folder is complete
+      manifest.json                     written last (captioning.data.prepared): the folder is complete
       .partial/                         while a run is under way:
         lock                              two POSIX record locks 
         plan.json                         the run's fingerprint (what --resume compares)
@@ -27,10 +27,10 @@ import os
 import shutil
 import time
 
-from captioning.dataset import MANIFEST, VOCAB, PreparedDataset
+from captioning.data.prepared import MANIFEST, VOCAB, PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json
-from captioning.schema import is_shard_name
+from captioning.data.schema import is_shard_name
 from data_prep.writer import RUN_LOCK_BYTE, WRITERS_LOCK_BYTE, ShardTask
 
 log = logging.getLogger("captioning.prepare")

@@ -32,7 +32,7 @@ exit before it removes their ``NAME.tmp`` files.
 
 The manifest records each shard's record count and size (``shard_records``, ``shard_bytes``, lists
 parallel to ``shards``): readers refuse or repair a shard that was cut short or grew
-(:mod:`captioning.integrity`).
+(:mod:`captioning.data.integrity`).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from captioning.dataset import MANIFEST, VOCAB, PreparedDataset, SplitInfo
+from captioning.data.prepared import MANIFEST, VOCAB, PreparedDataset, SplitInfo
 from captioning.errors import InputError
 from captioning.fileio import disk_full_error, make_dirs
-from captioning.schema import shard_name
+from captioning.data.schema import shard_name
 from captioning.text import tokenize_caption
 from captioning.vocab import Vocabulary
 from data_prep import sources as sources_lib

@@ -1,5 +1,5 @@
 """TFRecord files and ``tf.train.Example`` records, written without TensorFlow: the writing half of the record
-format (:mod:`captioning.schema` holds the keys and the reading half).
+format (:mod:`captioning.data.schema` holds the keys and the reading half).
 
 ``prepare`` writes shards in worker processes. Importing TensorFlow costs a process ~3 s of CPU (3.7 s
 wall on the project's 2-core machine) — as long as a worker needs to validate and re-encode ~350
@@ -33,8 +33,8 @@ import os
 import struct
 from typing import BinaryIO, Mapping, Sequence
 
-from captioning import schema
-from captioning.schema import masked_crc32c
+from captioning.data import schema
+from captioning.data.schema import masked_crc32c
 
 _U64 = 0xFFFFFFFFFFFFFFFF
 

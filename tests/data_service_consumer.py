@@ -1,5 +1,5 @@
 """A trainer's input side for tests/test_data_service.py: reads ``range(N)`` mapped on the tf.data service
-workers through :func:`captioning.data_service.distribute` and prints one line per element,
+workers through :func:`captioning.data.service.distribute` and prints one line per element,
 ``ELEMENT x square worker`` (the square computed on the worker as the sum of the first x odd numbers;
 the worker named by the ``worker.txt`` in the worker process's folder, read there), then ``END``.
 An error becomes one line on stderr, ``captioning: error: ...``, and its exit code.
@@ -18,7 +18,7 @@ import_tensorflow_quietly()  # stderr: only the error line, if any
 
 import tensorflow as tf  # noqa: E402
 
-from captioning import data_service  # noqa: E402
+from captioning.data import service as data_service  # noqa: E402
 from captioning.errors import InputError  # noqa: E402
 
 

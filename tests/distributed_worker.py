@@ -47,7 +47,7 @@ def weights(model):
 def mirrored(data_dir, out_dir, *extra):
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from captioning.input_pipeline import make_dataset
+    from captioning.data.pipeline import make_dataset
     from captioning.train import Trainer
 
     # clipping at 0.05 is always active here, so clipping per replica instead of after the all-reduce
@@ -81,7 +81,7 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     with split padding (train.split_padding), whose cut each replica chooses for its own batch."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from captioning.input_pipeline import make_dataset
+    from captioning.data.pipeline import make_dataset
     from captioning.train import Trainer
 
     cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped",
@@ -171,8 +171,21 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
         json.dump(results, f)
 
 
+def mirrored_decoder(data_dir, out_dir, name, *registered):
+    """``mirrored`` for the decoder ``name`` with its tiny settings (``--decoder FILE:NAME`` pairs in
+    ``registered`` register decoders from files first, as the contract tests' option does)."""
+    from captioning.model import DECODERS
+    from tests.helpers import register_decoder_file
+
+    for flag, spec in zip(registered[::2], registered[1::2]):
+        path, _, registered_name = spec.rpartition(":")
+        register_decoder_file(path, registered_name)
+    tiny = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
+    mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny)
+
+
 if __name__ == "__main__":
-    modes = {"mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
+    modes = {"mirrored_decoder": mirrored_decoder, "mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
              "mirrored_attention": lambda d, o: mirrored(d, o, "model.decoder=attention", "model.attention_size=16"),
              "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
              "eval_losses": eval_losses,

@@ -1,9 +1,11 @@
 """The layout's rules, checked on the source (docs/architecture.md explains them).
 
-The data takes one path: prepare → record format → input pipeline → model → train → decode/evaluate →
-command line. A module imports only modules of its own stage or of stages before it; ``data_prep`` (the
-writing half) shares only the base and format modules with ``captioning``; only the command line imports
-both. The two folders stages hand each other have one module each that knows their files.
+The stages are the package's folders, in the order ``captioning.STAGES`` gives (the data's path:
+data → model → train → inference → evaluation → benchmarks → cli); the modules directly in
+``captioning/`` are the base every stage uses. A module imports the base and modules of its own stage or
+earlier ones; ``data_prep`` (the writing half) shares only the base and the record format
+(``captioning.data.schema``, ``captioning.data.prepared``) with ``captioning``; only the command line and
+the benchmarks import ``data_prep``. No import cycle anywhere, counting imports inside functions.
 """
 
 import ast
@@ -14,24 +16,14 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import captioning
 
-# captioning's stages, in the data's order (a module may import its own stage and those above it here)
-STAGES = [
-    ("base", ["captioning", "captioning.errors", "captioning.fileio", "captioning.config", "captioning.tf_import",
-              "captioning.tf_internals", "captioning.service_probe"]),
-    ("format", ["captioning.schema", "captioning.text", "captioning.vocab", "captioning.images",
-                "captioning.dataset"]),
-    ("data", ["captioning.augment", "captioning.batching", "captioning.disk_cache", "captioning.feature_cache",
-              "captioning.integrity", "captioning.input_pipeline", "captioning.data_service"]),
-    ("model", ["captioning.model", "captioning.model_dir"]),
-    ("train", ["captioning.train"]),
-    ("use", ["captioning.inference", "captioning.evaluate", "captioning.metrics", "captioning.caption",
-             "captioning.grounding", "captioning.export"]),
-    ("cli", ["captioning.cli", "captioning.__main__"]),
-]
-# modules that may be longer than ~350 lines, each because one responsibility needs it (said in its docstring)
-LONG_MODULES = {"captioning/config.py", "captioning/integrity.py", "captioning/model_dir.py"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "captioning")
+# modules that may be longer than ~360 lines, each because one responsibility needs it (said in its docstring)
+LONG_MODULES = {"captioning/config.py", "captioning/data/integrity.py", "captioning/model/folder.py"}
+FORMAT = {"captioning.data.schema", "captioning.data.prepared"}  # what data_prep may read of the data stage
+BOTH_HALVES = ("benchmarks", "cli")  # the stages that wire data_prep in
 
 
 def _modules():
@@ -45,14 +37,19 @@ def _modules():
                     yield module.removesuffix(".__init__"), path
 
 
+MODULES = dict(_modules())
+
+
 def _imports(path):
-    """The captioning/data_prep modules a file imports (``from a.b import c`` counts as ``a.b``)."""
+    """The captioning/data_prep modules a file imports, anywhere in it (``from a.b import c`` counts as
+    ``a.b.c`` when that is a module, else ``a.b``)."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                     for a in node.names]
         else:
             continue
         for name in names:
@@ -60,43 +57,77 @@ def _imports(path):
                 yield name
 
 
-def _stage(module: str) -> int:
-    """The index of ``module``'s stage: the stage listing it or its longest listed parent package."""
-    best = None
-    for index, (_, members) in enumerate(STAGES):
-        for member in members:
-            if (module == member or module.startswith(member + ".")) and (best is None or len(member) > best[1]):
-                best = (index, len(member))
-    assert best is not None, f"{module} is in no stage: add it to STAGES in {__file__}"
-    return best[0]
+def stage(module: str) -> int:
+    """-1 for the base modules (and the package itself), else the index of the module's folder in
+    ``captioning.STAGES``."""
+    parts = module.split(".")
+    if module == "captioning.__main__":  # ``python -m captioning``: the command line
+        return captioning.STAGES.index("cli")
+    if len(parts) < 2 or f"captioning.{parts[1]}" in MODULES and not os.path.isdir(os.path.join(PACKAGE, parts[1])):
+        return -1
+    return captioning.STAGES.index(parts[1])
 
 
-def test_every_module_has_a_stage():
-    for module, _ in _modules():
-        if module.startswith("captioning"):
-            _stage(module)
+def test_the_stages_are_the_folders():
+    folders = sorted(name for name in os.listdir(PACKAGE) if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py")))
+    assert folders == sorted(captioning.STAGES)
 
 
 def test_no_stage_imports_a_later_one():
     wrong = []
-    for module, path in _modules():
+    for module, path in MODULES.items():
         if not module.startswith("captioning"):
             continue
         for imported in _imports(path):
             if imported.startswith("data_prep"):
-                if _stage(module) != len(STAGES) - 1:
-                    wrong.append(f"{module} imports {imported}: only the command line imports data_prep")
-            elif imported != "captioning" and _stage(imported) > _stage(module):
-                wrong.append(f"{module} ({STAGES[_stage(module)][0]}) imports {imported} "
-                             f"({STAGES[_stage(imported)][0]})")
+                if stage(module) < 0 or captioning.STAGES[stage(module)] not in BOTH_HALVES:
+                    wrong.append(f"{module} imports {imported}: only {' and '.join(BOTH_HALVES)} import data_prep")
+            elif stage(imported) > stage(module):
+                wrong.append(f"{module} (stage {stage(module)}) imports {imported} (stage {stage(imported)})")
     assert wrong == []
 
 
-def test_data_prep_shares_only_the_base_and_format_modules():
-    allowed = {m for _, members in STAGES[:2] for m in members}
-    wrong = [f"{module} imports {imported}" for module, path in _modules() if module.startswith("data_prep")
-             for imported in _imports(path) if imported.startswith("captioning") and imported not in allowed]
+def test_data_prep_shares_only_the_base_and_the_record_format():
+    wrong = [f"{module} imports {imported}" for module, path in MODULES.items() if module.startswith("data_prep")
+             for imported in _imports(path) if imported.startswith("captioning")
+             and stage(imported) >= 0 and imported not in FORMAT and imported != "captioning.data"]
     assert wrong == []
+
+
+def _cycles():
+    """Strongly connected components of more than one module (or a module importing itself)."""
+    graph = {m: {i for i in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_anywhere():
+    assert _cycles() == []
 
 
 def _code_strings(path):
@@ -111,24 +142,51 @@ def _code_strings(path):
             yield node.value
 
 
-@pytest.mark.parametrize("file_name, owner", [("manifest.json", "captioning/dataset.py"),
-                                              ("config.yaml", "captioning/model_dir.py"),
-                                              ("history.yaml", "captioning/model_dir.py")])
+@pytest.mark.parametrize("file_name, owner", [("manifest.json", "captioning/data/prepared.py"),
+                                              ("config.yaml", "captioning/model/folder.py"),
+                                              ("history.yaml", "captioning/model/folder.py")])
 def test_only_the_hand_off_type_names_its_files(file_name, owner):
     """A hand-off folder's file names are constants of its one module; others use that module."""
-    users = sorted(os.path.relpath(path, ROOT) for _, path in _modules()
+    users = sorted(os.path.relpath(path, ROOT) for path in MODULES.values()
                    if any(s == file_name for s in _code_strings(path)))
     assert users == [owner]
 
 
+def _name_tests(path):
+    """(line, text) of each comparison of a ``decoder`` or ``objective`` (a name or an attribute) with a
+    string: code that branches on which decoder or objective it has."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any(isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or n.attr) in
+                    ("decoder", "objective") for n in sides)
+        strings = any(isinstance(n, ast.Constant) and isinstance(n.value, str) or
+                      isinstance(n, (ast.Tuple, ast.List, ast.Set)) and any(isinstance(e, ast.Constant)
+                                                                             for e in n.elts) for n in sides)
+        if named and strings:
+            yield node.lineno, ast.unparse(node)
+
+
+def test_no_code_branches_on_a_decoders_or_an_objectives_name(tmp_path):
+    """Decoders and objectives are asked (what they declare), never tested by name."""
+    planted = tmp_path / "planted.py"  # what the check finds
+    planted.write_text("if cfg.model.decoder == 'attention' or objective in ('scst',):\n    pass\n")
+    assert [line for line, _ in _name_tests(planted)] == [1, 1]  # both comparisons
+    wrong = [(os.path.relpath(path, ROOT), line, text) for path in MODULES.values()
+             for line, text in _name_tests(path)]
+    assert wrong == []
+
+
 def test_no_environment_variables_as_signals_between_modules():
-    for _, path in _modules():
+    for path in MODULES.values():
         text = open(path, encoding="utf-8").read()
         assert not re.search(r"environ[^\n]*[\"']CAPTIONING_", text), path
 
 
 def test_modules_stay_small_or_say_why():
-    for _, path in _modules():
+    for path in MODULES.values():
         rel = os.path.relpath(path, ROOT)
         lines = sum(1 for _ in open(path, encoding="utf-8"))
         if rel in LONG_MODULES:
@@ -137,7 +195,7 @@ def test_modules_stay_small_or_say_why():
             assert lines <= 360, f"{rel} has {lines} lines"
 
 
-@pytest.mark.parametrize("module", sorted(m for m, path in _modules()
+@pytest.mark.parametrize("module", sorted(m for m, path in MODULES.items()
                                           if ">>> " in open(path, encoding="utf-8").read()))
 def test_docstring_examples(module):
     """The worked examples in docstrings run as written."""

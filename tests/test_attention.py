@@ -2,16 +2,14 @@
 decoding against teacher forcing, the doubly stochastic penalty, split padding and beam search keeping
 each word's weights. No data needed: random uint8 images."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from captioning.config import ModelConfig
 from captioning.model import ShowAttendTell, build_model
-from captioning.model.decode import beam_search
 from captioning.train.objectives import caption_loss_sum
-from tests.conftest import model_config
+from tests.helpers import model_config
 
 V, B, T, SIZE = 50, 3, 7, 64  # small_cnn at 64 px: a 4 x 4 grid of 128 features
 E, U, A = 16, 24, 20
@@ -123,65 +121,3 @@ def test_penalty_is_the_doubly_stochastic_regulariser():
     assert float(caption_loss_sum(off, batch, penalty=True)) == pytest.approx(float(caption_loss_sum(off, batch)))
 
 
-@pytest.mark.parametrize("lengths", [[7, 7, 3, 2, 6], [4, 4, 4], []])
-def test_split_padding_equals_one_piece_for_attention(lengths):
-    """The attention state (features, coverage) crosses the cut: logits, penalty and gradients as in one piece."""
-    model = model_of(encoder_trainable=True)
-    images, ids = inputs(seed=3, batch=max(len(lengths), 1))
-    images, ids = images[:len(lengths)], ids[:len(lengths)]
-    ids[:, 0] = 1
-    for row, n in enumerate(lengths):
-        ids[row, n:] = 0
-    mask = (ids != 0).astype(np.float32)
-    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
-
-    def run(split):
-        with tf.GradientTape() as tape:
-            loss = caption_loss_sum(model, batch, split_padding=split, penalty=True)
-        return npy(loss), [npy(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)]
-
-    (a, ga), (b, gb) = run(False), run(True)
-    assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-    for x, y in zip(ga, gb):
-        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6)
-
-
-def test_beam_search_keeps_each_words_weights():
-    model = model_of(seed=4)
-    images, _ = inputs(seed=5)
-    features = model.encode(images)
-    out = tf.function(lambda f: beam_search(model, f, beam_size=3, max_length=6, top_k=2))(features)
-    assert tuple(out["attention"].shape) == (B, 2, 6, 16)
-    weights, lengths = npy(out["attention"]), npy(out["lengths"])
-    for i in range(B):
-        for j in range(2):
-            n = lengths[i, j]
-            np.testing.assert_allclose(weights[i, j, :n].sum(-1), 1.0, atol=1e-5)
-            assert not weights[i, j, n:].any()  # nothing after the caption's last word
-    # beam 1 is greedy: the weights are those of stepping through the greedy caption
-    greedy = beam_search(model, features, beam_size=1, max_length=6)
-    state = model.initial_state(features)
-    tokens = tf.fill([B], 1)
-    for t in range(6):
-        logits, state = model.step(tokens, state)
-        for i in range(B):
-            if t < greedy["lengths"][i, 0]:
-                np.testing.assert_allclose(npy(greedy["attention"])[i, 0, t], npy(state["attention"])[i], atol=1e-6)
-        tokens = tf.constant(npy(greedy["ids"])[:, 0, t], tf.int32)
-
-
-def test_empty_batch_and_mixed_precision():
-    model = model_of(encoder_trainable=True)
-    empty = {"image": tf.zeros([0, SIZE, SIZE, 3], tf.uint8), "input_ids": tf.zeros([0, 0], tf.int64)}
-    assert tuple(model(empty).shape) == (0, 0, V)
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        mixed = model_of()
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-    images, ids = inputs(seed=6)
-    logits = mixed({"image": images, "input_ids": ids})
-    assert logits.dtype == "float32" and np.isfinite(npy(logits)).all()
-    _, state = mixed.step(tf.constant(ids[:, 0]), mixed.initial_state(mixed.encode(images)))
-    assert state["attention"].dtype == "float32"
-    np.testing.assert_allclose(npy(state["attention"]).sum(-1), 1.0, atol=1e-3)

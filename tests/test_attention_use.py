@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import run_cli, run_distributed_worker, small_train_config
+from tests.helpers import run_cli, run_distributed_worker, small_train_config
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +26,8 @@ def photos(tmp_path_factory, prepared_dir):
     """Three test images of the shapes fixture, as a user would pass them."""
     import tensorflow as tf
 
-    from captioning.dataset import PreparedDataset
-    from captioning.schema import IMAGE_ENCODED, parse_batch
+    from captioning.data.prepared import PreparedDataset
+    from captioning.data.schema import IMAGE_ENCODED, parse_batch
 
     folder = tmp_path_factory.mktemp("photos")
     files = PreparedDataset.load(prepared_dir).files("test")
@@ -121,7 +121,7 @@ def test_export_returns_the_best_captions_weights(trained_attention_dir, photos,
 def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shapes_dir):
     """evaluate --instances: the naming accuracy of the captions by number of shapes, and where each colour
     or kind word looked; stored with the result (and computed again when a stored result lacks it)."""
-    from captioning.evaluate import evaluate
+    from captioning.evaluation.evaluate import evaluate
 
     plain = evaluate(trained_attention_dir, split="test", beam_size=2, progress=False)
     assert 0 <= plain.metrics["CIDEr"] <= 10 and plain.perplexity > 1 and plain.grounding is None
@@ -135,7 +135,7 @@ def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shape
     assert naming["all"]["images"] == 4 and sum(naming[g]["images"] for g in ("1", "2", "3")) == 4
     assert all(0 <= naming["all"][k] <= 1 for k in ("color", "kind", "both"))
     assert set(attention) == {"color", "kind"}
-    from captioning.grounding import load_instances
+    from captioning.evaluation.grounding import load_instances
 
     shapes = load_instances(instances)
     [predictions] = glob.glob(os.path.join(trained_attention_dir, "eval", "test-*-beam2-*-all-data*.predictions.json"))

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from captioning.augment import BRIGHTNESS, color_jitter
+from captioning.data.augment import BRIGHTNESS, color_jitter
 
 
 def test_each_image_gets_its_own_distortion_within_im2txts_ranges():

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slow
 

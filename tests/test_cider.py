@@ -17,12 +17,12 @@ import pytest
 import tensorflow as tf
 from pycocoevalcap.cider.cider import Cider
 
-from captioning import schema
-from captioning.dataset import PreparedDataset
+from captioning.data import schema
+from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.train.cider import (CiderD, DocumentFrequencies, caption_lengths, document_frequencies,
                                     frequencies_from_split, max_vocab_size, ngram_key, words_of)
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 # ---- CIDEr-D from the paper (Vedantam et al. 2015, §3 and CIDEr-D in §4): plain Python, no pycocoevalcap ----

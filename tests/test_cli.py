@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.conftest import coco_split_args, run_cli
+from tests.helpers import coco_split_args, run_cli
 
 
 def test_help_explains_every_command():

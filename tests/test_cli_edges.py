@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import coco_split_args, run_cli
+from tests.helpers import coco_split_args, run_cli
 
 
 def assert_one_line(result, command, *fragments):

@@ -5,6 +5,7 @@ import datetime
 import functools
 import math
 import os
+import shutil
 import sys
 import tempfile
 import typing
@@ -569,3 +570,53 @@ def test_cross_key_checks_name_the_keys(overrides, fragment):
         validate(load_config(None, ["data.dir=d"] + overrides))
     assert fragment in str(info.value)
     validate(load_config(None, ["data.dir=d", "data.captions_per_image=grouped", "data.group_captions=5"]))
+
+
+# --- format versions: folders written by earlier code keep loading --------------------------------------
+
+V1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "model_folders_v1")
+
+
+@pytest.mark.parametrize("name, decoder, options", [
+    ("show_and_tell", "show_and_tell", {"embedding_size": 32, "lstm_units": 32, "init_scale": 0.08}),
+    ("attention", "attention", {"embedding_size": 32, "lstm_units": 32, "init_scale": 0.08, "attention_size": 16,
+                                "attention_l1": 1.0}),
+])
+def test_a_format_1_config_written_by_earlier_code_loads(name, decoder, options, tmp_path):
+    """tests/data/model_folders_v1 holds config.yaml files that the code of commit 881ad0a wrote (format 1:
+    no format_version, every decoder's keys in model:). They load through the migration, and saved again
+    they are format 2 and load back the same."""
+    from captioning.model.folder import ModelDir
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(os.path.join(V1, f"{name}.config.yaml"), folder / "config.yaml")
+    cfg = ModelDir(str(folder)).read_config()
+    assert (cfg.model.decoder, cfg.model.encoder, cfg.model.options) == (decoder, "small_cnn", options)
+    assert (cfg.train.steps, cfg.data.image_size, cfg.scst.samples) == ((30, 32, 5) if decoder == "show_and_tell"
+                                                                       else (10, 32, 5))
+    save_config(cfg, str(folder / "config.yaml"))
+    assert "format_version: 2" in (folder / "config.yaml").read_text()
+    assert ModelDir(str(folder)).read_config() == cfg
+
+
+def test_a_format_1_file_from_before_keys_were_added_gets_their_defaults_of_then(tmp_path):
+    """Format-1 files written before a key existed lack it; the migration gives each the value it had when it
+    appeared (never today's default, which may change); a key missing from a format-2 file is damage."""
+    data = yaml.safe_load(open(os.path.join(V1, "show_and_tell.config.yaml")))
+    del data["decode"], data["scst"], data["train"]["objective"], data["model"]["decoder"]
+    del data["data"]["service"], data["distribute"]["peer_timeout_s"]
+    path = write(tmp_path / "config.yaml", yaml.safe_dump(data))
+    cfg = load_config(path, complete=True)
+    assert (cfg.model.decoder, cfg.train.objective, cfg.decode.beam_size, cfg.scst.max_length, cfg.data.service,
+            cfg.distribute.peer_timeout_s) == ("show_and_tell", "xe", 3, 16, "", 30)
+    del data["train"]["steps"]  # a key format 1 always had: damage
+    with pytest.raises(InputError, match=r"lacks 1 of its keys \(train.steps\): it is cut short or damaged"):
+        load_config(write(tmp_path / "config.yaml", yaml.safe_dump(data)), complete=True)
+    saved = tmp_path / "v2.yaml"
+    save_config(cfg, str(saved))
+    text = saved.read_text().replace("  lstm_units: 32\n", "")
+    with pytest.raises(InputError, match=r"lacks 1 of its keys \(model.lstm_units\)"):
+        load_config(write(saved, text), complete=True)
+    with pytest.raises(InputError, match="format_version 3; this code reads formats 1 to 2"):
+        load_config(write(saved, text.replace("format_version: 2", "format_version: 3")), complete=True)

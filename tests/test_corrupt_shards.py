@@ -14,12 +14,13 @@ import struct
 import pytest
 import tensorflow as tf
 
-from captioning import integrity, schema
+from captioning.data import integrity, schema
 from captioning.config import save_config
-from captioning.dataset import MANIFEST
+from captioning.data.prepared import MANIFEST
 from captioning.errors import InputError
-from captioning.input_pipeline import image_dataset, make_dataset, references
-from tests.conftest import run_cli, small_train_config
+from captioning.data.pipeline import make_dataset
+from captioning.data.reading import image_dataset, references
+from tests.helpers import run_cli, small_train_config
 
 SHARD = "train-00001-of-00004.tfrecord"  # 8 records in the shapes fixture
 

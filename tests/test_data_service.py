@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, Background, free_port, run_cli
+from tests.helpers import REPO, Background, free_port, run_cli
 
 CONSUMER = os.path.join(REPO, "tests", "data_service_consumer.py")
 HOST = re.escape(socket.gethostname())

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.config import ModelConfig
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.model import ShowAndTell
 from captioning.vocab import END_ID, PAD_ID, START_ID, Vocabulary
-from tests.conftest import model_config
+from tests.helpers import model_config
 
 WORDS = [3, 4, 5, 6]  # <unk> and three words; with <pad>, <start>, <end> the vocabulary has 7 ids
 

@@ -12,14 +12,14 @@ import pytest
 
 from captioning.config import DataConfig
 from captioning.errors import InputError
-from captioning.input_pipeline import make_dataset
+from captioning.data.pipeline import make_dataset
 from data_prep.prepare import PrepareOptions, prepare
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SLOW_WRITER = """
 import sys, time
 from captioning.config import DataConfig
-from captioning.input_pipeline import make_dataset
+from captioning.data.pipeline import make_dataset
 cfg = DataConfig(dir=sys.argv[1], image_size=32, resize_size=40, cache="disk", shuffle_buffer=2, length_window=1)
 for i, batch in enumerate(make_dataset(cfg, "train", training=True, batch_size=2, cache_dir=sys.argv[2])):
     print(i, flush=True)
@@ -92,7 +92,7 @@ def test_a_live_writer_is_left_alone_and_a_killed_ones_cache_is_never_read(prepa
 
 def test_train_refuses_a_cache_dir_it_cannot_write(prepared_dir, tmp_path):
     from captioning.train import Trainer
-    from tests.conftest import small_train_config
+    from tests.helpers import small_train_config
 
     (tmp_path / "a_file").write_text("x")
     for cache_dir, message in ((tmp_path / "a_file", "cannot create it"),

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import coco_split_args, run_main
+from tests.helpers import coco_split_args, run_main
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,8 @@ def other_data(trained_model_dir, tmp_path_factory):
 
 
 def test_a_stored_result_is_reused_only_for_the_same_dataset(trained_model_dir, other_data, tmp_path, caplog):
-    from captioning.dataset import PreparedDataset
-    from captioning.evaluate import evaluate
+    from captioning.data.prepared import PreparedDataset
+    from captioning.evaluation.evaluate import evaluate
 
     model = tmp_path / "model"
     shutil.copytree(trained_model_dir, model)
@@ -42,7 +42,7 @@ def test_a_stored_result_is_reused_only_for_the_same_dataset(trained_model_dir, 
     with open(next(model.glob(f"eval/*{theirs.dataset[:8]}.json"))) as f:
         assert json.load(f) == json.loads(json.dumps(theirs))
     assert mine_ids and theirs_ids and theirs_ids != mine_ids or theirs.metrics != mine.metrics
-    with caplog.at_level("INFO", logger="captioning.evaluate"):  # each again: its own stored result
+    with caplog.at_level("INFO", logger="captioning.evaluation.evaluate"):  # each again: its own stored result
         assert evaluate(str(model), split="test", beam_size=1, max_images=3, progress=False,
                         data_dir=other_data) == theirs
     assert "evaluated already" in caplog.text
@@ -56,7 +56,7 @@ def test_a_stored_result_is_reused_only_for_the_same_dataset(trained_model_dir, 
 
 def test_a_checkpoint_of_another_model_folder_is_read_only_when_it_is_this_model(trained_model_dir,
                                                                                  trained_attention_dir, tmp_path):
-    from captioning.evaluate import evaluate
+    from captioning.evaluation.evaluate import evaluate
 
     model = tmp_path / "model"
     shutil.copytree(trained_model_dir, model)

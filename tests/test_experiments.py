@@ -7,7 +7,7 @@ import pytest
 
 from captioning.config import load_config as load_core, validate
 from captioning.model import architecture_diff, resolve, small_cnn_grid
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def load_config(path):

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from captioning.config import save_config
-from tests.conftest import REPO, coco_split_args, small_train_config
+from tests.helpers import REPO, coco_split_args, small_train_config
 
 
 class SmallDisk:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from captioning.errors import InputError
-from captioning.grounding import attention_localisation, box_coverage, load_instances, naming_accuracy
+from captioning.evaluation.grounding import attention_localisation, box_coverage, load_instances, naming_accuracy
 from captioning.text import tokenize_caption
 from data_prep.shapes import COLORS, KINDS, load_split
 

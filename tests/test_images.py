@@ -9,7 +9,7 @@ import tensorflow as tf
 from PIL import Image
 
 from captioning.images import ImageError, decode_bytes, process_image, target_size
-from tests.conftest import encode, gradient, huge_jpeg
+from tests.helpers import encode, gradient, huge_jpeg
 
 
 def decode(jpeg: bytes) -> np.ndarray:

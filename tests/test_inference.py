@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioning.caption import Result, gallery_html
-from captioning.evaluate import evaluate, most_frequent_caption
-from captioning.metrics import METRICS
-from tests.conftest import REPO as REPO_ROOT
-from tests.conftest import encode, gradient, huge_jpeg, run_cli
+from captioning.inference.caption import Result, gallery_html
+from captioning.evaluation.evaluate import evaluate, most_frequent_caption
+from captioning.evaluation.metrics import METRICS
+from tests.helpers import REPO as REPO_ROOT
+from tests.helpers import encode, gradient, huge_jpeg, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def evaluation(trained_model_dir):
 
 def data_key(prepared_dir):
     """The dataset part of an evaluation's key."""
-    from captioning.dataset import PreparedDataset
+    from captioning.data.prepared import PreparedDataset
 
     return "data" + PreparedDataset.load(prepared_dir).identity[:8]
 
@@ -43,7 +43,7 @@ def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_di
     predictions = json.load(open(os.path.join(trained_model_dir, "eval",
                                               f"test-step60-beam2-len20-norm0-all-{key}.predictions.json")))
     from captioning.config import DataConfig
-    from captioning.input_pipeline import references
+    from captioning.data.reading import references
 
     manifest_ids = set(references(DataConfig(dir=prepared_dir), "test"))
     assert {p["image_id"] for p in predictions} == manifest_ids

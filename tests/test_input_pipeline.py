@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning import schema
+from captioning.data import schema
 from captioning.config import DataConfig
-from captioning.dataset import PreparedDataset
-from captioning.input_pipeline import decode_and_resize, make_dataset
+from captioning.data.prepared import PreparedDataset
+from captioning.data.pipeline import make_dataset
+from captioning.data.reading import decode_and_resize
 from captioning.vocab import END_ID, PAD_ID, START_ID
 from data_prep.prepare import PrepareOptions, prepare
-from tests.conftest import coco_split_args
+from tests.helpers import coco_split_args
 
 IMAGE, RESIZE = 32, 40
 OFFSET = (RESIZE - IMAGE) // 2  # the central crop starts at pixel 4

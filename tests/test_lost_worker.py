@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tests.test_train_reliability import Cli, checkpoint_state, write_config
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.conftest import coco_split_args, run_cli, run_main
+from tests.helpers import coco_split_args, run_cli, run_main
 
 
 def last_line(err):
@@ -36,7 +36,7 @@ def test_config_errors_name_what_the_user_wrote(override, expected, tmp_path):
 
 def test_an_unreachable_service_names_the_config_key(tmp_path, prepared_dir):
     from captioning.config import save_config
-    from tests.conftest import free_port, small_train_config
+    from tests.helpers import free_port, small_train_config
 
     port = free_port()
     save_config(small_train_config(prepared_dir, f"data.service=localhost:{port}", "data.service_timeout_s=1"),

@@ -6,9 +6,9 @@ import os
 import pytest
 
 from captioning.errors import InputError
-from captioning.metrics import METRICS, coco_metrics, score_files
+from captioning.evaluation.metrics import METRICS, coco_metrics, score_files
 from data_prep.shapes import load_split
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 class NoSpice:
@@ -116,7 +116,7 @@ def test_missing_java_is_one_clear_line(fixture_files, tmp_path):
 
 def test_spice_without_its_models_is_skipped_with_a_clear_warning(caplog):
     refs = {1: ["a red circle above a blue square"]}
-    with caplog.at_level("WARNING", logger="captioning.metrics"):
+    with caplog.at_level("WARNING", logger="captioning.evaluation.metrics"):
         scores = coco_metrics(refs, {1: "a red circle"}, spice=True)
     assert set(scores) == set(METRICS)  # the seven metrics, no SPICE, no download attempted
     assert any("SPICE skipped" in r.getMessage() and "CoreNLP" in r.getMessage() for r in caplog.records)

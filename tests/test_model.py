@@ -9,7 +9,7 @@ import tensorflow as tf
 from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model import ShowAndTell, build_encoder
-from tests.conftest import model_config
+from tests.helpers import model_config
 
 V, B, T, SIZE = 50, 3, 7, 32
 
@@ -84,21 +84,6 @@ def test_output_shapes():
     np.testing.assert_allclose(model({"features": features, "input_ids": ids}), logits, atol=1e-6)
 
 
-def test_step_by_step_equals_full_forward_pass():
-    model = small_model()
-    images, ids = inputs(seed=1)
-    full = npy(model({"image": images, "input_ids": ids}))
-    state = model.initial_state(model.encode(images))
-    stepped = []
-    for t in range(T):
-        logits, state = model.step(tf.constant(ids[:, t]), state)
-        stepped.append(npy(logits))
-    stepped = np.stack(stepped, axis=1)
-    assert stepped.shape == full.shape == (B, T, V)
-    np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
-    assert np.abs(full).max() > 1e-3  # not trivially equal
-
-
 def bn_statistics(model):
     backbone = model.encoder.get_layer("small_cnn")
     return [npy(v) for layer in backbone.layers if isinstance(layer, keras.layers.BatchNormalization)
@@ -157,34 +142,6 @@ def test_uniform_initialisation():
     np.testing.assert_array_equal(npy(again.logits.kernel), values["logits"])
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
-def test_mixed_precision(mixed_bfloat16):
-    model = small_model()
-    images, ids = inputs(seed=3)
-    logits = model({"image": images, "input_ids": ids})
-    assert logits.dtype == "float32" and tuple(logits.shape) == (B, T, V)
-    for variable in model.lstm.weights + model.decoder_variables():
-        assert variable.dtype == "float32", variable.path
-    assert model.lstm.compute_dtype == "bfloat16"
-    assert model.logits.compute_dtype == "float32"
-    state = model.initial_state(model.encode(images))
-    step_logits, _ = model.step(tf.constant(ids[:, 0]), state)
-    assert step_logits.dtype == "float32"
-    assert np.isfinite(npy(logits)).all()
-
-
-def test_float32_policy_is_back():
-    assert keras.mixed_precision.global_policy().name == "float32"
-
-
 def test_encoder_loads_a_local_weights_file(tmp_path):
     source = build_encoder(small_cfg(), SIZE)
     backbone = source.get_layer("small_cnn")
@@ -212,48 +169,6 @@ def test_encoder_loads_a_local_weights_file(tmp_path):
         build_encoder(small_cfg(encoder_weights="imagenet"), SIZE)
 
 
-def test_checkpoint_round_trip(tmp_path):
-    model = small_model(seed=0)
-    images, ids = inputs(seed=6)
-    expected = npy(model({"image": images, "input_ids": ids}))
-    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
-
-    other = small_model(seed=1)
-    assert not np.allclose(npy(other({"image": images, "input_ids": ids})), expected)
-    status = tf.train.Checkpoint(model=other).restore(path)
-    status.assert_consumed()
-    np.testing.assert_array_equal(npy(other({"image": images, "input_ids": ids})), expected)
-    for a, b in zip(model.weights, other.weights):
-        np.testing.assert_array_equal(npy(a), npy(b))
-
-
-def test_an_empty_batch_gives_empty_logits_zero_loss_and_zero_gradients():
-    """The last batch of a split that does not divide by the replicas leaves a replica with no example:
-    images [0, S, S, 3] and input_ids [0, 0]. Keras' LSTM raises on zero rows or zero steps and TF's
-    convolution mis-shapes an empty batch; the model must give [0, 0, V] logits and zero gradients."""
-    from captioning.train import caption_loss_sum
-
-    model = small_model(encoder_trainable=True)
-    stats = [npy(v).copy() for v in model.non_trainable_variables]
-    for rows, steps in ((0, 0), (0, 5)):
-        batch = {"image": tf.zeros([rows, SIZE, SIZE, 3], tf.uint8),
-                 "input_ids": tf.zeros([rows, steps], tf.int64), "target_ids": tf.zeros([rows, steps], tf.int64),
-                 "mask": tf.zeros([rows, steps])}
-        assert model({"image": batch["image"], "input_ids": batch["input_ids"]}).shape == (rows, steps, V)
-        assert model.encode(batch["image"]).shape == (rows, model.feature_size)
-        with tf.GradientTape() as tape:
-            loss = caption_loss_sum(model, batch, training=False)
-        grads = tape.gradient(loss, model.trainable_variables)
-        assert float(loss) == 0.0
-        assert all(g is None or not np.any(npy(tf.convert_to_tensor(g))) for g in grads)
-    for before, after in zip(stats, model.non_trainable_variables):  # inference mode moved nothing
-        np.testing.assert_array_equal(before, npy(after))
-    # a real batch is unchanged by the padding logic
-    images, ids = inputs()
-    full = npy(model({"image": images, "input_ids": ids}))
-    np.testing.assert_allclose(npy(model({"image": images[:1], "input_ids": ids[:1]})), full[:1], atol=1e-5)
-
-
 def test_checkpoint_paths_stay_those_trained_models_have(tmp_path):
     """Variable paths in a checkpoint follow attribute names and layer order: moving code around must not
     rename them, or every trained model folder stops loading. tests/data holds the paths a checkpoint of
@@ -264,80 +179,6 @@ def test_checkpoint_paths_stay_those_trained_models_have(tmp_path):
     model = ShowAndTell(vocab_size=V, cfg=small_cfg(encoder_trainable=True), image_size=SIZE).build_all()
     path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
     assert sorted(k for k, _ in tf.train.list_variables(path) if k.startswith("model/")) == sorted(expected)
-
-
-def test_grouped_captions_equal_one_copy_of_the_image_per_caption():
-    """image_index: 2 images encoded once, features gathered for their 5 captions — the same logits, loss
-    and gradients (encoder included) as 5 rows each holding a copy of its image."""
-    from captioning.train.objectives import caption_loss_sum
-
-    model = small_model(encoder_trainable=True)
-    images, ids = inputs(seed=3, batch=2)
-    _, caption_ids = inputs(seed=4, batch=5)
-    index = np.array([0, 0, 1, 1, 1], np.int32)
-    mask = np.ones((5, T), np.float32)
-    mask[1, 4:] = mask[3, 2:] = 0.0
-    grouped = {"image": images, "image_index": index, "input_ids": caption_ids,
-               "target_ids": np.roll(caption_ids, -1, axis=1), "mask": mask}
-    copied = {**{k: v for k, v in grouped.items() if k != "image_index"}, "image": images[index]}
-
-    def loss_and_grads(batch):
-        with tf.GradientTape() as tape:
-            loss = caption_loss_sum(model, batch, training=False)
-        return npy(loss), [npy(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)]
-
-    np.testing.assert_allclose(npy(model({k: grouped[k] for k in ("image", "image_index", "input_ids")})),
-                               npy(model({k: copied[k] for k in ("image", "input_ids")})), atol=1e-5)
-    (a, ga), (b, gb) = loss_and_grads(grouped), loss_and_grads(copied)
-    assert a == pytest.approx(b, rel=1e-6) and len(ga) == len(gb) == len(model.trainable_variables)
-    for x, y in zip(ga, gb):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
-    empty = {"image": images[:0], "image_index": index[:0], "input_ids": caption_ids[:0]}
-    assert model(empty).shape == (0, T, V)  # a replica with no example
-
-
-def padded_captions(lengths, steps, seed=0):
-    """Input ids [len(lengths), steps]: `<start>`, random words, then <pad> after each length."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(4, V, (len(lengths), steps), dtype=np.int64)
-    ids[:, 0] = 1
-    for row, n in enumerate(lengths):
-        ids[row, n:] = 0
-    mask = (ids != 0).astype(np.float32)
-    return ids, mask
-
-
-@pytest.mark.parametrize("lengths", [[7, 7, 3, 2, 6], [2, 7, 1, 7, 7, 3], [4, 4, 4], [7], [1, 1, 2], []])
-def test_split_padding_gives_the_same_logits_loss_and_gradients(lengths):
-    """split_padding: the captions run to the cut, only the longer ones on from their state — the logits
-    at real positions, the loss and every gradient equal the one-piece pass (rows in any order, equal
-    lengths, one row, an empty batch)."""
-    from captioning.model.base import split_point
-    from captioning.train.objectives import caption_loss_sum
-
-    model = small_model(encoder_trainable=True)
-    images, _ = inputs(seed=7, batch=max(len(lengths), 1))
-    images = images[:len(lengths)]
-    ids, mask = padded_captions(lengths, T, seed=8)
-    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
-
-    def run(split):
-        with tf.GradientTape() as tape:
-            loss = caption_loss_sum(model, batch, training=False, split_padding=split)
-        logits = npy(model({"image": images, "input_ids": ids}, split_padding=split))
-        return logits, npy(loss), [npy(tf.convert_to_tensor(g)) for g in tape.gradient(loss, model.trainable_variables)]
-
-    (whole, a, ga), (split, b, gb) = run(False), run(True)
-    assert split.shape == whole.shape == (len(lengths), T, V)
-    real = mask.astype(bool)
-    np.testing.assert_allclose(split[real], whole[real], atol=1e-5)
-    if len(lengths):
-        cut = int(split_point(tf.constant(lengths), T))
-        longer = mask[:, cut:].any(axis=1)
-        assert not split[~longer][:, cut:].any()  # finished captions' later steps: zeros, never computed
-    assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-    for x, y in zip(ga, gb):
-        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6)
 
 
 def test_split_point_minimises_the_steps_computed():

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from captioning.config import save_config
-from tests.conftest import coco_split_args, run_cli, small_train_config
+from tests.helpers import coco_split_args, run_cli, small_train_config
 from tests.test_train_reliability import Cli, scalars
 
 
@@ -82,13 +82,13 @@ def test_evaluate_refuses_records_of_another_vocabulary(model, shapes_dir, tmp_p
 
 
 def test_each_evaluation_is_kept_once_and_never_replaced_by_a_partial_one(model, caplog):
-    from captioning.evaluate import evaluate
+    from captioning.evaluation.evaluate import evaluate
 
     def run(**kw):
         return evaluate(str(model), split="test", beam_size=1, progress=False, **kw)
 
     result = run()
-    from captioning.dataset import PreparedDataset
+    from captioning.data.prepared import PreparedDataset
 
     key = "data" + PreparedDataset.load(result["data_dir"]).identity[:8]
     full = model / "eval" / f"test-step60-beam1-len20-norm0-all-{key}.json"
@@ -98,7 +98,7 @@ def test_each_evaluation_is_kept_once_and_never_replaced_by_a_partial_one(model,
     run(max_length=8)
     events = model / "logs" / "eval_test"
     n_events = sum(1 for _ in _events(events))
-    with caplog.at_level("INFO", logger="captioning.evaluate"):
+    with caplog.at_level("INFO", logger="captioning.evaluation.evaluate"):
         assert run() == json.loads(content)  # the same evaluation: the stored result, a no-op
     assert "evaluated already" in caplog.text
     assert os.stat(full).st_mtime_ns == stamp and full.read_text() == content  # the full result is untouched

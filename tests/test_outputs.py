@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from tests.conftest import run_main
+from tests.helpers import run_main
 
 
 @pytest.fixture()

@@ -7,7 +7,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from captioning import schema
+from captioning.data import schema
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
 from data_prep.vocabulary import build_vocabulary
@@ -16,7 +16,7 @@ from data_prep import output_folder
 from data_prep import prepare as prepare_mod
 from data_prep.prepare import PrepareOptions, prepare, summarize
 from data_prep.shapes import load_split
-from tests.conftest import coco_split_args, encode, gradient, run_cli
+from tests.helpers import coco_split_args, encode, gradient, run_cli
 
 REQUIRED_MANIFEST_KEYS = {"format_version", "splits", "vocab_size", "skipped", "config"}
 
@@ -484,7 +484,7 @@ def test_sigkill_at_any_moment_leaves_only_complete_shards_and_resume_equals_a_c
     import sys
     import time
 
-    from tests.conftest import REPO, run_cli
+    from tests.helpers import REPO, run_cli
 
     splits = coco_split_args(kill_dataset)
     # --shorter-side re-encodes every image: slower shards (wider windows to kill in), and Pillow's output too
@@ -540,7 +540,7 @@ def test_a_second_prepare_into_the_same_folder_is_refused(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     out = tmp_path / "o"
     os.makedirs(out / ".partial")
@@ -564,7 +564,7 @@ def test_a_new_run_waits_for_workers_of_a_killed_one(tmp_path):
     import sys
     import time
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     lock = tmp_path / "lock"
     lock.write_bytes(b"")

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from captioning import schema
+from captioning.data import schema
 from data_prep import records
 
 

@@ -13,14 +13,14 @@ import tensorflow as tf
 from captioning.config import ScstConfig, load_config
 from captioning.errors import InputError
 from captioning.vocab import END_ID, PAD_ID, START_ID
-from tests.conftest import run_cli, run_distributed_worker, small_train_config, model_config
+from tests.helpers import run_cli, run_distributed_worker, small_train_config, model_config
 
 V = 40
 
 
 @pytest.fixture(scope="module")
 def model():
-    from captioning.config import ModelConfig
+
     from captioning.model import ShowAndTell
 
     return ShowAndTell(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
@@ -164,7 +164,7 @@ TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's train
 
 def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_path, caplog):
     """Samples cut at scst.max_length are rewarded cut: training warns when over 1% of references are longer."""
-    from captioning.dataset import PreparedDataset
+    from captioning.data.prepared import PreparedDataset
     from captioning.train.objectives import RunContext
     from captioning.train.objectives.scst import SelfCritical
 
@@ -194,7 +194,7 @@ def test_scst_from_a_cross_entropy_model_in_a_new_folder_and_in_the_same_one(tra
     counted once and kept in the folder."""
     import shutil
 
-    from captioning.model_dir import ModelDir
+    from captioning.model.folder import ModelDir
     from captioning.train import Trainer
 
     config = tmp_path / "scst.yaml"

@@ -6,10 +6,9 @@ import signal
 import socket
 import time
 
-import pytest
 
 from captioning.service_probe import exposure, listening_addresses, warn_if_exposed
-from tests.conftest import Background, free_port
+from tests.helpers import Background, free_port
 
 CLI = [os.sys.executable, "-m", "captioning"]
 

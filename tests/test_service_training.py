@@ -15,7 +15,7 @@ import pytest
 
 from captioning.config import load_config
 from captioning.errors import InputError
-from tests.conftest import REPO, free_port, run_cli, small_train_config
+from tests.helpers import REPO, free_port, run_cli, small_train_config
 from tests.test_data_service import Cluster
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,8 @@ def image_captions(prepared_dir):
     """The train split's images, each as the frozen set of its captions' ids."""
     import tensorflow as tf
 
-    from captioning.dataset import PreparedDataset
-    from captioning.schema import CAPTION_IDS, parse_batch
+    from captioning.data.prepared import PreparedDataset
+    from captioning.data.schema import CAPTION_IDS, parse_batch
 
     files = PreparedDataset.load(prepared_dir).files("train")
     return collections.Counter(frozenset(tuple(c) for c in image) for batch in
@@ -42,7 +42,7 @@ def image_captions(prepared_dir):
 def test_distributed_epoch_sees_every_training_image_once(cluster, prepared_dir):
     """One epoch of the training pipeline through 2 service workers (distributed_epoch): batches of one
     whole image with its captions, each image exactly once (the workers split the shards)."""
-    from captioning.input_pipeline import make_dataset
+    from captioning.data.pipeline import make_dataset
 
     cfg = load_config(None, [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36",
                              "data.captions_per_image=grouped", f"data.service={cluster.service}",
@@ -77,7 +77,7 @@ def test_trainers_of_one_job_split_an_epoch(cluster, prepared_dir):
     """Two trainers' pipelines with one job name (as the replicas and workers of a run build them), read in
     turns: together they see every image of the distributed_epoch exactly once — the work is split, not
     repeated."""
-    from captioning.input_pipeline import make_dataset
+    from captioning.data.pipeline import make_dataset
 
     cfg = load_config(None, [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36",
                              "data.captions_per_image=grouped", f"data.service={cluster.service}",

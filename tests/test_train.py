@@ -10,9 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from captioning.config import load_config
 from captioning.errors import InputError
-from tests.conftest import REPO, free_port, run_cli, small_train_config
+from tests.helpers import REPO, free_port, run_cli, small_train_config
 
 WORKER = os.path.join(REPO, "tests", "distributed_worker.py")
 
@@ -132,7 +131,7 @@ def test_xla_step_equals_the_plain_step(data_dir, tmp_path):
     gradient norm and update as without (a trainable encoder with batch norm, clipping active)."""
     import tensorflow as tf
 
-    from captioning.input_pipeline import make_dataset
+    from captioning.data.pipeline import make_dataset
     from captioning.train import Trainer
 
     results = {}
@@ -246,7 +245,7 @@ def test_train_cli_runs_and_resumes(data_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trained to step 6" in result.stdout
     from captioning.model import resolve
-    from captioning.model_dir import ModelDir
+    from captioning.model.folder import ModelDir
 
     assert ModelDir(str(tmp_path / "m")).read_config() == resolve(cfg)  # every key, the decoder's typed
     result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=9",

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from captioning.config import load_config, save_config
-from tests.conftest import REPO, Background, free_port, run_cli, small_train_config
+from tests.helpers import REPO, Background, free_port, run_cli, small_train_config
 
 STEP_LINE = re.compile(r"step (\d+): loss")
 

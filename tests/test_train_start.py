@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from captioning.config import save_config
-from tests.conftest import run_main, small_train_config
+from tests.helpers import run_main, small_train_config
 
 TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's trained_model_dir
 
@@ -120,7 +120,7 @@ def test_the_folders_own_checkpoint_wins_over_init_from_and_says_so(trained_mode
 @pytest.mark.parametrize("batch_size, images", [(1, 1), (3, 1), (7, 1), (10, 2)])
 def test_a_grouped_batch_says_what_it_holds_and_epochs_count_images(prepared_dir, tmp_path, caplog, batch_size,
                                                                     images):
-    from captioning.dataset import PreparedDataset
+    from captioning.data.prepared import PreparedDataset
     from captioning.train import Trainer
 
     cfg = small_train_config(prepared_dir, "data.captions_per_image=grouped", f"train.batch_size={batch_size}",

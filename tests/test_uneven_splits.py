@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import REPO, run_cli, small_train_config
+from tests.helpers import REPO, run_cli, small_train_config
 from tests.distributed_worker import EVAL_BATCHES, TRAINED
 from tests.test_train import run_two_workers, run_worker
 
@@ -137,7 +137,7 @@ def test_training_refuses_a_split_with_fewer_images_than_input_pipelines(uneven_
     import tensorflow as tf
 
     from captioning.errors import InputError
-    from captioning.input_pipeline import make_dataset
+    from captioning.data.pipeline import make_dataset
 
     cfg = small_train_config(uneven_dir).data
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)

@@ -5,12 +5,12 @@
     captioning synth      the synthetic shapes dataset (COCO format)        data_prep.shapes
     captioning prepare    COCO / Karpathy / TFDS → sharded TFRecords        data_prep.prepare
     captioning train      an experiment config → a model folder             captioning.train
-    captioning evaluate   perplexity and COCO metrics of a model on a split captioning.evaluate
-    captioning score      a COCO results file against annotations           captioning.metrics
-    captioning caption    captions (and a gallery) for your images          captioning.caption
-    captioning export     a SavedModel that captions encoded images         captioning.export
-    captioning benchmark  input, train, decode, prepare against ceilings    captioning.cli.benchmarks
-    captioning data-service  a tf.data service dispatcher or worker        captioning.data_service
+    captioning evaluate   perplexity and COCO metrics of a model on a split captioning.evaluation.evaluate
+    captioning score      a COCO results file against annotations           captioning.evaluation.metrics
+    captioning caption    captions (and a gallery) for your images          captioning.inference.caption
+    captioning export     a SavedModel that captions encoded images         captioning.inference.export
+    captioning benchmark  input, train, decode, prepare against ceilings    captioning.benchmarks
+    captioning data-service  a tf.data service dispatcher or worker        captioning.data.service
 
 This package is the only code that wires stages together (``data_prep`` included). Flags live in
 :mod:`.commands`, :mod:`.benchmark` and :mod:`.data_service`, shared parsing in :mod:`.parsing`.

@@ -1,5 +1,5 @@
 """``captioning benchmark input|train|decode|prepare``: the flags of each benchmark; the benchmarks
-themselves are in :mod:`captioning.cli.benchmarks` (they wire every stage together, ``prepare``
+themselves are in :mod:`captioning.benchmarks` (they wire every stage together, ``prepare``
 included, which is why they live with the command line)."""
 
 from __future__ import annotations
@@ -99,16 +99,16 @@ def add_benchmark(sub) -> None:
 def run_benchmark(args) -> int:
     import importlib
 
-    from captioning.cli.benchmarks.common import write_json
+    from captioning.benchmarks.common import write_json
     from captioning.fileio import check_output_file
 
     if args.json:  # before minutes of measuring
         check_output_file(args.json, "`json`", params=("json",), kind="json")
         if getattr(args, "model_dir", None):
-            from captioning.model_dir import ModelDir
+            from captioning.model.folder import ModelDir
 
             ModelDir(args.model_dir).refuse_output(args.json, "`json`", params=("json",))
-    bench = importlib.import_module(f"captioning.cli.benchmarks.{args.benchmark}")  # input, train, quality, ...
+    bench = importlib.import_module(f"captioning.benchmarks.{args.benchmark}")  # input, train, quality, ...
     values = {"shorter_side": args.shorter_side or None} if args.benchmark == "prepare" else {}  # 0: keep size
     result = call(bench.run, args, progress=not args.quiet, **values)
     print(bench.summary(result))

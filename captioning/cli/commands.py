@@ -192,8 +192,8 @@ def add_evaluate(sub) -> None:
 
 
 def run_evaluate(args) -> int:
-    from captioning.evaluate import evaluate
-    from captioning.metrics import format_table
+    from captioning.evaluation.evaluate import evaluate
+    from captioning.evaluation.metrics import format_table
 
     result = call(evaluate, args, progress=not args.quiet)
     rows = {"model": result.metrics}
@@ -243,7 +243,7 @@ def add_score(sub) -> None:
 
 def run_score(args) -> int:
     from captioning.fileio import atomic_write_json
-    from captioning.metrics import format_table, score_files
+    from captioning.evaluation.metrics import format_table, score_files
 
     if args.json:
         # before the scoring, not after it; never over the files it reads
@@ -271,11 +271,11 @@ def add_caption(sub) -> None:
 
 
 def run_caption(args) -> int:
-    from captioning import caption
+    from captioning.inference import caption
 
     files = caption.collect_paths(args.paths)
     if args.html:  # before the model loads, not after captioning; never over an image or the model's files
-        from captioning.model_dir import ModelDir
+        from captioning.model.folder import ModelDir
 
         ModelDir(args.model_dir).refuse_output(args.html, "`html`", params=("html",))
         check_output_file(args.html, "`html`", params=("html",), inputs=files, kind="html")
@@ -301,7 +301,7 @@ def add_export(sub) -> None:
 
 
 def run_export(args) -> int:
-    from captioning.export import check_output, export
+    from captioning.inference.export import check_output, export
 
     check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
     print(f"exported to {call(export, args, captioner=_captioner(args))}")

@@ -1,5 +1,5 @@
 """``captioning data-service dispatcher|worker``: TensorFlow's tf.data service servers, whose workers do
-a trainer's input processing on other machines (:mod:`captioning.data_service` has the library, the
+a trainer's input processing on other machines (:mod:`captioning.data.service` has the library, the
 trainer's side and what happens when a server is lost). Each server logs its address, serves until
 SIGTERM or SIGINT, then stops and exits 0. Usage errors (a port in use, a malformed address, a work dir
 that cannot be written, no dispatcher answering) are one line and exit code 2, before TensorFlow loads.
@@ -28,7 +28,7 @@ def add_data_service(sub) -> None:
         "data-service", help="run a tf.data service dispatcher or worker (input processing on other machines)",
         description="Runs one of TensorFlow's tf.data service servers. One dispatcher coordinates; workers run "
                     "the trainers' input pipelines and send them the elements. Start the dispatcher first, then "
-                    "the workers; trainers pass the dispatcher's HOST:PORT to captioning.data_service.distribute. "
+                    "the workers; trainers pass the dispatcher's HOST:PORT to captioning.data.service.distribute. "
                     "Each server logs its address and runs until SIGTERM or SIGINT (exit 0).",
         epilog="example, on three machines:\n"
                "  data0$ captioning data-service dispatcher --port 5050 --work-dir /shared/ds-work\n"
@@ -72,14 +72,14 @@ def add_data_service(sub) -> None:
 
 
 def run_dispatcher(args) -> int:
-    from captioning import data_service
+    from captioning.data import service as data_service
 
     call(data_service.run_dispatcher, args)
     return 0
 
 
 def run_worker(args) -> int:
-    from captioning import data_service
+    from captioning.data import service as data_service
 
     call(data_service.run_worker, args)
     return 0

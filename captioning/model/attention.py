@@ -73,8 +73,10 @@ class ShowAttendTell(CaptionModel):
     """Encoder grid + soft-attention LSTM decoder (see the module docstring)."""
 
     settings_class = AttentionSettings
+    tiny_settings = {"embedding_size": 16, "lstm_units": 24, "attention_size": 20}
     incompatible_keys = ("embedding_size", "lstm_units", "attention_size")
     features = "grid"
+    attends = True
 
     def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
                  settings: AttentionSettings | None = None, **kwargs):

@@ -93,16 +93,22 @@ class CaptionModel(keras.Model):
       refuses a config that changes them);
     * :attr:`features` — ``"pooled"`` (``[B, D]``) or ``"grid"`` (``[B, cells, D]``, read cell by cell:
       its variables do not depend on the grid's size);
+    * :attr:`tiny_settings` — settings small enough for a model that builds and steps on a CPU in a
+      second (tests/test_decoders.py runs every decoder's contract with them);
+    * :attr:`attends` — whether its decoding step reports attention weights over the grid: its state is
+      then a dict whose ``attention`` entry holds the step's weights ``[B, cells]``, and it sets
+      :attr:`grid_shape` (rows, columns) once built;
 
     and its constructor ``(vocab_size, cfg: ModelConfig, image_size, seed=0, settings=None)`` calls
     :meth:`setup` first. It sets :attr:`encoder` (a Keras model from pixels to features) and implements
-    :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`. A decoder
-    with attention weights puts the step's ``attention`` ``[B, cells]`` in a dict state and sets
-    :attr:`grid_shape`; beam search, captions, export, pictures and grounding then show them."""
+    :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`. Beam
+    search, captions, export, TensorBoard pictures and grounding show an attending decoder's weights."""
 
     settings_class: type = NoSettings
     incompatible_keys: tuple[str, ...] = ()
     features: str = "pooled"
+    attends: bool = False
+    tiny_settings: dict = {}
     grid_shape: tuple[int, int] | None = None
 
     vocab_size: int

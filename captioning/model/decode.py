@@ -43,9 +43,9 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
 
     Returns ``{"ids": int32 [B, top_k, max_length] (words only, 0-padded), "lengths": int32 [B, top_k]
     (words), "log_probs": float32 [B, top_k] (summed log-probabilities of the words and of <end> when the
-    caption completed), "scores": float32 [B, top_k] (the ranking score)}``, best first. A decoder whose
-    state is a dict with an ``attention`` entry (the weights of the step just taken, ``[B, G]``) also
-    gets ``"attention": float32 [B, top_k, max_length, G]``: for each word of each caption, the weights
+    caption completed), "scores": float32 [B, top_k] (the ranking score)}``, best first. A decoder that
+    ``attends`` (its state a dict whose ``attention`` entry holds the weights of the step just taken,
+    ``[B, G]``) also gets ``"attention": float32 [B, top_k, max_length, G]``: for each word of each caption, the weights
     it was chosen with (kept per beam and reordered with the beams; zeros after the caption's end).
     """
     if not 1 <= top_k <= beam_size:
@@ -66,7 +66,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
     never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab), axis=0) * _DEAD  # words never proposed
     rows = tf.range(batch)[:, None] * k
-    attends = isinstance(state, dict) and "attention" in state
+    attends = model.attends
     if attends:  # the weights behind each word of each live caption
         cells = tf.shape(state["attention"])[1]
         alive_attention = tf.zeros([batch, k, steps, cells])

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import keras
-import tensorflow as tf
 from keras import layers
 
 from captioning.config import ModelConfig, at_least, more_than
@@ -50,6 +49,7 @@ class ShowAndTell(CaptionModel):
     """Encoder + LSTM decoder (see the module docstring and :class:`CaptionModel`'s interface)."""
 
     settings_class = ShowAndTellSettings
+    tiny_settings = {"embedding_size": 16, "lstm_units": 24}
     incompatible_keys = ("embedding_size", "lstm_units")
     features = "pooled"
 

@@ -15,7 +15,7 @@ module                 what it holds
 Every replica's loss is divided by the weight (real tokens) of the *whole global batch*, so the summed
 gradients are those of the global mean for any number of replicas; clipping sees the all-reduced
 gradient (:mod:`captioning.train.steps`). The model folder and its rules belong to
-:class:`captioning.model_dir.ModelDir`.
+:class:`captioning.model.folder.ModelDir`.
 
 Starting again in the same folder resumes from the latest checkpoint and stops at ``train.steps`` in
 total. Iteration time = ingestion time (waiting for the next batch) + train step time, the seeds'
@@ -60,7 +60,7 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
   that the weights are finite (an update of finite gradients can still overflow), so NaN weights are
   never written. Under loss scaling (``mixed_float16``) overflowing gradients are the loss scaler's
   business; only a non-finite loss counts.
-* **A folder of another model**: :meth:`~captioning.model_dir.ModelDir.check_fits` refuses another vocabulary, encoder,
+* **A folder of another model**: :meth:`~captioning.model.folder.ModelDir.check_fits` refuses another vocabulary, encoder,
   embedding or LSTM size, a small_cnn image size that changes its feature grid, a folder with
   checkpoints but no ``config.yaml`` or ``vocab.txt``, and a ``--model-dir`` that is a file; and the
   restore asserts that every variable of the model was found in the checkpoint with its shape. All of

@@ -36,11 +36,11 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from captioning import schema
-from captioning.dataset import PreparedDataset
+from captioning.data import schema
+from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_file, disk_full_error
-from captioning.integrity import ShardReader
+from captioning.data.integrity import ShardReader
 from captioning.vocab import END_ID, PAD_ID, START_ID
 
 FORMAT_VERSION = 1  # of the document-frequency .npz; bump when its arrays change

@@ -4,7 +4,7 @@ Machinery lives elsewhere in the package: the compiled steps (:mod:`~captioning.
 objective (:mod:`~captioning.train.objectives`), the optimizer (:mod:`~captioning.train.optimizer`),
 signals, preemption and the profiler (:mod:`~captioning.train.lifecycle`), logging
 (:mod:`~captioning.train.summaries`), devices and strategies (:mod:`~captioning.train.distribute`), and
-the model folder (:class:`captioning.model_dir.ModelDir`).
+the model folder (:class:`captioning.model.folder.ModelDir`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import config as config_lib
-from captioning import disk_cache
-from captioning.dataset import PreparedDataset
+from captioning.data import disk_cache
+from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
-from captioning.feature_cache import encoder_key
+from captioning.data.feature_cache import encoder_key
 from captioning.fileio import disk_full_error
-from captioning.input_pipeline import eval_images, make_dataset
-from captioning.integrity import ShardReader
+from captioning.data.pipeline import make_dataset
+from captioning.data.reading import eval_images
+from captioning.data.integrity import ShardReader
 from captioning.model import build_model, resolve
-from captioning.model_dir import ModelDir
+from captioning.model.folder import ModelDir
 from captioning.train import distribute
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
@@ -333,6 +334,6 @@ def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_fr
     except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
         raise distribute.peer_error(e, cfg.distribute) or e from None
     except tf.errors.OpError as e:  # data.service: the dispatcher restarted without this run's job
-        from captioning.data_service import service_error
+        from captioning.data.service import service_error
 
         raise (service_error(e, cfg.data.service) if cfg.data.service else None) or e from None

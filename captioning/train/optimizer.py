@@ -18,7 +18,7 @@ import tensorflow as tf
 from captioning import config as config_lib
 from dataclasses import dataclass
 
-from captioning.batching import epoch_captions_per_image, images_per_batch
+from captioning.data.batching import epoch_captions_per_image, images_per_batch
 
 
 class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
@@ -84,7 +84,7 @@ class EpochPlan:
 def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1) -> EpochPlan:
     """The :class:`EpochPlan` of training ``cfg`` on ``dataset``'s (a PreparedDataset) training split over
     ``replicas``. Per-caption batches: every caption once an epoch (``all``), one per image (``sample``).
-    Grouped batches hold whole images, each replica :func:`~captioning.batching.images_per_batch` of its
+    Grouped batches hold whole images, each replica :func:`~captioning.data.batching.images_per_batch` of its
     share of ``train.batch_size``: with 5 captions per image, a batch size of 3 still holds one image and
     its 5 captions, and an epoch is one step per image (not per 3 captions).
 

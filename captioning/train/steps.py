@@ -18,7 +18,7 @@ the same on every replica and worker, as it is computed from all-reduced values.
 (``mixed_float16``) overflowing gradients are the loss scaler's business; only a non-finite loss counts.
 
 With ``data.color_jitter`` the step first applies im2txt's colour distortions to the batch on the device
-(:mod:`captioning.augment`).
+(:mod:`captioning.data.augment`).
 
 **Evaluation** (:func:`evaluation_loss`) is always the cross-entropy of the reference captions, whatever
 the training objective: ``train``'s validation and ``evaluate``'s perplexity are the same function.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from captioning.augment import color_jitter
+from captioning.data.augment import color_jitter
 from captioning.model import all_layers
 from captioning.train.objectives import Objective, caption_loss_sum, perplexity
 
@@ -86,7 +86,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
     compiled_gradients = tf.function(replica_gradients, jit_compile=True)
 
     def replica_step(batch):
-        if jitter:  # im2txt's colour distortions, on the device (captioning.augment)
+        if jitter:  # im2txt's colour distortions, on the device (captioning.data.augment)
             batch = {**batch, "image": color_jitter(batch["image"])}
         ctx = tf.distribute.get_replica_context()
         variables = model.trainable_variables

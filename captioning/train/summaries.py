@@ -91,7 +91,7 @@ def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
 
     best = beam_search(model, model.encode(batch["image"]), beam_size=1)
     captions = ids_to_text(vocab, best["ids"], best["lengths"])
-    grid = getattr(model, "grid_shape", None)
+    grid = model.grid_shape if model.attends else None
     noted = notes(best, batch["captions"]) if notes else None
     out = []
     for i, (caption,) in enumerate(captions):

@@ -45,7 +45,7 @@ class ReplicaLoss:
 @dataclass
 class RunContext:
     """What a training run hands an objective: the config, the step counter, the prepared dataset and the
-    run's shard reader, the model folder (``captioning.model_dir.ModelDir``) and whether this process
+    run's shard reader, the model folder (``captioning.model.folder.ModelDir``) and whether this process
     writes it (the chief)."""
 
     cfg: object

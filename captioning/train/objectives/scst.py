@@ -170,7 +170,7 @@ class SelfCritical(Objective):
         — and the greedy captions with ``scst.baseline: greedy`` —, the references per image,
         ``scst.max_length`` words, the model's vocabulary), and its share of the step.
         :func:`captioning.train.cider.benchmark` says how the cost scales."""
-        from captioning.dataset import PreparedDataset
+        from captioning.data.prepared import PreparedDataset
         from captioning.train.cider import benchmark
 
         vocab = PreparedDataset.load(cfg.data.dir).vocab_size

@@ -3,7 +3,7 @@
 This module is the only place that knows the feature keys. ``data_prep`` writes records with
 :func:`data_prep.records.encode_example`; the input pipeline reads them with :func:`parse_batch`. Bump
 :data:`FORMAT_VERSION` when the layout changes; readers refuse a dataset of another version
-(:class:`captioning.dataset.PreparedDataset`).
+(:class:`captioning.data.prepared.PreparedDataset`).
 
 One record per image (im2txt stored one record per caption, so each image five times):
 

@@ -2,7 +2,7 @@
 (:func:`length_grouped_batches`), or batches of whole images with all their captions
 (:func:`grouped_batches`, ``data.captions_per_image: grouped``).
 
-The last stage of the input pipeline (:func:`captioning.input_pipeline.make_dataset`). Padding and masks,
+The last stage of the input pipeline (:func:`captioning.data.pipeline.make_dataset`). Padding and masks,
 for a caption ``<start> a red circle <end>`` (ids 1 4 6 5 2) in a batch whose longest caption has 6 input
 ids::
 

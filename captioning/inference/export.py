@@ -5,7 +5,7 @@ and returns ``captions`` (``string [batch, top_k]``, best first) and ``log_probs
 (``float32 [batch, top_k]``); for an attention decoder also ``attention`` (``float32 [batch, max_length,
 rows, cols]``: for each word of the best caption, its weights over the encoder's grid; zeros after the
 caption's last word). It runs the same function ``captioning caption`` runs
-(:meth:`captioning.inference.Captioner.decode_encoded`), so the two give the same captions. The folder
+(:meth:`captioning.inference.captioner.Captioner.decode_encoded`), so the two give the same captions. The folder
 loads with plain TensorFlow, without this project::
 
     serve = tf.saved_model.load("export/").signatures["serving_default"]
@@ -38,10 +38,10 @@ import tensorflow as tf
 
 from captioning.errors import InputError
 from captioning.fileio import atomic_folder, atomic_write_json, clean_folder_leftovers, disk_full_error
-from captioning.inference import Captioner
-from captioning.model_dir import ModelDir
+from captioning.inference.captioner import Captioner
+from captioning.model.folder import ModelDir
 
-log = logging.getLogger("captioning.export")
+log = logging.getLogger("captioning.inference.export")
 
 MARKER = "captioning_export.json"
 # what tf.saved_model.save writes, and the marker: an export of before "files" was recorded holds these

@@ -1,6 +1,6 @@
 """``captioning benchmark decode``: batched beam search against captioning one image at a time.
 
-Both go through :class:`captioning.inference.Captioner`'s compiled function — the code ``caption``,
+Both go through :class:`captioning.inference.captioner.Captioner`'s compiled function — the code ``caption``,
 ``evaluate`` and the exported SavedModel run: JPEG bytes in, decode and crop, encoder, beam search
 (beam 3, at most 20 words by default). ``single`` calls it with one image per call, ``batched`` with
 ``--batch-size`` images per call. Without ``--model-dir`` a small untrained model is built (the shapes
@@ -22,7 +22,7 @@ import logging
 
 import numpy as np
 
-from captioning.cli.benchmarks import common
+from captioning.benchmarks import common
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.benchmark")
@@ -32,7 +32,7 @@ TARGET_SPEEDUP = 20.0
 
 def _small_model(vocab_size: int = 1_000):
     from captioning import config as config_lib
-    from captioning.model_dir import TrainedModel
+    from captioning.model.folder import TrainedModel
     from captioning.model import build_model
     from captioning.vocab import RESERVED, Vocabulary
 

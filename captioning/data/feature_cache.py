@@ -22,7 +22,7 @@ stays flat however large the split), then renamed: a killed run leaves no file t
 name holds a hash of everything the features depend on — the prepared dataset's identity, the split,
 the image sizes, the input pipeline's share, ``max_images``, and ``feature_key``, which names the encoder
 *and its weights* (:func:`encoder_key`) — so features of another encoder, other weights or other data
-are never read. Writers take the same lock as ``data.cache: disk`` (:func:`captioning.disk_cache.claim`).
+are never read. Writers take the same lock as ``data.cache: disk`` (:func:`captioning.data.disk_cache.claim`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from captioning import disk_cache
+from captioning.data import disk_cache
 from captioning.config import DataConfig
-from captioning.dataset import PreparedDataset
+from captioning.data.prepared import PreparedDataset
 from captioning.fileio import disk_full_error
-from captioning.integrity import ShardReader
+from captioning.data.integrity import ShardReader
+from captioning.data.reading import eval_images
 
 FORMAT_VERSION = 1
 
@@ -60,8 +61,6 @@ def features_dataset(cfg: DataConfig, split: str, feature_fn: Callable, feature_
     """One element per image: ``{"features": float16 [...], "image_id", "captions": ragged [(C), (T)]}``,
     from the cache file (written first if it is not there; see the module docstring). ``feature_fn``
     maps a batch of ``uint8`` central crops to features."""
-    from captioning.input_pipeline import eval_images  # the images as evaluation sees them (a cycle at import)
-
     n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
     prefix, key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size, cfg.skip_corrupt,
                                           i, n, max_images)

@@ -2,7 +2,7 @@
 
 ::
 
-    train-00000-of-00004.tfrecord …   the shards: one tf.train.Example per image (captioning.schema)
+    train-00000-of-00004.tfrecord …   the shards: one tf.train.Example per image (captioning.data.schema)
     vocab.txt                         the vocabulary, line i is id i (captioning.vocab)
     manifest.json                     what the folder holds, written last: a folder with it is complete
 
@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 
 from captioning.errors import InputError
-from captioning.schema import FORMAT_VERSION
+from captioning.data.schema import FORMAT_VERSION
 from captioning.fileio import atomic_write_json
 from captioning.vocab import Vocabulary
 

@@ -5,8 +5,8 @@ On the same prepared records, in one run, images per second of:
 - ``naive`` — the seed-style pipeline: one TFRecord file after another, one record parsed at a time,
   a sequential decode / resize / crop map, captions fanned out and padded to the batch's longest,
   no prefetch (and tf.data's automatic map parallelisation and prefetch injection turned off);
-- ``pipeline`` — :func:`captioning.input_pipeline.make_dataset`, exactly as ``train`` calls it;
-- ``ceiling`` — :func:`captioning.input_pipeline.decode_and_resize` of the same JPEG bytes held in
+- ``pipeline`` — :func:`captioning.data.pipeline.make_dataset`, exactly as ``train`` calls it;
+- ``ceiling`` — :func:`captioning.data.pipeline.decode_and_resize` of the same JPEG bytes held in
   memory, in a parallel ``tf.data`` map with nothing else: what the cores can decode;
 - ``grouped`` — the pipeline with ``data.captions_per_image: grouped`` (batches of whole images with
   all their captions: each image copied into one batch, not into one per caption);
@@ -22,7 +22,7 @@ as ``train.split_padding`` computes them, and the speed-up of a second epoch ove
 ``cache: memory`` and ``cache: features`` (the frozen encoder of the config, without ImageNet weights).
 
 The data: ``--data DIR`` (a prepared dataset), or COCO-like photos made and prepared once under
-``--work-dir`` (:mod:`captioning.cli.benchmarks.photos`; 640×480 by default): a ``train`` split of
+``--work-dir`` (:mod:`captioning.benchmarks.photos`; 640×480 by default): a ``train`` split of
 ``--images`` and a ``val`` split of ``--cache-images`` for the cache epochs. The config defaults to
 the project defaults, whose data section is im2txt's COCO recipe (346² resize, random 299² crop and
 flip, every caption of every image).
@@ -39,12 +39,13 @@ import time
 import tensorflow as tf
 
 from captioning import config as config_lib
-from captioning import schema
-from captioning.cli.benchmarks import common
-from captioning.cli.benchmarks.photos import cached_photos
-from captioning.dataset import PreparedDataset
+from captioning.data import schema
+from captioning.benchmarks import common
+from captioning.benchmarks.photos import cached_photos
+from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
-from captioning.input_pipeline import decode_and_resize, make_dataset
+from captioning.data.pipeline import make_dataset
+from captioning.data.reading import decode_and_resize
 from captioning.vocab import PAD_ID
 
 log = logging.getLogger("captioning.benchmark")
@@ -138,7 +139,7 @@ def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measur
     pipeline). The partial pipelines are batched too, so each stage's figure carries the same share of
     Python's per-batch cost. CPU time, unlike a rate, compares between machines and barely moves when
     something else shares the machine."""
-    from captioning.input_pipeline import image_dataset, parsed_images
+    from captioning.data.reading import image_dataset, parsed_images
 
     def batched(ds):  # Python pulls a batch at a time, as from the full pipeline: its per-pull cost is shared
         return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
@@ -186,7 +187,7 @@ def _epoch_seconds(dataset: tf.data.Dataset) -> tuple[float, int]:
 
 def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
     """Epoch 1 time / epoch 2 time for ``cache: memory`` and ``cache: features`` on ``split``."""
-    from captioning.feature_cache import encoder_key
+    from captioning.data.feature_cache import encoder_key
     from captioning.model import build_model
 
     out = {}

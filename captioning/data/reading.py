@@ -1,36 +1,11 @@
-"""The ``tf.data`` input pipeline: prepared TFRecords → bucketed, padded caption batches.
+"""Reading a prepared dataset's records: shard files → parsed records → decoded images, the decoding and
+cropping every stage shares (training's input pipeline, evaluation, feature extraction, ``caption`` and the
+exported SavedModel), and the references.
 
-One function, :func:`make_dataset`, serves training, validation, benchmarks and tests, so what is
-measured is what trains. The stages, in order::
-
-    shard files ─ [shard per input pipeline] ─ shuffle files ─ interleave(TFRecordDataset)
-      ─ [repeat ─ shuffle records]                  ← no cache: shuffle the small serialised records
-      ─ batch records ─ parse_example (one vectorised call per batch, schema.parse_batch)
-      ─ decode JPEG + resize (parallel map) ─ one element per image
-            training without a cache: only the random crop window is decoded and resized
-      ─ [cache: memory | disk ─ repeat ─ shuffle]   ← after the expensive work, before the random work
-      ─ random crop + flip | central crop           (once per image and epoch, to image_size²)
-      ─ windows of images ─ their captions sorted by length, cut into batches, batches shuffled
-            (one caption sampled per image, or all of them; padded to the batch's longest)
-            or, with captions_per_image: grouped, batches of whole images with all their captions
-      ─ prefetch
-
-The shard list comes from the dataset's manifest (:class:`captioning.dataset.PreparedDataset`), checked
-by the command's :class:`captioning.integrity.ShardReader`.
-
-im2txt's colour distortions (``data.color_jitter``) are not here: they run on the device, in the
-training step (:mod:`captioning.augment`), where they cost a fraction of what they cost the CPU.
-
-``cache: features`` replaces the image stages: the frozen encoder runs once over every image (central
-crop, batched) and the pipeline serves its features (pooled, or the grid for attention) from a float16
-file on disk (:mod:`captioning.feature_cache`), so no epoch or later run runs the CNN again. It needs a
-frozen encoder and no augmentation (:func:`captioning.config.validate`).
-
-The last stage, windows of captions sorted by length and cut into padded batches (with the padding and
-mask diagram), is :mod:`captioning.batching`.
-
-Images leave the pipeline as ``uint8`` (4× less host-to-device traffic than float32); the model casts
-and applies its encoder's preprocessing.
+:func:`image_dataset` gives one element per image; :func:`eval_images` batches of central crops, the
+images as decoding, evaluation and feature extraction see them; :func:`references` the captions as
+annotated, parsed without decoding a single image; :func:`model_input` the one decode of a user's image.
+The training pipeline built on these is :mod:`captioning.data.pipeline`.
 
 Decoding per image in a parallel map, or batched in a ``map_fn``, measured within run-to-run noise of
 each other (shapes → 72²: ~4,600 images/s either way; 640×480 photos → 346²: ~550; ``tf.io.decode_jpeg``
@@ -41,18 +16,13 @@ per-example map: as fast, simpler, and the autotuner spreads images over however
 from __future__ import annotations
 
 import functools
-import math
-from typing import Callable
 
 import tensorflow as tf
 
-from captioning import disk_cache, schema
-from captioning.batching import epoch_captions_per_image, grouped_batches, length_grouped_batches
 from captioning.config import DataConfig
-from captioning.dataset import PreparedDataset
-from captioning.errors import InputError
-from captioning.feature_cache import features_dataset
-from captioning.integrity import ShardReader
+from captioning.data import schema
+from captioning.data.integrity import ShardReader
+from captioning.data.prepared import PreparedDataset
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -168,7 +138,7 @@ def parsed_images(cfg: DataConfig, split: str, *, training: bool, input_context=
                   shards: ShardReader | None = None) -> tf.data.Dataset:
     """One element per image, not decoded: ``{"encoded": JPEG bytes, "image_id", "captions"}`` (the
     arguments as :func:`image_dataset`'s)."""
-    dataset, shards = _sources(cfg, dataset, shards)
+    dataset, shards = sources_of(cfg, dataset, shards)
     ds = _parsed(_records(dataset, split, shards, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
     if max_images:
         ds = ds.take(max_images)
@@ -190,7 +160,7 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
 
     ``dataset`` is ``cfg.dir``'s :class:`~captioning.dataset.PreparedDataset` (loaded when not given);
     ``shards`` the command's :class:`~captioning.integrity.ShardReader` (a new one when not given)."""
-    dataset, shards = _sources(cfg, dataset, shards)
+    dataset, shards = sources_of(cfg, dataset, shards)
     ds = parsed_images(cfg, split, training=training, input_context=input_context, shuffle=shuffle, repeat=repeat,
                        max_images=max_images, dataset=dataset, shards=shards)
     if random_crop:
@@ -209,7 +179,7 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
     return ds
 
 
-def _sources(cfg: DataConfig, dataset: PreparedDataset | None,
+def sources_of(cfg: DataConfig, dataset: PreparedDataset | None,
              shards: ShardReader | None) -> tuple[PreparedDataset, ShardReader]:
     """The prepared dataset of ``cfg.dir`` and the shard reader a command passed, or new ones."""
     return dataset or PreparedDataset.load(cfg.dir), shards or ShardReader(cfg.skip_corrupt)
@@ -219,7 +189,7 @@ def references(cfg: DataConfig, split: str, dataset: PreparedDataset | None = No
                shards: ShardReader | None = None) -> dict[int, list[str]]:
     """Image id → its captions as annotated (the references the metrics compare against). Parses the
     records without decoding a single image."""
-    dataset, shards = _sources(cfg, dataset, shards)
+    dataset, shards = sources_of(cfg, dataset, shards)
     files = shards.files(dataset, split)
     out = {}
     for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch, num_parallel_calls=AUTOTUNE):
@@ -235,7 +205,7 @@ def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
     return tf.image.crop_to_bounding_box(image, offset_h, offset_w, size, size)
 
 
-def _augment(image: tf.Tensor, cfg: DataConfig, cropped: bool = False) -> tf.Tensor:
+def train_crop(image: tf.Tensor, cfg: DataConfig, cropped: bool = False) -> tf.Tensor:
     """Training crop (unless ``cropped`` already) and flip of one image."""
     size = cfg.image_size
     if not cropped:
@@ -253,106 +223,3 @@ def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=N
                            dataset=dataset, shards=shards)
     return images.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
                       num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
-
-
-def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int, input_context=None,
-                 feature_fn: Callable | None = None, feature_key: str = "", cache_dir: str | None = None,
-                 repeat: bool | None = None, max_images: int | None = None,
-                 dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
-                 service_job: str | None = None) -> tf.data.Dataset:
-    """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
-
-    ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
-    repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
-    that and sees every caption once. ``feature_fn`` (the frozen encoder) and ``feature_key`` (its name
-    and weights, :func:`captioning.feature_cache.encoder_key`) are required for ``cache: features``;
-    ``cache_dir`` is the folder of ``cache: disk``'s and ``cache: features``' files
-    (:mod:`captioning.disk_cache`, :mod:`captioning.feature_cache`). ``max_images`` limits evaluation to the first
-    images (the same ones ``image_dataset`` gives). ``dataset`` and ``shards`` are the command's
-    :class:`~captioning.dataset.PreparedDataset` and :class:`~captioning.integrity.ShardReader` (new ones
-    when not given; the reader then stays with the returned dataset, as ``.shard_reader``).
-
-    **Through the tf.data service** (``data.service``, training only): all of the above, the cache too,
-    runs on the service's workers and batches arrive here (:func:`captioning.data_service.distribute`).
-    ``service_job`` names the job the trainers of one run share, each building the whole split's
-    pipeline (the service, not the input context, divides the work). ``parallel_epochs``: every worker
-    runs the repeating pipeline; ``distributed_epoch``: each epoch's shards are split among them.
-    """
-    if max_images and training:
-        raise ValueError("max_images is for evaluation")
-    served = training and bool(cfg.service)
-    if served:  # the service splits the work between trainers and workers, not the input context
-        input_context = None
-        wanted = training if repeat is None else repeat
-        repeat = wanted and cfg.service_mode == "parallel_epochs"  # distributed_epoch: repeated below
-    dataset, shards = _sources(cfg, dataset, shards)
-    if training:
-        # Training never hands a replica an empty batch (an empty batch would put a padded row into
-        # batch-norm statistics, see CaptionModel.encode): each pipeline repeats forever, so it only
-        # needs one image of its own.
-        info = dataset.split(split)
-        if info.shard_records and pipeline_images(list(info.shard_records), input_context) == 0:
-            raise InputError(f"the {split!r} split has {info.images} image(s), too few for "
-                             f"{input_context.num_input_pipelines} input pipelines (one per worker): each "
-                             "needs at least one image")
-    images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
-                                  max_images=max_images, dataset=dataset, shards=shards)
-    repeat = training if repeat is None else repeat
-    key = "features" if cfg.cache == "features" else "image"
-    order = cfg.deterministic or not training
-    cropped = False
-    if cfg.cache == "none":
-        cropped = training and cfg.random_crop  # cut out while decoding
-        ds = images_of(shuffle=training, repeat=repeat, random_crop=cropped)
-    else:
-        if cfg.cache == "features":
-            if feature_fn is None or not cache_dir:
-                raise ValueError("cache: features needs the encoder as feature_fn and a cache_dir")
-            ds = features_dataset(cfg, split, feature_fn, feature_key, cache_dir, input_context=input_context,
-                                  max_images=max_images, dataset=dataset, shards=shards)
-        elif cfg.cache == "memory":
-            ds = images_of().cache()
-        else:
-            if not cache_dir:
-                raise ValueError("cache: disk needs a cache_dir")
-            n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
-            prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size,
-                                                        cfg.skip_corrupt, i, n, max_images)
-            disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
-            ds = images_of().cache(prefix)
-        if repeat:
-            ds = ds.repeat()
-        if training:  # the cache holds the first epoch's order: shuffle again on every pass
-            ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
-
-    if key == "image":  # once per image and epoch, before the image is shared by its captions
-        if not training:
-            crop = functools.partial(center_crop, size=cfg.image_size)
-        elif cropped:  # cut out and flipped while decoding
-            crop = None
-        else:
-            crop = functools.partial(_augment, cfg=cfg, cropped=cropped)
-        if crop:
-            ds = ds.map(lambda ex: {**ex, "image": crop(ex["image"])}, num_parallel_calls=AUTOTUNE,
-                        deterministic=order)
-    per_image = dataset.split(split).captions_per_image
-    if training:
-        per_image = epoch_captions_per_image(cfg, per_image)
-    if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
-        ds = grouped_batches(ds, key, cfg, batch_size, per_image)
-    else:
-        ds = length_grouped_batches(ds, key, cfg, training, batch_size, per_image)
-    options = tf.data.Options()
-    options.autotune.enabled = True
-    options.deterministic = cfg.deterministic or not training
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
-    ds = ds.with_options(options)
-    if served:  # distributed_epoch: an epoch is one iteration of the job, so the trainer repeats
-        from captioning.data_service import distribute
-
-        ds = distribute(ds, cfg.service, cfg.service_mode, service_job, timeout_s=cfg.service_timeout_s,
-                        compression=cfg.service_compression)
-        ds = ds.repeat() if wanted and cfg.service_mode == "distributed_epoch" else ds
-    ds = ds.prefetch(AUTOTUNE)
-    ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
-    return ds

@@ -49,7 +49,7 @@ from captioning.errors import InputError
 from captioning.fileio import atomic_write_text, make_dirs
 from captioning.vocab import Vocabulary
 
-log = logging.getLogger("captioning.model_dir")
+log = logging.getLogger("captioning.model.folder")
 
 CONFIG = "config.yaml"
 HISTORY = "history.yaml"

@@ -2,9 +2,9 @@
 ``export`` share.
 
 :func:`load` rebuilds the model from ``config.yaml`` and ``vocab.txt`` and restores a checkpoint (the
-latest complete one by default: :class:`captioning.model_dir.ModelDir`). The encoder is built without its
+latest complete one by default: :class:`captioning.model.folder.ModelDir`). The encoder is built without its
 ImageNet weights (the checkpoint holds the trained ones), so loading never downloads. :class:`Captioner` turns a batch of JPEG/PNG bytes into captions with
-one ``tf.function``: decode and crop as at evaluation (:func:`captioning.input_pipeline.model_input`),
+one ``tf.function``: decode and crop as at evaluation (:func:`captioning.data.pipeline.model_input`),
 encode, beam search. The SavedModel export wraps that same function.
 """
 
@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.config import DecodeConfig
-from captioning.input_pipeline import model_input
-from captioning.model_dir import ModelDir, TrainedModel
+from captioning.data.reading import model_input
+from captioning.model.folder import ModelDir, TrainedModel
 
 
 def load(model_dir: str, checkpoint: str | None = None) -> TrainedModel:
@@ -52,7 +52,8 @@ class Captioner:
     @property
     def grid_shape(self) -> tuple[int, int] | None:
         """(rows, columns) of the attention grid, or None for a decoder without attention."""
-        return getattr(self.trained.model, "grid_shape", None)
+        model = self.trained.model
+        return model.grid_shape if model.attends else None
 
     def caption(self, encoded: list[bytes]) -> list[list[Caption]]:
         """Per image, the ``top_k`` captions, best first (with each word's attention weights and the crop

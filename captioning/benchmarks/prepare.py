@@ -1,6 +1,6 @@
 """``captioning benchmark prepare``: ``prepare`` with every worker, with one, and the one-core ceiling.
 
-On COCO-like photos (:mod:`captioning.cli.benchmarks.photos`, 640×480, the input benchmark's ``train``
+On COCO-like photos (:mod:`captioning.benchmarks.photos`, 640×480, the input benchmark's ``train``
 split), images per second of:
 
 - ``prepare_img_per_s`` — :func:`data_prep.prepare.prepare` with one worker process per core, timed
@@ -29,8 +29,8 @@ import shutil
 import tempfile
 import time
 
-from captioning.cli.benchmarks import common
-from captioning.cli.benchmarks.photos import cached_photos
+from captioning.benchmarks import common
+from captioning.benchmarks.photos import cached_photos
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.benchmark")

@@ -19,7 +19,6 @@ Zipf-distributed words, so bucketing and padding see realistic lengths.
 from __future__ import annotations
 
 import io
-import json
 import os
 
 import numpy as np

@@ -7,7 +7,7 @@ cut short (a killed run) never yields a readable cache; it leaves a lockfile tha
 fail. What TF leaves to its user, and this module does:
 
 * **The name says what the cache holds.** ``{split}-{key}-{i}of{n}`` where ``key`` hashes everything the
-  cached elements depend on: the dataset's identity (:attr:`captioning.dataset.PreparedDataset.identity`:
+  cached elements depend on: the dataset's identity (:attr:`captioning.data.prepared.PreparedDataset.identity`:
   the fingerprint ``prepare`` recorded, or for older datasets a hash of their manifest), the split, the
   cached image size
   (``data.resize_size``), the decoding (:data:`CACHE_VERSION`, bumped when a stage before the cache
@@ -39,7 +39,7 @@ def cache_prefix(cache_dir: str, dataset_identity: str, split: str, resize_size:
                  pipeline: int = 0, pipelines: int = 1, max_images: int | None = None) -> tuple[str, dict]:
     """The file prefix of the cache of one split's decoded images (the first ``max_images`` of them, when
     given), and the key it was made from. ``dataset_identity`` is
-    :attr:`captioning.dataset.PreparedDataset.identity`."""
+    :attr:`captioning.data.prepared.PreparedDataset.identity`."""
     key = {"dataset": dataset_identity, "split": split, "resize_size": resize_size,
            "skip_corrupt": skip_corrupt, "pipeline": pipeline, "pipelines": pipelines, "max_images": max_images,
            "version": CACHE_VERSION}
@@ -63,7 +63,7 @@ def claim(prefix: str, key: dict, complete: str = ".index", leftovers: tuple[str
     """Readies ``prefix`` for ``Dataset.cache``: creates the folder, and unless a complete cache is there
     (``prefix + complete``), takes the prefix's lock and removes a killed run's leftovers (``prefix +``
     each of ``leftovers``, glob patterns). Raises InputError when the folder cannot be written or another
-    live process is writing this cache. (:mod:`captioning.feature_cache` claims its files the same way.)"""
+    live process is writing this cache. (:mod:`captioning.data.feature_cache` claims its files the same way.)"""
     check_folder(os.path.dirname(prefix))
     if os.path.exists(prefix + complete) or prefix in _held:
         return  # complete (it is read), or this process holds it already

@@ -49,7 +49,7 @@ BATCH = 16
 @dataclass
 class Result:
     path: str
-    captions: list | None = None  # captioning.inference.Caption: unpacks as (text, log_prob)
+    captions: list | None = None  # captioning.inference.captioner.Caption: unpacks as (text, log_prob)
     error: str | None = None
     data: bytes | None = None  # the bytes the model saw, for the gallery's thumbnail
     grid: tuple[int, int] | None = None  # the attention grid, for an attention decoder

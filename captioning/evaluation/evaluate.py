@@ -2,7 +2,7 @@
 
 Every image of the split (or the first ``max_images``) is captioned by beam search, in batches, and
 scored against all its reference captions (the raw captions stored in the records) with
-:func:`captioning.metrics.coco_metrics`. Perplexity is the exponential of the mean cross-entropy per
+:func:`captioning.evaluation.metrics.coco_metrics`. Perplexity is the exponential of the mean cross-entropy per
 real word over every caption of the split (or of those images).
 
 **One result per evaluation.** A result belongs to a split, a checkpoint, decoding settings and the images
@@ -34,7 +34,7 @@ split, given for every image: the floor any model must clear.
 must list every image of the split, checked before any decoding) adds
 ``"grounding"``: the share of the images' shapes whose colour and kind the captions name, by number of
 shapes, and for an attention decoder how much of each colour or kind word's attention fell inside the
-box of the shape it names, against the box's share of the image (:mod:`captioning.grounding`).
+box of the shape it names, against the box's share of the image (:mod:`captioning.evaluation.grounding`).
 """
 
 from __future__ import annotations
@@ -48,18 +48,20 @@ import os
 import tensorflow as tf
 from tqdm import tqdm
 
-from captioning import grounding, inference, metrics
-from captioning.dataset import PreparedDataset
+from captioning import inference
+from captioning.evaluation import grounding, metrics
+from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
-from captioning.input_pipeline import eval_images, make_dataset, references
-from captioning.integrity import ShardReader
+from captioning.data.pipeline import make_dataset
+from captioning.data.reading import eval_images, references
+from captioning.data.integrity import ShardReader
 from captioning.model.decode import ids_to_text
-from captioning.model_dir import ModelDir
+from captioning.model.folder import ModelDir
 from captioning.text import tokenize_caption
 from captioning.train import evaluation_loss
 
-log = logging.getLogger("captioning.evaluate")
+log = logging.getLogger("captioning.evaluation.evaluate")
 
 
 def most_frequent_caption(texts) -> str:

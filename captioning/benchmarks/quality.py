@@ -27,9 +27,9 @@ import shutil
 import tempfile
 
 from captioning import config as config_lib
-from captioning.cli.benchmarks import common
+from captioning.benchmarks import common
 from captioning.errors import InputError
-from captioning.model_dir import ModelDir
+from captioning.model.folder import ModelDir
 
 log = logging.getLogger("captioning.benchmark")
 
@@ -58,7 +58,7 @@ def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = Non
 
 def _measure(config: str, overrides: tuple[str, ...], data_dir: str | None, eval_every: int, target: float,
              split: str, model_dir: str | None, progress: bool) -> dict:
-    from captioning.evaluate import evaluate
+    from captioning.evaluation.evaluate import evaluate
     from captioning.train import train
 
     cfg = config_lib.load_config(config, overrides)

@@ -60,7 +60,7 @@ from captioning.service_probe import (ADDRESS, check_port_free, is_loopback, par
 __all__ = ["MODES", "run_dispatcher", "run_worker", "distribute", "service_error", "watch_dispatcher",
            "wait_for_dispatcher", "parse_address", "check_port_free"]
 
-log = logging.getLogger("captioning.data_service")
+log = logging.getLogger("captioning.data.service")
 
 MODES = ("parallel_epochs", "distributed_epoch")
 

@@ -25,7 +25,7 @@ import shutil
 
 from captioning.errors import InputError
 
-log = logging.getLogger("captioning.metrics")
+log = logging.getLogger("captioning.evaluation.metrics")
 
 METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 JAVA_MISSING = ("pycocoevalcap needs Java for PTB tokenization and METEOR, and `java` is not on PATH: "

@@ -31,7 +31,7 @@ import statistics
 import tempfile
 
 from captioning import config as config_lib
-from captioning.cli.benchmarks import common
+from captioning.benchmarks import common
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.benchmark")
@@ -52,7 +52,7 @@ def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: 
     if photos and data_dir:
         raise InputError("give `photos` or `data_dir`, not both", params=("photos", "data_dir"))
     if photos:
-        from captioning.cli.benchmarks.input import PHOTOS, photo_records
+        from captioning.benchmarks.input import PHOTOS, photo_records
 
         data_dir = photo_records(work_dir, PHOTOS["images"], PHOTOS["cache_images"], PHOTOS["size"],
                                  progress=progress)
@@ -73,8 +73,8 @@ def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: 
 
 def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, data_dir: str | None,
              progress: bool) -> dict:
-    from captioning.batching import epoch_captions_per_image
-    from captioning.dataset import PreparedDataset
+    from captioning.data.batching import epoch_captions_per_image
+    from captioning.data.prepared import PreparedDataset
     from captioning.train import train
     from captioning.model import resolve
     from captioning.train.objectives import fit_config, objective_class

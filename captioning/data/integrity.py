@@ -62,8 +62,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from captioning import schema, tf_internals
-from captioning.dataset import MANIFEST
+from captioning import tf_internals
+from captioning.data import schema
+from captioning.data.prepared import MANIFEST
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.data")
@@ -326,7 +327,7 @@ class ShardReader:
 
     def files(self, dataset, split: str, files: list[str] | None = None) -> list[str]:
         """The files the pipeline should read for ``split`` of ``dataset`` (a
-        :class:`~captioning.dataset.PreparedDataset`), or for ``files`` of it (one input pipeline's share).
+        :class:`~captioning.data.prepared.PreparedDataset`), or for ``files`` of it (one input pipeline's share).
 
         Without ``skip_corrupt``: checks each file's existence and size against the manifest (one ``stat``
         each) and raises :class:`InputError` naming the first bad one; returns the files unchanged. With

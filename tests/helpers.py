@@ -1,0 +1,176 @@
+"""Helpers the tests share: real image bytes, free ports, the command line in-process or in a fresh process,
+background processes, small configs, a decoder registered from a file. Fixtures are in conftest.py; tests
+import these from here (never from conftest)."""
+
+import io
+import os
+import subprocess
+import sys
+
+from PIL import Image
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def model_config(**values):
+    """A ModelConfig from keyword values, the decoder's own settings (``lstm_units``, ...) among them."""
+    from captioning.config import ModelConfig, keys_of
+
+    shared = {k: v for k, v in values.items() if k in keys_of(ModelConfig)}
+    return ModelConfig(**shared, options={k: v for k, v in values.items() if k not in shared})
+
+
+def coco_split_args(shapes_dir, splits=("train", "val", "test")):
+    return [f"{s}={shapes_dir}/annotations/captions_{s}.json:{shapes_dir}/images" for s in splits]
+
+
+def encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **kwargs)
+    return buf.getvalue()
+
+
+def gradient(mode: str = "RGB", size=(48, 32)) -> Image.Image:
+    """A small image with real content (so JPEG round trips are meaningful)."""
+    w, h = size
+    image = Image.new("RGB", size)
+    image.putdata([(x * 255 // w, y * 255 // h, 128) for y in range(h) for x in range(w)])
+    return image if mode == "RGB" else image.convert(mode)
+
+
+def huge_jpeg(width: int = 20000, height: int = 10000) -> bytes:
+    """A real baseline JPEG of ``width`` x ``height`` (a horizontal gradient), made in milliseconds and
+    without ever holding the image: one 8-pixel strip is encoded with a restart marker per MCU row; a
+    restart resets the DC predictors, so that row's entropy-coded bytes are the same for every row and
+    are repeated (with the RST0…RST7 cycle between them) under a SOF header patched to the full height.
+    20000 x 10000 is 200M pixels, past Pillow's decompression-bomb error limit (2 x 89M), in ~6 MB."""
+    assert height % 8 == 0
+    ramp = Image.linear_gradient("L").rotate(90).resize((width, 8))
+    strip = Image.merge("RGB", (ramp, ramp.transpose(Image.Transpose.FLIP_LEFT_RIGHT), Image.new("L", (width, 8), 96)))
+    data = encode(strip, "JPEG", quality=90, subsampling=0, restart_marker_rows=1)  # 4:4:4: 8x8 MCUs
+    head, pos, restarts = bytearray(data[:2]), 2, False
+    while True:  # the marker segments up to and including SOS
+        marker, length = data[pos + 1], int.from_bytes(data[pos + 2:pos + 4], "big")
+        segment = bytearray(data[pos:pos + 2 + length])
+        if marker == 0xC0:  # SOF0: precision, height, width, ...
+            segment[5:7] = height.to_bytes(2, "big")
+        restarts |= marker == 0xDD  # DRI
+        head += segment
+        pos += 2 + length
+        if marker == 0xDA:
+            break
+    assert restarts and data.endswith(b"\xff\xd9")
+    row = data[pos:-2]
+    markers = [bytes([0xFF, 0xD0 + i % 8]) for i in range(height // 8 - 1)] + [b"\xff\xd9"]
+    return bytes(head) + b"".join(row + marker for marker in markers)
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_main(*args, cwd=None) -> tuple[int, str, str]:
+    """The command line in this process (no Python and TensorFlow start-up to pay again): ``(exit code,
+    stdout, stderr)``, the log lines in stderr as the command prints them. ``cwd``: the working directory
+    during the command."""
+    import contextlib
+    import logging
+
+    from captioning.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    level, before = root.level, os.getcwd()
+    root.addHandler(handler)  # main()'s basicConfig adds none when the root has a handler: set its level here
+    root.setLevel(logging.DEBUG if "-v" in args else logging.WARNING if "-q" in args else logging.INFO)
+    try:
+        if cwd:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:  # argparse's usage errors, --help, --version
+                code = e.code
+    finally:
+        os.chdir(before)
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return code, out.getvalue(), err.getvalue()
+
+
+# what only a process of its own can do: devices and collectives set before TensorFlow starts, servers
+# whose loss ends the process (os._exit), environment variables
+NEEDS_A_PROCESS = ("distribute.logical_cpus", "distribute.strategy=mirrored", "multi_worker", "data.service",
+                   "data-service")
+
+
+def run_cli(*args, cwd=None, timeout=300, env=None, process=False):
+    """``captioning ARGS``: in this process (:func:`run_main`, seconds faster) unless ``process`` asks for
+    a fresh ``python -m captioning`` (signals, kills, resource limits), ``env`` sets variables, or the
+    command needs one (:data:`NEEDS_A_PROCESS`). Returns a CompletedProcess either way."""
+    args = [str(a) for a in args]
+    if process or env or any(p in " ".join(args) for p in NEEDS_A_PROCESS):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))
+        return subprocess.run([sys.executable, "-m", "captioning", *args], capture_output=True, text=True,
+                              cwd=cwd or REPO, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+    code, out, err = run_main(*args, cwd=cwd or REPO)
+    return subprocess.CompletedProcess(["captioning", *args], code, out, err)
+
+
+class Background:
+    """A process in the background (``argv``, run in ``cwd``), its stdout and stderr going to
+    ``folder/<name>.out`` and ``.err``, which the properties read as they grow."""
+
+    def __init__(self, folder, name, argv, cwd=None, env=None):
+        self.name, self.out_path, self.err_path = name, folder / f"{name}.out", folder / f"{name}.err"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd or REPO, env=env,
+                                         stdin=subprocess.DEVNULL)
+
+    @property
+    def stdout(self):
+        return self.out_path.read_text()
+
+    @property
+    def stderr(self):
+        return self.err_path.read_text()
+
+
+def run_distributed_worker(mode, *args, timeout=600):
+    """``tests/distributed_worker.py MODE ARGS`` in a fresh process (logical devices and collectives must be
+    set before TensorFlow starts); asserts that it exits 0."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"), mode, *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def small_train_config(data_dir, *extra):
+    """A config that trains in seconds on the shapes fixture (tests/distributed_worker.py defines it)."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from distributed_worker import small_config
+
+    return small_config(data_dir, *extra)
+
+
+def register_decoder_file(path: str, name: str):
+    """Imports the module at ``path`` and registers its ``DECODER`` class as ``name`` in
+    ``captioning.model.DECODERS``: what adding a decoder to the project is, one file and one entry."""
+    import importlib.util
+
+    from captioning.model import DECODERS
+
+    spec = importlib.util.spec_from_file_location(f"registered_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    DECODERS[name] = module.DECODER
+    return module.DECODER

@@ -1,0 +1,350 @@
+"""The decoder contract: what every registered decoder must do, run over every entry of
+``captioning.model.DECODERS`` (and any decoder registered with ``--decoder FILE:NAME``), so a new
+decoder is tested by these with no new test code.
+
+Each test builds the decoder with its ``tiny_settings`` on ``small_cnn`` at 32 px (a 2 × 2 grid) and
+random images: stepping word by word equals the teacher-forced pass; an empty replica batch gives empty
+logits and zero gradients; split padding changes nothing; grouped captions equal a copy of the image per
+caption; beam search returns its captions best first with the model's own log-probabilities (and an
+attending decoder's weights per word); mixed precision keeps the logits and variables in float32; a
+checkpoint round-trips and one of other shapes is refused; the SavedModel captions as the captioner
+does; two mirrored replicas compute what one device computes."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import ModelConfig, describe_range
+from captioning.model import DECODERS, architecture_diff, build_model, resolve
+from tests.helpers import REPO, run_distributed_worker
+
+V, B, T, SIZE = 40, 3, 7, 32
+NAMES = sorted(DECODERS)
+
+
+def tiny(name, seed=0, trainable=True, **changes):
+    cls = DECODERS[name]
+    cfg = ModelConfig(decoder=name, encoder="small_cnn", encoder_trainable=trainable, dropout=0.0,
+                      options={**cls.tiny_settings, **changes})
+    return build_model(V, cfg, SIZE, seed=seed).build_all()
+
+
+def inputs(seed=0, batch=B, steps=T):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, V, (batch, steps), dtype=np.int64)
+    ids[:, 0] = 1  # <start>
+    return rng.integers(0, 256, (batch, SIZE, SIZE, 3), dtype=np.uint8), ids
+
+
+def npy(x):
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+def loss_and_grads(model, batch, **kw):
+    """The training loss (the decoder's penalty included, if it has one) and its gradients."""
+    from captioning.train.objectives import caption_loss_sum
+
+    with tf.GradientTape() as tape:
+        loss = caption_loss_sum(model, batch, training=False, penalty=True, **kw)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return npy(loss), [None if g is None else npy(tf.convert_to_tensor(g)) for g in grads]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_decoder_declares_what_the_rest_of_the_code_asks(name):
+    cls = DECODERS[name]
+    fields = {f.name: f for f in dataclasses.fields(cls.settings_class)}
+    for f in fields.values():  # every setting has a default, and a number its range
+        assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING, f.name
+        if f.type in (int, float, "int", "float"):
+            assert "range" in f.metadata, f"model.{f.name} declares no range"
+            describe_range(f.metadata["range"])
+    assert set(cls.incompatible_keys) <= set(fields) and set(cls.tiny_settings) <= set(fields)
+    assert cls.features in ("pooled", "grid") and (not cls.attends or cls.features == "grid")
+    model = tiny(name)
+    assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()), **cls.tiny_settings})
+    assert (model.grid_shape is not None) == cls.attends
+    for v in model.decoder_variables():
+        assert any(v is w for w in model.trainable_variables), v.path  # the decoder's own, trained
+    assert not {id(v) for v in model.decoder_variables()} & {id(v) for v in model.encoder.weights}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stepping_word_by_word_equals_the_teacher_forced_pass(name):
+    model = tiny(name)
+    images, ids = inputs(seed=1)
+    full = npy(model({"image": images, "input_ids": ids}))
+    state = model.initial_state(model.encode(images))
+    stepped = []
+    for t in range(T):
+        logits, state = model.step(tf.constant(ids[:, t]), state)
+        assert logits.dtype == tf.float32
+        stepped.append(npy(logits))
+    stepped = np.stack(stepped, axis=1)
+    assert stepped.shape == full.shape == (B, T, V) and np.abs(full).max() > 1e-3
+    np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+    # cached features (data.cache: features) give what images give
+    np.testing.assert_allclose(npy(model({"features": model.encode(images), "input_ids": ids})), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_empty_replica_batch_gives_empty_logits_zero_loss_and_zero_gradients(name):
+    model = tiny(name)
+    stats = [npy(v).copy() for v in model.non_trainable_variables]
+    for rows, steps in ((0, 0), (0, 5)):
+        batch = {"image": tf.zeros([rows, SIZE, SIZE, 3], tf.uint8), "input_ids": tf.zeros([rows, steps], tf.int64),
+                 "target_ids": tf.zeros([rows, steps], tf.int64), "mask": tf.zeros([rows, steps])}
+        assert model({"image": batch["image"], "input_ids": batch["input_ids"]}).shape == (rows, steps, V)
+        loss, grads = loss_and_grads(model, batch)
+        assert float(loss) == 0.0 and all(g is None or not g.any() for g in grads)
+    for before, after in zip(stats, model.non_trainable_variables):  # inference mode moved nothing
+        np.testing.assert_array_equal(before, npy(after))
+    images, ids = inputs()
+    full = npy(model({"image": images, "input_ids": ids}))
+    np.testing.assert_allclose(npy(model({"image": images[:1], "input_ids": ids[:1]})), full[:1], atol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [[7, 7, 3, 2, 6], [2, 7, 1, 7, 7, 3], [4, 4, 4], [7], [1, 1, 2], []])
+@pytest.mark.parametrize("name", NAMES)
+def test_split_padding_gives_the_same_logits_loss_and_gradients(name, lengths):
+    from captioning.model.base import split_point
+
+    model = tiny(name)
+    images, _ = inputs(seed=7, batch=max(len(lengths), 1))
+    images = images[:len(lengths)]
+    rng = np.random.default_rng(8)
+    ids = rng.integers(4, V, (len(lengths), T), dtype=np.int64)
+    ids[:, 0] = 1
+    for row, n in enumerate(lengths):
+        ids[row, n:] = 0
+    mask = (ids != 0).astype(np.float32)
+    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
+
+    def run(split):
+        loss, grads = loss_and_grads(model, batch, split_padding=split)
+        return npy(model({"image": images, "input_ids": ids}, split_padding=split)), loss, grads
+
+    (whole, a, ga), (split, b, gb) = run(False), run(True)
+    assert split.shape == whole.shape == (len(lengths), T, V)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(split[real], whole[real], atol=1e-5)
+    if lengths:
+        cut = int(split_point(tf.constant(lengths), T))
+        assert not split[~mask[:, cut:].any(axis=1)][:, cut:].any()  # finished captions' later steps: zeros
+    assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    for x, y in zip(ga, gb):
+        if x is not None:
+            np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_grouped_captions_equal_one_copy_of_the_image_per_caption(name):
+    model = tiny(name)
+    images, _ = inputs(seed=3, batch=2)
+    _, ids = inputs(seed=4, batch=5)
+    index = np.array([0, 0, 1, 1, 1], np.int32)
+    mask = np.ones((5, T), np.float32)
+    mask[1, 4:] = mask[3, 2:] = 0.0
+    grouped = {"image": images, "image_index": index, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1),
+               "mask": mask}
+    copied = {**{k: v for k, v in grouped.items() if k != "image_index"}, "image": images[index]}
+    np.testing.assert_allclose(npy(model({k: grouped[k] for k in ("image", "image_index", "input_ids")})),
+                               npy(model({k: copied[k] for k in ("image", "input_ids")})), atol=1e-5)
+    (a, ga), (b, gb) = loss_and_grads(model, grouped), loss_and_grads(model, copied)
+    assert a == pytest.approx(b, rel=1e-6)
+    for x, y in zip(ga, gb):
+        if x is not None:
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def rescore(model, images, captions):
+    """Each caption's summed log-probability (its words, then <end> if it has room), by stepping."""
+    from captioning.vocab import END_ID, START_ID
+
+    totals = []
+    for image, words in zip(images, captions):
+        state = model.initial_state(model.encode(image[None]))
+        total, token = 0.0, START_ID
+        for word in list(words) + [END_ID]:
+            logits, state = model.step(tf.constant([token]), state)
+            total += float(tf.nn.log_softmax(logits)[0, word])
+            token = word
+        totals.append(total)
+    return totals
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_beam_search_returns_its_best_captions_first_with_the_models_log_probabilities(name):
+    from captioning.model.decode import beam_search
+    from captioning.vocab import END_ID, PAD_ID, START_ID
+
+    model = tiny(name, seed=5)
+    images, _ = inputs(seed=9)
+    features = model.encode(images)
+    greedy = beam_search(model, features, beam_size=1, max_length=6)
+    state = model.initial_state(features)  # greedy by hand: argmax over words other than <pad>, <start>
+    tokens, manual, done = tf.fill([B], START_ID), np.zeros((B, 6), np.int64), np.zeros(B, bool)
+    for t in range(6):
+        logits, state = model.step(tokens, state)
+        logits = npy(logits)
+        logits[:, [PAD_ID, START_ID]] = -np.inf
+        tokens = tf.constant(logits.argmax(axis=1))
+        for row in range(B):
+            if not done[row]:
+                done[row] = int(tokens[row]) == END_ID
+                manual[row, t] = 0 if done[row] else int(tokens[row])
+    np.testing.assert_array_equal(npy(greedy["ids"])[:, 0], manual)
+
+    best = beam_search(model, features, beam_size=3, max_length=6, top_k=3)
+    ids, lengths, scores, log_probs = (npy(best[k]) for k in ("ids", "lengths", "scores", "log_probs"))
+    assert ids.shape == (B, 3, 6) and np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
+    for k in range(3):
+        captions = [ids[i, k, :lengths[i, k]] for i in range(B)]
+        ended = lengths[:, k] < 6
+        expected = rescore(model, images, captions)
+        got = [lp if e else None for lp, e in zip(log_probs[:, k], ended)]
+        for e, (x, y) in zip(ended, zip(got, expected)):
+            if e:  # a caption cut at max_length has no <end> in its log-probability
+                assert x == pytest.approx(y, abs=1e-4)
+    assert ("attention" in best) == model.attends
+    if model.attends:  # beam 1 is greedy: its weights are those of stepping through the greedy caption
+        state, tokens = model.initial_state(features), tf.fill([B], START_ID)
+        for t in range(6):
+            _, state = model.step(tokens, state)
+            for i in range(B):
+                if t < npy(greedy["lengths"])[i, 0]:
+                    np.testing.assert_allclose(npy(greedy["attention"])[i, 0, t], npy(state["attention"])[i],
+                                               atol=1e-6)
+            tokens = tf.constant(npy(greedy["ids"])[:, 0, t], tf.int32)
+        compiled = tf.function(lambda f: beam_search(model, f, beam_size=3, max_length=6, top_k=3))(features)
+        np.testing.assert_allclose(npy(compiled["attention"]), npy(best["attention"]), atol=1e-5)
+        weights = npy(best["attention"])
+        assert weights.shape[:3] == (B, 3, 6) and weights.shape[3] == np.prod(model.grid_shape)
+        for i in range(B):
+            for k in range(3):
+                n = lengths[i, k]
+                np.testing.assert_allclose(weights[i, k, :n].sum(axis=-1), 1.0, atol=1e-5)
+                assert not weights[i, k, n:].any()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mixed_precision_keeps_logits_and_variables_in_float32(name):
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = tiny(name)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert keras.mixed_precision.global_policy().name == "float32"  # the policy applies while building only
+    images, ids = inputs(seed=3)
+    logits = model({"image": images, "input_ids": ids})
+    assert logits.dtype == tf.float32 and np.isfinite(npy(logits)).all()
+    assert all(v.dtype == "float32" for v in model.decoder_variables())
+    assert any(layer.compute_dtype == "bfloat16" for layer in model._flatten_layers())  # it does compute in it
+    step_logits, state = model.step(tf.constant(ids[:, 0]), model.initial_state(model.encode(images)))
+    assert step_logits.dtype == tf.float32
+    if model.attends:
+        assert state["attention"].dtype == tf.float32
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_round_trips_and_one_of_other_shapes_is_refused(name, tmp_path):
+    from captioning.errors import InputError
+    from captioning.model.folder import ModelDir
+
+    model = tiny(name, seed=0)
+    images, ids = inputs(seed=6)
+    expected = npy(model({"image": images, "input_ids": ids}))
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    other = tiny(name, seed=1)
+    assert not np.allclose(npy(other({"image": images, "input_ids": ids})), expected)
+    ModelDir.restore(path, {"model": other})
+    np.testing.assert_array_equal(npy(other({"image": images, "input_ids": ids})), expected)
+    for a, b in zip(model.weights, other.weights):
+        np.testing.assert_array_equal(npy(a), npy(b))
+    cls = DECODERS[name]
+    for key in cls.incompatible_keys:
+        value = dataclasses.asdict(model.settings)[key]
+        changed = {key: value * 2 if isinstance(value, int) else value}
+        cfg = {"decoder": name, "encoder": "small_cnn"}
+        old = resolve(_config(cfg, model.settings))
+        new = resolve(_config(cfg, dataclasses.replace(model.settings, **changed)))
+        assert architecture_diff(old, new) == [f"model.{key}"]
+        with pytest.raises(InputError, match="does not fit the model this config builds"):
+            ModelDir.restore(path, {"model": tiny(name, **changed)})
+
+
+def _config(model_cfg, settings):
+    from captioning.config import Config
+
+    cfg = Config()
+    cfg.model = ModelConfig(**model_cfg, options=dataclasses.asdict(settings))
+    return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_the_saved_model_captions_as_the_captioner_does(name, tmp_path, shapes_dir):
+    from captioning.config import Config, DecodeConfig
+    from captioning.inference import Captioner
+    from captioning.inference.export import export
+    from captioning.model.folder import TrainedModel
+    from captioning.vocab import RESERVED, Vocabulary
+
+    cfg = Config()
+    cfg.data.image_size, cfg.data.resize_size = SIZE, 36
+    model = tiny(name, seed=2)
+    cfg.model = model.cfg
+    vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(V - len(RESERVED))])
+    trained = TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir=str(tmp_path))
+    captioner = Captioner(trained, DecodeConfig(beam_size=2, max_length=5, top_k=2))
+    files = sorted(os.listdir(os.path.join(shapes_dir, "images")))[:2]
+    encoded = [open(os.path.join(shapes_dir, "images", f), "rb").read() for f in files]
+    expected = captioner.caption(encoded)
+    out = export(captioner, str(tmp_path / "export"), str(tmp_path / "model"))
+    served = tf.saved_model.load(out).signatures["serving_default"](images=tf.constant(encoded))
+    texts = [[c.decode() for c in row] for row in served["captions"].numpy()]
+    assert texts == [[c.text for c in captions] for captions in expected]
+    np.testing.assert_allclose(served["log_probs"].numpy(), [[c.log_prob for c in cs] for cs in expected], atol=1e-4)
+    assert ("attention" in served) == model.attends
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_two_mirrored_replicas_compute_what_one_device_computes(name, prepared_dir, tmp_path, request):
+    registered = [a for spec in request.config.getoption("--decoder") for a in ("--decoder", spec)]
+    run_distributed_worker("mirrored_decoder", prepared_dir, str(tmp_path), name, *registered)
+    r = np.load(tmp_path / "mirrored.npz")
+    assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
+    assert r["tokens_first_half"] != r["tokens_second_half"]  # an uneven split of the words
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), rel=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert names
+    for key in names:
+        np.testing.assert_allclose(r["two/" + key], r["one/" + key], atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path):
+    """A decoder from a file outside the project (tests/data/toy_decoder.py), registered as one entry:
+    the contract tests run on it and pass; the same decoder with a subtle bug fails them."""
+    toy = os.path.join(REPO, "tests", "data", "toy_decoder.py")
+    args = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "test_decoders.py"), "-q",
+            "-p", "no:cacheprovider", "--decoder", f"{toy}:toy", "-k", "toy and not mirrored",
+            "-m", "not slow"]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("BROKEN", None)
+    done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary
+    assert int(summary.split()[0]) == 13, summary  # the 8 fast tests, split padding over its 6 lengths
+    broken = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=dict(env, BROKEN="1"), timeout=600)
+    assert broken.returncode == 1, broken.stdout[-3000:]
+    assert "FAILED tests/test_decoders.py::test_stepping_word_by_word_equals_the_teacher_forced_pass[toy]" in \
+        broken.stdout
