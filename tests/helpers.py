@@ -111,12 +111,29 @@ NEEDS_A_PROCESS = ("distribute.logical_cpus", "distribute.strategy=mirrored", "m
                    "data-service")
 
 
+def _config_needs_a_process(args) -> bool:
+    """Whether the ``--config`` file of ``args`` sets devices, a cluster or a tf.data service."""
+    import yaml
+
+    if "--config" not in args or args.index("--config") + 1 >= len(args):
+        return False
+    try:
+        with open(args[args.index("--config") + 1], encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    distribute, source = data.get("distribute") or {}, data.get("data") or {}
+    return bool((distribute.get("logical_cpus") or 0) > 1 or distribute.get("strategy") in ("mirrored", "multi_worker")
+                or source.get("service"))
+
+
 def run_cli(*args, cwd=None, timeout=300, env=None, process=False):
     """``captioning ARGS``: in this process (:func:`run_main`, seconds faster) unless ``process`` asks for
     a fresh ``python -m captioning`` (signals, kills, resource limits), ``env`` sets variables, or the
-    command needs one (:data:`NEEDS_A_PROCESS`). Returns a CompletedProcess either way."""
+    command needs one (:data:`NEEDS_A_PROCESS`, in the arguments or the config file). Returns a
+    CompletedProcess either way."""
     args = [str(a) for a in args]
-    if process or env or any(p in " ".join(args) for p in NEEDS_A_PROCESS):
+    if process or env or any(p in " ".join(args) for p in NEEDS_A_PROCESS) or _config_needs_a_process(args):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(env or {}))
         return subprocess.run([sys.executable, "-m", "captioning", *args], capture_output=True, text=True,
                               cwd=cwd or REPO, env=env, timeout=timeout, stdin=subprocess.DEVNULL)

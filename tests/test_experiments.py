@@ -1,4 +1,4 @@
-"""The shipped experiment configs load, validate, and say what the README says they say."""
+"""The shipped experiment configs load, validate, and say what the docs say they say."""
 
 import glob
 import os
@@ -80,6 +80,6 @@ def test_scst_configs_continue_from_cross_entropy():
         assert c.data.captions_per_image == "grouped" and c.scst.samples == 5 and c.scst.baseline == "mean"
         assert architecture_diff(xe, c) == []  # --init-from fits
         assert c.data.image_size == xe.data.image_size
-        assert not c.model.encoder_trainable and c.scst.max_length == 20  # measured: README
+        assert not c.model.encoder_trainable and c.scst.max_length == 20  # measured: docs/decoders.md
         assert 4 * c.train.steps == xe.train.steps or name.startswith("show_and_tell")  # a quarter
         assert c.train.optimizer == "adam" and c.train.lr_schedule == "constant"

@@ -326,6 +326,12 @@ class ModelDir:
         self.lock_fd = fd
         return fd
 
+    def release(self) -> None:
+        """Gives up :meth:`lock_for_training`'s lock (a process that goes on after its run)."""
+        if getattr(self, "lock_fd", None) is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
     @contextlib.contextmanager
     def undo_on_refusal(self):
         """A training run's start: if an :class:`InputError` refuses the run inside the block (a checkpoint
@@ -337,9 +343,7 @@ class ModelDir:
         try:
             yield
         except InputError:
-            if getattr(self, "lock_fd", None) is not None:
-                os.close(self.lock_fd)
-                self.lock_fd = None
+            self.release()
             created = (set(os.listdir(self.path)) if os.path.isdir(self.path) else set()) - before
             for name in created & OWN_NAMES:
                 path = self.file(name)

@@ -72,7 +72,7 @@ def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
     elif name == "multi_worker":
         if "TF_CONFIG" not in os.environ:
             raise InputError("distribute.strategy multi_worker needs the cluster in the TF_CONFIG environment "
-                             "variable (see the README's multi-machine section)")
+                             "variable (docs/distributed.md, \"Devices and distribution\")")
         try:
             tf_config = json.loads(os.environ["TF_CONFIG"])
         except json.JSONDecodeError as e:

@@ -330,7 +330,10 @@ def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_fr
         trainer = Trainer(cfg, model_dir, init_from=init_from)
         # a damaged shard: one line naming it (InputError), not a DataLossError traceback
         with trainer.shards, trainer.shards.named_errors():
-            return trainer.run(progress=progress)
+            try:
+                return trainer.run(progress=progress)
+            finally:
+                trainer.folder.release()  # the folder's lock, for a later run of this process or another
     except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
         raise distribute.peer_error(e, cfg.distribute) or e from None
     except tf.errors.OpError as e:  # data.service: the dispatcher restarted without this run's job
