@@ -14,7 +14,7 @@ ANN      := $(SHAPES)/annotations
 
 BENCH    := runs/benchmarks
 
-.PHONY: install test demo benchmarks clean
+.PHONY: install test test-fast demo benchmarks clean
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ define prepare_shapes
 	    --split val=$(ANN)/captions_val.json:$(SHAPES)/images \
 	    --split test=$(ANN)/captions_test.json:$(SHAPES)/images
 endef
+
+# The quick loop: every test but the slow end-to-end ones (signals, kills, servers, clusters, exports).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not slow' $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(prepare_shapes)

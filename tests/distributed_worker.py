@@ -3,8 +3,8 @@
     python tests/distributed_worker.py mirrored DATA_DIR OUT_DIR
         one training step from the same weights and the same global batch on one device and on a
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
-    python tests/distributed_worker.py mirrored_attention DATA_DIR OUT_DIR
-        the same with the soft-attention decoder (its doubly stochastic penalty included)
+    python tests/distributed_worker.py mirrored_decoder DATA_DIR OUT_DIR NAME [--decoder FILE:NAME ...]
+        the same for the decoder NAME with its tiny settings (tests/test_decoders.py, for every decoder)
     python tests/distributed_worker.py mirrored_scst DATA_DIR OUT_DIR
         one self-critical step (samples, CIDEr-D reward, policy gradient) on one device and on 2 replicas
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set; multi_worker_scst: SCST)
@@ -186,7 +186,6 @@ def mirrored_decoder(data_dir, out_dir, name, *registered):
 
 if __name__ == "__main__":
     modes = {"mirrored_decoder": mirrored_decoder, "mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
-             "mirrored_attention": lambda d, o: mirrored(d, o, "model.decoder=attention", "model.attention_size=16"),
              "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
              "eval_losses": eval_losses,
              "multi_worker_service": lambda d, o, service: multi_worker(

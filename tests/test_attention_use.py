@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import run_cli, run_distributed_worker, small_train_config
+from tests.helpers import run_cli, small_train_config
 
 pytestmark = pytest.mark.slow
 
@@ -175,13 +175,3 @@ def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path)
     assert os.path.getmtime(os.path.join(cache, train_file)) == stamp  # read, not written again
 
 
-def test_mirrored_attention_equals_one_device(prepared_dir, tmp_path):
-    """Two replicas of the attention decoder (with its penalty) update exactly as one device."""
-    run_distributed_worker("mirrored_attention", prepared_dir, str(tmp_path))
-    r = np.load(tmp_path / "mirrored.npz")
-    assert (int(r["one_replicas"]), int(r["two_replicas"])) == (1, 2)
-    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
-    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
-    assert len(names) > 40  # the encoder's and the attention decoder's weights and statistics
-    for name in names:
-        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)

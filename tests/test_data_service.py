@@ -127,6 +127,7 @@ def test_help_explains_each_flag():
         assert sorted(described) == sorted(flags), result.stdout
 
 
+@pytest.mark.slow
 def test_servers_log_their_address_and_stop_cleanly_on_sigterm_and_sigint(tmp_path):
     ports = [free_port() for _ in range(4)]
     servers = {"dispatcher-term": dispatcher(tmp_path, ports[0]), "dispatcher-int": dispatcher(tmp_path, ports[1]),
@@ -150,6 +151,7 @@ def test_servers_log_their_address_and_stop_cleanly_on_sigterm_and_sigint(tmp_pa
             s.kill()
 
 
+@pytest.mark.slow
 def test_distributed_epoch_gives_every_element_exactly_once(cluster, tmp_path):
     n = 101  # not a multiple of the 2 workers
     c = consumer(tmp_path, "consumer", cluster.service, "--mode", "distributed_epoch", "--n", str(n))
@@ -160,6 +162,7 @@ def test_distributed_epoch_gives_every_element_exactly_once(cluster, tmp_path):
     assert {w for _, _, w in got} <= {"w1", "w2"}
 
 
+@pytest.mark.slow
 def test_parallel_epochs_has_each_worker_produce_the_whole_dataset(cluster, tmp_path):
     n = 51
     c = consumer(tmp_path, "consumer", cluster.service, "--mode", "parallel_epochs", "--n", str(n))
@@ -171,6 +174,7 @@ def test_parallel_epochs_has_each_worker_produce_the_whole_dataset(cluster, tmp_
     assert {w: sorted(xs) for w, xs in by_worker.items()} == {"w1": list(range(n)), "w2": list(range(n))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["job_name", "dataset_id"])
 def test_trainers_sharing_a_job_split_it_between_them(cluster, tmp_path, how):
     """Two trainers (as the workers of a MultiWorkerMirroredStrategy would be) read one distributed_epoch
@@ -211,6 +215,7 @@ def test_usage_errors_are_one_line_and_exit_2(cluster, tmp_path, args, pattern):
     assert time.time() - started < 30  # before TensorFlow loads, or within a few seconds
 
 
+@pytest.mark.slow
 def test_an_unreachable_dispatcher_is_one_line_within_the_timeout(tmp_path):
     port = free_port()
     started = time.time()

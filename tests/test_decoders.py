@@ -322,9 +322,10 @@ def test_two_mirrored_replicas_compute_what_one_device_computes(name, prepared_d
     r = np.load(tmp_path / "mirrored.npz")
     assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
     assert r["tokens_first_half"] != r["tokens_second_half"]  # an uneven split of the words
-    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), rel=1e-5)
+    assert float(r["one_norm"]) > 0.05  # so clipping at 0.05 was active (on the global gradient)
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
     names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
-    assert names
+    assert len(names) > 20  # the encoder's and the decoder's weights, batch-norm statistics alike
     for key in names:
         np.testing.assert_allclose(r["two/" + key], r["one/" + key], atol=1e-5, err_msg=key)
 

@@ -25,6 +25,7 @@ def other_data(trained_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_stored_result_is_reused_only_for_the_same_dataset(trained_model_dir, other_data, tmp_path, caplog):
     from captioning.data.prepared import PreparedDataset
     from captioning.evaluation.evaluate import evaluate
@@ -55,6 +56,7 @@ def test_a_stored_result_is_reused_only_for_the_same_dataset(trained_model_dir, 
     assert again.metrics == theirs.metrics and again.dataset == theirs.dataset
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_folder_is_read_only_when_it_is_this_model(trained_model_dir,
                                                                                  trained_attention_dir, tmp_path):
     from captioning.evaluation.evaluate import evaluate

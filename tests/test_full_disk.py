@@ -80,6 +80,7 @@ def assert_disk_full(result, command, *fragments):
         assert fragment in last, last
 
 
+@pytest.mark.slow
 def test_a_checkpoint_save_on_a_full_disk_keeps_the_previous_one(disk, prepared_dir, tmp_path):
     model_dir = os.path.join(disk.root, "m")
     config = tmp_path / "c.yaml"
@@ -128,6 +129,7 @@ def test_prepare_on_a_full_disk_keeps_complete_shards_and_resumes(disk, shapes_d
             assert open(os.path.join(out, name), "rb").read() == open(clean / name, "rb").read(), name
 
 
+@pytest.mark.slow
 def test_evaluate_on_a_full_disk_keeps_earlier_results(disk, trained_model_dir):
     if not disk.mounted:  # a file-size limit also stops AutoGraph's temporary files long before these
         pytest.skip("needs a small tmpfs: evaluate's outputs are a few KB, smaller than TF's own temporary files")
@@ -148,6 +150,7 @@ def test_evaluate_on_a_full_disk_keeps_earlier_results(disk, trained_model_dir):
     assert len(os.listdir(os.path.join(model_dir, "eval"))) == len(kept) + 2
 
 
+@pytest.mark.slow
 def test_export_on_a_full_disk_keeps_the_earlier_export(disk, trained_model_dir):
     export = os.path.join(disk.root, "export")
     assert disk.run("export", "--model-dir", trained_model_dir, "--output", export).returncode == 0

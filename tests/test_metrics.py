@@ -62,6 +62,7 @@ def test_score_equals_pycocoevalcap_to_the_last_digit(fixture_files, monkeypatch
     assert 0.0 < ours["Bleu_4"] < 1.0 and ours["CIDEr"] > 0.0
 
 
+@pytest.mark.slow
 def test_score_cli_writes_the_same_numbers(fixture_files, tmp_path):
     ann_path, res_path = fixture_files
     out = tmp_path / "scores.json"
@@ -71,6 +72,7 @@ def test_score_cli_writes_the_same_numbers(fixture_files, tmp_path):
     assert json.loads(out.read_text()) == {"metrics": score_files(ann_path, res_path)}
 
 
+@pytest.mark.slow
 def test_perfect_and_wrong_captions_order_the_scores():
     refs = {1: ["a red circle above a blue square", "a small red circle over a big blue square"],
             2: ["a green triangle in the top left corner", "there is a green triangle at the top left"]}
@@ -81,6 +83,7 @@ def test_perfect_and_wrong_captions_order_the_scores():
     assert perfect["Bleu_1"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_meteor_works_under_a_decimal_comma_locale(monkeypatch):
     """A JVM in a German locale makes METEOR print nothing to parse; the scorer forces en_US."""
     refs = {1: ["a red circle above a blue square"]}

@@ -81,6 +81,7 @@ def test_evaluate_refuses_records_of_another_vocabulary(model, shapes_dir, tmp_p
     assert (sorted(os.listdir(model / "eval")) if (model / "eval").exists() else []) == before  # nothing written
 
 
+@pytest.mark.slow
 def test_each_evaluation_is_kept_once_and_never_replaced_by_a_partial_one(model, caplog):
     from captioning.evaluation.evaluate import evaluate
 
@@ -120,6 +121,7 @@ def _events(folder):
         yield from tf.compat.v1.train.summary_iterator(os.path.join(folder, name))
 
 
+@pytest.mark.slow
 def test_a_relative_data_dir_works_from_any_directory_and_a_moved_one_is_named(prepared_dir, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(prepared_dir, work / "records")

@@ -1,6 +1,7 @@
 """The servers' exposure (docs/distributed.md, "Trust model"): what TensorFlow binds, what it refuses,
 and the warning every server prints; one dispatcher per work dir."""
 
+import pytest
 import os
 import signal
 import socket
@@ -36,6 +37,7 @@ def test_listening_addresses_reads_what_the_kernel_reports():
     assert listening_addresses(local_port) == []  # closed: nothing listens
 
 
+@pytest.mark.slow
 def test_servers_bind_every_interface_warn_once_and_no_protocol_narrows_them(tmp_path):
     """The facts docs/distributed.md states, against the installed TensorFlow: the dispatcher and the
     worker listen on every interface whatever --port says, each prints the one warning line, and this
@@ -75,6 +77,7 @@ def test_servers_bind_every_interface_warn_once_and_no_protocol_narrows_them(tmp
                                    "types are: [ grpc ]"), done.stdout + done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_second_dispatcher_on_a_work_dir_in_use_is_refused(tmp_path):
     work = tmp_path / "work"
     first = Background(tmp_path, "first", CLI + ["data-service", "dispatcher", "--port", str(free_port()),
