@@ -205,17 +205,24 @@ class TrainConfig(Section):
     # an xe checkpoint; checked by the training stage, which also brings the batches it needs
     objective: str = "xe"
     batch_size: int = field(default=32, metadata=at_least(1))  # global: split evenly over replicas
-    optimizer: str = field(default="sgd", metadata=choices("sgd", "adam"))
+    # sgd, adam, or adamw (Adam with decoupled weight decay, train.weight_decay; Loshchilov & Hutter 2019)
+    optimizer: str = field(default="sgd", metadata=choices("sgd", "adam", "adamw"))
+    weight_decay: float = field(default=0.01, metadata=at_least(0.0))  # adamw: decay per step × learning rate
     learning_rate: float = field(default=2.0, metadata=more_than(0.0))
     # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
     momentum: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
-    lr_schedule: str = field(default="step", metadata=choices("constant", "step", "exponential", "cosine"))
+    # constant, step, exponential, cosine, or noam (the Transformer's: linear warm-up over train.warmup_steps
+    # to train.learning_rate, then × sqrt(warmup / step))
+    lr_schedule: str = field(default="step", metadata=choices("constant", "step", "exponential", "cosine", "noam"))
     # step / exponential schedules: the rate is multiplied by this once per lr_decay_epochs
     lr_decay_factor: float = field(default=0.5, metadata=between(0.0, 1.0, low_open=True))
     # step / exponential schedules: one decay every this many epochs
     lr_decay_epochs: float = field(default=8.0, metadata=more_than(0.0))
     warmup_steps: int = field(default=0, metadata=at_least(0))  # linear warm-up from 0
     clip_gradient_norm: float = field(default=5.0, metadata=at_least(0.0))  # 0 disables clipping
+    # cross-entropy against (1 − ε) on the reference word and ε spread evenly over the vocabulary (Szegedy et
+    # al. 2016; 0.1 in the Transformer paper); evaluation's perplexity is always of the plain cross-entropy
+    label_smoothing: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
     # a step whose loss or gradient norm is NaN/Inf is never applied; then stop: exit 1 naming the step,
     # the last checkpoint kept as it is; skip: drop that batch, count it and train on
     nan_policy: str = field(default="stop", metadata=choices("stop", "skip"))
@@ -240,6 +247,9 @@ class TrainConfig(Section):
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
 
     def check(self, prefix: str = "train.") -> None:
+        if self.lr_schedule == "noam" and self.warmup_steps < 1:
+            raise InputError(f"{prefix}lr_schedule: noam rises over {prefix}warmup_steps, which must be at least 1, "
+                             f"got {self.warmup_steps}")
         steps = self.profile_steps
         if steps and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
             raise InputError(f"{prefix}profile_steps must be [start, stop] with 1 <= start <= stop, got {steps}")
@@ -459,7 +469,7 @@ def section_from(cls, values: dict, prefix: str, complete: bool = False, where: 
         if missing:
             raise InputError(f"{where} lacks {len(missing)} of its keys ({', '.join(missing[:3])}"
                              f"{', ...' if len(missing) > 3 else ''}): it is cut short or damaged")
-    if isinstance(out, Section):
+    if callable(getattr(out, "check", None)):  # a Section, or a decoder's settings that check themselves
         out.check(prefix)
     return out
 
@@ -536,7 +546,9 @@ def _from_format_1(data: dict) -> dict:
                    "model.attention_size": 512, "model.attention_l1": 1.0, "train.objective": "xe",
                    "scst.samples": 5, "scst.baseline": "mean", "scst.max_length": 16, "scst.temperature": 1.0,
                    "scst.end_in_reward": True, "data.service": "", "data.service_mode": "parallel_epochs",
-                   "data.service_timeout_s": 60, "data.service_compression": "none"}
+                   "data.service_timeout_s": 60, "data.service_compression": "none",
+                   # keys that came with format 2, at the values that reproduce format 1's behaviour
+                   "train.label_smoothing": 0.0, "train.weight_decay": 0.01}
     out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
     for key, default in added_later.items():
         section, name = key.split(".")

@@ -29,10 +29,12 @@ from captioning.model.attention import ShowAttendTell
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import SMALL_CNN_FILTERS, all_layers, build_encoder
 from captioning.model.show_and_tell import ShowAndTell
+from captioning.model.transformer import Transformer
 
 log = logging.getLogger("captioning.model")
 
-DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attention": ShowAttendTell}
+DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attention": ShowAttendTell,
+                                           "transformer": Transformer}
 
 
 def decoder_class(name: str) -> type[CaptionModel]:
@@ -112,5 +114,6 @@ def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 
     return cls(vocab_size, cfg, image_size, seed=seed, settings=settings_of(cfg))
 
 
-__all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "ShowAttendTell", "all_keys", "all_layers",
+__all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
+           "all_layers",
            "architecture_diff", "build_encoder", "build_model", "decoder_class", "resolve", "settings_of"]

@@ -6,16 +6,18 @@ subclass, plus its name in :data:`captioning.model.DECODERS` and in ``model.deco
 
     features = model.encode(images, training)        pixels [B, S, S, 3] → features [B, ...]
     state = model.initial_state(features, training)   a nest of batch-major tensors [B, ...]
+    state = model.reserve(state, steps)               room for `steps` calls of step (default: as it is)
     logits, state = model.step(token_ids, state)      one word: ids [B] → logits [B, V] (float32)
     logits, state = model.teacher_forced(state, input_ids, training)  a caption from a state: [B, T, V]
     logits = model({"image" or "features", "input_ids"}, training)    teacher forcing: [B, T, V]
     logits = model({"image" [B, ...], "image_index" [N], "input_ids" [N, T]})    grouped captions: [N, T, V]
 
 With ``image_index`` (``data.captions_per_image: grouped``), row ``i`` of the captions belongs to image
-``image_index[i]``: the images are encoded once and their features gathered per caption, which equals
-encoding each caption's copy of its image (gradients add up over an image's captions) — apart from
-batch-norm batch statistics of a trainable encoder, which then see each image once instead of once
-per caption.
+``image_index[i]``: the images are encoded once, each image's initial decoding state computed once (a
+Transformer's encoder layers, an attention decoder's projection of the grid) and gathered per caption,
+which equals encoding each caption's copy of its image (gradients add up over an image's captions) —
+apart from batch-norm batch statistics of a trainable encoder, which then see each image once instead of
+once per caption, and from dropout in the initial state, whose mask an image's captions then share.
 
 The state may hold anything a decoding step needs per sequence (an LSTM's ``h`` and ``c``, an attention
 grid): beam search repeats every tensor of it per beam and reorders them all when beams are re-ranked,
@@ -65,6 +67,12 @@ def _pad_rows(x, rows):
     """``x`` with zero rows appended along axis 0 up to ``rows``."""
     extra = tf.maximum(rows - tf.shape(x)[0], 0)
     return tf.pad(x, tf.concat([[[0, extra]], tf.zeros([tf.rank(x) - 1, 2], tf.int32)], axis=0))
+
+
+def _fit(x, like):
+    """``x`` padded with zeros to ``like``'s shape on every axis but the first."""
+    extra = tf.maximum(tf.shape(like)[1:] - tf.shape(x)[1:], 0)
+    return tf.pad(x, tf.concat([[[0, 0]], tf.stack([tf.zeros_like(extra), extra], axis=1)], axis=0))
 
 
 def split_point(lengths, steps):
@@ -127,7 +135,14 @@ class CaptionModel(keras.Model):
         return self.encoder(_pad_rows(images, 1), training=training)[:rows]
 
     def initial_state(self, features, training=False):
+        """The decoding state of each image before its first word, from its features ``[B, ...]``."""
         raise NotImplementedError
+
+    def reserve(self, state, steps):
+        """The ``state`` readied for :meth:`step` to be called up to ``steps`` times (beam search and sampling
+        call it first): a decoder that caches each word's keys and values allocates room for them here.
+        The default returns the state as it is."""
+        return state
 
     def step(self, token_ids, state):
         """One decoding step: ``token_ids [B]`` and the state → ``logits [B, V]`` (float32) and the new state."""
@@ -143,15 +158,16 @@ class CaptionModel(keras.Model):
         one row and one step."""
         return self.teacher_forced(self.initial_state(features, training), input_ids, training)
 
-    def split_forward(self, features, input_ids, training=False):
-        """:meth:`forward` in two pieces of time (see the module docstring: split padding). The state
+    def split_teacher_forced(self, state, input_ids, training=False):
+        """:meth:`teacher_forced` in two pieces of time (see the module docstring: split padding). The state
         returned is each caption's after its own last piece."""
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(input_ids, PAD_ID), tf.int32), axis=1)
         cut = split_point(lengths, steps)
         order = tf.argsort(lengths, direction="DESCENDING", stable=True)  # the longer captions first
-        features, input_ids = tf.gather(features, order), tf.gather(input_ids, order)
-        first, at_cut = self.teacher_forced(self.initial_state(features, training), input_ids[:, :cut], training)
+        state = tf.nest.map_structure(lambda s: tf.gather(s, order), state)
+        input_ids = tf.gather(input_ids, order)
+        first, at_cut = self.teacher_forced(state, input_ids[:, :cut], training)
         going = tf.reduce_sum(tf.cast(lengths > cut, tf.int32))  # the first `going` rows run on
         # at least one row and one step, like every batch (zeros, cut away again)
         state = tf.nest.map_structure(lambda s: _pad_rows(s[:going], 1), at_cut)
@@ -161,7 +177,9 @@ class CaptionModel(keras.Model):
         second = _pad_rows(second[:going, :steps - cut], rows)  # the finished captions' steps: zeros
         logits = tf.concat([first, tf.cast(second, first.dtype)], axis=1)
         unsort = tf.math.invert_permutation(order)
-        final = tf.nest.map_structure(lambda a, b: tf.gather(tf.concat([b[:going], a[going:]], 0), unsort),
+        # the captions that ended at the cut keep their state there; a state that grew over the second piece
+        # (a Transformer's cache) is padded with zeros to the longer one's shape
+        final = tf.nest.map_structure(lambda a, b: tf.gather(tf.concat([b[:going], _fit(a[going:], b)], 0), unsort),
                                       at_cut, after)
         return tf.gather(logits, unsort), final
 
@@ -182,14 +200,16 @@ class CaptionModel(keras.Model):
             features = tf.cast(inputs["features"], self.compute_dtype)
         else:
             features = self.encode(inputs["image"], training)
-        if "image_index" in inputs:  # grouped captions: each image encoded once, its features per caption
-            features = tf.gather(features, inputs["image_index"])
+        # each image's state once (at least one row: a decoder never sees an empty batch) ...
+        state = self.initial_state(_pad_rows(features, 1), training)
+        if "image_index" in inputs:  # ... then per caption (grouped captions: the images' states gathered)
+            state = tf.nest.map_structure(lambda s: tf.gather(s, inputs["image_index"]), state)
         input_ids = inputs["input_ids"]
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-        features = _pad_rows(features, tf.maximum(rows, 1))
+        state = tf.nest.map_structure(lambda s: _pad_rows(s, tf.maximum(rows, 1))[:tf.maximum(rows, 1)], state)
         input_ids = tf.pad(input_ids, [[0, tf.maximum(1 - rows, 0)], [0, tf.maximum(1 - steps, 0)]])
-        forward = self.split_forward if split_padding else self.forward
-        logits, state = forward(features, input_ids, training=training)
+        forward = self.split_teacher_forced if split_padding else self.teacher_forced
+        logits, state = forward(state, input_ids, training=training)
         penalty = self.penalty(state)
         penalty = tf.zeros([rows]) if penalty is None else tf.cast(penalty, tf.float32)[:rows]
         return logits[:rows, :steps], penalty

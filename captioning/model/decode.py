@@ -53,6 +53,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     k, n, steps = beam_size, top_k, max_length
     if initial_state is None:
         initial_state = model.initial_state(features, training=False)
+    initial_state = model.reserve(initial_state, steps)  # room for the words' cached keys and values
     batch = tf.shape(tf.nest.flatten(initial_state)[0])[0]
     vocab = model.vocab_size
     kw = min(k, vocab)  # words proposed per live caption

@@ -1,8 +1,8 @@
 """The optimizer and its learning-rate schedule, from ``train.*``.
 
 SGD (the paper's and im2txt's: 2.0, halved every 8 epochs, gradients clipped at 5; ``train.momentum``
-for heavy-ball momentum) or Adam, with linear
-warm-up and a constant, step, exponential or cosine schedule. Under ``mixed_float16`` the optimizer is
+for heavy-ball momentum), Adam, or AdamW (``train.weight_decay``), with linear warm-up and a constant,
+step, exponential, cosine or noam schedule. Under ``mixed_float16`` the optimizer is
 wrapped in Keras' dynamic loss scaling. Gradient clipping is not the optimizer's: Keras 3 clips per
 replica before its own all-reduce, so the training step clips the global gradient itself
 (:mod:`captioning.train.steps`).
@@ -25,7 +25,15 @@ class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up, then constant, step (staircase), exponential or cosine decay.
 
     ``step``: multiply by ``factor`` every ``decay_steps`` (im2txt: 0.5 every 8 epochs);
-    ``exponential``: the same, continuously; ``cosine``: from the base rate to 0 at ``total_steps``.
+    ``exponential``: the same, continuously; ``cosine``: from the base rate to 0 at ``total_steps``;
+    ``noam`` (Vaswani et al.): up linearly to the base rate at ``warmup_steps``, then down as
+    ``sqrt(warmup_steps / step)`` — the paper's ``d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``
+    with its peak, ``(d_model · warmup)^-0.5``, as the base rate (self-critical.pytorch's Transformer:
+    d_model 512, 20,000 warm-up steps, a peak of 3.1e-4).
+
+    >>> noam = LearningRate(1.0, "noam", decay_steps=1, factor=1.0, total_steps=100, warmup_steps=4)
+    >>> [round(float(noam(step)), 3) for step in (0, 1, 3, 15, 99)]
+    [0.25, 0.5, 1.0, 0.5, 0.2]
     """
 
     def __init__(self, base: float, kind: str, decay_steps: int, factor: float, total_steps: int,
@@ -36,6 +44,9 @@ class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         progress = tf.maximum(step - self.warmup_steps, 0.0)
+        if self.kind == "noam":  # step counts from 0: the first update is step 1's
+            return self.base * tf.minimum((step + 1.0) / self.warmup_steps,
+                                          tf.sqrt(self.warmup_steps / (step + 1.0)))
         if self.kind == "step":
             rate = self.base * self.factor ** tf.floor(progress / self.decay_steps)
         elif self.kind == "exponential":
@@ -59,6 +70,8 @@ def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float1
                             t.lr_decay_factor, t.steps, t.warmup_steps)
     if t.optimizer == "sgd":
         optimizer = keras.optimizers.SGD(learning_rate=schedule, momentum=t.momentum)
+    elif t.optimizer == "adamw":  # the decay scales with the learning rate, as Keras (and PyTorch) apply it
+        optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=t.weight_decay)
     else:
         optimizer = keras.optimizers.Adam(learning_rate=schedule)
     return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_float16 else optimizer

@@ -93,7 +93,7 @@ class Objective:
 
 
 def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: bool = False,
-                     penalty: bool = False, parts: bool = False):
+                     penalty: bool = False, parts: bool = False, label_smoothing: float = 0.0):
     """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
     the global batch's word count, evaluation by the split's (perplexity = exp(mean)). ``split_padding``:
     the decoder skips most padded steps (:mod:`captioning.model.base`; the same value). ``penalty``: plus
@@ -101,14 +101,20 @@ def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: 
     stochastic regularisation), which training adds and evaluation leaves out. Both sums are divided by
     the same token count, so a per-caption penalty weighs against each caption's summed cross-entropy
     as in the papers that average both per caption. ``parts``: returns ``(cross-entropy sum, penalty
-    sum)`` instead of one number."""
+    sum, smoothed cross-entropy sum)`` instead of one number. ``label_smoothing`` ε: the loss against (1 −
+    ε) on the reference word and ε spread evenly over the vocabulary, ``(1 − ε) CE + ε · mean_w −log p(w)``
+    (the plain cross-entropy is what ``parts`` reports first, for perplexity)."""
     inputs = {k: batch[k] for k in ("image", "features", "image_index", "input_ids") if k in batch}
     logits, extra = model.logits_and_penalty(inputs, training=training, split_padding=split_padding)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
     total = tf.reduce_sum(ce * batch["mask"])
+    smoothed = total
+    if label_smoothing:
+        uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
+        smoothed = tf.reduce_sum(((1.0 - label_smoothing) * ce + label_smoothing * uniform) * batch["mask"])
     if parts:
-        return total, tf.reduce_sum(extra)
-    return total + tf.reduce_sum(extra) if penalty else total
+        return total, tf.reduce_sum(extra), smoothed
+    return smoothed + tf.reduce_sum(extra) if penalty else smoothed
 
 
 def perplexity(loss_per_token: float) -> float:

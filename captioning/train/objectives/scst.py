@@ -77,6 +77,7 @@ def sample_captions(model, state, max_length: int, temperature: float, seed) -> 
     """``state``'s rows decoded by sampling (see the module docstring); ``seed`` is an int32 ``[2]`` for the
     step. Returns ``{"ids": int32 [rows, max_length] (words, then <end> or <pad>), "log_prob": float32 [rows]
     (summed over the words and the <end>, differentiable), "ended": bool [rows]}``."""
+    state = model.reserve(state, max_length)
     rows = tf.shape(tf.nest.flatten(state)[0])[0]
     offset, total = _global_rows(rows)
     vocab = model.vocab_size

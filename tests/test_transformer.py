@@ -1,0 +1,125 @@
+"""The Transformer decoder's own promises (the decoder contract, tests/test_decoders.py, covers the rest):
+its parameter count, both normalisations and both kinds of positions stepping as they teacher-force, the
+cross-attention layer it shows, a cache that never recomputes the prefix, and its settings' checks."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import ModelConfig
+from captioning.errors import InputError
+from captioning.model import build_model, settings_of
+
+V, SIZE = 40, 32
+
+
+def transformer(seed=0, **options):
+    settings = {"d_model": 16, "heads": 2, "ff_size": 24, "encoder_layers": 1, "decoder_layers": 2, **options}
+    cfg = ModelConfig(decoder="transformer", encoder="small_cnn", encoder_trainable=True, dropout=0.0, options=settings)
+    return build_model(V, cfg, SIZE, seed=seed).build_all()
+
+
+def inputs(seed=0, batch=3, steps=6):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, V, (batch, steps), dtype=np.int64)
+    ids[:, 0] = 1
+    return rng.integers(0, 256, (batch, SIZE, SIZE, 3), dtype=np.uint8), ids
+
+
+def size(variables):
+    return sum(int(np.prod(v.shape)) for v in variables)
+
+
+def test_the_parameter_count_is_the_docstrings():
+    d, f, D, G = 16, 24, 128, 4  # small_cnn at 32 px: a 2 x 2 grid of 128 features
+    for norm, positions in (("pre", "sinusoidal"), ("post", "learned")):
+        model = transformer(norm=norm, positions=positions)
+        attention, ff = 4 * (d * d + d), 2 * d * f + f + d
+        expected = (D * d + d + G * d  # the features' projection, the cells' positions
+                    + 1 * (attention + ff + 2 * 2 * d)  # one encoder layer: 2 layer norms
+                    + 2 * (2 * attention + ff + 3 * 2 * d)  # two decoder layers: 3 layer norms
+                    + V * d + d * V + V  # words, output
+                    + (64 * d if positions == "learned" else 0)
+                    + (2 * 2 * d if norm == "pre" else 0))  # the final encoder and decoder norms
+        assert size(model.decoder_variables()) == expected, (norm, positions)
+
+
+@pytest.mark.parametrize("norm, positions", [("post", "learned"), ("pre", "learned"), ("post", "sinusoidal")])
+def test_every_variant_steps_as_it_teacher_forces(norm, positions):
+    model = transformer(norm=norm, positions=positions)
+    images, ids = inputs(seed=1)
+    full = model({"image": images, "input_ids": ids}).numpy()
+    state = model.reserve(model.initial_state(model.encode(images)), ids.shape[1])
+    stepped = []
+    for t in range(ids.shape[1]):
+        logits, state = model.step(tf.constant(ids[:, t]), state)
+        stepped.append(logits.numpy())
+    np.testing.assert_allclose(np.stack(stepped, 1), full, atol=1e-5)
+
+
+def test_the_cross_attention_shown_is_the_chosen_layers_heads_averaged():
+    """attention_layer k shows layer k's cross-attention (0: the last), averaged over the heads: by hand,
+    that layer's query of the word over the memory's keys."""
+    assert [transformer(decoder_layers=3, attention_layer=k).shown for k in (1, 2, 3, 0)] == [0, 1, 2, 2]
+    model = transformer(seed=3, decoder_layers=2)
+    images, ids = inputs(seed=2)
+    shown = {}
+    for layer in (0, 1):
+        model.shown = layer
+        state = model.reserve(model.initial_state(model.encode(images)), 2)
+        _, after = model.step(tf.constant(ids[:, 0]), state)
+        shown[layer] = after["attention"].numpy()
+        np.testing.assert_allclose(shown[layer].sum(-1), 1.0, atol=1e-5)
+    assert not np.allclose(shown[0], shown[1])  # each layer looks its own way
+    # layer 0 by hand: its input is the word's embedding through the self-attention block
+    x = model._embed(tf.constant(ids[:, :1]), state["t"], training=False)
+    block, attention = model.self_block_0, model.self_attention_0
+    inner = block.inner(x)
+    keys, values = attention.project(inner)
+    update, _ = attention.attend(inner, keys, values, tf.ones([3, 1, 1]))
+    x = block.outer(x, update, training=False)
+    _, weights = model.cross_attention_0.attend(model.cross_block_0.inner(x), state["mk0"], state["mv0"],
+                                                tf.ones([3, 1, 4]))
+    np.testing.assert_allclose(tf.reduce_mean(weights, axis=1)[:, 0].numpy(), shown[0], atol=1e-6)
+
+
+def test_a_step_costs_one_word_not_the_prefix():
+    """After reserve, the cache has its final size: a step writes one word's keys and values into it,
+    the shapes never grow, and the words before are not computed again (their keys stay as they were)."""
+    model = transformer()
+    images, ids = inputs(seed=4, steps=5)
+    state = model.reserve(model.initial_state(model.encode(images)), 5)
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    history = []
+    for t in range(5):
+        _, state = model.step(tf.constant(ids[:, t]), state)
+        assert {k: tuple(v.shape) for k, v in state.items()} == shapes
+        history.append(state["k0"].numpy())
+        assert np.abs(history[-1][:, t]).max() > 0 and not history[-1][:, t + 1:].any()
+    for t in range(1, 5):  # slot t-1 was written once, at step t-1, and never touched again
+        np.testing.assert_array_equal(history[t][:, :t], history[t - 1][:, :t])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"d_model": 10, "heads": 3}, "model.d_model (10) must be a multiple of model.heads (3)"),
+    ({"attention_layer": 3}, "model.attention_layer (3) names no layer: there are model.decoder_layers=2 (0: the last)"),
+    ({"norm": "middle"}, "config key model.norm must be one of pre, post, got 'middle'"),
+])
+def test_settings_that_cannot_work_are_one_line(options, message):
+    cfg = ModelConfig(decoder="transformer", options={"decoder_layers": 2, **options})
+    with pytest.raises(InputError) as info:
+        settings_of(cfg)
+    assert str(info.value) == message
+
+
+def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path):
+    """SCST draws its samples by stepping: through the Transformer's cache, under the training loop."""
+    from captioning.train import Trainer
+    from tests.helpers import small_train_config
+
+    cfg = small_train_config(prepared_dir, "model.decoder=transformer", "model.d_model=16", "model.heads=2",
+                             "model.ff_size=24", "model.encoder_layers=1", "model.decoder_layers=2",
+                             "train.objective=scst", "scst.samples=3", "scst.max_length=20", "train.optimizer=adam",
+                             "train.learning_rate=0.001", "train.batch_size=10", "train.steps=3")
+    result = Trainer(cfg, str(tmp_path / "m")).run(progress=False)
+    assert result.step == 3 and np.isfinite(result.losses).all()
