@@ -8,6 +8,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from tests.helpers import run_cli
@@ -117,13 +118,40 @@ def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
 
 
 def test_benchmark_decode(tmp_path, trained_model_dir):
-    for extra in ([], ["--model-dir", trained_model_dir]):
+    transformer = ["--set", "model.decoder=transformer", "--set", "model.d_model=16", "--set", "model.heads=2",
+                   "--set", "model.ff_size=16", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
+    for extra, decoder in (([], "show_and_tell"), (["--model-dir", trained_model_dir], "show_and_tell"),
+                           (transformer, "transformer")):
         out = tmp_path / "decode.json"
         done = run_cli("-q", "benchmark", "decode", "--batch-size", "4", "--images", "8", "--max-length", "5",
                        "--json", str(out), *extra)
         result = check(done, out)
         assert positive(result["batched_captions_per_s"]) and positive(result["single_captions_per_s"])
         assert result["settings"]["beam_size"] == 3 and result["settings"]["max_length"] == 5
+        assert result["settings"]["decoder"] == decoder and positive(result["cache_speedup"])
+        assert result["cache_speedup"] == pytest.approx(result["cached_captions_per_s"] /
+                                                        result["recomputed_captions_per_s"])
+    done = run_cli("benchmark", "decode", "--model-dir", trained_model_dir, "--set", "model.decoder=attention")
+    assert done.returncode == 2 and "give --model-dir or --config/--set, not both" in done.stderr
+
+
+def test_the_prefix_recomputer_decodes_what_the_model_decodes():
+    """The benchmark's decoder without a cache gives the same captions as the model it wraps."""
+    import tensorflow as tf
+
+    from captioning.benchmarks.decode import PrefixRecomputer
+    from captioning.model.decode import beam_search
+    from tests.test_decoders import inputs, tiny
+
+    for name in ("show_and_tell", "transformer"):
+        model = tiny(name, seed=4)
+        images, _ = inputs(seed=5)
+        features = model.encode(images)
+        cached = beam_search(model, features, beam_size=2, max_length=6)
+        recomputed = beam_search(PrefixRecomputer(model, 6), features, beam_size=2, max_length=6)
+        np.testing.assert_array_equal(recomputed["ids"].numpy(), cached["ids"].numpy())
+        np.testing.assert_allclose(recomputed["log_probs"].numpy(), cached["log_probs"].numpy(), atol=1e-4)
+        assert tf.reduce_all(recomputed["lengths"] == cached["lengths"])
 
 
 def test_benchmark_prepare(tmp_path):

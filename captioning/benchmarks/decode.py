@@ -8,6 +8,12 @@ demo's architecture: ``small_cnn``, LSTM 256, on 32² crops, with a 1,000-word v
 untrained model rarely ends a caption early, so every caption runs the full length: the worst case for
 both.
 
+``cache_speedup``: the same batched search against one whose decoder keeps no state between words and
+re-reads the caption so far at every step (:class:`PrefixRecomputer`: the teacher-forced pass over the
+words chosen so far, padded to ``max_length``, whose last logits pick the next word) — what a decoder
+without a key/value cache does. ``--config`` and ``--set`` choose the untrained model
+(``--config experiments/shapes_transformer.yaml``, or ``--set model.decoder=attention``).
+
 On a CPU the batched search is compute-bound: each step multiplies ``batch × beam`` rows through the
 LSTM and the vocabulary projection, and a 2-core machine does that at its matmul peak (~100 GFLOPS),
 so the gain over one image at a time (whose cost is per-op overhead) is capped near 6× for this model —
@@ -16,7 +22,6 @@ see ``benchmarks/RESULTS.md``. An accelerator runs the batched steps at nearly t
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import logging
 
@@ -30,16 +35,47 @@ log = logging.getLogger("captioning.benchmark")
 TARGET_SPEEDUP = 20.0
 
 
-def _small_model(vocab_size: int = 1_000):
-    from captioning import config as config_lib
+class PrefixRecomputer:
+    """A decoder without a cache, for comparison: ``step`` writes the word into the caption so far and runs
+    the model's teacher-forced pass over all of it (``steps`` words, padded) from the image's initial state,
+    keeping only the logits at the new word's position. Exact for any decoder (causal: later, padded words
+    do not change earlier logits); its cost grows with the caption, a cached step's does not."""
+
+    attends = False
+
+    def __init__(self, model, steps: int):
+        self.model, self.steps, self.vocab_size = model, steps, model.vocab_size
+
+    def initial_state(self, features, training=False):
+        import tensorflow as tf
+
+        rows = tf.shape(features)[0]
+        return {"image": self.model.initial_state(features, training), "ids": tf.zeros([rows, self.steps], tf.int32),
+                "t": tf.zeros([rows], tf.int32)}
+
+    def reserve(self, state, steps):
+        return state
+
+    def step(self, token_ids, state):
+        import tensorflow as tf
+
+        t = state["t"]
+        ids = state["ids"] + tf.one_hot(t, self.steps, dtype=tf.int32) * token_ids[:, None]
+        logits, _ = self.model.teacher_forced(state["image"], ids, training=False)
+        return tf.gather(logits, tf.minimum(t, self.steps - 1), batch_dims=1), {**state, "ids": ids, "t": t + 1}
+
+
+def _untrained_model(config: str | None, overrides: tuple[str, ...], vocab_size: int = 1_000):
+    """An untrained model of ``config``'s model and data sections (default: the shapes demo's,
+    ``small_cnn`` on 32² crops with an LSTM of 256) and a vocabulary of ``vocab_size`` words."""
+    from captioning.config import load_config
+    from captioning.model import build_model, resolve
     from captioning.model.folder import TrainedModel
-    from captioning.model import build_model
     from captioning.vocab import RESERVED, Vocabulary
 
-    cfg = config_lib.Config()
-    cfg.data = dataclasses.replace(cfg.data, image_size=32, resize_size=36)
-    cfg.model = dataclasses.replace(cfg.model, encoder="small_cnn", encoder_trainable=True,
-                                    options={"embedding_size": 256, "lstm_units": 256})
+    defaults = ["data.image_size=32", "data.resize_size=36", "model.encoder=small_cnn", "model.dropout=0",
+                "model.embedding_size=256", "model.lstm_units=256"] if config is None else []
+    cfg = resolve(load_config(config, [*defaults, *overrides]))
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
     model = build_model(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
     return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir="")
@@ -58,8 +94,10 @@ def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:
 
 
 def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, beam_size: int | None = None,
-        max_length: int | None = None, length_normalization: float | None = None, progress: bool = True) -> dict:
-    """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config."""
+        max_length: int | None = None, length_normalization: float | None = None, config: str | None = None,
+        overrides: tuple[str, ...] = (), progress: bool = True) -> dict:
+    """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config.
+    Without ``model_dir``, an untrained model of ``config`` and ``overrides`` (``--set model.decoder=...``)."""
     import tensorflow as tf
 
     from captioning import inference
@@ -67,7 +105,9 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     if batch_size < 1 or images < batch_size:
         raise InputError("`batch_size` must be at least 1 and `images` at least `batch_size`",
                          params=("batch_size", "images"))
-    trained = inference.load(model_dir) if model_dir else _small_model()
+    if model_dir and (config or overrides):
+        raise InputError("give `model_dir` or `config`/`overrides`, not both", params=("model_dir", "config", "overrides"))
+    trained = inference.load(model_dir) if model_dir else _untrained_model(config, tuple(overrides))
     captioner = inference.Captioner(trained, trained.config.decode.override(
         beam_size=beam_size, max_length=max_length, length_normalization=length_normalization, top_k=1))
     beam_size, max_length = captioner.settings.beam_size, captioner.settings.max_length
@@ -88,10 +128,15 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     log.info("single: %.1f captions/s; batched (%d per call): %.1f captions/s", single["per_s"], batch_size,
              batched["per_s"])
     speedup = batched["per_s"] / single["per_s"]
+    cache = _cache_against_recomputing(captioner, data, batch_size, images)
+    log.info("batched with the decoder's state: %.1f captions/s; re-reading the caption at every step: %.1f "
+             "captions/s", cache["cached"], cache["recomputed"])
     return {
         "batched_captions_per_s": batched["per_s"], "single_captions_per_s": single["per_s"],
-        "speedup": speedup,
-        "settings": {"model_dir": model_dir, "batch_size": batch_size, "beam_size": beam_size,
+        "speedup": speedup, "cached_captions_per_s": cache["cached"], "recomputed_captions_per_s": cache["recomputed"],
+        "cache_speedup": cache["cached"] / cache["recomputed"],
+        "settings": {"model_dir": model_dir, "decoder": trained.config.model.decoder, "batch_size": batch_size,
+                     "beam_size": beam_size,
                      "max_length": max_length, "vocab_size": len(trained.vocab),
                      "encoder": trained.config.model.encoder, "image_size": trained.config.data.image_size},
         "target": {"speedup": [TARGET_SPEEDUP, speedup >= TARGET_SPEEDUP]},
@@ -99,6 +144,34 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     }
 
 
+def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, images: int) -> dict:
+    """Captions/s of batched beam search on the model, and on :class:`PrefixRecomputer` of it (no
+    attention weights kept by either, the same images, crops computed once)."""
+    import tensorflow as tf
+
+    from captioning.data.reading import model_input
+    from captioning.model.decode import beam_search
+
+    model, options, cfg = captioner.trained.model, dict(captioner.options), captioner.trained.config.data
+    crops = tf.map_fn(lambda e: model_input(e, cfg), tf.constant(data[:batch_size]),
+                      fn_output_signature=tf.TensorSpec([cfg.image_size, cfg.image_size, 3], tf.uint8))
+
+    class Plain:  # the model itself, without keeping its attention weights: the same work as the other
+        attends, vocab_size = False, model.vocab_size
+        initial_state, reserve, step = model.initial_state, model.reserve, model.step
+
+    rates = {}
+    for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, options["max_length"]))):
+        search = tf.function(lambda images, d=decoder: beam_search(d, model.encode(images), **options)["ids"])
+        rates[name] = common.throughput(iter(lambda s=search: s(crops), None),
+                                        lambda out: int(out.shape[0]), measure=max(images // 2, batch_size),
+                                        warmup=batch_size)["per_s"]
+    return rates
+
+
 def summary(result: dict) -> str:
     return (f"batched {result['batched_captions_per_s']:.1f} captions/s, one at a time "
-            f"{result['single_captions_per_s']:.1f} captions/s: {result['speedup']:.1f}x (target >= {TARGET_SPEEDUP:.0f}x)")
+            f"{result['single_captions_per_s']:.1f} captions/s: {result['speedup']:.1f}x (target >= {TARGET_SPEEDUP:.0f}x)"
+            f"\n{result['settings']['decoder']}: stepping with its state {result['cached_captions_per_s']:.1f} captions/s, "
+            f"re-reading the caption so far at every step {result['recomputed_captions_per_s']:.1f}: "
+            f"{result['cache_speedup']:.1f}x")

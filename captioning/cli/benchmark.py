@@ -76,6 +76,8 @@ def add_benchmark(sub) -> None:
     q = kinds.add_parser("decode", help="batched beam search vs one image at a time",
                          description="Captions/s of batched beam search against one image per call, same code.")
     q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
+    config_flags(q, required=False, help="without --model-dir: an experiment config whose model and data sections "
+                                         "make the untrained model (default: the shapes demo's Show and Tell)")
     q.add_argument("--batch-size", type=POSITIVE, default=128, help="images per batched call (default 128)")
     q.add_argument("--images", type=POSITIVE, default=256,
                    help="images captioned in the batched measurement (default 256)")
