@@ -2,6 +2,8 @@
 its parameter count, both normalisations and both kinds of positions stepping as they teacher-force, the
 cross-attention layer it shows, a cache that never recomputes the prefix, and its settings' checks."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -123,3 +125,26 @@ def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path
                              "train.learning_rate=0.001", "train.batch_size=10", "train.steps=3")
     result = Trainer(cfg, str(tmp_path / "m")).run(progress=False)
     assert result.step == 3 and np.isfinite(result.losses).all()
+
+
+def test_cached_grid_features_and_init_from_carry_a_transformer(prepared_dir, tmp_path):
+    """data.cache: features keeps the encoder's grid on disk (the Transformer's encoder layers run on it);
+    --init-from starts another folder from the trained weights; a changed width is refused."""
+    from captioning.errors import InputError
+    from captioning.train import Trainer
+    from tests.helpers import small_train_config
+
+    sizes = ["model.decoder=transformer", "model.d_model=16", "model.heads=2", "model.ff_size=24",
+             "model.encoder_layers=1", "model.decoder_layers=2", "train.optimizer=adam", "train.learning_rate=0.003"]
+    frozen = ["model.encoder_trainable=false", "data.random_crop=false", "data.random_flip=false"]
+    first = Trainer(small_train_config(prepared_dir, *sizes, *frozen, "data.cache=features", "train.steps=6"),
+                    str(tmp_path / "first"))
+    assert first.run(progress=False).step == 6
+    assert any(name.startswith("features-train-") for name in os.listdir(tmp_path / "first" / "cache"))
+    second = Trainer(small_train_config(prepared_dir, *sizes, "train.steps=2"), str(tmp_path / "second"),
+                     init_from=str(tmp_path / "first"))
+    for a, b in zip(first.model.decoder_variables(), second.model.decoder_variables()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(InputError, match="holds a model with other model.d_model"):
+        Trainer(small_train_config(prepared_dir, *sizes, "model.d_model=32", "train.steps=2"), str(tmp_path / "third"),
+                init_from=str(tmp_path / "first"))
