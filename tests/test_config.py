@@ -39,7 +39,8 @@ def all_keys():
     return core_keys() + sorted(OWNER)
 
 
-VALID = {"data.service": "localhost:5050", "model.decoder": "attention"}  # string keys whose values have a form
+VALID = {"data.service": "localhost:5050", "model.decoder": "attention",  # string keys whose values have a form
+         "model.d_model": 1024, "model.heads": 16}  # and keys checked against each other (d_model % heads)
 # keys that apply only beside another setting of their section
 COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"]}
 
@@ -367,7 +368,7 @@ def test_another_decoders_key_is_left_out_and_an_unknown_one_named():
     message = load_error(None, None, ["model.atention_size=64"])
     assert message.startswith("unknown config key 'model.atention_size'; did you mean model.attention_size")
     assert load_error(None, None, ["model.decoder=atention"]) == \
-        "config key model.decoder must be one of show_and_tell, attention, got 'atention' (did you mean attention?)"
+        f"config key model.decoder must be one of {', '.join(model_lib.DECODERS)}, got 'atention' (did you mean attention?)"
 
 
 def test_set_strips_text_values_and_unknown_sections_are_named():

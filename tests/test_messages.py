@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from captioning.model import DECODERS
 from tests.helpers import coco_split_args, run_cli, run_main
 
 
@@ -17,7 +18,7 @@ def test_an_unknown_decoder_is_found_before_tensorflows_runtime_starts(tmp_path)
     done = run_cli("train", "--config", os.path.join("experiments", "shapes.yaml"), "--model-dir",
                    str(tmp_path / "m"), "--set", "model.decoder=bogus")
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "captioning train: error: config key model.decoder must be one of show_and_tell, attention, got 'bogus'"]
+        f"captioning train: error: config key model.decoder must be one of {', '.join(DECODERS)}, got 'bogus'"]
     assert not (tmp_path / "m").exists()
 
 
