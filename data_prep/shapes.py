@@ -31,23 +31,18 @@ the stored image, to 1/100 px: :func:`shape_bbox`), ``area`` (the box's), ``iscr
 
 Splits are 80/10/10 of a seeded shuffle. The same ``seed`` and ``num_images`` give byte-identical files
 (given the same Pillow/libjpeg build). Generation runs in one process: 2,000 images take a few seconds.
+The files are written by data_prep/synth.py, which also draws the hard scenes (data_prep/scenes.py).
 """
 
 from __future__ import annotations
 
 import io
-import json
-import os
-import re
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
-from tqdm import tqdm
 
-from captioning.errors import InputError
-from captioning.text import tokenize_caption
-from captioning.fileio import atomic_write_bytes, atomic_write_json, make_dirs
+from captioning.data.scenes import ShapeBox
 
 COLORS = {
     "red": (215, 35, 35),
@@ -75,9 +70,7 @@ POSITIONS = [  # 3x3 grid, row by row
 ]
 PICTURE = ("an image of", "a picture of", "a drawing of")
 NUMBER = {2: "two", 3: "three"}
-SPLITS = ("train", "val", "test")
-IMAGE_FILE = "shapes_{:06d}.jpg"
-IMAGE_NAME = re.compile(r"shapes_(\d{6,})\.jpg")
+DESCRIPTION = "shapes: synthetic images of coloured shapes with five captions each"
 
 
 @dataclass
@@ -88,12 +81,6 @@ class Shape:
     x: float  # centre
     y: float
     r: float  # radius of the bounding circle
-
-
-def _split_counts(n: int) -> dict[str, int]:
-    n_val = max(1, round(n * 0.1))
-    n_test = max(1, round(n * 0.1))
-    return {"train": n - n_val - n_test, "val": n_val, "test": n_test}
 
 
 def _background(rng: np.random.Generator, w: int, h: int) -> Image.Image:
@@ -253,6 +240,12 @@ def make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str]]:
     return _make_image(rng)[:4]
 
 
+def make_scene(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], list[ShapeBox]]:
+    """One image for ``captioning synth`` (data_prep/synth.py): :func:`make_image`, and its shapes' boxes."""
+    jpeg, w, h, captions, shapes = _make_image(rng)
+    return jpeg, w, h, captions, [ShapeBox(s.kind, s.color, s.size, tuple(shape_bbox(s))) for s in shapes]
+
+
 def _make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], list[Shape]]:
     """:func:`make_image`, and the shapes drawn."""
     w, h = (int(v) for v in rng.integers(200, 321, size=2))  # aspect ≤ 1.6: models squash to a square
@@ -262,85 +255,3 @@ def _make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], l
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=90)
     return buf.getvalue(), w, h, _captions(rng, shapes, w, h), shapes
-
-
-def synthesize(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite: bool = False,
-               progress: bool = True) -> dict[str, int]:
-    """Writes the shapes dataset to ``output_dir`` (layout in the module docstring): the images, the
-    COCO captions and instances files of each split and the Karpathy-style file.
-
-    Returns the number of images per split. Refuses a non-empty ``output_dir`` unless ``overwrite``.
-    """
-    if num_images < 3:
-        raise InputError(f"`num_images` must be at least 3 (one image per split), got {num_images}",
-                         params=("num_images",))
-    image_dir = os.path.join(output_dir, "images")
-    ann_dir = os.path.join(output_dir, "annotations")
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise InputError(f"{output_dir} is not empty; pass `overwrite=True` to write the shapes dataset there anyway",
-                         params=("overwrite",))
-    make_dirs(output_dir, "`output_dir`", ("output_dir",))
-    make_dirs(image_dir, "`output_dir`: the images folder", ("output_dir",))
-    make_dirs(ann_dir, "`output_dir`: the annotations folder", ("output_dir",))
-
-    rng = np.random.default_rng(seed)
-    counts = _split_counts(num_images)
-    order = rng.permutation(num_images) + 1
-    split_of = {}
-    start = 0
-    for split in SPLITS:
-        for image_id in order[start:start + counts[split]]:
-            split_of[int(image_id)] = split
-        start += counts[split]
-
-    coco = {s: {"images": [], "annotations": []} for s in SPLITS}
-    objects = {s: [] for s in SPLITS}  # the instances files' annotations
-    karpathy = []
-    sentence_id = object_id = 0  # ids unique across the splits, as COCO's
-    for image_id in tqdm(range(1, num_images + 1), desc="synth", unit="img",
-                         disable=None if progress else True, mininterval=0.5):
-        jpeg, w, h, captions, shapes = _make_image(rng)
-        file_name = IMAGE_FILE.format(image_id)
-        atomic_write_bytes(os.path.join(image_dir, file_name), jpeg)
-        split = split_of[image_id]
-        coco[split]["images"].append({"id": image_id, "file_name": file_name, "width": w, "height": h,
-                                      "license": 1})
-        for s in shapes:  # boxes from the shapes drawn: no draw from rng, so the other files stay the same
-            box = shape_bbox(s)
-            object_id += 1
-            objects[split].append({"id": object_id, "image_id": image_id, "category_id":
-                                   KINDS.index(s.kind) + 1, "bbox": box, "area": round(box[2] * box[3], 2),
-                                   "iscrowd": 0, "attributes": {"color": s.color, "size": s.size}})
-        sentences = []
-        for caption in captions:
-            sentence_id += 1
-            coco[split]["annotations"].append({"id": sentence_id, "image_id": image_id, "caption": caption})
-            sentences.append({"raw": caption, "tokens": tokenize_caption(caption), "imgid": image_id - 1,
-                              "sentid": sentence_id})
-        karpathy.append({"filepath": "images", "filename": file_name, "imgid": image_id - 1, "cocoid": image_id,
-                         "split": split, "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
-
-    info = {"description": "shapes: synthetic images of coloured shapes with five captions each",
-            "version": "1.0", "year": 2026, "contributor": "captioning synth", "url": "",
-            "date_created": "2026-11-21", "seed": seed, "num_images": num_images}
-    licenses = [{"id": 1, "name": "CC0 1.0 (synthetic)", "url": ""}]
-    for split in SPLITS:
-        atomic_write_json(os.path.join(ann_dir, f"captions_{split}.json"),
-                          {"info": info, "licenses": licenses, **coco[split]}, indent=None)
-        atomic_write_json(os.path.join(ann_dir, f"instances_{split}.json"),
-                          {"info": info, "licenses": licenses, "images": coco[split]["images"],
-                           "annotations": objects[split], "categories": CATEGORIES}, indent=None)
-    atomic_write_json(os.path.join(ann_dir, "dataset_shapes.json"), {"dataset": "shapes", "images": karpathy},
-                      indent=None)
-    # --overwrite with fewer images: images of an earlier, larger run would stay behind, unlisted
-    for name in os.listdir(image_dir):
-        match = IMAGE_NAME.fullmatch(name)
-        if match and int(match.group(1)) > num_images:
-            os.remove(os.path.join(image_dir, name))
-    return counts
-
-
-def load_split(output_dir: str, split: str) -> dict:
-    """Reads one COCO annotations file back (for tests and summaries)."""
-    with open(os.path.join(output_dir, "annotations", f"captions_{split}.json"), encoding="utf-8") as f:
-        return json.load(f)

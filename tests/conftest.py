@@ -8,7 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 
-from data_prep.shapes import synthesize
+from data_prep.synth import synthesize
 from tests.helpers import coco_split_args, small_train_config
 
 

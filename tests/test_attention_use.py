@@ -135,6 +135,10 @@ def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shape
     assert naming["all"]["images"] == 4 and sum(naming[g]["images"] for g in ("1", "2", "3")) == 4
     assert all(0 <= naming["all"][k] <= 1 for k in ("color", "kind", "both"))
     assert set(attention) == {"color", "kind"}
+    assert "relations right" in done.stdout
+    relations = stored.grounding["relations"]["all"]
+    assert relations["images"] == 4 and relations["judged"] + relations["unresolved"] == relations["mentions"]
+    assert relations["correct"] <= relations["judged"]
     from captioning.evaluation.grounding import load_instances
 
     shapes = load_instances(instances)

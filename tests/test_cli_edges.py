@@ -185,7 +185,7 @@ def test_a_pipe_or_a_device_is_not_an_image(trained_model_dir, shapes_dir, tmp_p
     assert good in result.stdout
 
     from data_prep.prepare import PrepareOptions, prepare
-    from data_prep.shapes import load_split
+    from data_prep.synth import load_split
 
     images = tmp_path / "images"
     shutil.copytree(os.path.join(shapes_dir, "images"), images)

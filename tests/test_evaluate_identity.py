@@ -15,7 +15,7 @@ from tests.helpers import coco_split_args, run_main
 def other_data(trained_model_dir, tmp_path_factory):
     """Another shapes dataset (other images, 6 test images) prepared with the trained model's vocabulary."""
     from data_prep.prepare import PrepareOptions, prepare
-    from data_prep.shapes import synthesize
+    from data_prep.synth import synthesize
 
     root = str(tmp_path_factory.mktemp("other_shapes"))
     synthesize(root, num_images=60, seed=99, progress=False)

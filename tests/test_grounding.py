@@ -10,7 +10,8 @@ import pytest
 from captioning.errors import InputError
 from captioning.evaluation.grounding import attention_localisation, box_coverage, load_instances, naming_accuracy
 from captioning.text import tokenize_caption
-from data_prep.shapes import COLORS, KINDS, load_split
+from data_prep.shapes import COLORS, KINDS
+from data_prep.synth import load_split
 
 UNIFORM = [0.25] * 4
 

@@ -7,7 +7,7 @@ import pytest
 
 from captioning.errors import InputError
 from captioning.evaluation.metrics import METRICS, coco_metrics, score_files
-from data_prep.shapes import load_split
+from data_prep.synth import load_split
 from tests.helpers import run_cli
 
 

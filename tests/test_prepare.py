@@ -15,7 +15,7 @@ from captioning.vocab import UNK_ID, Vocabulary
 from data_prep import output_folder
 from data_prep import prepare as prepare_mod
 from data_prep.prepare import PrepareOptions, prepare, summarize
-from data_prep.shapes import load_split
+from data_prep.synth import load_split
 from tests.helpers import coco_split_args, encode, gradient, run_cli
 
 REQUIRED_MANIFEST_KEYS = {"format_version", "splits", "vocab_size", "skipped", "config"}
@@ -469,7 +469,7 @@ def _assert_final_shards_complete(out):
 
 @pytest.fixture(scope="module")
 def kill_dataset(tmp_path_factory):
-    from data_prep.shapes import synthesize
+    from data_prep.synth import synthesize
 
     root = str(tmp_path_factory.mktemp("shapes600"))
     synthesize(root, num_images=600, seed=3, progress=False)

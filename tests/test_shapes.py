@@ -10,7 +10,8 @@ from PIL import Image
 
 from captioning.errors import InputError
 from captioning.text import tokenize_caption
-from data_prep.shapes import COLORS, KINDS, load_split, synthesize
+from data_prep.shapes import COLORS, KINDS
+from data_prep.synth import load_split, synthesize
 
 
 def test_coco_layout_and_splits(shapes_dir):

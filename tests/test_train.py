@@ -217,7 +217,7 @@ def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
     """COCO images have 5 to 7 captions: feature caching, samples and evaluation batch such images."""
     from captioning.train import Trainer
     from data_prep.prepare import PrepareOptions, prepare
-    from data_prep.shapes import load_split
+    from data_prep.synth import load_split
 
     splits = []
     for split in ("train", "val", "test"):

@@ -18,7 +18,7 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
     """train: 8 images; val: ONE image with ONE caption (fewer captions than replicas); test: 3 images (15
     captions). The vocabulary of ``prepared_dir``, so ``trained_model_dir``'s checkpoint fits."""
     from data_prep.prepare import PrepareOptions, prepare
-    from data_prep.shapes import load_split
+    from data_prep.synth import load_split
 
     root = tmp_path_factory.mktemp("uneven")
     splits = []

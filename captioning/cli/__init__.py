@@ -2,7 +2,7 @@
 
 ::
 
-    captioning synth      the synthetic shapes dataset (COCO format)        data_prep.shapes
+    captioning synth      a synthetic dataset, shapes or hard scenes (COCO)  data_prep.synth
     captioning prepare    COCO / Karpathy / TFDS → sharded TFRecords        data_prep.prepare
     captioning train      an experiment config → a model folder             captioning.train
     captioning evaluate   perplexity and COCO metrics of a model on a split captioning.evaluation.evaluate

@@ -14,6 +14,7 @@ import os
 import sys
 
 from captioning.cli.parsing import NATURAL, POSITIVE, at_least, call, config_flags, decoding_flags, key_int, options
+from captioning.data.scenes import SCENES
 from captioning.fileio import check_output_file
 
 log = logging.getLogger("captioning")
@@ -21,7 +22,7 @@ log = logging.getLogger("captioning")
 
 def add_synth(sub) -> None:
     p = sub.add_parser(
-        "synth", help="write the synthetic 'shapes' dataset in COCO captions format",
+        "synth", help="write a synthetic dataset ('shapes' or 'hard' scenes) in COCO captions format",
         description="Writes a deterministic synthetic captioning dataset: JPEG images of coloured shapes, "
                     "five captions each, in COCO captions format (images/, annotations/captions_{train,val,test}"
                     ".json), COCO instances files with each shape's box, colour and size "
@@ -32,16 +33,20 @@ def add_synth(sub) -> None:
     p.add_argument("--num-images", type=at_least(3), default=2000,
                    help="number of images in all splits, at least 3 (default 2000)")
     p.add_argument("--seed", type=NATURAL, default=0, help="random seed; same seed, same bytes (default 0)")
+    p.add_argument("--scenes", choices=SCENES, default=SCENES[0],
+                   help="shapes: one to three shapes of three kinds and six colours (the default); hard: three to "
+                        "six overlapping shapes of six kinds, eight colours, three sizes and fills, clutter, and "
+                        "captions with counts, relations and the largest shape")
     p.add_argument("--overwrite", action="store_true", help="write even if --output-dir is not empty")
     p.set_defaults(handler=run_synth)
 
 
 def run_synth(args) -> int:
-    from data_prep.shapes import synthesize
+    from data_prep.synth import synthesize
 
-    log.info("writing %d synthetic images to %s", args.num_images, args.output_dir)
+    log.info("writing %d synthetic images (%s scenes) to %s", args.num_images, args.scenes, args.output_dir)
     counts = call(synthesize, args, progress=not args.quiet)
-    print(f"shapes dataset in {args.output_dir}: " + ", ".join(f"{k} {v} images" for k, v in counts.items()))
+    print(f"{args.scenes} dataset in {args.output_dir}: " + ", ".join(f"{k} {v} images" for k, v in counts.items()))
     return 0
 
 
@@ -208,15 +213,18 @@ def run_evaluate(args) -> int:
 
 
 def grounding_table(found: dict) -> str:
-    """Naming accuracy and attention localisation per number of shapes, as text."""
+    """Naming accuracy, relations named correctly and attention localisation per number of shapes, as text."""
     def cell(value, form="{:.3f}"):
         return "-" if value is None else form.format(value)
 
-    lines = ["shapes  images  colour  kind   both" + ("   attention in box / box area: colour, kind words"
-                                                  if "attention" in found else "")]
+    lines = ["shapes  images  colour  kind   both   relations right (per image)" +
+             ("   attention in box / box area: colour, kind words" if "attention" in found else "")]
     for group, naming in found["naming"].items():
         line = (f"{group:>6}  {naming['images']:>6}  {cell(naming['color'])}  {cell(naming['kind'])}  "
                 f"{cell(naming['both'])}")
+        relation = found.get("relations", {}).get(group)
+        line += "   " + (f"{cell(relation['accuracy']):>5} ({cell(relation['mentions_per_image'], '{:.2f}')})"
+                         if relation and relation["images"] else "-").ljust(26)
         if "attention" in found:
             parts = []
             for kind in ("color", "kind"):
@@ -224,7 +232,7 @@ def grounding_table(found: dict) -> str:
                 parts.append("-" if not g or g["words"] == 0 else
                              f"{g['mean_mass']:.2f} / {g['mean_area']:.2f} = {g['ratio_of_means']:.1f}x")
             line += "   " + ", ".join(parts)
-        lines.append(line)
+        lines.append(line.rstrip())
     return "\n".join(lines)
 
 

@@ -33,8 +33,10 @@ split, given for every image: the floor any model must clear.
 ``--instances FILE`` (a COCO instances file of the split, e.g. the shapes' ``instances_test.json``; it
 must list every image of the split, checked before any decoding) adds
 ``"grounding"``: the share of the images' shapes whose colour and kind the captions name, by number of
-shapes, and for an attention decoder how much of each colour or kind word's attention fell inside the
-box of the shape it names, against the box's share of the image (:mod:`captioning.evaluation.grounding`).
+shapes, the share of the relations they name between two shapes that hold
+(:mod:`captioning.evaluation.relations`), and for an attention decoder how much of each colour or kind
+word's attention fell inside the box of the shape it names, against the box's share of the image
+(:mod:`captioning.evaluation.grounding`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import inference
-from captioning.evaluation import grounding, metrics
+from captioning.evaluation import grounding, metrics, relations
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
@@ -195,7 +197,8 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         result["baseline_caption"] = constant
     if shapes is not None:
         result["grounding"] = {"instances": os.path.abspath(instances),
-                               "naming": grounding.naming_accuracy(shapes, candidates).to_json()}
+                               "naming": grounding.naming_accuracy(shapes, candidates).to_json(),
+                               "relations": relations.relation_accuracy(shapes, candidates).to_json()}
         if attention:
             located = grounding.attention_localisation(shapes, attention, captioner.grid_shape, cfg.resize_size,
                                                        cfg.image_size)
@@ -264,6 +267,6 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str
     if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoint:
         return None
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
-            (grounded and "grounding" not in stored):
+            (grounded and "relations" not in stored.get("grounding", {})):  # (before relations were judged)
         return None
     return stored

@@ -1,19 +1,23 @@
-"""Grounding on the shapes dataset: does a caption name the shapes drawn, and does the model look at them?
+"""Grounding on the synthetic data: does a caption name the shapes drawn, and does the model look at them?
 
-``captioning synth`` writes, beside each captions file, a COCO instances file: a box, a colour and a size
-per shape (``annotations/instances_{split}.json``; data_prep/shapes.py). :func:`load_instances` reads it;
-two pure functions score generated captions against it. Both split their numbers by the number of
-shapes in the image (groups ``"1"``, ``"2"``, ``"3"`` and ``"all"``; a group with nothing in it gives None).
+``captioning synth`` writes, beside each captions file, a COCO instances file: a box, a colour, a size
+and (hard scenes) a fill per shape (``annotations/instances_{split}.json``; data_prep/synth.py).
+:func:`load_instances` reads it; two pure functions score generated captions against it (a third, for
+relations, is :mod:`captioning.evaluation.relations`). They split their numbers by the number of
+shapes in the image (groups ``"1"``, ``"2"``, ``"3"``, any other count present, and ``"all"``; a group
+with nothing in it gives None).
 
 **Naming** (:func:`naming_accuracy`). Each caption is plain text, tokenised with
-:func:`captioning.text.tokenize_caption`. For an image with shapes S:
+:func:`captioning.text.tokenize_caption` and read as noun phrases (:mod:`captioning.evaluation.phrases`:
+"a small red circle", "three red circles", "a star"), each naming its count of shapes (1 without a
+number word). For an image with shapes S:
 
-- colour hits = Σ over colours c of min(number of shapes of colour c, number of times the caption says c):
-  multiplicity counts, two red shapes need "red" twice;
+- colour hits = Σ over colours c of min(number of shapes of colour c, number of times the caption names
+  c): multiplicity counts, two red shapes need "red" twice or "two red ...";
 - kind hits, the same over kinds;
 - both hits = Σ over (c, k) of min(number of shapes that are a c k, number of phrases "c k" in the
   caption): the colour word right before the kind word, so "a small red circle" holds "red circle"
-  (size words are allowed and not judged).
+  (size and fill words are allowed and not judged).
 
 A group's accuracy is Σ hits / Σ |S| over its images: a mean over shapes, each shape counting once.
 It is a recall: naming a shape that is not there costs nothing here (attention counts it as unmatched).
@@ -27,11 +31,11 @@ shift (:func:`box_coverage`). For a word naming a shape:
 - mass = Σ_cells α_cell × (fraction of the cell's area the box covers): the attention inside the box;
 - area = the box's share of the S × S crop: the mass uniform attention would give.
 
-The caption's words are read as phrases: a kind word with the colour word right before it ("red
-circle"), or a colour or kind word alone. A phrase naming exactly one shape of the image (colour and
-kind, or the one it gives, equal) scores its words on that shape; its words are otherwise skipped as
-*unmatched* (no such shape: "blue circle" for a red one) or *ambiguous* (several: "circle" beside two
-circles), or as *outside* when the box lies wholly outside the crop. Per group and per word type
+The caption's words are read as the same phrases. A phrase naming exactly one shape of the image
+(colour, kind and fill, those it gives, equal; no number word) scores its colour and kind words on that
+shape; its words are otherwise skipped as *unmatched* (no such shape: "blue circle" for a red one) or
+*ambiguous* (several: "circle" beside two circles, or "two circles"), or as *outside* when the box lies
+wholly outside the crop. Per group and per word type
 (colour words, kind words): the mean mass, the mean area, their ratio (ratio of means) and the mean of
 each word's mass / area (mean ratio). A ratio of 1 is attention no better than uniform.
 
@@ -62,20 +66,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from captioning.data.scenes import ShapeBox
 from captioning.errors import InputError
+from captioning.evaluation.phrases import named, noun_phrases
 from captioning.text import tokenize_caption
 
 GROUPS = ("1", "2", "3")  # always reported, with "all"; images with other counts add their own group
-
-
-@dataclass(frozen=True)
-class ShapeBox:
-    """One annotated shape: ``bbox`` is ``(x, y, width, height)`` in pixels of the stored image."""
-
-    kind: str
-    color: str
-    size: str
-    bbox: tuple[float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -147,13 +143,15 @@ def _parse_instances(data: dict) -> Instances:
         if len(bbox) != 4 or bbox[2] < 0 or bbox[3] < 0:
             raise ValueError(f"annotation {ann.get('id')} has the bbox {ann['bbox']}, not [x, y, width, height]")
         attributes = ann["attributes"]
-        shapes[image_id].append(ShapeBox(kinds[category], str(attributes["color"]), str(attributes["size"]), bbox))
+        fill = attributes.get("fill")
+        shapes[image_id].append(ShapeBox(kinds[category], str(attributes["color"]), str(attributes["size"]), bbox,
+                                         None if fill is None else str(fill)))
     images = {i: ImageShapes(w, h, tuple(shapes[i])) for i, (w, h) in sizes.items()}
     colors = tuple(sorted({s.color for image in images.values() for s in image.shapes}))
     return Instances(images, tuple(kinds[i] for i in sorted(kinds)), colors)
 
 
-def _image(instances: Instances, image_id, param: str) -> ImageShapes:
+def image_of(instances: Instances, image_id, param: str) -> ImageShapes:
     try:
         return instances.images[image_id]
     except (KeyError, TypeError):
@@ -161,7 +159,7 @@ def _image(instances: Instances, image_id, param: str) -> ImageShapes:
                          params=(param,)) from None
 
 
-def _group_names(images: list[ImageShapes]) -> list[str]:
+def group_names(images: list[ImageShapes]) -> list[str]:
     counts = {str(len(image.shapes)) for image in images} | set(GROUPS)
     return sorted(counts, key=int) + ["all"]
 
@@ -187,15 +185,25 @@ class NamingAccuracy:
         return {name: asdict(group) for name, group in self.groups.items()}
 
 
-def naming_hits(words: Sequence[str], shapes: Sequence[ShapeBox]) -> tuple[int, int, int]:
-    """(colour, kind, both) hits of a tokenised caption on an image's shapes (module docstring).
+def naming_hits(words: Sequence[str], shapes: Sequence[ShapeBox], colors: Sequence[str] | None = None,
+                kinds: Sequence[str] | None = None) -> tuple[int, int, int]:
+    """(colour, kind, both) hits of a tokenised caption on an image's shapes (module docstring); the
+    colour and kind words are ``colors`` and ``kinds`` (by default those of ``shapes``).
 
     >>> red_circle, red_square = ShapeBox("circle", "red", "small", (0, 0, 1, 1)), ShapeBox("square", "red",
     ...     "large", (2, 2, 1, 1))
-    >>> naming_hits("a red circle and a big blue square".split(), [red_circle, red_square])
+    >>> naming_hits("a red circle and a big blue square".split(), [red_circle, red_square], ("blue", "red"))
     (1, 2, 1)
+    >>> naming_hits("two red squares".split(), [red_circle, red_square])  # a count names that many
+    (2, 1, 1)
     """
-    said, pairs = collections.Counter(words), collections.Counter(zip(words, words[1:]))
+    colors = sorted({s.color for s in shapes}) if colors is None else colors
+    kinds = sorted({s.kind for s in shapes}) if kinds is None else kinds
+    said, pairs = collections.Counter(), collections.Counter()
+    for phrase in noun_phrases(words, colors, kinds):
+        said[phrase.color] += phrase.count
+        said[phrase.kind] += phrase.count
+        pairs[phrase.color, phrase.kind] += phrase.count
     hits = lambda counts, spoken: sum(min(n, spoken[key]) for key, n in counts.items())  # noqa: E731
     return (hits(collections.Counter(s.color for s in shapes), said),
             hits(collections.Counter(s.kind for s in shapes), said),
@@ -207,15 +215,16 @@ def naming_accuracy(instances: Instances, captions: Mapping[int, str]) -> Naming
     from a COCO results file: ``{p["image_id"]: p["caption"] for p in results}``), by number of shapes."""
     totals, images = {}, []
     for image_id, caption in captions.items():
-        image = _image(instances, image_id, "captions")
+        image = image_of(instances, image_id, "captions")
         if not isinstance(caption, str):
             raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
         images.append(image)
-        row = np.array([1, len(image.shapes), *naming_hits(tokenize_caption(caption), image.shapes)])
+        row = np.array([1, len(image.shapes), *naming_hits(tokenize_caption(caption), image.shapes,
+                                                            instances.colors, instances.kinds)])
         for name in (str(len(image.shapes)), "all"):
             totals[name] = totals.get(name, 0) + row
     groups = {}
-    for name in _group_names(images):
+    for name in group_names(images):
         n_images, n_shapes, *hits = (int(v) for v in totals.get(name, [0] * 5))
         groups[name] = NamingGroup(n_images, n_shapes, *(h / n_shapes if n_shapes else None for h in hits))
     return NamingAccuracy(groups)
@@ -275,25 +284,6 @@ class Localisation:
                 "kind": {k: asdict(g) for k, g in self.kind.items()}}
 
 
-def caption_phrases(words: Sequence[str], colors, kinds) -> list[tuple[tuple[int, ...], str | None, str | None]]:
-    """(word positions, colour, kind) of each phrase naming a shape: a kind word with the colour word
-    right before it, or a colour or kind word alone.
-
-    >>> caption_phrases("a big red circle left of a blue one and a square".split(), ("blue", "red"), ("circle",
-    ...                 "square"))
-    [((2, 3), 'red', 'circle'), ((7,), 'blue', None), ((11,), None, 'square')]
-    """
-    phrases, i = [], 0
-    while i < len(words):
-        if words[i] in colors and i + 1 < len(words) and words[i + 1] in kinds:
-            phrases.append(((i, i + 1), words[i], words[i + 1]))
-            i += 1
-        elif words[i] in colors or words[i] in kinds:
-            phrases.append(((i,), *((words[i], None) if words[i] in colors else (None, words[i]))))
-        i += 1
-    return phrases
-
-
 def _check_geometry(grid, resize_size: int, image_size: int) -> tuple[int, int]:
     if not (isinstance(grid, (tuple, list)) and len(grid) == 2
             and all(isinstance(n, (int, np.integer)) and n > 0 for n in grid)):
@@ -330,23 +320,23 @@ def attention_localisation(instances: Instances, attention: Mapping[int, tuple[S
     skipped = {part: collections.Counter() for part in ("color", "kind")}  # (group, reason) -> words
     images = []
     for image_id, (words, weights) in attention.items():
-        images.append(image := _image(instances, image_id, "attention"))
+        images.append(image := image_of(instances, image_id, "attention"))
         alpha = _weights(image_id, words := list(words), weights, grid)
         groups = (str(len(image.shapes)), "all")
-        for positions, color, kind in caption_phrases(words, instances.colors, instances.kinds):
-            named = [s for s in image.shapes if color in (None, s.color) and kind in (None, s.kind)]
-            coverage = (box_coverage(named[0].bbox, image.width, image.height, grid, resize_size, image_size)
-                        if len(named) == 1 else None)
-            for p in positions:
+        for phrase in noun_phrases(words, instances.colors, instances.kinds):
+            fits = named(phrase, image.shapes)  # a counted phrase ("two circles") names several: ambiguous
+            coverage = (box_coverage(fits[0].bbox, image.width, image.height, grid, resize_size, image_size)
+                        if len(fits) == 1 and phrase.count == 1 else None)
+            for p in phrase.heads:
                 part = "color" if words[p] in instances.colors else "kind"
                 for group in groups:
                     if coverage is None:
-                        skipped[part][group, "unmatched" if not named else "ambiguous"] += 1
+                        skipped[part][group, "unmatched" if not fits else "ambiguous"] += 1
                     elif coverage.sum() == 0:
                         skipped[part][group, "outside"] += 1
                     else:
                         scored[part][group].append((float(alpha[p] @ coverage), float(coverage.mean())))
-    names = _group_names(images)
+    names = group_names(images)
     return Localisation(*({name: _localisation_group(scored[part][name], skipped[part], name) for name in names}
                           for part in ("color", "kind")))
 
