@@ -184,7 +184,8 @@ class ModelConfig(Section):
     :attr:`options` as given, until the model stage checks them (``captioning.model.resolve``)."""
 
     # one of captioning.model.DECODERS: show_and_tell (Vinyals et al. 2015), attention (soft attention,
-    # Xu et al. 2015), ...; checked with its settings by the model stage
+    # Xu et al. 2015), transformer (Vaswani et al. 2017), updown (Anderson et al. 2018); checked with its
+    # settings by the model stage
     decoder: str = "show_and_tell"
     encoder: str = field(default="inception_v3", metadata=choices(
         "inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2", "small_cnn"))

@@ -30,11 +30,12 @@ from captioning.model.base import CaptionModel
 from captioning.model.encoders import SMALL_CNN_FILTERS, all_layers, build_encoder
 from captioning.model.show_and_tell import ShowAndTell
 from captioning.model.transformer import Transformer
+from captioning.model.updown import UpDown
 
 log = logging.getLogger("captioning.model")
 
 DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attention": ShowAttendTell,
-                                           "transformer": Transformer}
+                                           "transformer": Transformer, "updown": UpDown}
 
 
 def decoder_class(name: str) -> type[CaptionModel]:
