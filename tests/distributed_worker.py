@@ -3,8 +3,9 @@
     python tests/distributed_worker.py mirrored DATA_DIR OUT_DIR
         one training step from the same weights and the same global batch on one device and on a
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
-    python tests/distributed_worker.py mirrored_decoder DATA_DIR OUT_DIR NAME [--decoder FILE:NAME ...]
-        the same for the decoder NAME with its tiny settings (tests/test_decoders.py, for every decoder)
+    python tests/distributed_worker.py mirrored_decoder DATA_DIR OUT_DIR NAME[,NAME...] [--decoder FILE:NAME ...]
+        the same for each decoder NAME with its tiny settings, into OUT_DIR/mirrored-NAME.npz
+        (tests/test_decoders.py, for every decoder, in one process)
     python tests/distributed_worker.py mirrored_scst DATA_DIR OUT_DIR
         one self-critical step (samples, CIDEr-D reward, policy gradient) on one device and on 2 replicas
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set; multi_worker_scst: SCST)
@@ -44,9 +45,15 @@ def weights(model):
     return {f"{i:03d}_{v.name}": v.numpy() for i, v in enumerate(model.variables)}
 
 
-def mirrored(data_dir, out_dir, *extra):
+def two_cpus():
+    """Two logical CPU devices, configured once, before the runtime starts."""
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    if len(tf.config.get_logical_device_configuration(cpu) or ()) != 2:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+def mirrored(data_dir, out_dir, *extra, out_name="mirrored"):
+    two_cpus()
     from captioning.data.pipeline import make_dataset
     from captioning.train import Trainer
 
@@ -54,8 +61,9 @@ def mirrored(data_dir, out_dir, *extra):
     # would change the update
     # The encoder trains too: its batch norm sees the global batch's statistics (model.sync_batch_norm).
     cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", *extra)
-    one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
+    folders = os.path.join(out_dir, out_name)
+    one = Trainer(cfg, os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(cfg, os.path.join(folders, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     for a, b in zip(one.model.variables, two.model.variables):
         b.assign(a.numpy())
@@ -72,7 +80,7 @@ def mirrored(data_dir, out_dir, *extra):
         results[f"{name}_replicas"] = trainer.strategy.num_replicas_in_sync
         for key, value in weights(trainer.model).items():
             results[f"{name}/{key}"] = value
-    np.savez(os.path.join(out_dir, "mirrored.npz"), **results)
+    np.savez(os.path.join(out_dir, f"{out_name}.npz"), **results)
 
 
 def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
@@ -171,17 +179,26 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
         json.dump(results, f)
 
 
-def mirrored_decoder(data_dir, out_dir, name, *registered):
-    """``mirrored`` for the decoder ``name`` with its tiny settings (``--decoder FILE:NAME`` pairs in
-    ``registered`` register decoders from files first, as the contract tests' option does)."""
+def mirrored_decoder(data_dir, out_dir, names, *registered):
+    """``mirrored`` for each decoder of ``names`` (comma-separated) with its tiny settings, into
+    ``mirrored-NAME.npz``, or its traceback into ``mirrored-NAME.error``: one process (one TensorFlow
+    start) for every decoder. ``--decoder FILE:NAME`` pairs in ``registered`` register decoders from
+    files first, as the contract tests' option does."""
+    import traceback
+
     from captioning.model import DECODERS
     from tests.helpers import register_decoder_file
 
     for flag, spec in zip(registered[::2], registered[1::2]):
         path, _, registered_name = spec.rpartition(":")
         register_decoder_file(path, registered_name)
-    tiny = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
-    mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny)
+    for name in names.split(","):
+        tiny = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
+        try:
+            mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}")
+        except Exception:  # noqa: BLE001 - reported by the test of that decoder
+            with open(os.path.join(out_dir, f"mirrored-{name}.error"), "w") as f:
+                f.write(traceback.format_exc())
 
 
 if __name__ == "__main__":

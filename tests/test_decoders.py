@@ -355,12 +355,27 @@ def test_the_saved_model_captions_as_the_captioner_does(name, tmp_path, shapes_d
     assert ("attention" in served) == model.attends
 
 
+MIRRORED = "test_two_mirrored_replicas_compute_what_one_device_computes"
+
+
+@pytest.fixture(scope="module")
+def mirrored_runs(prepared_dir, tmp_path_factory, request):
+    """Every selected decoder's mirrored step, in one process (TensorFlow starts once with two devices)."""
+    names = sorted({item.callspec.params["name"] for item in request.session.items
+                    if getattr(item, "originalname", None) == MIRRORED})
+    out = tmp_path_factory.mktemp("mirrored")
+    registered = [a for spec in request.config.getoption("--decoder") for a in ("--decoder", spec)]
+    run_distributed_worker("mirrored_decoder", prepared_dir, str(out), ",".join(names), *registered, timeout=900)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_two_mirrored_replicas_compute_what_one_device_computes(name, prepared_dir, tmp_path, request):
-    registered = [a for spec in request.config.getoption("--decoder") for a in ("--decoder", spec)]
-    run_distributed_worker("mirrored_decoder", prepared_dir, str(tmp_path), name, *registered)
-    r = np.load(tmp_path / "mirrored.npz")
+def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_runs):
+    error = mirrored_runs / f"mirrored-{name}.error"
+    if error.exists():
+        pytest.fail(error.read_text())
+    r = np.load(mirrored_runs / f"mirrored-{name}.npz")
     assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
     assert r["tokens_first_half"] != r["tokens_second_half"]  # an uneven split of the words
     assert float(r["one_norm"]) > 0.05  # so clipping at 0.05 was active (on the global gradient)
