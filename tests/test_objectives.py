@@ -1,0 +1,108 @@
+"""The objective contract: what every registered training objective must do, run over
+captioning.train.objectives.OBJECTIVES (a new objective is tested by these with no new test code)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import DataConfig, load_config
+from captioning.errors import InputError
+from captioning.train.objectives import OBJECTIVES, Objective, fit_config
+from tests.helpers import small_train_config
+
+NAMES = sorted(OBJECTIVES)
+
+
+def _other(field: dataclasses.Field, value):
+    """A valid value of the data setting ``field`` other than ``value``."""
+    if "choices" in field.metadata:
+        return next(c for c in field.metadata["choices"] if c != value)
+    return value + 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_objective_declares_what_the_loop_asks(name):
+    cls = OBJECTIVES[name]
+    assert issubclass(cls, Objective) and cls.name == name
+    assert set(cls.needs) <= {f.name for f in dataclasses.fields(DataConfig)}
+    assert isinstance(cls.parts, tuple) and all(isinstance(p, str) and p for p in cls.parts)
+    assert isinstance(cls.xla, bool)
+    for hook in ("for_run", "replica_loss"):
+        assert getattr(cls, hook) is not getattr(Objective, hook), f"{name} does not implement {hook}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_choosing_it_brings_the_batches_it_needs_and_refuses_a_contradiction(name):
+    cls = OBJECTIVES[name]
+    cfg = fit_config(load_config(None, [f"train.objective={name}"]))
+    assert {key: getattr(cfg.data, key) for key in cls.needs} == cls.needs
+    fields = {f.name: f for f in dataclasses.fields(DataConfig)}
+    for key, wanted in cls.needs.items():
+        rest = [f"data.{k}={v}" for k, v in cls.needs.items() if k != key]  # the others as needed
+        contrary = f"data.{key}={_other(fields[key], wanted)}"
+        with pytest.raises(InputError, match=f"train.objective: {name} needs data.{key}"):
+            fit_config(load_config(None, [f"train.objective={name}", *rest, contrary]))
+    jit = ["train.jit_compile=true", "data.bucket_boundaries=[6,10]"]
+    if cls.xla:
+        assert fit_config(load_config(None, [f"train.objective={name}", *jit])).train.jit_compile
+    else:
+        with pytest.raises(InputError, match=f"train.jit_compile does not apply to train.objective: {name}"):
+            fit_config(load_config(None, [f"train.objective={name}", *jit]))
+
+
+@pytest.fixture(scope="module")
+def trained(prepared_dir, tmp_path_factory):
+    """Each objective's trainer after 3 steps of a tiny model, with its weights before them."""
+    from captioning.train import Trainer
+
+    runs = {}
+    for name in NAMES:
+        cfg = small_train_config(prepared_dir, f"train.objective={name}", "train.steps=3", "train.batch_size=10",
+                                 "train.optimizer=adam", "train.learning_rate=0.01", "scst.samples=2",
+                                 "scst.max_length=20")
+        trainer = Trainer(fit_config(cfg), str(tmp_path_factory.mktemp(name)))
+        before = [v.numpy() for v in trainer.model.trainable_variables]
+        result = trainer.run(progress=False)
+        runs[name] = trainer, before, result
+    return runs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_few_steps_move_the_weights_and_report_the_declared_parts(name, trained):
+    from captioning.data.pipeline import make_dataset
+
+    trainer, before, result = trained[name]
+    assert len(result["losses"]) == 3 and np.isfinite(result["losses"]).all()
+    moved = [not np.array_equal(a, v.numpy()) for a, v in zip(before, trainer.model.trainable_variables)]
+    assert sum(moved) > len(moved) // 2
+    batch = next(iter(make_dataset(trainer.cfg.data, "train", training=True, batch_size=10)))
+    dataset = trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))
+    out = trainer.train_step_for(dataset)(next(iter(dataset)))
+    assert {"loss", "gradient_norm", "weight"} <= set(out) and set(OBJECTIVES[name].parts) <= set(out)
+    assert np.isfinite(float(out["loss"])) and float(out["weight"]) > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_replica_with_no_example_adds_nothing(name, trained):
+    """Under a strategy the last batch may leave a replica empty: its loss sum, weight and gradients are 0
+    (in a traced step, where the batch dimension is unknown, as training runs it)."""
+    from captioning.data.pipeline import make_dataset
+
+    trainer = trained[name][0]
+    batch = next(iter(make_dataset(trainer.cfg.data, "train", training=True, batch_size=10)))
+    variables = trainer.model.trainable_variables
+
+    @tf.function
+    def loss_and_gradients(batch, rows):
+        # cut inside the function: the batch dimension is unknown when traced, as in a training step
+        empty = tf.nest.map_structure(lambda t: t[:rows], batch)
+        with tf.GradientTape() as tape:
+            loss = trainer.objective.replica_loss(trainer.model, empty, training=True)
+        return (loss.loss_sum, loss.weight, loss.sums), tape.gradient(loss.loss_sum, variables)
+
+    (loss_sum, weight, sums), grads = trainer.strategy.run(loss_and_gradients, args=(batch, tf.constant(0)))
+    assert float(loss_sum) == 0.0 and float(weight) == 0.0
+    assert all(np.isfinite(float(v)) for v in sums.values())
+    assert all(g is not None and not np.any(tf.convert_to_tensor(g).numpy()) for g in grads)
