@@ -12,6 +12,7 @@ does; two mirrored replicas compute what one device computes."""
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 
@@ -390,7 +391,8 @@ def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_r
 def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path):
     """A decoder from a file outside the project (tests/data/toy_decoder.py), registered as one entry:
     the contract tests run on it and pass; the same decoder with a subtle bug fails them."""
-    toy = os.path.join(REPO, "tests", "data", "toy_decoder.py")
+    toy = str(tmp_path / "toy_decoder.py")  # a file outside the project, as a user would write one
+    shutil.copy(os.path.join(REPO, "tests", "data", "toy_decoder.py"), toy)
     args = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "test_decoders.py"), "-q",
             "-p", "no:cacheprovider", "--decoder", f"{toy}:toy", "-k", "toy and not mirrored",
             "-m", "not slow"]
