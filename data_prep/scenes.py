@@ -39,7 +39,7 @@ from PIL import Image, ImageDraw
 from captioning.data.scenes import (FILL_WORDS, HARD_COLORS, HARD_KINDS, NUMBERS, PLURALS, RELATION_WORDS,
                                     SIZE_WORDS, ShapeBox, relations)
 from captioning.text import tokenize_caption
-from data_prep.shapes import _background
+from data_prep.shapes import background, coco_surface
 
 CATEGORIES = [{"id": i, "name": kind, "supercategory": "shape"} for i, kind in enumerate(HARD_KINDS, 1)]
 DESCRIPTION = "hard scenes: three to six overlapping shapes of six kinds, eight colours, three sizes and fills"
@@ -274,21 +274,14 @@ def _captions(rng: np.random.Generator, shapes: list[_Shape], inside, count: int
             break
     while len(captions) < count:  # never reached in practice: every image can be listed plainly in 20 words
         captions.append(f"{NUMBERS[len(shapes)]} shapes")
-    styled = []
-    for caption in captions:
-        if rng.random() < 0.7:  # COCO-like surface: most start with a capital, half end with a period
-            caption = caption[0].upper() + caption[1:]
-        if rng.random() < 0.5:
-            caption += "."
-        styled.append(caption)
-    return styled
+    return [coco_surface(rng, caption) for caption in captions]
 
 
 def make_scene(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], list[ShapeBox]]:
     """One hard scene for ``captioning synth --scenes hard``: (JPEG bytes, width, height, five captions,
     each shape's annotation)."""
     w, h = (int(v) for v in rng.integers(200, 321, size=2))
-    image = _background(rng, w, h)
+    image = background(rng, w, h)
     _clutter(image, rng)
     shapes, inside = _place(rng, w, h, int(rng.integers(3, 7)))
     order = sorted(range(len(shapes)), key=lambda i: (inside is not None and i == inside[0], rng.random()))

@@ -83,7 +83,7 @@ class Shape:
     r: float  # radius of the bounding circle
 
 
-def _background(rng: np.random.Generator, w: int, h: int) -> Image.Image:
+def background(rng: np.random.Generator, w: int, h: int) -> Image.Image:
     kind = rng.integers(3)
     base = rng.integers(175, 250, size=3)
     if kind == 0:  # flat tint
@@ -227,12 +227,17 @@ def _captions(rng: np.random.Generator, shapes: list[Shape], w: int, h: int, cou
             caption = templates[i]()
             if caption not in captions:
                 break
-        if rng.random() < 0.7:  # COCO-like surface: most start with a capital, half end with a period
-            caption = caption[0].upper() + caption[1:]
-        if rng.random() < 0.5:
-            caption += "."
-        captions.append(caption)
+        captions.append(coco_surface(rng, caption))
     return captions
+
+
+def coco_surface(rng: np.random.Generator, caption: str) -> str:
+    """COCO-like surface: most captions start with a capital (0.7), half end with a period."""
+    if rng.random() < 0.7:
+        caption = caption[0].upper() + caption[1:]
+    if rng.random() < 0.5:
+        caption += "."
+    return caption
 
 
 def make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str]]:
@@ -249,7 +254,7 @@ def make_scene(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], li
 def _make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], list[Shape]]:
     """:func:`make_image`, and the shapes drawn."""
     w, h = (int(v) for v in rng.integers(200, 321, size=2))  # aspect ≤ 1.6: models squash to a square
-    image = _background(rng, w, h)
+    image = background(rng, w, h)
     shapes = _place(rng, w, h, int(rng.integers(1, 4)))
     _draw(image, shapes, rng)
     buf = io.BytesIO()
