@@ -33,6 +33,9 @@ import os
 import struct
 from typing import BinaryIO, Mapping, Sequence
 
+import numpy as np
+
+from captioning.data import features_store as store
 from captioning.data import schema
 from captioning.data.schema import masked_crc32c
 
@@ -122,4 +125,20 @@ def encode_example(*, image_id: int, filename: str, jpeg: bytes, height: int, wi
         schema.CAPTION_TEXT: bytes_feature([c.encode("utf-8") for c in captions]),
         schema.CAPTION_IDS: int64_feature([i for ids in caption_ids for i in ids]),
         schema.CAPTION_LENGTH: int64_feature([len(ids) for ids in caption_ids]),
+    })
+
+
+def encode_regions(*, image_id: int, features, boxes, width: int, height: int) -> bytes:
+    """Serialises one image's regions for the features store (keys in
+    :mod:`captioning.data.features_store`): ``features [n, D]`` stored as float16 and ``boxes [n, 4]``
+    as float32, little-endian."""
+    features = np.ascontiguousarray(features, dtype="<f2")
+    boxes = np.ascontiguousarray(boxes, dtype="<f4")
+    return example({
+        store.IMAGE_ID: int64_feature([image_id]),
+        store.COUNT: int64_feature([len(features)]),
+        store.FEATURES: bytes_feature([features.tobytes()]),
+        store.BOXES: bytes_feature([boxes.tobytes()]),
+        store.WIDTH: int64_feature([width]),
+        store.HEIGHT: int64_feature([height]),
     })

@@ -145,6 +145,24 @@ class PreparedDataset(dict):
                                                 (info.shard_bytes or (None,) * len(info.shards))[i])
                 for i, name in enumerate(info.shards)}
 
+    def image_sizes(self) -> dict[int, tuple[str, int, int]]:
+        """Every image's id → (split, stored width, stored height), read from the shards with TensorFlow
+        (the records' ids and sizes only; the images are not decoded)."""
+        import tensorflow as tf
+
+        from captioning.data import schema
+
+        spec = {key: tf.io.FixedLenFeature([], tf.int64) for key in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
+                                                                       schema.IMAGE_HEIGHT)}
+        out = {}
+        for split in self.splits:
+            for batch in tf.data.TFRecordDataset(self.files(split)).batch(1024).map(
+                    lambda s: tf.io.parse_example(s, spec)):
+                for i, w, h in zip(*(batch[k].numpy().tolist() for k in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
+                                                                            schema.IMAGE_HEIGHT))):
+                    out[i] = (split, w, h)
+        return out
+
     @property
     def vocab_path(self) -> str:
         return os.path.join(self.path, VOCAB)

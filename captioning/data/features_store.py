@@ -1,0 +1,198 @@
+"""The features store: region features beside a prepared dataset, as one typed object.
+
+``captioning features import`` (data_prep/features_import.py) writes it inside the prepared dataset's
+folder, one store per name::
+
+    DATA/features/NAME/
+        regions-00000-of-00004.tfrecord …     one tf.train.Example per image that has features
+        store.json                             what the store holds, written last: a store with it is complete
+
+:class:`FeaturesStore` is the only code that knows ``store.json``'s keys and the records' keys. The
+records (:data:`KEYS`)::
+
+    image/id          int64   the COCO image id (the prepared dataset's)
+    region/count      int64   n ≥ 1, the number of regions
+    region/features   bytes   n × D float16, little-endian, row-major
+    region/boxes      bytes   n × 4 float32: x1, y1, x2, y2 in pixels of the image the detector saw
+    image/width       int64   that image's size in pixels; 0 where the source does not say (self-critical.pytorch's
+    image/height      int64   and the meshed-memory Transformer's files): its prepared record's size then
+
+Shards: the prepared dataset's image ids, all splits, sorted and cut into runs of ``images_per_shard``;
+shard *k* holds the images of run *k* that have features (in the source's order), so an image's shard is found from
+the manifest's ``shard_first_ids`` (:meth:`FeaturesStore.shard_of`). The manifest also records the
+feature size, whether the source gave boxes, the images and regions held, each shard's records and
+bytes, the source (kind and path), the dataset it belongs to (its fingerprint) and what the import
+left out: dataset images without features (``missing``), features of images the dataset does not have
+(``extra``) and rows that could not be read (``malformed``), each a count and a few examples.
+
+Example::
+
+    >>> store = FeaturesStore.load("runs/demo/records", "bottomup")            # doctest: +SKIP
+    >>> store.feature_size, store.images, store.shard_of(9)                   # doctest: +SKIP
+    (2048, 123287, 'runs/demo/records/features/bottomup/regions-00000-of-00124.tfrecord')
+    >>> store.read([9])[9].features.shape                                     # doctest: +SKIP
+    (36, 2048)
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from captioning.errors import InputError
+from captioning.fileio import atomic_write_json
+
+FORMAT_VERSION = 1
+FOLDER = "features"
+MANIFEST = "store.json"
+IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT = (
+    "image/id", "region/count", "region/features", "region/boxes", "image/width", "image/height")
+KEYS = (IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT)
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def shard_name(index: int, count: int) -> str:
+    """``shard_name(3, 124) == "regions-00003-of-00124.tfrecord"``."""
+    return f"regions-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def check_name(name: str) -> str:
+    """A store's name: letters, digits, ``_ . -`` (it is a folder name); an InputError naming ``name``."""
+    if not _NAME.match(name or "") or name in (".", ".."):
+        raise InputError(f"`name` must be letters, digits, '_', '.' or '-' (a folder name), got {name!r}",
+                         params=("name",))
+    return name
+
+
+def store_path(data_dir: str, name: str) -> str:
+    """Where the store ``name`` of the prepared dataset ``data_dir`` is."""
+    return os.path.join(data_dir, FOLDER, check_name(name))
+
+
+@dataclass(frozen=True)
+class Regions:
+    """One image's regions: ``features [n, D]`` float16, ``boxes [n, 4]`` float32 (x1, y1, x2, y2 pixels of
+    a ``width`` × ``height`` image; 0 × 0 when the source did not say)."""
+
+    features: np.ndarray
+    boxes: np.ndarray
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Left:
+    """What an import left out of one kind: how many, and a few examples (ids, or ``line N: reason``)."""
+
+    count: int = 0
+    examples: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "examples": list(self.examples)}
+
+
+class FeaturesStore(dict):
+    """A features store folder (see the module docstring): its manifest document (this dict) with typed access."""
+
+    def __init__(self, path: str, document: dict):
+        super().__init__(document)
+        self.path = path
+        try:
+            self.name = str(document["name"])
+            self.feature_size = int(document["feature_size"])
+            self.has_boxes = bool(document["boxes"])
+            self.images = int(document["images"])
+            self.regions = int(document["regions"])
+            self.shards = tuple(str(s) for s in document["shards"])
+            self.shard_records = tuple(int(n) for n in document["shard_records"])
+            self.shard_bytes = tuple(int(n) for n in document["shard_bytes"])
+            self.shard_first_ids = tuple(int(i) for i in document["shard_first_ids"])
+            self.dataset = document["dataset"]
+            left = {kind: document[kind] for kind in ("missing", "extra", "malformed")}
+            self.left = {kind: Left(int(v["count"]), tuple(map(str, v["examples"]))) for kind, v in left.items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InputError(f"{os.path.join(path, MANIFEST)} is damaged ({type(e).__name__}: {e}): import the "
+                             "features again") from None
+        if not len(self.shards) == len(self.shard_records) == len(self.shard_bytes) == len(self.shard_first_ids):
+            raise InputError(f"{os.path.join(path, MANIFEST)} is damaged (its shard lists differ in length): import "
+                             "the features again")
+
+    @classmethod
+    def create(cls, path: str, *, name: str, feature_size: int, boxes: bool, images: int, regions: int,
+               shards: list[str], shard_records: list[int], shard_bytes: list[int], shard_first_ids: list[int],
+               source: dict, dataset: str | None, left: dict[str, Left]) -> "FeaturesStore":
+        """The store an import has just written the shards of (:meth:`write` it last)."""
+        return cls(path, {"format_version": FORMAT_VERSION, "name": name, "feature_size": feature_size,
+                          "boxes": boxes, "images": images, "regions": regions, "shards": shards,
+                          "shard_records": shard_records, "shard_bytes": shard_bytes,
+                          "shard_first_ids": shard_first_ids, "source": source, "dataset": dataset,
+                          **{kind: left[kind].to_json() for kind in ("missing", "extra", "malformed")}})
+
+    @classmethod
+    def load(cls, data_dir: str, name: str) -> "FeaturesStore":
+        """The store ``name`` of the prepared dataset ``data_dir``; an InputError when it is missing,
+        unfinished, damaged or of another format version."""
+        path = store_path(data_dir, name)
+        manifest = os.path.join(path, MANIFEST)
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                document = json.load(f)
+        except FileNotFoundError:
+            raise InputError(f"{data_dir} has no features store {name!r} ({manifest} is missing): run `captioning "
+                             f"features import --data-dir {data_dir} --name {name} ...`, or finish it") from None
+        except (OSError, ValueError) as e:
+            raise InputError(f"cannot read {manifest}: {e}") from None
+        if not isinstance(document, dict) or document.get("format_version") != FORMAT_VERSION:
+            raise InputError(f"{manifest} is not a features store of format {FORMAT_VERSION}: import the features "
+                             "again")
+        return cls(path, document)
+
+    @staticmethod
+    def manifest_path(path: str) -> str:
+        return os.path.join(path, MANIFEST)
+
+    def write(self) -> None:
+        """Writes ``store.json`` atomically: the last file of a store."""
+        atomic_write_json(os.path.join(self.path, MANIFEST), dict(self))
+
+    def files(self) -> list[str]:
+        return [os.path.join(self.path, name) for name in self.shards]
+
+    def shard_of(self, image_id: int) -> str | None:
+        """The shard that holds ``image_id`` if the store has it at all (None before the first shard)."""
+        index = bisect.bisect_right(self.shard_first_ids, int(image_id)) - 1
+        return os.path.join(self.path, self.shards[index]) if index >= 0 else None
+
+    def read(self, image_ids=None) -> dict[int, Regions]:
+        """The regions of ``image_ids`` (all, by default) that the store holds, read with TensorFlow."""
+        import tensorflow as tf
+
+        wanted = None if image_ids is None else {int(i) for i in image_ids}
+        files = self.files() if wanted is None else sorted({f for f in map(self.shard_of, wanted) if f})
+        out = {}
+        for parsed in tf.data.TFRecordDataset(files).map(parse_regions):
+            image_id = int(parsed[IMAGE_ID])
+            if wanted is None or image_id in wanted:
+                out[image_id] = Regions(parsed[FEATURES].numpy(), parsed[BOXES].numpy(), int(parsed[WIDTH]),
+                                        int(parsed[HEIGHT]))
+        return out
+
+
+def parse_regions(serialized) -> dict:
+    """One serialised region record → ``image/id``, ``image/width``, ``image/height`` (scalars),
+    ``region/features [n, D]`` (float16) and ``region/boxes [n, 4]`` (float32). (Per record: the
+    regions' bytes differ in length between images.)"""
+    import tensorflow as tf
+
+    spec = {key: tf.io.FixedLenFeature([], tf.string if key in (FEATURES, BOXES) else tf.int64) for key in KEYS}
+    parsed = tf.io.parse_single_example(serialized, spec)
+    n = tf.cast(parsed[COUNT], tf.int32)
+    features = tf.io.decode_raw(parsed[FEATURES], tf.float16, little_endian=True)
+    boxes = tf.io.decode_raw(parsed[BOXES], tf.float32, little_endian=True)
+    return {IMAGE_ID: parsed[IMAGE_ID], WIDTH: parsed[WIDTH], HEIGHT: parsed[HEIGHT],
+            FEATURES: tf.reshape(features, [n, -1]), BOXES: tf.reshape(boxes, [n, 4])}
