@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import dataclasses
 import math
 import os
@@ -35,7 +36,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from captioning.data.features_store import FeaturesStore, Left, check_name, shard_name, store_path
+from captioning.data.features_store import FeaturesStore, Left, StoreSplit, check_name, shard_name, store_path
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_folder
@@ -204,18 +205,20 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
         if not overwrite:
             raise InputError(f"{path} holds a features store already (from {existing.get('source', {}).get('path')}); "
                              "pass `overwrite` to replace it, or give another `name`", params=("overwrite", "name"))
-    images = dataset.image_sizes()
+    images = dataset.image_sizes()  # id -> (split, width, height)
     ids = sorted(images)
-    position = {image_id: i for i, image_id in enumerate(ids)}
-    count = max(1, math.ceil(len(ids) / images_per_shard))
-    first_ids = [ids[k * images_per_shard] for k in range(count)] if ids else [0]
+    by_split = {split: [i for i in ids if images[i][0] == split] for split in dataset.splits}
+    counts = {split: max(1, math.ceil(len(members) / images_per_shard)) for split, members in by_split.items()}
+    # each image's shard: (split, index of its run of the split's sorted ids)
+    shard_of = {image_id: (split, k // images_per_shard) for split, members in by_split.items()
+                for k, image_id in enumerate(members)}
     rows = {"tsv": lambda: tsv_rows(tsv), "npz_dir": lambda: npz_rows(npz_dir, boxes_dir),
             "hdf5": lambda: hdf5_rows(hdf5)}[kind]()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     extra, malformed, seen = _Tally(), _Tally(), set()
-    size, regions, boxes_given = None, 0, None
+    size, boxes_given = None, None
     with atomic_folder(path) as tmp:
-        writers, records = {}, [0] * count
+        writers, records, held = {}, collections.Counter(), collections.Counter()
         try:
             bar = tqdm(total=len(ids), desc="features", unit="img", disable=None if progress else True,
                        mininterval=0.5)
@@ -234,14 +237,14 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
                     continue
                 size, boxes_given = row.features.shape[1], row.boxes is not None
                 seen.add(row.image_id)
-                shard = position[row.image_id] // images_per_shard
-                if shard not in writers:
-                    writers[shard] = RecordWriter(os.path.join(tmp, shard_name(shard, count)))
+                split, index = shard_of[row.image_id]
+                if (split, index) not in writers:
+                    writers[split, index] = RecordWriter(os.path.join(tmp, shard_name(split, index, counts[split])))
                 boxes = row.boxes if row.boxes is not None else np.zeros((len(row.features), 4), np.float32)
-                writers[shard].write(encode_regions(image_id=row.image_id, features=row.features, boxes=boxes,
-                                                    width=row.width, height=row.height))
-                records[shard] += 1
-                regions += len(row.features)
+                writers[split, index].write(encode_regions(image_id=row.image_id, features=row.features, boxes=boxes,
+                                                           width=row.width, height=row.height))
+                records[split, index] += 1
+                held[split] += len(row.features)
                 bar.update(1)
             bar.close()
         finally:
@@ -250,19 +253,24 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
         if not seen:
             raise InputError(f"`{kind}` {sources[kind]} has features of none of the {len(ids)} images of {data_dir}"
                              + (f" (e.g. {', '.join(extra.ids)} are not in it)" if extra.ids else ""), params=(kind,))
-        shards = [shard_name(k, count) for k in range(count)]
-        for shard in shards:  # a run without features is an empty shard: every shard exists
-            open(os.path.join(tmp, shard), "ab").close()
+        splits = {}
+        for split, members in by_split.items():
+            shards = [shard_name(split, k, counts[split]) for k in range(counts[split])]
+            for shard in shards:  # a run without features is an empty shard: every shard exists
+                open(os.path.join(tmp, shard), "ab").close()
+            splits[split] = StoreSplit(
+                sum(1 for i in members if i in seen), held[split], tuple(shards),
+                tuple(records[split, k] for k in range(counts[split])),
+                tuple(os.path.getsize(os.path.join(tmp, shard)) for shard in shards),
+                tuple(members[k * images_per_shard] for k in range(counts[split])) if members else (0,))
         missing = _Tally()
         for image_id in ids:
             if image_id not in seen:
                 missing.add(str(image_id))
-        store = FeaturesStore.create(
-            tmp, name=name, feature_size=int(size), boxes=bool(boxes_given), images=len(seen), regions=regions,
-            shards=shards, shard_records=records, shard_bytes=[os.path.getsize(os.path.join(tmp, s)) for s in shards],
-            shard_first_ids=first_ids, source=source, dataset=dataset.identity,
-            left={"missing": missing.left(), "extra": extra.left(), "malformed": malformed.left()})
-        store.write()
+        FeaturesStore.create(tmp, name=name, feature_size=int(size), boxes=bool(boxes_given), splits=splits,
+                             source=source, dataset=dataset.identity,
+                             left={"missing": missing.left(), "extra": extra.left(),
+                                   "malformed": malformed.left()}).write()
     return FeaturesStore.load(data_dir, name), True
 
 

@@ -73,11 +73,16 @@ def test_a_tsv_with_gaps_extra_and_a_bad_row(data_dir, ids, tmp_path):
     assert out[3].startswith("malformed: 1 rows that could not be read (e.g. line 6:")
     store = FeaturesStore.load(data_dir, "bottomup")
     assert (store.feature_size, store.images, store.has_boxes) == (D, len(kept), True)
-    assert len(store.shards) == -(-len(ids) // 7) and sum(store.shard_records) == len(kept)
+    sizes = PreparedDataset.load(data_dir).image_sizes()
+    for split, info in store.splits.items():  # per split, runs of 7 of its sorted ids
+        members = [i for i in ids if sizes[i][0] == split]
+        assert len(info.shards) == -(-len(members) // 7) and info.shards[0] == f"{split}-00000-of-{len(info.shards):05d}.tfrecord"
+        assert info.images == sum(1 for i in members if i in kept) == sum(info.shard_records)
     assert store.regions == sum(len(regions(i)[0]) for i in kept)
     check_matches(store, kept)
-    for image_id in kept:  # each image is in the shard the manifest says
-        assert image_id in FeaturesStore.read(store, [image_id])
+    for image_id in kept:  # each image is in the shard store.json says
+        assert image_id in store.read([image_id])
+        assert len(store.files(sizes[image_id][0])) == len(store.split(sizes[image_id][0]).shards)
     again = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--name", "bottomup")
     assert again.returncode == 0 and "imported already" in again.stdout.splitlines()[0]
 

@@ -4,7 +4,7 @@
 folder, one store per name::
 
     DATA/features/NAME/
-        regions-00000-of-00004.tfrecord …     one tf.train.Example per image that has features
+        train-00000-of-00007.tfrecord …       one tf.train.Example per image that has features, per split
         store.json                             what the store holds, written last: a store with it is complete
 
 :class:`FeaturesStore` is the only code that knows ``store.json``'s keys and the records' keys. The
@@ -17,19 +17,20 @@ records (:data:`KEYS`)::
     image/width       int64   that image's size in pixels; 0 where the source does not say (self-critical.pytorch's
     image/height      int64   and the meshed-memory Transformer's files): its prepared record's size then
 
-Shards: the prepared dataset's image ids, all splits, sorted and cut into runs of ``images_per_shard``;
-shard *k* holds the images of run *k* that have features (in the source's order), so an image's shard is found from
-the manifest's ``shard_first_ids`` (:meth:`FeaturesStore.shard_of`). The manifest also records the
-feature size, whether the source gave boxes, the images and regions held, each shard's records and
-bytes, the source (kind and path), the dataset it belongs to (its fingerprint) and what the import
-left out: dataset images without features (``missing``), features of images the dataset does not have
-(``extra``) and rows that could not be read (``malformed``), each a count and a few examples.
+Shards, per split of the prepared dataset (so training reads only its split): the split's image ids
+sorted and cut into runs of ``images_per_shard``; shard *k* holds the images of run *k* that have
+features (in the source's order), so an image's shard is found from the split's ``shard_first_ids``
+(:meth:`FeaturesStore.shard_of`). ``store.json`` also records the feature size, whether the source
+gave boxes, per split the images and regions held and each shard's records and bytes, the source (kind
+and path), the dataset it belongs to (its identity) and what the import left out: dataset images
+without features (``missing``), features of images the dataset does not have (``extra``) and rows that
+could not be read (``malformed``), each a count and a few examples.
 
 Example::
 
     >>> store = FeaturesStore.load("runs/demo/records", "bottomup")            # doctest: +SKIP
-    >>> store.feature_size, store.images, store.shard_of(9)                   # doctest: +SKIP
-    (2048, 123287, 'runs/demo/records/features/bottomup/regions-00000-of-00124.tfrecord')
+    >>> store.feature_size, store.images, store.shard_of(9, "train")          # doctest: +SKIP
+    (2048, 123287, 'runs/demo/records/features/bottomup/train-00000-of-00114.tfrecord')
     >>> store.read([9])[9].features.shape                                     # doctest: +SKIP
     (36, 2048)
 """
@@ -56,9 +57,9 @@ KEYS = (IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def shard_name(index: int, count: int) -> str:
-    """``shard_name(3, 124) == "regions-00003-of-00124.tfrecord"``."""
-    return f"regions-{index:05d}-of-{count:05d}.tfrecord"
+def shard_name(split: str, index: int, count: int) -> str:
+    """``shard_name("train", 3, 114) == "train-00003-of-00114.tfrecord"``."""
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
 def check_name(name: str) -> str:
@@ -86,6 +87,33 @@ class Regions:
 
 
 @dataclass(frozen=True)
+class StoreSplit:
+    """One split's part of a store: its images and regions, shards (with records, bytes and the first image
+    id of each shard's run)."""
+
+    images: int
+    regions: int
+    shards: tuple[str, ...]
+    shard_records: tuple[int, ...]
+    shard_bytes: tuple[int, ...]
+    shard_first_ids: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"images": self.images, "regions": self.regions, "shards": list(self.shards),
+                "shard_records": list(self.shard_records), "shard_bytes": list(self.shard_bytes),
+                "shard_first_ids": list(self.shard_first_ids)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StoreSplit":
+        split = cls(int(data["images"]), int(data["regions"]), tuple(map(str, data["shards"])),
+                    tuple(map(int, data["shard_records"])), tuple(map(int, data["shard_bytes"])),
+                    tuple(map(int, data["shard_first_ids"])))
+        if not len(split.shards) == len(split.shard_records) == len(split.shard_bytes) == len(split.shard_first_ids):
+            raise ValueError("its shard lists differ in length")
+        return split
+
+
+@dataclass(frozen=True)
 class Left:
     """What an import left out of one kind: how many, and a few examples (ids, or ``line N: reason``)."""
 
@@ -106,31 +134,23 @@ class FeaturesStore(dict):
             self.name = str(document["name"])
             self.feature_size = int(document["feature_size"])
             self.has_boxes = bool(document["boxes"])
-            self.images = int(document["images"])
-            self.regions = int(document["regions"])
-            self.shards = tuple(str(s) for s in document["shards"])
-            self.shard_records = tuple(int(n) for n in document["shard_records"])
-            self.shard_bytes = tuple(int(n) for n in document["shard_bytes"])
-            self.shard_first_ids = tuple(int(i) for i in document["shard_first_ids"])
+            self.splits = {name: StoreSplit.from_json(data) for name, data in document["splits"].items()}
             self.dataset = document["dataset"]
             left = {kind: document[kind] for kind in ("missing", "extra", "malformed")}
             self.left = {kind: Left(int(v["count"]), tuple(map(str, v["examples"]))) for kind, v in left.items()}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InputError(f"{os.path.join(path, MANIFEST)} is damaged ({type(e).__name__}: {e}): import the "
                              "features again") from None
-        if not len(self.shards) == len(self.shard_records) == len(self.shard_bytes) == len(self.shard_first_ids):
-            raise InputError(f"{os.path.join(path, MANIFEST)} is damaged (its shard lists differ in length): import "
-                             "the features again")
+        self.images = sum(split.images for split in self.splits.values())
+        self.regions = sum(split.regions for split in self.splits.values())
 
     @classmethod
-    def create(cls, path: str, *, name: str, feature_size: int, boxes: bool, images: int, regions: int,
-               shards: list[str], shard_records: list[int], shard_bytes: list[int], shard_first_ids: list[int],
+    def create(cls, path: str, *, name: str, feature_size: int, boxes: bool, splits: dict[str, StoreSplit],
                source: dict, dataset: str | None, left: dict[str, Left]) -> "FeaturesStore":
         """The store an import has just written the shards of (:meth:`write` it last)."""
         return cls(path, {"format_version": FORMAT_VERSION, "name": name, "feature_size": feature_size,
-                          "boxes": boxes, "images": images, "regions": regions, "shards": shards,
-                          "shard_records": shard_records, "shard_bytes": shard_bytes,
-                          "shard_first_ids": shard_first_ids, "source": source, "dataset": dataset,
+                          "boxes": boxes, "splits": {n: split.to_json() for n, split in splits.items()},
+                          "source": source, "dataset": dataset,
                           **{kind: left[kind].to_json() for kind in ("missing", "extra", "malformed")}})
 
     @classmethod
@@ -160,20 +180,30 @@ class FeaturesStore(dict):
         """Writes ``store.json`` atomically: the last file of a store."""
         atomic_write_json(os.path.join(self.path, MANIFEST), dict(self))
 
-    def files(self) -> list[str]:
-        return [os.path.join(self.path, name) for name in self.shards]
+    def split(self, name: str) -> StoreSplit:
+        if name not in self.splits:
+            raise InputError(f"split {name!r} is not in the features store {self.path} (it has "
+                             f"{', '.join(self.splits)})")
+        return self.splits[name]
 
-    def shard_of(self, image_id: int) -> str | None:
-        """The shard that holds ``image_id`` if the store has it at all (None before the first shard)."""
-        index = bisect.bisect_right(self.shard_first_ids, int(image_id)) - 1
-        return os.path.join(self.path, self.shards[index]) if index >= 0 else None
+    def files(self, split: str | None = None) -> list[str]:
+        """Full paths of a split's shards (every split's, by default)."""
+        names = [split] if split is not None else list(self.splits)
+        return [os.path.join(self.path, shard) for name in names for shard in self.split(name).shards]
+
+    def shard_of(self, image_id: int, split: str) -> str | None:
+        """The shard of ``split`` that holds ``image_id`` if the split has it at all (None before its first run)."""
+        info = self.split(split)
+        index = bisect.bisect_right(info.shard_first_ids, int(image_id)) - 1
+        return os.path.join(self.path, info.shards[index]) if index >= 0 else None
 
     def read(self, image_ids=None) -> dict[int, Regions]:
         """The regions of ``image_ids`` (all, by default) that the store holds, read with TensorFlow."""
         import tensorflow as tf
 
         wanted = None if image_ids is None else {int(i) for i in image_ids}
-        files = self.files() if wanted is None else sorted({f for f in map(self.shard_of, wanted) if f})
+        files = self.files() if wanted is None else sorted(
+            {f for image_id in wanted for split in self.splits if (f := self.shard_of(image_id, split))})
         out = {}
         for parsed in tf.data.TFRecordDataset(files).map(parse_regions):
             image_id = int(parsed[IMAGE_ID])
