@@ -217,14 +217,15 @@ def grounding_table(found: dict) -> str:
     def cell(value, form="{:.3f}"):
         return "-" if value is None else form.format(value)
 
-    lines = ["shapes  images  colour  kind   both   relations right (per image)" +
+    lines = ["shapes  images  colour  kind   both   relations right of judged (mentions/image)" +
              ("   attention in box / box area: colour, kind words" if "attention" in found else "")]
     for group, naming in found["naming"].items():
         line = (f"{group:>6}  {naming['images']:>6}  {cell(naming['color'])}  {cell(naming['kind'])}  "
                 f"{cell(naming['both'])}")
         relation = found.get("relations", {}).get(group)
-        line += "   " + (f"{cell(relation['accuracy']):>5} ({cell(relation['mentions_per_image'], '{:.2f}')})"
-                         if relation and relation["images"] else "-").ljust(26)
+        line += "   " + (f"{cell(relation['accuracy']):>5} of {relation['judged']:<4} "
+                         f"({cell(relation['mentions_per_image'], '{:.2f}')})"
+                         if relation and relation["images"] else "-").ljust(41)
         if "attention" in found:
             parts = []
             for kind in ("color", "kind"):

@@ -32,8 +32,8 @@ shift (:func:`box_coverage`). For a word naming a shape:
 - area = the box's share of the S × S crop: the mass uniform attention would give.
 
 The caption's words are read as the same phrases. A phrase naming exactly one shape of the image
-(colour, kind and fill, those it gives, equal; no number word) scores its colour and kind words on that
-shape; its words are otherwise skipped as *unmatched* (no such shape: "blue circle" for a red one) or
+(colour and kind, those it gives, equal, a fill word picking among several; no number word) scores its
+colour and kind words on that shape; its words are otherwise skipped as *unmatched* (no such shape: "blue circle" for a red one) or
 *ambiguous* (several: "circle" beside two circles, or "two circles"), or as *outside* when the box lies
 wholly outside the crop. Per group and per word type
 (colour words, kind words): the mean mass, the mean area, their ratio (ratio of means) and the mean of

@@ -89,7 +89,16 @@ def relation_mentions(words: Sequence[str], phrases: Sequence[Phrase]) -> list[t
 
 
 def named(phrase: Phrase, shapes: Sequence[ShapeBox]) -> list[ShapeBox]:
-    """The shapes of an image that ``phrase`` fits: its colour, kind and fill where it gives them (size
-    words are not judged)."""
-    return [s for s in shapes if phrase.color in (None, s.color) and phrase.kind in (None, s.kind)
-            and phrase.fill in (None, s.fill)]
+    """The shapes of an image that ``phrase`` names: those of its colour and kind (where it gives them);
+    its fill word picks among several, and a fill that fits none of them is a wrong detail, not another
+    shape (size words are not judged).
+
+    >>> shapes = [ShapeBox("star", "red", "small", (0, 0, 1, 1), "solid"),
+    ...           ShapeBox("star", "red", "large", (5, 5, 1, 1), "striped")]
+    >>> words = "a striped red star and a hollow red star and a red star".split()
+    >>> [len(named(p, shapes)) for p in noun_phrases(words, ("red",), ("star",))]
+    [1, 2, 2]
+    """
+    fits = [s for s in shapes if phrase.color in (None, s.color) and phrase.kind in (None, s.kind)]
+    filled = [s for s in fits if s.fill == phrase.fill]
+    return filled if phrase.fill is not None and filled else fits

@@ -3,8 +3,8 @@
 For each generated caption, every relation mention (:func:`captioning.evaluation.phrases.relation_mentions`:
 two noun phrases with only relation words between them) is
 
-- *judged* when each phrase names exactly one shape of the image (its colour, kind and fill, those it
-  gives, fit one shape; no number word), and then *correct* when the relation holds of the first
+- *judged* when each phrase names exactly one shape of the image (:func:`~captioning.evaluation.phrases.named`:
+  its colour and kind, a fill word picking among several; no number word), and then *correct* when the relation holds of the first
   shape's box to the second's by :func:`captioning.data.scenes.relations` (the rule the hard scenes'
   captions are written with);
 - otherwise skipped as *unresolved*: a phrase names no shape, or several.
