@@ -31,7 +31,7 @@ import collections
 import dataclasses
 import math
 import os
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -196,15 +196,41 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
         source["boxes"] = os.path.abspath(boxes_dir)
     if not os.path.exists(sources[kind]):
         raise InputError(f"`{kind}` {sources[kind]} does not exist", params=(kind,))
+    existing = finished_store(data_dir, name, source, overwrite)
+    if existing is not None:
+        return existing, False
+    rows = {"tsv": lambda: tsv_rows(tsv), "npz_dir": lambda: npz_rows(npz_dir, boxes_dir),
+            "hdf5": lambda: hdf5_rows(hdf5)}[kind]()
+    return write_store(data_dir, rows, source=source, name=name, images_per_shard=images_per_shard,
+                       progress=progress, what=f"`{kind}` {sources[kind]}", params=(kind,)), True
+
+
+def finished_store(data_dir: str, name: str, source: dict, overwrite: bool) -> FeaturesStore | None:
+    """The store ``name`` when it holds ``source``'s features for this dataset already (a rerun: nothing to
+    do); None when there is none or ``overwrite`` replaces it; an InputError when another source's is there."""
     dataset = PreparedDataset.load(data_dir)
     path = store_path(data_dir, check_name(name))
-    if os.path.exists(FeaturesStore.manifest_path(path)):
-        existing = FeaturesStore.load(data_dir, name)
-        if existing.get("source") == source and existing.dataset == dataset.identity and not overwrite:
-            return existing, False
-        if not overwrite:
-            raise InputError(f"{path} holds a features store already (from {existing.get('source', {}).get('path')}); "
-                             "pass `overwrite` to replace it, or give another `name`", params=("overwrite", "name"))
+    if not os.path.exists(FeaturesStore.manifest_path(path)):
+        return None
+    existing = FeaturesStore.load(data_dir, name)
+    if existing.get("source") == source and existing.dataset == dataset.identity and not overwrite:
+        return existing
+    if not overwrite:
+        raise InputError(f"{path} holds a features store already (from {existing.get('source', {}).get('path')}); "
+                         "pass `overwrite` to replace it, or give another `name`", params=("overwrite", "name"))
+    return None
+
+
+def write_store(data_dir: str, rows: Iterable[Row | Malformed], *, source: dict, name: str = "regions",
+                images_per_shard: int = 1000, progress: bool = True, what: str = "the source",
+                params: tuple[str, ...] = ()) -> FeaturesStore:
+    """Writes the rows of one source (:class:`Row` or :class:`Malformed`, in any order) as the store ``name``
+    of the prepared dataset ``data_dir``, into a temporary folder renamed into place when complete (module
+    docstring). ``what`` and ``params`` name the source in errors."""
+    if images_per_shard < 1:
+        raise InputError(f"`images_per_shard` must be at least 1, got {images_per_shard}", params=("images_per_shard",))
+    dataset = PreparedDataset.load(data_dir)
+    path = store_path(data_dir, check_name(name))
     images = dataset.image_sizes()  # id -> (split, width, height)
     ids = sorted(images)
     by_split = {split: [i for i in ids if images[i][0] == split] for split in dataset.splits}
@@ -212,8 +238,6 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
     # each image's shard: (split, index of its run of the split's sorted ids)
     shard_of = {image_id: (split, k // images_per_shard) for split, members in by_split.items()
                 for k, image_id in enumerate(members)}
-    rows = {"tsv": lambda: tsv_rows(tsv), "npz_dir": lambda: npz_rows(npz_dir, boxes_dir),
-            "hdf5": lambda: hdf5_rows(hdf5)}[kind]()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     extra, malformed, seen = _Tally(), _Tally(), set()
     size, boxes_given = None, None
@@ -251,8 +275,8 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
             for writer in writers.values():
                 writer.close()
         if not seen:
-            raise InputError(f"`{kind}` {sources[kind]} has features of none of the {len(ids)} images of {data_dir}"
-                             + (f" (e.g. {', '.join(extra.ids)} are not in it)" if extra.ids else ""), params=(kind,))
+            raise InputError(f"{what} has features of none of the {len(ids)} images of {data_dir}"
+                             + (f" (e.g. {', '.join(extra.ids)} are not in it)" if extra.ids else ""), params=params)
         splits = {}
         for split, members in by_split.items():
             shards = [shard_name(split, k, counts[split]) for k in range(counts[split])]
@@ -271,7 +295,7 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
                              source=source, dataset=dataset.identity,
                              left={"missing": missing.left(), "extra": extra.left(),
                                    "malformed": malformed.left()}).write()
-    return FeaturesStore.load(data_dir, name), True
+    return FeaturesStore.load(data_dir, name)
 
 
 def report(store: FeaturesStore) -> list[str]:
