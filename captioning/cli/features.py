@@ -1,15 +1,19 @@
-"""``captioning features import``: the flags; the work is in :mod:`data_prep.features_import` (a features store
-beside a prepared dataset, :mod:`captioning.data.features_store`)."""
+"""``captioning features import|extract``: the flags. Importing is :mod:`data_prep.features_import`;
+extracting pools a model's encoder grid in a detector's boxes (:mod:`captioning.inference.regions`) and
+writes through the same writer; both make a features store (:mod:`captioning.data.features_store`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from captioning.cli.parsing import POSITIVE, call
+import dataclasses
+import os
+
+from captioning.cli.parsing import NATURAL, POSITIVE, call
 
 
 def add_features(sub) -> None:
-    p = sub.add_parser("features", help="region features beside a prepared dataset (import)",
+    p = sub.add_parser("features", help="region features beside a prepared dataset (import, extract)",
                        description="Region features for a prepared dataset, kept in a features store inside it "
                                    "(DATA/features/NAME/).")
     kinds = p.add_subparsers(dest="features", metavar="ACTION", required=True)
@@ -38,6 +42,68 @@ def add_features(sub) -> None:
                    help="images per shard (default 1000: ~150 MB of 36 regions × 2,048 float16 features)")
     q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
     q.set_defaults(handler=run_import)
+
+    q = kinds.add_parser(
+        "extract", help="region features from a detector's boxes, pooled from a model's encoder grid",
+        description="Pools a trained model folder's encoder grid inside each detected box (and the whole image) "
+                    "with crop_and_resize (ROI align) and writes a features store of the prepared dataset. "
+                    "Detections: COCO detection results files ([{image_id, bbox, score, category_id}], as "
+                    "Detectron2, MMDetection and the TF Object Detection API write them) or COCO instances files "
+                    "(score 1; on the synthetic data, oracle boxes). --shift, --miss and --false-boxes spoil the "
+                    "boxes on purpose, to measure what box quality is worth.",
+        epilog="example:\n"
+               "  captioning features extract --data-dir runs/demo/scenes_records --images runs/demo/scenes/images \\\n"
+               "      --model-dir runs/scenes_attention --detections runs/demo/scenes/annotations/instances_train.json \\\n"
+               "      --detections runs/demo/scenes/annotations/instances_val.json --name oracle",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("--data-dir", required=True, help="the prepared dataset the features belong to")
+    q.add_argument("--images", required=True, metavar="DIR", dest="images_dir",
+                   help="the original images (the boxes are in their pixels), found by the records' file names")
+    q.add_argument("--model-dir", required=True, help="a trained model folder whose decoder attends (its encoder grid)")
+    q.add_argument("--detections", action="append", required=True, metavar="FILE",
+                   help="COCO detection results or instances file (repeatable)")
+    q.add_argument("--min-score", type=float, default=0.2, help="keep boxes scoring at least this (default 0.2)")
+    q.add_argument("--max-boxes", type=POSITIVE, default=36, help="the best this many boxes an image (default 36)")
+    q.add_argument("--shift", type=float, default=0.0, help="jitter: move and scale boxes by up to this share (default 0)")
+    q.add_argument("--miss", type=float, default=0.0, help="jitter: drop each box with this probability (default 0)")
+    q.add_argument("--false-boxes", type=float, default=0.0,
+                   help="jitter: add this many random boxes an image on average (default 0)")
+    q.add_argument("--seed", type=NATURAL, default=0, help="jitter's seed (default 0)")
+    q.add_argument("--name", default="regions", help="the store's name, a folder in DATA/features/ (default regions)")
+    q.add_argument("--images-per-shard", type=POSITIVE, default=1000, help="images per shard (default 1000)")
+    q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
+    q.set_defaults(handler=run_extract)
+
+
+def run_extract(args) -> int:
+    from captioning.data.prepared import PreparedDataset
+    from captioning.errors import InputError
+    from captioning.inference.captioner import load
+    from captioning.inference.regions import Jitter, read_detections, region_features
+    from data_prep.features_import import Malformed, Row, finished_store, report, write_store
+
+    jitter = Jitter(args.shift, args.miss, args.false_boxes, args.seed)
+    trained = load(args.model_dir)
+    if trained.model.grid_shape is None:
+        raise InputError(f"--model-dir {args.model_dir}: its decoder ({trained.config.model.decoder}) reads pooled "
+                         "features, so its encoder has no grid to pool regions from; use a model that attends")
+    source = {"kind": "extract", "model": os.path.abspath(args.model_dir), "checkpoint": trained.step,
+              "detections": [os.path.abspath(p) for p in args.detections], "min_score": args.min_score,
+              "max_boxes": args.max_boxes, "jitter": dataclasses.asdict(jitter)}
+    store = finished_store(args.data_dir, args.name, source, args.overwrite)
+    written = store is None
+    if written:
+        detections = read_detections(args.detections, args.min_score, args.max_boxes)
+        dataset = PreparedDataset.load(args.data_dir)
+        rows = (Row(i, r.features, r.boxes, r.width, r.height) if not isinstance(r, str) else Malformed(f"image {i}", r)
+                for i, r in region_features(trained.model, dataset, args.images_dir, detections, jitter))
+        store = write_store(args.data_dir, rows, source=source, name=args.name, images_per_shard=args.images_per_shard,
+                            progress=not args.quiet, what=f"--images {args.images_dir}", params=("images_dir",))
+    lines = report(store)
+    if not written:
+        lines[0] = lines[0].replace("features store", "features store (extracted already)", 1)
+    print("\n".join(lines))
+    return 0
 
 
 def run_import(args) -> int:

@@ -148,19 +148,24 @@ class PreparedDataset(dict):
     def image_sizes(self) -> dict[int, tuple[str, int, int]]:
         """Every image's id → (split, stored width, stored height), read from the shards with TensorFlow
         (the records' ids and sizes only; the images are not decoded)."""
+        return {i: (split, w, h) for i, (split, w, h, _) in self.image_records().items()}
+
+    def image_records(self) -> dict[int, tuple[str, int, int, str]]:
+        """Every image's id → (split, stored width, stored height, source file name), from the shards."""
         import tensorflow as tf
 
         from captioning.data import schema
 
         spec = {key: tf.io.FixedLenFeature([], tf.int64) for key in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
                                                                        schema.IMAGE_HEIGHT)}
+        spec[schema.IMAGE_FILENAME] = tf.io.FixedLenFeature([], tf.string)
+        keys = (schema.IMAGE_ID, schema.IMAGE_WIDTH, schema.IMAGE_HEIGHT, schema.IMAGE_FILENAME)
         out = {}
         for split in self.splits:
             for batch in tf.data.TFRecordDataset(self.files(split)).batch(1024).map(
                     lambda s: tf.io.parse_example(s, spec)):
-                for i, w, h in zip(*(batch[k].numpy().tolist() for k in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
-                                                                            schema.IMAGE_HEIGHT))):
-                    out[i] = (split, w, h)
+                for i, w, h, name in zip(*(batch[k].numpy().tolist() for k in keys)):
+                    out[i] = (split, w, h, name.decode("utf-8"))
         return out
 
     @property

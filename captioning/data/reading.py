@@ -31,6 +31,11 @@ def _decode_jpeg(encoded: tf.Tensor) -> tf.Tensor:
     return tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_FAST")
 
 
+def squash(image: tf.Tensor, size: int) -> tf.Tensor:
+    """Any ``[H, W, 3]`` image → ``uint8 [size, size, 3]``, squashed to the square as the pipeline resizes."""
+    return _resize(image, size)
+
+
 def _resize(image: tf.Tensor, size: int) -> tf.Tensor:
     image = tf.image.resize(image, [size, size], method="bilinear", antialias=False)
     return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)

@@ -1,0 +1,153 @@
+"""Region features from any detector's boxes: a model's encoder map pooled inside each box (ROI align).
+
+``captioning features extract`` (the command line writes the result as a features store,
+:mod:`captioning.data.features_store`) reads:
+
+- **detections**: COCO detection results files, ``[{"image_id", "bbox": [x, y, w, h], "score",
+  "category_id"}, ...]`` — what Detectron2, MMDetection and the TF Object Detection API write — or COCO
+  instances files (``{"annotations": [...]}``), whose boxes count as score 1: on the synthetic data the
+  instances files are oracle boxes. Per image, the boxes scoring at least ``min_score``, the best
+  ``max_boxes`` of them, in pixels of the original image;
+- **images**: the original files (``images_dir`` / the record's file name), so the boxes' pixels are the
+  detector's; each is squashed to the model's ``image_size`` square as the input pipeline does, and
+  encoded by the model's encoder into its grid (``rows × cols × D``).
+
+Each box (and always the whole image, the last region) becomes one region: ``tf.image.crop_and_resize``
+samples the grid at ``rows × cols`` points spread over the box (bilinear, as ROI align does), and their
+mean is the region's feature. For the whole image that is exactly the mean of the grid's cells. Box
+coordinates are normalised by the image's size; the grid's first and last cell centres stand for the
+image's edges (crop_and_resize's convention).
+
+**Jitter** makes oracle boxes imperfect, to measure how much box quality matters: each box is moved by
+up to ``shift`` of its width and height and scaled by up to ``1 ± shift`` (clipped to the image), dropped
+with probability ``miss``, and ``false_boxes`` random boxes per image are added on average (Poisson),
+all drawn from ``seed`` and the image id, so the same settings give the same boxes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from captioning.data.features_store import Regions
+from captioning.data.prepared import PreparedDataset
+from captioning.data.reading import squash
+from captioning.errors import InputError
+from captioning.images import ImageError, read_image_file
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """How oracle boxes are spoiled (module docstring); all zero: as given."""
+
+    shift: float = 0.0
+    miss: float = 0.0
+    false_boxes: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (0 <= self.shift < 1 and 0 <= self.miss <= 1 and self.false_boxes >= 0):
+            raise InputError(f"jitter: shift must be in [0, 1), miss in [0, 1] and false_boxes at least 0; got "
+                             f"{self.shift}, {self.miss}, {self.false_boxes}", params=("shift", "miss", "false_boxes"))
+
+    def apply(self, boxes: np.ndarray, image_id: int, width: int, height: int) -> np.ndarray:
+        """``boxes [n, 4]`` (x, y, w, h pixels) spoiled for ``image_id``."""
+        if not (self.shift or self.miss or self.false_boxes):
+            return boxes
+        rng = np.random.default_rng([self.seed, image_id])
+        x, y, w, h = boxes.T.astype(np.float64)
+        move = rng.uniform(-self.shift, self.shift, (4, len(boxes)))
+        w2, h2 = w * (1 + move[2]), h * (1 + move[3])
+        x2, y2 = x + move[0] * w + (w - w2) / 2, y + move[1] * h + (h - h2) / 2
+        kept = np.stack([x2, y2, w2, h2], axis=1)[rng.random(len(boxes)) >= self.miss]
+        extra = rng.poisson(self.false_boxes)
+        size = rng.uniform(0.1, 0.4, (extra, 2)) * [width, height]
+        corner = rng.uniform(0, 1, (extra, 2)) * ([width, height] - size)
+        out = np.concatenate([kept, np.concatenate([corner, size], axis=1)]) if extra else kept
+        x0, y0 = np.clip(out[:, 0], 0, width), np.clip(out[:, 1], 0, height)
+        x1, y1 = np.clip(out[:, 0] + out[:, 2], 0, width), np.clip(out[:, 1] + out[:, 3], 0, height)
+        out = np.stack([x0, y0, x1 - x0, y1 - y0], axis=1)
+        return out[(out[:, 2] > 1) & (out[:, 3] > 1)].astype(np.float32)
+
+
+def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int = 36) -> dict[int, np.ndarray]:
+    """Each image's boxes ``[n, 4]`` (x, y, w, h pixels), best first, from COCO detection results files or
+    instances files (score 1); at most ``max_boxes`` of those scoring at least ``min_score``."""
+    found: dict[int, list] = collections.defaultdict(list)
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise InputError(f"`detections` {path}: cannot read it ({e.strerror or e})", params=("detections",)) \
+                from None
+        except ValueError as e:
+            raise InputError(f"`detections` {path} is not JSON ({e})", params=("detections",)) from None
+        rows = data.get("annotations") if isinstance(data, dict) else data
+        try:
+            for row in rows:
+                x, y, w, h = (float(v) for v in row["bbox"])
+                score = float(row.get("score", 1.0)) if isinstance(data, list) else 1.0
+                if w > 0 and h > 0 and score >= min_score:
+                    found[int(row["image_id"])].append((score, x, y, w, h))
+        except (TypeError, KeyError, ValueError) as e:
+            raise InputError(f"`detections` {path} is neither COCO detection results ([{{image_id, bbox, score}}]) "
+                             f"nor a COCO instances file ({type(e).__name__}: {e})", params=("detections",)) from None
+    return {image_id: np.array([b[1:] for b in sorted(boxes, key=lambda b: -b[0])[:max_boxes]], np.float32)
+            for image_id, boxes in found.items()}
+
+
+def pool_regions(grid: tf.Tensor, boxes: tf.Tensor) -> tf.Tensor:
+    """``grid [rows, cols, D]`` and normalised ``boxes [n, 4]`` (y1, x1, y2, x2) → ``[n, D]``: the mean of
+    ``rows × cols`` bilinear samples spread over each box.
+
+    >>> grid = tf.reshape(tf.range(16, dtype=tf.float32), [4, 4, 1])
+    >>> pool_regions(grid, tf.constant([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])).numpy().ravel().tolist()
+    [7.5, 0.0]
+    """
+    rows, cols = grid.shape[0], grid.shape[1]
+    crops = tf.image.crop_and_resize(grid[None], boxes, tf.zeros(tf.shape(boxes)[:1], tf.int32), [rows, cols])
+    return tf.reduce_mean(crops, axis=[1, 2])
+
+
+def region_features(model, dataset: PreparedDataset, images_dir: str, detections: dict[int, np.ndarray],
+                    jitter: Jitter = Jitter(), batch_size: int = 32) -> Iterator[tuple[int, Regions | str]]:
+    """``(image id, Regions)`` for every image of ``dataset`` (all splits), its detected boxes and the whole
+    image pooled from ``model``'s encoder grid (module docstring); ``(image id, reason)`` for an image whose
+    file cannot be read."""
+    import os
+
+    size = model.image_size
+    rows, cols = model.grid_shape
+    encode = tf.function(lambda images: model.encode(images, training=False), reduce_retracing=True)
+    pending: list[tuple[int, np.ndarray, int, int]] = []
+
+    def flush():
+        grids = encode(tf.stack([p[1] for p in pending]))
+        grids = tf.reshape(tf.cast(grids, tf.float32), [len(pending), rows, cols, -1])
+        for (image_id, _, width, height), grid in zip(pending, grids):
+            boxes = jitter.apply(detections.get(image_id, np.zeros((0, 4), np.float32)), image_id, width, height)
+            boxes = np.concatenate([boxes, [[0, 0, width, height]]]).astype(np.float32)  # + the whole image
+            corners = np.stack([boxes[:, 0], boxes[:, 1], boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]], 1)
+            normal = corners[:, [1, 0, 3, 2]] / np.array([height, width, height, width], np.float32)
+            yield image_id, Regions(pool_regions(grid, tf.constant(normal)).numpy(), corners, width, height)
+        pending.clear()
+
+    for image_id, (_, _, _, file_name) in sorted(dataset.image_records().items()):
+        try:
+            data = read_image_file(os.path.join(images_dir, file_name))
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        except (ImageError, OSError, tf.errors.InvalidArgumentError) as e:
+            yield image_id, f"{file_name}: {e}"
+            continue
+        height, width = int(image.shape[0]), int(image.shape[1])
+        pending.append((image_id, squash(image, size).numpy(), width, height))
+        if len(pending) == batch_size:
+            yield from flush()
+    if pending:
+        yield from flush()

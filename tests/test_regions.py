@@ -1,0 +1,112 @@
+"""captioning features extract: a model's encoder grid pooled inside a detector's boxes (ROI align), from COCO
+detection results or instances files (oracle boxes on the synthetic data), with jitter, into a features store."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.data.features_store import FeaturesStore
+from captioning.data.prepared import PreparedDataset
+from captioning.errors import InputError
+from captioning.inference.regions import Jitter, pool_regions, read_detections
+from tests.helpers import run_cli
+
+
+def test_the_whole_image_is_the_grids_mean_and_a_box_reads_its_own_cells():
+    rng = np.random.default_rng(0)
+    grid = tf.constant(rng.normal(size=(3, 5, 4)), tf.float32)
+    whole = pool_regions(grid, tf.constant([[0.0, 0.0, 1.0, 1.0]]))
+    np.testing.assert_allclose(whole.numpy()[0], grid.numpy().mean(axis=(0, 1)), atol=1e-6)
+    halves = tf.concat([tf.ones([4, 2, 1]), tf.zeros([4, 2, 1])], axis=1)  # left columns 1, right 0
+    left, right = pool_regions(halves, tf.constant([[0.0, 0.0, 1.0, 0.3], [0.0, 0.7, 1.0, 1.0]])).numpy().ravel()
+    assert left == pytest.approx(1.0) and right == pytest.approx(0.0)
+
+
+def test_detections_from_results_and_instances_files(tmp_path):
+    results = tmp_path / "dets.json"
+    results.write_text(json.dumps([
+        {"image_id": 1, "bbox": [0, 0, 10, 10], "score": 0.9, "category_id": 1},
+        {"image_id": 1, "bbox": [5, 5, 10, 10], "score": 0.1, "category_id": 1},  # under min_score
+        {"image_id": 1, "bbox": [1, 1, 20, 20], "score": 0.95, "category_id": 2},
+        {"image_id": 1, "bbox": [2, 2, 5, 5], "score": 0.5, "category_id": 2},
+        {"image_id": 2, "bbox": [3, 3, 0, 4], "score": 0.9, "category_id": 1}]))  # empty box
+    instances = tmp_path / "instances.json"
+    instances.write_text(json.dumps({"images": [], "annotations": [{"image_id": 3, "bbox": [1, 2, 3, 4],
+                                                                    "category_id": 1}]}))
+    found = read_detections([str(results), str(instances)], min_score=0.2, max_boxes=2)
+    assert sorted(found) == [1, 3]
+    np.testing.assert_array_equal(found[1], [[1, 1, 20, 20], [0, 0, 10, 10]])  # the best two, best first
+    np.testing.assert_array_equal(found[3], [[1, 2, 3, 4]])
+    (tmp_path / "bad.json").write_text('{"annotations": [{"image_id": 1}]}')
+    with pytest.raises(InputError, match="neither COCO detection results"):
+        read_detections([str(tmp_path / "bad.json")])
+
+
+def test_jitter_is_seeded_clipped_and_spoils_as_asked():
+    boxes = np.array([[10, 10, 20, 20], [50, 40, 30, 30]], np.float32)
+    assert Jitter().apply(boxes, 7, 100, 80) is boxes
+    shifted = Jitter(shift=0.3, seed=1).apply(boxes, 7, 100, 80)
+    assert shifted.shape == (2, 4) and not np.allclose(shifted, boxes)
+    np.testing.assert_array_equal(shifted, Jitter(shift=0.3, seed=1).apply(boxes, 7, 100, 80))
+    assert not np.allclose(shifted, Jitter(shift=0.3, seed=2).apply(boxes, 7, 100, 80))
+    assert len(Jitter(miss=1.0).apply(boxes, 7, 100, 80)) == 0
+    false = Jitter(miss=1.0, false_boxes=20).apply(boxes, 7, 100, 80)
+    assert len(false) > 5 and (false[:, 0] >= 0).all() and (false[:, 0] + false[:, 2] <= 100).all()
+    assert (false[:, 1] + false[:, 3] <= 80).all()
+    with pytest.raises(InputError, match="jitter"):
+        Jitter(shift=1.5)
+
+
+@pytest.fixture()
+def data_dir(prepared_dir, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(prepared_dir, copy)
+    return str(copy)
+
+
+def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, shapes_dir, data_dir):
+    from captioning.data.reading import squash
+    from captioning.inference.captioner import load
+
+    instances = [os.path.join(shapes_dir, "annotations", f"instances_{s}.json") for s in ("train", "val", "test")]
+    args = ["features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
+            "--model-dir", trained_attention_dir, "--name", "oracle"] + [a for p in instances for a in ("--detections", p)]
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    store = FeaturesStore.load(data_dir, "oracle")
+    regions = store.read()
+    assert len(regions) == 40 and store.has_boxes and store.left["missing"].count == 0
+    shapes = {}
+    for path in instances:
+        for ann in json.load(open(path))["annotations"]:
+            shapes.setdefault(ann["image_id"], []).append(ann["bbox"])
+    model = load(trained_attention_dir).model
+    files = {i: name for i, (_, _, _, name) in PreparedDataset.load(data_dir).image_records().items()}
+    for image_id, r in list(regions.items())[:6]:
+        x, y, w, h = np.array(shapes[image_id]).T
+        np.testing.assert_allclose(r.boxes[:-1], np.stack([x, y, x + w, y + h], 1), atol=1e-3)  # in the file's order
+        np.testing.assert_array_equal(r.boxes[-1], [0, 0, r.width, r.height])  # and the whole image last
+        image = tf.io.decode_image(open(os.path.join(shapes_dir, "images", files[image_id]), "rb").read(), channels=3)
+        assert (r.width, r.height) == (image.shape[1], image.shape[0])
+        grid = model.encode(squash(image, model.image_size)[None]).numpy()[0]
+        np.testing.assert_allclose(r.features[-1], grid.mean(axis=0), atol=2e-3)  # float16
+    again = run_cli(*args)
+    assert again.returncode == 0 and "extracted already" in again.stdout
+    jittered = run_cli(*args[:-len(instances) * 2], *args[-len(instances) * 2:], "--shift", "0.3", "--overwrite")
+    assert jittered.returncode == 0, jittered.stderr[-2000:]
+    moved = FeaturesStore.load(data_dir, "oracle").read()
+    some = next(iter(moved))
+    assert len(moved[some].boxes) == len(regions[some].boxes) and not np.allclose(moved[some].boxes[:-1],
+                                                                                  regions[some].boxes[:-1])
+
+
+def test_a_model_without_a_grid_is_refused(trained_model_dir, shapes_dir, data_dir):
+    done = run_cli("features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
+                   "--model-dir", trained_model_dir, "--detections",
+                   os.path.join(shapes_dir, "annotations", "instances_test.json"))
+    assert done.returncode == 2 and "reads pooled features" in done.stderr and "Traceback" not in done.stderr
+    assert not os.path.exists(os.path.join(data_dir, "features"))
