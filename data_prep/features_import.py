@@ -231,6 +231,21 @@ def write_store(data_dir: str, rows: Iterable[Row | Malformed], *, source: dict,
         raise InputError(f"`images_per_shard` must be at least 1, got {images_per_shard}", params=("images_per_shard",))
     dataset = PreparedDataset.load(data_dir)
     path = store_path(data_dir, check_name(name))
+    parent = os.path.dirname(path)
+    made_parent = not os.path.isdir(parent)
+    os.makedirs(parent, exist_ok=True)
+    try:
+        return _write(data_dir, dataset, path, rows, source, name, images_per_shard, progress, what, params)
+    except BaseException:
+        if made_parent:  # a store that failed leaves nothing behind, not even DATA/features/
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass
+        raise
+
+
+def _write(data_dir, dataset, path, rows, source, name, images_per_shard, progress, what, params) -> FeaturesStore:
     images = dataset.image_sizes()  # id -> (split, width, height)
     ids = sorted(images)
     by_split = {split: [i for i in ids if images[i][0] == split] for split in dataset.splits}
@@ -238,7 +253,6 @@ def write_store(data_dir: str, rows: Iterable[Row | Malformed], *, source: dict,
     # each image's shard: (split, index of its run of the split's sorted ids)
     shard_of = {image_id: (split, k // images_per_shard) for split, members in by_split.items()
                 for k, image_id in enumerate(members)}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     extra, malformed, seen = _Tally(), _Tally(), set()
     size, boxes_given = None, None
     with atomic_folder(path) as tmp:
@@ -280,8 +294,9 @@ def write_store(data_dir: str, rows: Iterable[Row | Malformed], *, source: dict,
         splits = {}
         for split, members in by_split.items():
             shards = [shard_name(split, k, counts[split]) for k in range(counts[split])]
-            for shard in shards:  # a run without features is an empty shard: every shard exists
-                open(os.path.join(tmp, shard), "ab").close()
+            for shard in shards:  # a run without features is an empty shard: every shard exists; all on disk
+                with open(os.path.join(tmp, shard), "ab") as f:  # before store.json says they are complete
+                    os.fsync(f.fileno())
             splits[split] = StoreSplit(
                 sum(1 for i in members if i in seen), held[split], tuple(shards),
                 tuple(records[split, k] for k in range(counts[split])),

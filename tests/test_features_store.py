@@ -95,7 +95,7 @@ def test_a_tsv_cut_short_is_an_error_naming_the_line_and_writes_nothing(data_dir
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"captioning features: error: --tsv {path} is cut short "
                                                           "at line 4")
-    assert not os.path.exists(os.path.join(data_dir, "features", "regions"))
+    assert not os.path.exists(os.path.join(data_dir, "features"))  # not even the stores' folder
 
 
 def test_npz_files_with_boxes_beside_them(data_dir, ids, tmp_path):

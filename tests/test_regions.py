@@ -93,7 +93,7 @@ def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, sha
         image = tf.io.decode_image(open(os.path.join(shapes_dir, "images", files[image_id]), "rb").read(), channels=3)
         assert (r.width, r.height) == (image.shape[1], image.shape[0])
         grid = model.encode(squash(image, model.image_size)[None]).numpy()[0]
-        np.testing.assert_allclose(r.features[-1], grid.mean(axis=0), atol=2e-3)  # float16
+        np.testing.assert_allclose(r.features[-1], grid.mean(axis=0), rtol=1e-3, atol=2e-3)  # as float16 keeps it
     again = run_cli(*args)
     assert again.returncode == 0 and "extracted already" in again.stdout
     jittered = run_cli(*args[:-len(instances) * 2], *args[-len(instances) * 2:], "--shift", "0.3", "--overwrite")
