@@ -246,9 +246,9 @@ def write_store(data_dir: str, rows: Iterable[Row | Malformed], *, source: dict,
 
 
 def _write(data_dir, dataset, path, rows, source, name, images_per_shard, progress, what, params) -> FeaturesStore:
-    images = dataset.image_sizes()  # id -> (split, width, height)
+    images = dataset.image_records()  # id -> split, size, captions
     ids = sorted(images)
-    by_split = {split: [i for i in ids if images[i][0] == split] for split in dataset.splits}
+    by_split = {split: [i for i in ids if images[i].split == split] for split in dataset.splits}
     counts = {split: max(1, math.ceil(len(members) / images_per_shard)) for split, members in by_split.items()}
     # each image's shard: (split, index of its run of the split's sorted ids)
     shard_of = {image_id: (split, k // images_per_shard) for split, members in by_split.items()
@@ -279,8 +279,10 @@ def _write(data_dir, dataset, path, rows, source, name, images_per_shard, progre
                 if (split, index) not in writers:
                     writers[split, index] = RecordWriter(os.path.join(tmp, shard_name(split, index, counts[split])))
                 boxes = row.boxes if row.boxes is not None else np.zeros((len(row.features), 4), np.float32)
+                record = images[row.image_id]  # a source that does not say the image's size: the stored one's
+                width, height = (row.width, row.height) if row.width and row.height else (record.width, record.height)
                 writers[split, index].write(encode_regions(image_id=row.image_id, features=row.features, boxes=boxes,
-                                                           width=row.width, height=row.height))
+                                                           width=width, height=height, captions=record.captions))
                 records[split, index] += 1
                 held[split] += len(row.features)
                 bar.update(1)

@@ -128,10 +128,11 @@ def encode_example(*, image_id: int, filename: str, jpeg: bytes, height: int, wi
     })
 
 
-def encode_regions(*, image_id: int, features, boxes, width: int, height: int) -> bytes:
+def encode_regions(*, image_id: int, features, boxes, width: int, height: int,
+                   captions: Sequence[Sequence[int]]) -> bytes:
     """Serialises one image's regions for the features store (keys in
     :mod:`captioning.data.features_store`): ``features [n, D]`` stored as float16 and ``boxes [n, 4]``
-    as float32, little-endian."""
+    as float32, little-endian; ``captions`` the image's token ids, one list per caption."""
     features = np.ascontiguousarray(features, dtype="<f2")
     boxes = np.ascontiguousarray(boxes, dtype="<f4")
     return example({
@@ -141,4 +142,6 @@ def encode_regions(*, image_id: int, features, boxes, width: int, height: int) -
         store.BOXES: bytes_feature([boxes.tobytes()]),
         store.WIDTH: int64_feature([width]),
         store.HEIGHT: int64_feature([height]),
+        store.CAPTION_IDS: int64_feature([t for caption in captions for t in caption]),
+        store.CAPTION_LENGTH: int64_feature([len(caption) for caption in captions]),
     })

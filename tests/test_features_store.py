@@ -46,14 +46,19 @@ def tsv_line(image_id, features, boxes, w=320, h=240):
 
 
 def check_matches(store, image_ids, sizes=(320, 240), boxes=True):
+    """The store holds ``image_ids``' regions as the source gave them, the image sizes the source gave (None:
+    the prepared records' sizes) and each image's captions as the prepared dataset holds them."""
     got = store.read()
+    records = PreparedDataset.load(os.path.dirname(os.path.dirname(store.path))).image_records()
     assert sorted(got) == sorted(image_ids)
     for image_id in image_ids:
         features, expected_boxes = regions(image_id)
         np.testing.assert_array_equal(got[image_id].features, features.astype(np.float16))
         assert got[image_id].features.dtype == np.float16
         np.testing.assert_array_equal(got[image_id].boxes, expected_boxes if boxes else np.zeros_like(expected_boxes))
-        assert (got[image_id].width, got[image_id].height) == sizes
+        record = records[image_id]
+        assert (got[image_id].width, got[image_id].height) == (sizes or (record.width, record.height))
+        assert got[image_id].captions == record.captions and len(record.captions) >= 1
 
 
 def test_a_tsv_with_gaps_extra_and_a_bad_row(data_dir, ids, tmp_path):
@@ -111,7 +116,7 @@ def test_npz_files_with_boxes_beside_them(data_dir, ids, tmp_path):
     done = run_cli("features", "import", "--data-dir", data_dir, "--npz-dir", str(att), "--boxes-dir", str(box))
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"malformed: 1 rows that could not be read (e.g. {ids[0]}.npz:" in done.stdout
-    check_matches(FeaturesStore.load(data_dir, "regions"), ids[1:], sizes=(0, 0))
+    check_matches(FeaturesStore.load(data_dir, "regions"), ids[1:], sizes=None)
 
 
 def test_an_hdf5_file_without_boxes(data_dir, ids, tmp_path):
@@ -125,7 +130,7 @@ def test_an_hdf5_file_without_boxes(data_dir, ids, tmp_path):
     assert "(no boxes)" in done.stdout.splitlines()[0]
     store = FeaturesStore.load(data_dir, "m2")
     assert not store.has_boxes and store.left["missing"].count == 0
-    check_matches(store, ids, sizes=(0, 0), boxes=False)
+    check_matches(store, ids, sizes=None, boxes=False)
 
 
 def test_refusals_write_nothing_and_overwrite_replaces_only_when_complete(data_dir, ids, tmp_path):

@@ -85,7 +85,7 @@ def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, sha
         for ann in json.load(open(path))["annotations"]:
             shapes.setdefault(ann["image_id"], []).append(ann["bbox"])
     model = load(trained_attention_dir).model
-    files = {i: name for i, (_, _, _, name) in PreparedDataset.load(data_dir).image_records().items()}
+    files = {i: r.file_name for i, r in PreparedDataset.load(data_dir).image_records().items()}
     for image_id, r in list(regions.items())[:6]:
         x, y, w, h = np.array(shapes[image_id]).T
         np.testing.assert_allclose(r.boxes[:-1], np.stack([x, y, x + w, y + h], 1), atol=1e-3)  # in the file's order

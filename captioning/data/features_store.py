@@ -14,8 +14,11 @@ records (:data:`KEYS`)::
     region/count      int64   n ≥ 1, the number of regions
     region/features   bytes   n × D float16, little-endian, row-major
     region/boxes      bytes   n × 4 float32: x1, y1, x2, y2 in pixels of the image the detector saw
-    image/width       int64   that image's size in pixels; 0 where the source does not say (self-critical.pytorch's
-    image/height      int64   and the meshed-memory Transformer's files): its prepared record's size then
+    image/width       int64   that image's size in pixels (where the source does not say, as self-critical.pytorch's
+    image/height      int64   and the meshed-memory Transformer's files do not: its prepared record's size)
+    caption/ids       int64[] the image's captions' token ids from the prepared dataset, concatenated, and
+    caption/length    int64[] how many each caption has (as in the prepared records): training and evaluation
+                              read regions and captions from the store alone, with no join
 
 Shards, per split of the prepared dataset (so training reads only its split): the split's image ids
 sorted and cut into runs of ``images_per_shard``; shard *k* holds the images of run *k* that have
@@ -41,19 +44,20 @@ import bisect
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the records carry the captions
 FOLDER = "features"
 MANIFEST = "store.json"
-IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT = (
-    "image/id", "region/count", "region/features", "region/boxes", "image/width", "image/height")
-KEYS = (IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT)
+IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT, CAPTION_IDS, CAPTION_LENGTH = (
+    "image/id", "region/count", "region/features", "region/boxes", "image/width", "image/height", "caption/ids",
+    "caption/length")
+KEYS = (IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT, CAPTION_IDS, CAPTION_LENGTH)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -78,12 +82,14 @@ def store_path(data_dir: str, name: str) -> str:
 @dataclass(frozen=True)
 class Regions:
     """One image's regions: ``features [n, D]`` float16, ``boxes [n, 4]`` float32 (x1, y1, x2, y2 pixels of
-    a ``width`` × ``height`` image; 0 × 0 when the source did not say)."""
+    a ``width`` × ``height`` image; all zeros when the source gave no boxes); ``captions`` its captions'
+    token ids from the prepared dataset, one list per caption."""
 
     features: np.ndarray
     boxes: np.ndarray
     width: int
     height: int
+    captions: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -209,20 +215,24 @@ class FeaturesStore(dict):
             image_id = int(parsed[IMAGE_ID])
             if wanted is None or image_id in wanted:
                 out[image_id] = Regions(parsed[FEATURES].numpy(), parsed[BOXES].numpy(), int(parsed[WIDTH]),
-                                        int(parsed[HEIGHT]))
+                                        int(parsed[HEIGHT]), parsed[CAPTION_IDS].to_list())
         return out
 
 
 def parse_regions(serialized) -> dict:
     """One serialised region record → ``image/id``, ``image/width``, ``image/height`` (scalars),
-    ``region/features [n, D]`` (float16) and ``region/boxes [n, 4]`` (float32). (Per record: the
-    regions' bytes differ in length between images.)"""
+    ``region/features [n, D]`` (float16), ``region/boxes [n, 4]`` (float32) and ``caption/ids`` (ragged
+    ``[(captions), (ids)]``). (Per record: the regions' bytes differ in length between images.)"""
     import tensorflow as tf
 
-    spec = {key: tf.io.FixedLenFeature([], tf.string if key in (FEATURES, BOXES) else tf.int64) for key in KEYS}
+    spec = {key: tf.io.FixedLenFeature([], tf.string if key in (FEATURES, BOXES) else tf.int64)
+            for key in KEYS if key not in (CAPTION_IDS, CAPTION_LENGTH)}
+    spec[CAPTION_IDS] = tf.io.RaggedFeature(tf.int64, value_key=CAPTION_IDS,
+                                            partitions=[tf.io.RaggedFeature.RowLengths(CAPTION_LENGTH)])
     parsed = tf.io.parse_single_example(serialized, spec)
     n = tf.cast(parsed[COUNT], tf.int32)
     features = tf.io.decode_raw(parsed[FEATURES], tf.float16, little_endian=True)
     boxes = tf.io.decode_raw(parsed[BOXES], tf.float32, little_endian=True)
     return {IMAGE_ID: parsed[IMAGE_ID], WIDTH: parsed[WIDTH], HEIGHT: parsed[HEIGHT],
-            FEATURES: tf.reshape(features, [n, -1]), BOXES: tf.reshape(boxes, [n, 4])}
+            FEATURES: tf.reshape(features, [n, -1]), BOXES: tf.reshape(boxes, [n, 4]),
+            CAPTION_IDS: parsed[CAPTION_IDS]}

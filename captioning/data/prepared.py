@@ -80,6 +80,18 @@ class SplitInfo:
                    parallel("shard_bytes"), int(data.get("empty_captions", 0)), int(data.get("clipped_captions", 0)))
 
 
+@dataclass(frozen=True)
+class ImageRecord:
+    """What the prepared dataset holds of one image, but its pixels: its split, stored size, source file name
+    and captions' token ids (one list per caption, ``<start>`` and ``<end>`` included)."""
+
+    split: str
+    width: int
+    height: int
+    file_name: str
+    captions: list
+
+
 class PreparedDataset(dict):
     """A prepared dataset folder (see the module docstring): its manifest document (this dict, exactly what
     ``manifest.json`` holds) with typed access to it."""
@@ -148,24 +160,25 @@ class PreparedDataset(dict):
     def image_sizes(self) -> dict[int, tuple[str, int, int]]:
         """Every image's id → (split, stored width, stored height), read from the shards with TensorFlow
         (the records' ids and sizes only; the images are not decoded)."""
-        return {i: (split, w, h) for i, (split, w, h, _) in self.image_records().items()}
+        return {i: (r.split, r.width, r.height) for i, r in self.image_records().items()}
 
-    def image_records(self) -> dict[int, tuple[str, int, int, str]]:
-        """Every image's id → (split, stored width, stored height, source file name), from the shards."""
+    def image_records(self) -> dict[int, "ImageRecord"]:
+        """Every image's id → its :class:`ImageRecord` (all but the JPEG), from the shards."""
         import tensorflow as tf
 
         from captioning.data import schema
 
-        spec = {key: tf.io.FixedLenFeature([], tf.int64) for key in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
-                                                                       schema.IMAGE_HEIGHT)}
-        spec[schema.IMAGE_FILENAME] = tf.io.FixedLenFeature([], tf.string)
-        keys = (schema.IMAGE_ID, schema.IMAGE_WIDTH, schema.IMAGE_HEIGHT, schema.IMAGE_FILENAME)
+        spec = {key: value for key, value in schema.feature_spec().items()
+                if key not in (schema.IMAGE_ENCODED, schema.CAPTION_TEXT)}
         out = {}
         for split in self.splits:
             for batch in tf.data.TFRecordDataset(self.files(split)).batch(1024).map(
                     lambda s: tf.io.parse_example(s, spec)):
-                for i, w, h, name in zip(*(batch[k].numpy().tolist() for k in keys)):
-                    out[i] = (split, w, h, name.decode("utf-8"))
+                for i, w, h, name, captions in zip(
+                        *(batch[k].numpy().tolist() for k in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
+                                                              schema.IMAGE_HEIGHT, schema.IMAGE_FILENAME)),
+                        batch[schema.CAPTION_IDS].to_list()):
+                    out[i] = ImageRecord(split, w, h, name.decode("utf-8"), captions)
         return out
 
     @property

@@ -138,7 +138,8 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
             yield image_id, Regions(pool_regions(grid, tf.constant(normal)).numpy(), corners, width, height)
         pending.clear()
 
-    for image_id, (_, _, _, file_name) in sorted(dataset.image_records().items()):
+    for image_id, record in sorted(dataset.image_records().items()):
+        file_name = record.file_name
         try:
             data = read_image_file(os.path.join(images_dir, file_name))
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
