@@ -56,7 +56,7 @@ import yaml
 from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
 
-FORMAT_VERSION = 2  # of a saved config.yaml (see MIGRATIONS)
+FORMAT_VERSION = 3  # of a saved config.yaml (see MIGRATIONS)
 _INT64 = range(-2**63, 2**63)  # what TensorFlow can hold; a larger int is refused here, not deep in a run
 SEED = range(0, 2**31)  # seeds reach int32 ops (stateless sampling) and numpy's generator
 
@@ -109,6 +109,12 @@ class DataConfig(Section):
     dir: str = ""  # a folder written by `captioning prepare` (manifest.json, vocab.txt, shards)
     train_split: str = "train"
     eval_split: str = "val"
+    # what the model reads of each image: images, the prepared JPEGs (decoded, resized, cropped); regions, the
+    # region features of the features store data.features_store inside data.dir (`captioning features import` or
+    # `extract`): no JPEG is decoded, each image brings its own number of regions, padded per batch with a
+    # mask (captioning.data.region_input); the image augmentations and image sizes do not apply to them
+    features: str = field(default="images", metadata=choices("images", "regions"))
+    features_store: str = "regions"  # data.features: regions — the store's name (DATA/features/NAME)
     image_size: int = field(default=299, metadata=at_least(1))  # side of the square crop the encoder sees
     # images are resized to this square before the crop (im2txt: 346 → 299)
     resize_size: int = field(default=346, metadata=at_least(1))
@@ -160,6 +166,10 @@ class DataConfig(Section):
                              f"grouped, not {self.captions_per_image}")
         if list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)) or any(b < 1 for b in self.bucket_boundaries):
             raise InputError(f"{prefix}bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
+        if self.features == "regions" and self.cache in ("disk", "features"):
+            raise InputError(f"{prefix}cache: {self.cache} caches decoded images or their encoder features; "
+                             f"{prefix}features: regions reads a features store, which is on disk already: use "
+                             f"{prefix}cache: none or memory")
         if not self.service:
             return
         from captioning.service_probe import parse_address
@@ -194,6 +204,17 @@ class ModelConfig(Section):
     sync_batch_norm: bool = True  # a trainable encoder's batch-norm statistics over the global batch
     # the decoder's dropout (Show and Tell: on the LSTM's inputs and outputs; im2txt: keep probability 0.7)
     dropout: float = field(default=0.3, metadata=between(0.0, 1.0, high_open=True))
+    # the size of each region's features, for data.features: regions (the decoder reads them instead of the
+    # encoder's grid; training sets it from the features store); 0: the decoder reads the encoder's output
+    region_feature_size: int = field(default=0, metadata=at_least(0))
+    # data.features: regions — each region's box as 5 more features: x1, y1, x2, y2 (fractions of the image's
+    # width and height) and its area's fraction of the image (self-critical.pytorch's use_box)
+    box_geometry: bool = False
+    # data.features: regions — whether the regions were pooled from this model's own encoder (training sets it
+    # when the features store was written by `captioning features extract` with an encoder like this model's,
+    # whose weights it then starts from), so `caption --detections` and the SavedModel can pool the regions of
+    # new images from their boxes; false for imported features (a detector this project cannot run)
+    regions_from_encoder: bool = False
     # the decoder's own keys: {name: value} as the file gave them, or {name: Given(text)} from --set
     options: dict = field(default_factory=dict)
 
@@ -562,8 +583,21 @@ def _from_format_1(data: dict) -> dict:
     return out
 
 
+def _from_format_2(data: dict) -> dict:
+    """Format 3 brought region features (data.features, data.features_store, model.region_feature_size,
+    model.box_geometry, model.regions_from_encoder); a format-2 model read images."""
+    added = {"data.features": "images", "data.features_store": "regions", "model.region_feature_size": 0,
+             "model.box_geometry": False, "model.regions_from_encoder": False}
+    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
+    for key, default in added.items():
+        section, name = key.split(".")
+        if isinstance(out.setdefault(section, {}), dict):
+            out[section].setdefault(name, default)
+    return out
+
+
 # format N → N + 1; never edit one once released: a new format adds a function
-MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {1: _from_format_1}
+MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {1: _from_format_1, 2: _from_format_2}
 
 
 def migrate(data: dict, where: str) -> dict:
@@ -663,5 +697,11 @@ def validate(config: Config) -> None:
         raise InputError("data.cache: features caches the frozen encoder's outputs, so it needs "
                          "model.encoder_trainable: false and data.random_crop, data.random_flip and "
                          "data.color_jitter all false")
+    if m.box_geometry and d.features != "regions":
+        raise InputError("model.box_geometry adds the regions' boxes to their features: it needs data.features: "
+                         "regions")
+    if m.region_feature_size and d.features != "regions":
+        raise InputError(f"model.region_feature_size ({m.region_feature_size}) is the size of region features: "
+                         "it needs data.features: regions")
     for name in _SECTIONS:
         getattr(config, name).check(f"{name}.")

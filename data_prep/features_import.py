@@ -210,15 +210,13 @@ def finished_store(data_dir: str, name: str, source: dict, overwrite: bool) -> F
     do); None when there is none or ``overwrite`` replaces it; an InputError when another source's is there."""
     dataset = PreparedDataset.load(data_dir)
     path = store_path(data_dir, check_name(name))
-    if not os.path.exists(FeaturesStore.manifest_path(path)):
+    if not os.path.exists(FeaturesStore.manifest_path(path)) or overwrite:
         return None
     existing = FeaturesStore.load(data_dir, name)
-    if existing.get("source") == source and existing.dataset == dataset.identity and not overwrite:
+    if existing.get("source") == source and existing.dataset == dataset.identity:
         return existing
-    if not overwrite:
-        raise InputError(f"{path} holds a features store already (from {existing.get('source', {}).get('path')}); "
-                         "pass `overwrite` to replace it, or give another `name`", params=("overwrite", "name"))
-    return None
+    raise InputError(f"{path} holds a features store already (from {existing.get('source', {}).get('path')}); "
+                     "pass `overwrite` to replace it, or give another `name`", params=("overwrite", "name"))
 
 
 def write_store(data_dir: str, rows: Iterable[Row | Malformed], *, source: dict, name: str = "regions",

@@ -102,16 +102,27 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10))
     first, second = next(stream), next(stream)  # 2 images each, 10 or so captions, different lengths
     width = max(int(first["input_ids"].shape[1]), int(second["input_ids"].shape[1]))
+    # data.features: regions — each batch's regions padded to its own most; joined, to the larger of the two
+    regions = max(int(b["regions"].shape[1]) for b in (first, second)) if "regions" in first else 0
 
-    def padded(batch):
-        return {k: (tf.pad(v, [[0, 0], [0, width - v.shape[1]]]) if k in ("input_ids", "target_ids", "mask") else v)
-                for k, v in batch.items()}
+    def padded(batch, own_regions=True):
+        out = {}
+        for k, v in batch.items():
+            if k in ("input_ids", "target_ids", "mask"):
+                v = tf.pad(v, [[0, 0], [0, width - v.shape[1]]])
+            elif k in ("regions", "boxes", "region_mask") and not own_regions:
+                v = tf.pad(v, [[0, 0], [0, regions - v.shape[1]]] + [[0, 0]] * (len(v.shape) - 2))
+            out[k] = v
+        return out
 
-    first, second = padded(first), padded(second)
-    joined = {k: tf.concat([first[k], second[k] + (len(first["image"]) if k == "image_index" else 0)], 0)
-              for k in first}
+    images = "regions" if regions else "image"
+    joined = {k: tf.concat([v, padded(second, False)[k] + (len(first[images]) if k == "image_index" else 0)], 0)
+              for k, v in padded(first, False).items()}
+    first, second = padded(first), padded(second)  # each replica keeps its own number of regions
     results = {"tokens_first": first["mask"].numpy().sum(), "tokens_second": second["mask"].numpy().sum(),
-               "images": len(joined["image"]), "captions": len(joined["image_index"])}
+               "images": len(joined[images]), "captions": len(joined["image_index"]),
+               "regions_first": int(first["regions"].shape[1]) if regions else 0,
+               "regions_second": int(second["regions"].shape[1]) if regions else 0}
     sources = {"one": tf.data.Dataset.from_tensors(joined),
                "two": tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))}
     for name, trainer in (("one", one), ("two", two)):
@@ -204,6 +215,7 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
 if __name__ == "__main__":
     modes = {"mirrored_decoder": mirrored_decoder, "mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
              "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
+             "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
              "eval_losses": eval_losses,
              "multi_worker_service": lambda d, o, service: multi_worker(
                  d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30")}

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from captioning import model as model_lib
 from captioning.config import (Config, ModelConfig, TrainConfig, all_keys as core_keys, describe_range, from_dict,
                                keys_of, save_config, to_dict)
+from captioning.config import FORMAT_VERSION as CONFIG_FORMAT
 from captioning.config import load_config as load_core
 from captioning.errors import InputError
 
@@ -586,7 +587,7 @@ V1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "model_fol
 def test_a_format_1_config_written_by_earlier_code_loads(name, decoder, options, tmp_path):
     """tests/data/model_folders_v1 holds config.yaml files that the code of commit 881ad0a wrote (format 1:
     no format_version, every decoder's keys in model:). They load through the migration, and saved again
-    they are format 2 and load back the same."""
+    they are of the current format and load back the same."""
     from captioning.model.folder import ModelDir
 
     folder = tmp_path / "m"
@@ -597,7 +598,8 @@ def test_a_format_1_config_written_by_earlier_code_loads(name, decoder, options,
     assert (cfg.train.steps, cfg.data.image_size, cfg.scst.samples) == ((30, 32, 5) if decoder == "show_and_tell"
                                                                        else (10, 32, 5))
     save_config(cfg, str(folder / "config.yaml"))
-    assert "format_version: 2" in (folder / "config.yaml").read_text()
+    assert f"format_version: {CONFIG_FORMAT}" in (folder / "config.yaml").read_text()
+    assert (cfg.data.features, cfg.model.region_feature_size, cfg.model.box_geometry) == ("images", 0, False)
     assert ModelDir(str(folder)).read_config() == cfg
 
 
@@ -619,5 +621,22 @@ def test_a_format_1_file_from_before_keys_were_added_gets_their_defaults_of_then
     text = saved.read_text().replace("  lstm_units: 32\n", "")
     with pytest.raises(InputError, match=r"lacks 1 of its keys \(model.lstm_units\)"):
         load_config(write(saved, text), complete=True)
-    with pytest.raises(InputError, match="format_version 3; this code reads formats 1 to 2"):
-        load_config(write(saved, text.replace("format_version: 2", "format_version: 3")), complete=True)
+    newer = CONFIG_FORMAT + 1
+    with pytest.raises(InputError, match=f"format_version {newer}; this code reads formats 1 to {CONFIG_FORMAT}"):
+        load_config(write(saved, text.replace(f"format_version: {CONFIG_FORMAT}", f"format_version: {newer}")),
+                    complete=True)
+
+
+def test_a_format_2_config_reads_images(tmp_path):
+    """Format 3 brought region features: a format-2 config.yaml (every key of then) loads with the image
+    input it had; a format-3 file lacking one of those keys is damage."""
+    cfg = load_config(os.path.join(V1, "show_and_tell.config.yaml"), complete=True)
+    data = to_dict(cfg)
+    for section, key in (("data", "features"), ("data", "features_store"), ("model", "region_feature_size"),
+                         ("model", "box_geometry"), ("model", "regions_from_encoder")):
+        del data[section][key]
+    path = write(tmp_path / "v2.yaml", yaml.safe_dump({"format_version": 2, **data}))
+    assert load_config(path, complete=True) == cfg
+    path = write(tmp_path / "v3.yaml", yaml.safe_dump({"format_version": 3, **data}))
+    with pytest.raises(InputError, match=r"lacks 5 of its keys"):
+        load_config(path, complete=True)

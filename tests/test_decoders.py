@@ -100,6 +100,81 @@ def test_stepping_word_by_word_equals_the_teacher_forced_pass(name):
     np.testing.assert_allclose(npy(model({"features": model.encode(images), "input_ids": ids})), full, atol=1e-5)
 
 
+R = 12  # region features
+
+
+def tiny_regions(name, seed=0, geometry=False):
+    """A tiny model of decoder ``name`` reading regions of R features (data.features: regions)."""
+    cls = DECODERS[name]
+    cfg = ModelConfig(decoder=name, encoder="small_cnn", dropout=0.0, region_feature_size=R, box_geometry=geometry,
+                      options=dict(cls.tiny_settings))
+    return build_model(V, cfg, SIZE, seed=seed).build_all()
+
+
+def region_batch(counts=(3, 5, 1), extra=0, seed=0, garbage=0):
+    """Regions of B images (``counts`` each), padded to the most plus ``extra`` columns holding ``garbage``
+    (a seed: random values where the mask is 0; 0: zeros), with boxes and the mask."""
+    rng = np.random.default_rng(seed)
+    n = max(counts)
+    mask = (np.arange(n)[None, :] < np.array(counts)[:, None]).astype(np.float32)
+    regions = rng.normal(size=(len(counts), n, R)) * mask[..., None]
+    corner = rng.uniform(0, 0.5, (len(counts), n, 2))
+    boxes = np.concatenate([corner, corner + rng.uniform(0.1, 0.5, (len(counts), n, 2))], axis=-1) * mask[..., None]
+    pad = [[0, 0], [0, extra], [0, 0]]
+    regions, boxes, mask = np.pad(regions, pad), np.pad(boxes, pad), np.pad(mask, pad[:2])
+    if garbage:
+        noise = np.random.default_rng(garbage)
+        regions = regions + noise.normal(size=regions.shape) * (1 - mask[..., None])
+        boxes = boxes + noise.uniform(size=boxes.shape) * (1 - mask[..., None])
+    return {"regions": regions.astype(np.float16), "boxes": boxes.astype(np.float32), "region_mask": mask}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_padding_regions_with_anything_changes_nothing(name):
+    """A model reading regions respects the mask: the same images' regions padded further, with any values in
+    the padding, give the same logits, penalty and captions; a batch of no image gives empty logits."""
+    from captioning.model.decode import beam_search
+
+    model = tiny_regions(name, seed=3, geometry=True)
+    _, ids = inputs(seed=2)
+    tight = region_batch(seed=4)
+    padded = region_batch(seed=4, extra=3, garbage=9)
+    logits, penalty = (npy(x) for x in model.logits_and_penalty({**tight, "input_ids": ids}))
+    assert np.abs(logits).max() > 1e-3
+    other, other_penalty = (npy(x) for x in model.logits_and_penalty({**padded, "input_ids": ids}))
+    np.testing.assert_allclose(other, logits, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(other_penalty, penalty, atol=1e-5, rtol=0)
+    searched = [beam_search(model, None, beam_size=2, max_length=5, initial_state=model.image_state(batch))
+                for batch in (tight, padded)]
+    np.testing.assert_array_equal(npy(searched[0]["ids"]), npy(searched[1]["ids"]))
+    if model.attends:  # no weight on the padding
+        weights = npy(searched[1]["attention"])
+        assert weights.shape[-1] == 8 and np.abs(weights[..., 5:]).max() < 1e-6
+        assert np.abs(weights[0, ..., 3:]).max() < 1e-6 and np.abs(weights[2, ..., 1:]).max() < 1e-6
+    # the regions count: other regions give other logits
+    moved = npy(model({**region_batch(seed=5), "input_ids": ids}))
+    assert np.abs(moved - logits).max() > 1e-4
+    empty = {"regions": np.zeros((0, 0, R), np.float16), "boxes": np.zeros((0, 0, 4), np.float32),
+             "region_mask": np.zeros((0, 0), np.float32), "input_ids": np.zeros((0, 4), np.int64)}
+    assert model(empty).shape == (0, 4, V)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_model_reading_regions_steps_as_it_teacher_forces(name):
+    model = tiny_regions(name, seed=1)
+    _, ids = inputs(seed=1)
+    batch = region_batch(seed=2, extra=1)
+    full = npy(model({**batch, "input_ids": ids}))
+    state = model.reserve(model.image_state(batch), T)
+    stepped = []
+    for t in range(T):
+        logits, state = model.step(tf.constant(ids[:, t]), state)
+        stepped.append(npy(logits))
+    assert np.abs(full).max() > 1e-3
+    np.testing.assert_allclose(np.stack(stepped, axis=1), full, atol=1e-5, rtol=0)
+    assert not model.encoder.trainable  # the encoder is for new images' regions, not trained on stored ones
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_an_empty_replica_batch_gives_empty_logits_zero_loss_and_zero_gradients(name):
     model = tiny(name)
@@ -402,7 +477,7 @@ def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary
-    assert int(summary.split()[0]) == 13, summary  # the 8 fast tests, split padding over its 6 lengths
+    assert int(summary.split()[0]) == 15, summary  # the 10 fast tests, split padding over its 6 lengths
     broken = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=dict(env, BROKEN="1"), timeout=600)
     assert broken.returncode == 1, broken.stdout[-3000:]
     assert "FAILED tests/test_decoders.py::test_stepping_word_by_word_equals_the_teacher_forced_pass[toy]" in \

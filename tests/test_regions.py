@@ -108,5 +108,5 @@ def test_a_model_without_a_grid_is_refused(trained_model_dir, shapes_dir, data_d
     done = run_cli("features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
                    "--model-dir", trained_model_dir, "--detections",
                    os.path.join(shapes_dir, "annotations", "instances_test.json"))
-    assert done.returncode == 2 and "reads pooled features" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "does not read its encoder" in done.stderr and "Traceback" not in done.stderr
     assert not os.path.exists(os.path.join(data_dir, "features"))

@@ -46,11 +46,11 @@ class PrefixRecomputer:
     def __init__(self, model, steps: int):
         self.model, self.steps, self.vocab_size = model, steps, model.vocab_size
 
-    def initial_state(self, features, training=False):
+    def initial_state(self, features, training=False, mask=None):
         import tensorflow as tf
 
         rows = tf.shape(features)[0]
-        return {"image": self.model.initial_state(features, training), "ids": tf.zeros([rows, self.steps], tf.int32),
+        return {"image": self.model.initial_state(features, training, mask), "ids": tf.zeros([rows, self.steps], tf.int32),
                 "t": tf.zeros([rows], tf.int32)}
 
     def reserve(self, state, steps):

@@ -276,10 +276,15 @@ def add_caption(sub) -> None:
     decoding_flags(p, top_k=True)
     p.add_argument("--json", action="store_true", help="print one JSON object per image instead of text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML gallery here")
+    p.add_argument("--detections", action="append", metavar="FILE",
+                   help="a model reading regions: COCO detection results or instances file of the images' boxes "
+                        "(repeatable; matched by the instances file's file names, else by the number a file name "
+                        "ends with)")
     p.set_defaults(handler=run_caption)
 
 
 def run_caption(args) -> int:
+    from captioning.errors import InputError
     from captioning.inference import caption
 
     files = caption.collect_paths(args.paths)
@@ -287,9 +292,24 @@ def run_caption(args) -> int:
         from captioning.model.folder import ModelDir
 
         ModelDir(args.model_dir).refuse_output(args.html, "`html`", params=("html",))
-        check_output_file(args.html, "`html`", params=("html",), inputs=files, kind="html")
+        check_output_file(args.html, "`html`", params=("html",), inputs=files + (args.detections or []), kind="html")
+    from captioning.model.folder import ModelDir
+
+    cfg = ModelDir(args.model_dir).read_config()  # before the model loads: what it reads
+    regions = cfg is not None and cfg.data.features == "regions"
+    if regions and not args.detections:
+        raise InputError(f"the model in {args.model_dir} reads regions: give each image's boxes with --detections "
+                         "FILE (COCO detection results or instances file)", params=("detections",))
+    if args.detections and cfg is not None and not regions:
+        raise InputError(f"--detections: the model in {args.model_dir} reads its encoder's grid, not regions (it "
+                         "was not trained with data.features: regions)", params=("detections",))
+    if regions:
+        from captioning.inference.captioner import check_boxes
+
+        check_boxes(cfg, args.model_dir)
+    boxes = caption.detections_for(files, args.detections) if regions else None
     captioner = _captioner(args)
-    results = caption.caption_files(captioner, files, progress=not args.quiet)
+    results = caption.caption_files(captioner, files, progress=not args.quiet, boxes=boxes)
     if args.html:
         caption.write_gallery(args.html, results, f"captions by {args.model_dir}")
     return caption.print_results(results, args.json)

@@ -60,8 +60,11 @@ def add_features(sub) -> None:
     q.add_argument("--images", required=True, metavar="DIR", dest="images_dir",
                    help="the original images (the boxes are in their pixels), found by the records' file names")
     q.add_argument("--model-dir", required=True, help="a trained model folder whose decoder attends (its encoder grid)")
-    q.add_argument("--detections", action="append", required=True, metavar="FILE",
-                   help="COCO detection results or instances file (repeatable)")
+    boxes = q.add_mutually_exclusive_group(required=True)
+    boxes.add_argument("--detections", action="append", metavar="FILE",
+                       help="COCO detection results or instances file (repeatable)")
+    boxes.add_argument("--grid-cells", type=POSITIVE, metavar="N",
+                       help="no detector: N x N equal boxes tiling each image (the baseline of the same encoder)")
     q.add_argument("--min-score", type=float, default=0.2, help="keep boxes scoring at least this (default 0.2)")
     q.add_argument("--max-boxes", type=POSITIVE, default=36, help="the best this many boxes an image (default 36)")
     q.add_argument("--shift", type=float, default=0.0, help="jitter: move and scale boxes by up to this share (default 0)")
@@ -79,22 +82,29 @@ def run_extract(args) -> int:
     from captioning.data.prepared import PreparedDataset
     from captioning.errors import InputError
     from captioning.inference.captioner import load
-    from captioning.inference.regions import Jitter, read_detections, region_features
+    from captioning.inference.regions import Jitter, grid_boxes, read_detections, region_features
     from data_prep.features_import import Malformed, Row, finished_store, report, write_store
 
     jitter = Jitter(args.shift, args.miss, args.false_boxes, args.seed)
     trained = load(args.model_dir)
     if trained.model.grid_shape is None:
-        raise InputError(f"--model-dir {args.model_dir}: its decoder ({trained.config.model.decoder}) reads pooled "
-                         "features, so its encoder has no grid to pool regions from; use a model that attends")
+        raise InputError(f"--model-dir {args.model_dir}: its decoder ({trained.config.model.decoder}) does not read "
+                         "its encoder's grid (pooled features or regions), so there is no grid to pool regions "
+                         "from; use a model that attends over a grid")
     source = {"kind": "extract", "model": os.path.abspath(args.model_dir), "checkpoint": trained.step,
-              "detections": [os.path.abspath(p) for p in args.detections], "min_score": args.min_score,
-              "max_boxes": args.max_boxes, "jitter": dataclasses.asdict(jitter)}
+              "min_score": args.min_score, "max_boxes": args.max_boxes, "jitter": dataclasses.asdict(jitter)}
+    if args.grid_cells:
+        source["grid_cells"] = args.grid_cells
+    else:
+        source["detections"] = [os.path.abspath(p) for p in args.detections]
     store = finished_store(args.data_dir, args.name, source, args.overwrite)
     written = store is None
     if written:
-        detections = read_detections(args.detections, args.min_score, args.max_boxes)
         dataset = PreparedDataset.load(args.data_dir)
+        if args.grid_cells:
+            detections = {i: grid_boxes(r.width, r.height, args.grid_cells) for i, r in dataset.image_records().items()}
+        else:
+            detections = read_detections(args.detections, args.min_score, args.max_boxes)
         rows = (Row(i, r.features, r.boxes, r.width, r.height) if not isinstance(r, str) else Malformed(f"image {i}", r)
                 for i, r in region_features(trained.model, dataset, args.images_dir, detections, jitter))
         store = write_store(args.data_dir, rows, source=source, name=args.name, images_per_shard=args.images_per_shard,

@@ -71,8 +71,8 @@ def sample_captions(captions: tf.RaggedTensor, k: int) -> tf.RaggedTensor:
     return tf.RaggedTensor.from_row_lengths(tf.gather(captions.values, picked), lengths)
 
 
-def length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, training: bool, batch_size: int,
-                           captions_per_image: float) -> tf.data.Dataset:
+def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig, training: bool,
+                           batch_size: int, captions_per_image: float, finish=None) -> tf.data.Dataset:
     """Images with their captions → padded batches of (image, caption) examples, grouped by length.
 
     Each window of images carrying about ``length_window`` batches' worth of captions is handled in a
@@ -84,6 +84,11 @@ def length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, train
     cost ~0.3 ms of CPU per example, a third of a 640×480 JPEG's decode. Training drops each window's
     last partial batch; evaluation keeps it and sees every caption once. ``captions_per_image`` is how many
     examples an image gives on average (1 with ``sample`` in training), which sizes the windows.
+
+    ``keys`` are what each image brings into its examples (``("image",)``, ``("features",)``, or the
+    regions and their boxes); ``finish`` (optional) maps each batch once gathered: the regions, of
+    different numbers per image, come ragged and leave padded with a mask
+    (:func:`captioning.data.region_input.padded`).
     """
     # Enough images for length_window batches on average (at least one batch: a window too small for
     # one would give training nothing).
@@ -115,13 +120,25 @@ def length_grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, train
 
         def batch_at(start):
             picked = tf.gather(order, tf.range(start, tf.minimum(start + batch_size, count)))
-            return {key: tf.gather(window[key], tf.gather(owner, picked)), **_padded(tf.gather(flat, picked),
-                                                                                     boundaries)}
+            images = _gather(window, keys, tf.gather(owner, picked), finish)
+            return {**images, **_padded(tf.gather(flat, picked), boundaries)}
 
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
-    windows = ds.batch(per_window, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
-    return windows.flat_map(batches_of)
+    return _windows(ds, per_window, cfg.deterministic or not training, finish).flat_map(batches_of)
+
+
+def _windows(ds: tf.data.Dataset, size: int, deterministic: bool, finish) -> tf.data.Dataset:
+    """Windows of ``size`` images; ragged where images bring different numbers of rows (``finish`` given)."""
+    if finish is not None:
+        return ds.ragged_batch(size)
+    return ds.batch(size, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+
+
+def _gather(window: dict, keys: tuple[str, ...], rows, finish) -> dict:
+    """The ``keys`` of a window's images at ``rows``, finished (padded) if ``finish`` is given."""
+    out = {key: tf.gather(window[key], rows) for key in keys}
+    return finish(out) if finish is not None else out
 
 
 def _padded(caption: tf.RaggedTensor, boundaries: tf.Tensor) -> dict:
@@ -137,13 +154,14 @@ def _padded(caption: tf.RaggedTensor, boundaries: tf.Tensor) -> dict:
             "mask": tf.cast(tf.not_equal(target_ids, PAD_ID), tf.float32)}
 
 
-def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: int,
-                    captions_per_image: float) -> tf.data.Dataset:
+def grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig, batch_size: int,
+                    captions_per_image: float, finish=None) -> tf.data.Dataset:
     """Training batches of whole images (``data.captions_per_image: grouped``): each batch holds
     ``round(batch_size / captions_per_image)`` images (at least one) and *all* their captions, about
     ``batch_size`` examples, so the encoder runs once per image and the image crosses to the device once,
     not once per caption. With ``data.group_captions: k`` an image brings ``k`` of its captions, drawn
-    afresh each epoch (:func:`sample_captions`), and ``captions_per_image`` is ``k``. ``image_index [N]`` gives each caption's row in ``key``; the model repeats the
+    afresh each epoch (:func:`sample_captions`), and ``captions_per_image`` is ``k``. ``image_index [N]`` gives each caption's row in the images' ``keys`` (as :func:`length_grouped_batches`' ``keys`` and
+    ``finish``); the model repeats the
     image's features per caption (:meth:`captioning.model.base.CaptionModel.call`)::
 
         image        [B, S, S, 3]      B images (or "features" [B, D])
@@ -174,11 +192,9 @@ def grouped_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, batch_size: 
         def batch_at(start):
             picked = order[start:start + per_batch]
             mine = tf.gather(captions, picked)  # ragged [B, (captions), (ids)]
-            return {key: tf.gather(window[key], picked), "image_index": tf.cast(mine.value_rowids(), tf.int32),
+            return {**_gather(window, keys, picked, finish), "image_index": tf.cast(mine.value_rowids(), tf.int32),
                     **_padded(mine.values, boundaries)}
 
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
-    windows = ds.batch(max(1, cfg.length_window * per_batch), num_parallel_calls=AUTOTUNE,
-                       deterministic=cfg.deterministic)
-    return windows.flat_map(batches_of)
+    return _windows(ds, max(1, cfg.length_window * per_batch), cfg.deterministic, finish).flat_map(batches_of)

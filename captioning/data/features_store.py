@@ -174,8 +174,8 @@ class FeaturesStore(dict):
         except (OSError, ValueError) as e:
             raise InputError(f"cannot read {manifest}: {e}") from None
         if not isinstance(document, dict) or document.get("format_version") != FORMAT_VERSION:
-            raise InputError(f"{manifest} is not a features store of format {FORMAT_VERSION}: import the features "
-                             "again")
+            raise InputError(f"{manifest} is not a features store of format {FORMAT_VERSION}: write it again "
+                             "(`captioning features import` or `extract` with --overwrite)")
         return cls(path, document)
 
     @staticmethod

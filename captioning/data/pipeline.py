@@ -21,6 +21,10 @@ by the command's :class:`captioning.data.integrity.ShardReader`.
 im2txt's colour distortions (``data.color_jitter``) are not here: they run on the device, in the
 training step (:mod:`captioning.data.augment`), where they cost a fraction of what they cost the CPU.
 
+``features: regions`` replaces the image stages with the regions of a features store
+(:mod:`captioning.data.region_input`): no JPEG is decoded; batches carry ``regions``, ``boxes`` and
+``region_mask`` instead of ``image``, padded per batch to its largest number of regions.
+
 ``cache: features`` replaces the image stages: the frozen encoder runs once over every image (central
 crop, batched) and the pipeline serves its features (pooled, or the grid for attention) from a float16
 file on disk (:mod:`captioning.data.feature_cache`), so no epoch or later run runs the CNN again. It needs a
@@ -49,6 +53,7 @@ from captioning.data.batching import epoch_captions_per_image, grouped_batches, 
 from captioning.data.feature_cache import features_dataset
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
+from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images, store_of
 from captioning.data.reading import center_crop, image_dataset, pipeline_images, sources_of, train_crop
 from captioning.errors import InputError
 
@@ -60,7 +65,8 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
                  repeat: bool | None = None, max_images: int | None = None,
                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
                  service_job: str | None = None) -> tf.data.Dataset:
-    """Batches of ``{"image" | "features", "input_ids", "target_ids", "mask"}`` (see the module docstring).
+    """Batches of ``{"image" | "features" | "regions", "boxes", "region_mask"; "input_ids", "target_ids",
+    "mask"}`` (see the module docstring).
 
     ``batch_size`` is per input pipeline (per replica under a distribution strategy). Training
     repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
@@ -86,22 +92,33 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         wanted = training if repeat is None else repeat
         repeat = wanted and cfg.service_mode == "parallel_epochs"  # distributed_epoch: repeated below
     dataset, shards = sources_of(cfg, dataset, shards)
+    store = store_of(cfg, dataset) if cfg.features == "regions" else None
     if training:
         # Training never hands a replica an empty batch (an empty batch would put a padded row into
         # batch-norm statistics, see CaptionModel.encode): each pipeline repeats forever, so it only
         # needs one image of its own.
-        info = dataset.split(split)
+        info = store.split(split) if store is not None else dataset.split(split)
         if info.shard_records and pipeline_images(list(info.shard_records), input_context) == 0:
-            raise InputError(f"the {split!r} split has {info.images} image(s), too few for "
+            where = f" with regions in {store.path}" if store is not None else ""
+            if input_context is None or input_context.num_input_pipelines == 1:
+                raise InputError(f"the {split!r} split has no image{where}: there is nothing to train on")
+            raise InputError(f"the {split!r} split has {info.images} image(s){where}, too few for "
                              f"{input_context.num_input_pipelines} input pipelines (one per worker): each "
                              "needs at least one image")
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
                                   max_images=max_images, dataset=dataset, shards=shards)
     repeat = training if repeat is None else repeat
-    key = "features" if cfg.cache == "features" else "image"
+    key = "regions" if store is not None else "features" if cfg.cache == "features" else "image"
     order = cfg.deterministic or not training
     cropped = False
-    if cfg.cache == "none":
+    if store is not None:
+        ds = region_images(cfg, split, store, training=training, input_context=input_context,
+                           shuffle=training and cfg.cache == "none", repeat=repeat and cfg.cache == "none",
+                           max_images=max_images)
+        if cfg.cache == "memory":  # then repeated and shuffled on every pass, as the images are
+            ds = ds.cache().repeat() if repeat else ds.cache()
+            ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True) if training else ds
+    elif cfg.cache == "none":
         cropped = training and cfg.random_crop  # cut out while decoding
         ds = images_of(shuffle=training, repeat=repeat, random_crop=cropped)
     else:
@@ -138,10 +155,11 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     per_image = dataset.split(split).captions_per_image
     if training:
         per_image = epoch_captions_per_image(cfg, per_image)
+    keys, finish = (REGION_KEYS, padded) if key == "regions" else ((key,), None)
     if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
-        ds = grouped_batches(ds, key, cfg, batch_size, per_image)
+        ds = grouped_batches(ds, keys, cfg, batch_size, per_image, finish)
     else:
-        ds = length_grouped_batches(ds, key, cfg, training, batch_size, per_image)
+        ds = length_grouped_batches(ds, keys, cfg, training, batch_size, per_image, finish)
     options = tf.data.Options()
     options.autotune.enabled = True
     options.deterministic = cfg.deterministic or not training

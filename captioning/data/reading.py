@@ -76,7 +76,7 @@ def model_input(encoded: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
     return center_crop(_resize(image, cfg.resize_size), cfg.image_size)
 
 
-def _input_files(files: list[str], input_context) -> tuple[list[str], bool]:
+def input_files(files: list[str], input_context) -> tuple[list[str], bool]:
     """This input pipeline's files, and whether records must be sharded instead (too few files)."""
     if input_context is None or input_context.num_input_pipelines == 1:
         return files, False
@@ -88,7 +88,7 @@ def _input_files(files: list[str], input_context) -> tuple[list[str], bool]:
 
 def pipeline_images(shard_records: list[int], input_context) -> int:
     """How many images (records) one input pipeline reads from a split whose shards hold
-    ``shard_records``, under :func:`_input_files`' sharding: whole files when there are at least as
+    ``shard_records``, under :func:`input_files`' sharding: whole files when there are at least as
     many files as pipelines, else every n-th record of the whole split.
 
     >>> class Ctx: num_input_pipelines, input_pipeline_id = 2, 1
@@ -105,7 +105,7 @@ def pipeline_images(shard_records: list[int], input_context) -> int:
 
 def _records(dataset: PreparedDataset, split: str, shards: ShardReader, cfg: DataConfig, training: bool,
              input_context, shuffle: bool, repeat: bool) -> tf.data.Dataset:
-    files, shard_records = _input_files(dataset.files(split), input_context)
+    files, shard_records = input_files(dataset.files(split), input_context)
     # a stat per file against the manifest, or with data.skip_corrupt a scan once per reader (integrity.py)
     files = shards.files(dataset, split, files)
     ds = tf.data.Dataset.from_tensor_slices(files)

@@ -51,12 +51,14 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from captioning import inference
+from captioning.model.base import IMAGE_INPUTS
 from captioning.evaluation import grounding, metrics, relations
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import eval_images, references
+from captioning.data.region_input import eval_regions, store_of
 from captioning.data.integrity import ShardReader
 from captioning.model.decode import ids_to_text
 from captioning.model.folder import ModelDir
@@ -176,8 +178,8 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
         if shapes is not None:  # the instances file is checked before the hour of decoding, not after
             grounding.check_covers(shapes, refs, split, instances)
-        candidates, loss, attention = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
-                                                        batch_size, partial or split_images, progress)
+        candidates, loss, attention, boxes = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
+                                                               batch_size, partial or split_images, progress)
         refs = {image_id: refs[image_id] for image_id in candidates}
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
@@ -201,7 +203,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
                                "relations": relations.relation_accuracy(shapes, candidates).to_json()}
         if attention:
             located = grounding.attention_localisation(shapes, attention, captioner.grid_shape, cfg.resize_size,
-                                                       cfg.image_size)
+                                                       cfg.image_size, regions=boxes)
             result["grounding"]["attention"] = located.to_json()
 
     try:
@@ -227,27 +229,38 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
-                      total: int, progress: bool) -> tuple[dict[int, str], object, dict]:
-    """Captions for every image, the references' cross-entropy (perplexity), and for an attention decoder
-    each caption's words with their weights (image id → (words, [words, cells]))."""
-    images = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
-    decode = tf.function(captioner.decode_images)
+                      total: int, progress: bool) -> tuple[dict[int, str], object, dict, dict | None]:
+    """Captions for every image, the references' cross-entropy (perplexity), for an attention decoder each
+    caption's words with their weights (image id → (words, [words, cells or regions])), and for a model
+    reading regions each image's region boxes (image id → [n, 4]; None otherwise). A model reading regions
+    captions the split's images that have regions in its features store."""
+    regions = cfg.features == "regions"
+    if regions:
+        batches = eval_regions(cfg, split, store_of(cfg, dataset), batch_size, max_images=max_images)
+    else:
+        batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
+    decode = tf.function(captioner.decode_batch, reduce_retracing=True)
     vocab = captioner.trained.vocab
-    candidates, attention = {}, {}
+    candidates, attention, boxes = {}, {}, ({} if regions else None)
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
-    for batch in images:
-        out = decode(batch["image"])
+    for batch in batches:
+        out = decode({key: value for key, value in batch.items() if key in IMAGE_INPUTS})
         texts = ids_to_text(vocab, out["ids"], out["lengths"])
         for row, (image_id, (text,)) in enumerate(zip(batch["image_id"].numpy(), texts)):
-            candidates[int(image_id)] = text
+            image_id = int(image_id)
+            candidates[image_id] = text
+            real = int(batch["region_mask"][row].numpy().sum()) if regions else None
+            if regions:
+                boxes[image_id] = batch["boxes"][row, :real].numpy()
             if "attention" in out:
-                attention[int(image_id)] = (text.split(), out["attention"][row, 0, :out["lengths"][row, 0]].numpy())
+                weights = out["attention"][row, 0, :out["lengths"][row, 0]].numpy()
+                attention[image_id] = (text.split(), weights[:, :real] if regions else weights)
         bar.update(len(batch["image_id"]))
     bar.close()
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards))
-    return candidates, loss, attention
+    return candidates, loss, attention, boxes
 
 
 def _short_hash(path: str) -> str:

@@ -31,6 +31,12 @@ shift (:func:`box_coverage`). For a word naming a shape:
 - mass = Σ_cells α_cell × (fraction of the cell's area the box covers): the attention inside the box;
 - area = the box's share of the S × S crop: the mass uniform attention would give.
 
+A model reading **regions** (``regions``: each image's region boxes) attends over its regions instead
+of a grid: a region's coverage is the fraction of *its* area that the named shape's box covers, the mass
+Σ_regions α_region × coverage, and the area the mean coverage over the image's regions (what uniform
+attention over them gives). A whole-image region covers the shape by the shape's share of the image; an
+oracle box of the shape covers it wholly.
+
 The caption's words are read as the same phrases. A phrase naming exactly one shape of the image
 (colour and kind, those it gives, equal, a fill word picking among several; no number word) scores its
 colour and kind words on that shape; its words are otherwise skipped as *unmatched* (no such shape: "blue circle" for a red one) or
@@ -67,6 +73,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from captioning.data.scenes import ShapeBox
+from captioning.evaluation.coverage import box_coverage, region_coverage
 from captioning.errors import InputError
 from captioning.evaluation.phrases import named, noun_phrases
 from captioning.text import tokenize_caption
@@ -230,34 +237,6 @@ def naming_accuracy(instances: Instances, captions: Mapping[int, str]) -> Naming
     return NamingAccuracy(groups)
 
 
-def box_coverage(bbox: Sequence[float], width: int, height: int, grid: tuple[int, int], resize_size: int,
-                 image_size: int) -> np.ndarray:
-    """The fraction of each grid cell's area (cell index row * w + col) that ``bbox`` (x, y, width,
-    height in pixels of the ``width`` × ``height`` image) covers once the image is squashed to
-    ``resize_size`` squared and its central ``image_size`` square cropped. Its mean is the box's share of
-    the crop. A 200 × 100 image squashed to 120 (x × 0.6, y × 1.2), cropped to 100 from (10, 10): the
-    box (50, 25, 100, 50) becomes 20–80 on both axes, 30 of each 50-px cell's side::
-
-        >>> box_coverage((50, 25, 100, 50), 200, 100, grid=(2, 2), resize_size=120, image_size=100)
-        array([0.36, 0.36, 0.36, 0.36])
-        >>> box_coverage((0, 0, 75, 50), 100, 100, grid=(2, 2), resize_size=100, image_size=100)
-        array([1. , 0.5, 0. , 0. ])
-    """
-    rows, cols = grid
-    x, y, w, h = bbox
-    offset = (resize_size - image_size) // 2
-
-    def axis(start: float, end: float, scale: float, cells: int) -> np.ndarray:
-        lo, hi = (np.clip(v * scale - offset, 0, image_size) for v in (start, end))
-        edges = np.linspace(0.0, image_size, cells + 1)
-        overlap = np.minimum(hi, edges[1:]) - np.maximum(lo, edges[:-1])
-        return np.clip(overlap, 0, None) / (image_size / cells)
-
-    along_y = axis(y, y + h, resize_size / height, rows)
-    along_x = axis(x, x + w, resize_size / width, cols)
-    return np.outer(along_y, along_x).ravel()
-
-
 @dataclass(frozen=True)
 class LocalisationGroup:
     """Attention on the named shape, over one group's words of one type (means None without words)."""
@@ -294,14 +273,15 @@ def _check_geometry(grid, resize_size: int, image_size: int) -> tuple[int, int]:
     return int(grid[0]), int(grid[1])
 
 
-def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int]) -> np.ndarray:
+def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int] | None, regions: int = 0) -> np.ndarray:
     alpha = np.asarray(weights, dtype=np.float64)
-    cells = grid[0] * grid[1]
-    if alpha.ndim == 3 and alpha.shape[1:] == grid:
+    cells = grid[0] * grid[1] if grid else regions
+    if grid and alpha.ndim == 3 and alpha.shape[1:] == grid:
         alpha = alpha.reshape(len(alpha), cells)
     if alpha.shape != (len(words), cells):
+        where = f"on a {grid[0]}x{grid[1]} grid" if grid else f"over {regions} regions"
         raise InputError(f"`attention` of image {image_id}: weights of shape {alpha.shape} for {len(words)} words "
-                         f"on a {grid[0]}x{grid[1]} grid; expected ({len(words)}, {cells})", params=("attention",))
+                         f"{where}; expected ({len(words)}, {cells})", params=("attention",))
     if not np.isfinite(alpha).all() or (alpha < 0).any() or (np.abs(alpha.sum(axis=1) - 1) > 1e-3).any():
         raise InputError(f"`attention` of image {image_id}: each word's weights must be >= 0 and sum to 1",
                          params=("attention",))
@@ -309,24 +289,34 @@ def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int]) -> 
 
 
 def attention_localisation(instances: Instances, attention: Mapping[int, tuple[Sequence[str], object]],
-                           grid: tuple[int, int], resize_size: int, image_size: int) -> Localisation:
+                           grid: tuple[int, int] | None = None, resize_size: int = 0, image_size: int = 0,
+                           regions: Mapping[int, object] | None = None) -> Localisation:
     """How much of each shape-naming word's attention falls on the shape it names (module docstring).
 
     ``attention``: image id → (the caption's words, their weights ``[len(words), rows * cols]``, or
-    ``[len(words), rows, cols]``), each row summing to 1; ``grid`` = (rows, cols); ``resize_size`` and
-    ``image_size`` as the model's ``data.resize_size`` and ``data.image_size``."""
-    grid = _check_geometry(grid, resize_size, image_size)
+    ``[len(words), rows, cols]``, or over the image's regions ``[len(words), n]``), each row summing to 1;
+    ``grid`` = (rows, cols); ``resize_size`` and ``image_size`` as the model's ``data.resize_size`` and
+    ``data.image_size``; or, for a model reading regions, ``regions``: image id → its boxes ``[n, 4]``
+    (x1, y1, x2, y2 as fractions of the image)."""
+    if regions is None:
+        grid = _check_geometry(grid, resize_size, image_size)
     scored = {part: collections.defaultdict(list) for part in ("color", "kind")}  # group -> [(mass, area)]
     skipped = {part: collections.Counter() for part in ("color", "kind")}  # (group, reason) -> words
     images = []
     for image_id, (words, weights) in attention.items():
         images.append(image := image_of(instances, image_id, "attention"))
-        alpha = _weights(image_id, words := list(words), weights, grid)
+        if regions is None:
+            alpha = _weights(image_id, words := list(words), weights, grid)
+        else:
+            boxes = np.asarray(regions[image_id], dtype=np.float64).reshape(-1, 4)
+            alpha = _weights(image_id, words := list(words), weights, None, len(boxes))
         groups = (str(len(image.shapes)), "all")
         for phrase in noun_phrases(words, instances.colors, instances.kinds):
             fits = named(phrase, image.shapes)  # a counted phrase ("two circles") names several: ambiguous
-            coverage = (box_coverage(fits[0].bbox, image.width, image.height, grid, resize_size, image_size)
-                        if len(fits) == 1 and phrase.count == 1 else None)
+            coverage = None
+            if len(fits) == 1 and phrase.count == 1:
+                coverage = (box_coverage(fits[0].bbox, image.width, image.height, grid, resize_size, image_size)
+                            if regions is None else region_coverage(fits[0].bbox, image.width, image.height, boxes))
             for p in phrase.heads:
                 part = "color" if words[p] in instances.colors else "kind"
                 for group in groups:

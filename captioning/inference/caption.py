@@ -17,6 +17,17 @@ pixels would need about N GiB" beyond. The same budget counts the coefficients a
 at full size (6 bytes a pixel for colour), so progressive JPEGs beyond about 170M pixels are refused too.
 The budget bounds what one file can cost on a shared machine; ``captioning.images`` explains the estimate.
 
+A model reading **regions** (``data.features: regions``) takes each image's boxes: ``--detections FILE``
+(repeatable), COCO detection results (``[{"image_id", "bbox", "score"}]``, what Detectron2, MMDetection
+and the TF Object Detection API write; boxes scoring at least 0.2, the best 36 an image) or COCO instances
+files. An image file is matched to its detections by an instances file's ``images`` list (its
+``file_name``), or else by the number its name ends with (``COCO_val2014_000000000042.jpg`` and ``42.png``
+are image 42); an image without detections is read as its whole image alone. Its regions are pooled from
+the model's encoder as ``captioning features extract`` pooled those it was trained on. The gallery then
+shows, per word, the region the model attended to most, outlined on the image, and ``--json`` gives
+``regions`` (each region's x1, y1, x2, y2 as fractions of the image, the whole image last) and per word its
+weights over them.
+
 ``--html`` writes a self-contained gallery page: thumbnails are embedded as data URIs and every caption
 and file name is HTML-escaped. For an attention decoder each image's best caption comes with one small
 picture per word: the crop the model saw, lit where it looked while choosing that word
@@ -31,6 +42,7 @@ import html
 import io
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -53,6 +65,7 @@ class Result:
     error: str | None = None
     data: bytes | None = None  # the bytes the model saw, for the gallery's thumbnail
     grid: tuple[int, int] | None = None  # the attention grid, for an attention decoder
+    boxes: object = None  # a model reading regions: the image's detected boxes [n, 4] (x, y, width, height)
 
 
 def collect_paths(paths: list[str]) -> list[str]:
@@ -86,10 +99,35 @@ def read_for_model(path: str) -> bytes:
     return encoded
 
 
-def caption_files(captioner, paths: list[str], progress: bool = True) -> list[Result]:
+def detections_for(paths: list[str], detections: list[str]) -> list:
+    """Each image file's boxes ``[n, 4]`` (x, y, width, height) from COCO detection results or instances files
+    (module docstring: matched by an instances file's ``file_name``, else by the number a file name ends with)."""
+    import numpy as np
+
+    from captioning.inference.regions import read_detections
+
+    found = read_detections(detections)
+    ids = {}
+    for path in detections:  # the images lists of instances files: file name -> id
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        for image in data.get("images", []) if isinstance(data, dict) else []:
+            if isinstance(image, dict) and "file_name" in image and "id" in image:
+                ids[os.path.basename(str(image["file_name"]))] = int(image["id"])
+    out = []
+    for path in paths:
+        name = os.path.basename(path)
+        number = re.search(r"(\d+)$", os.path.splitext(name)[0])
+        image_id = ids.get(name, int(number.group(1)) if number else None)
+        out.append(found.get(image_id, np.zeros((0, 4), np.float32)))
+    return out
+
+
+def caption_files(captioner, paths: list[str], progress: bool = True, boxes: list | None = None) -> list[Result]:
+    """Captions of every file (one error per unreadable file); ``boxes`` per file for a model reading regions."""
     from tqdm import tqdm
 
-    results = [Result(p) for p in paths]
+    results = [Result(p, boxes=boxes[i] if boxes is not None else None) for i, p in enumerate(paths)]
     ready = []
     for result in results:
         try:
@@ -100,18 +138,20 @@ def caption_files(captioner, paths: list[str], progress: bool = True) -> list[Re
     for start in tqdm(range(0, len(ready), BATCH), desc="caption", unit="batch", disable=None if progress else True):
         batch = ready[start:start + BATCH]
         try:
-            captions = captioner.caption([r.data for r in batch])
+            captions = captioner.caption([r.data for r in batch], [r.boxes for r in batch] if boxes else None)
         except Exception:  # one undecodable image must not sink the batch: retry one by one
             captions = []
             for r in batch:
                 try:
-                    captions.append(captioner.caption([r.data])[0])
+                    captions.append(captioner.caption([r.data], [r.boxes] if boxes else None)[0])
                 except Exception as e:  # TensorFlow's decode errors have many types
                     captions.append(None)
                     r.error = f"cannot decode: {str(e).splitlines()[0][:200]}"
         for r, c in zip(batch, captions):
             r.captions = c
             r.grid = captioner.grid_shape if c and c[0].attention is not None else None
+            if c and c[0].boxes is not None and c[0].attention is not None:
+                r.grid = (1, len(c[0].boxes))  # regions: one row of them
     return results
 
 
@@ -121,13 +161,29 @@ def _png(pixels) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
 
 
+def _outlined(image, box, tile: int):
+    """``image`` (uint8 [S, S, 3]) at ``tile`` pixels with ``box`` (x1, y1, x2, y2 fractions) outlined in red."""
+    from PIL import ImageDraw
+
+    picture = Image.fromarray(image).resize((tile, tile))
+    x1, y1, x2, y2 = (float(v) * (tile - 1) for v in box)
+    ImageDraw.Draw(picture).rectangle([x1, y1, x2, y2], outline=(255, 0, 0), width=2)
+    import numpy as np
+
+    return np.asarray(picture)
+
+
 def _attention_row(result: Result, tile: int = 72) -> str:
     """The best caption's words, each under its picture (see the module docstring)."""
     best = result.captions[0]
     words = best.text.split()
-    tiles = "".join(f'<span class="word"><img src="{_png(spotlight(best.image, w, result.grid, tile))}" '
+    if best.boxes is not None:  # regions: the one attended to most, outlined
+        pictures = [_outlined(best.image, best.boxes[int(w.argmax())], tile) for w in best.attention]
+    else:
+        pictures = [spotlight(best.image, w, result.grid, tile) for w in best.attention]
+    tiles = "".join(f'<span class="word"><img src="{_png(picture)}" '
                     f'alt="attention for {html.escape(word)}"><br>{html.escape(word)}</span>'
-                    for word, w in zip(words, best.attention))
+                    for word, picture in zip(words, pictures))
     return f'<div class="attention">{tiles}</div>'
 
 
@@ -186,10 +242,13 @@ def print_results(results: list[Result], as_json: bool) -> int:
             captions = []
             for c in r.captions:
                 entry = {"caption": c.text, "log_prob": round(c.log_prob, 6)}
-                if r.grid:  # per word, its weights over the grid cells (row by row)
+                if r.grid:  # per word, its weights over the grid cells (row by row) or the regions
                     entry["attention"] = [[round(float(x), 5) for x in word] for word in c.attention]
                 captions.append(entry)
-            line = {"image": r.path, "captions": captions, **({"grid": list(r.grid)} if r.grid else {})}
+            regions = r.captions[0].boxes if r.captions else None
+            where = ({"regions": [[round(float(x), 5) for x in box] for box in regions]} if regions is not None
+                     else {"grid": list(r.grid)} if r.grid else {})
+            line = {"image": r.path, "captions": captions, **where}
             print(json.dumps(line, ensure_ascii=False))
         else:
             print(r.path)

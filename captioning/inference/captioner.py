@@ -5,24 +5,43 @@
 latest complete one by default: :class:`captioning.model.folder.ModelDir`). The encoder is built without its
 ImageNet weights (the checkpoint holds the trained ones), so loading never downloads. :class:`Captioner` turns a batch of JPEG/PNG bytes into captions with
 one ``tf.function``: decode and crop as at evaluation (:func:`captioning.data.pipeline.model_input`),
-encode, beam search. The SavedModel export wraps that same function.
+encode, beam search. The SavedModel export wraps that same function. A model reading regions
+(``data.features: regions``, pooled by its own encoder: ``model.regions_from_encoder``) takes each image's
+boxes too: :meth:`Captioner.decode_with_boxes` squashes the whole image to the model's size, encodes it and
+pools each box and the whole image from the grid (:func:`captioning.inference.regions.boxes_to_regions`),
+as ``captioning features extract`` pooled the regions the model was trained on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.config import DecodeConfig
-from captioning.data.reading import model_input
+from captioning.data.reading import model_input, squash
+from captioning.inference.regions import boxes_to_regions
+from captioning.errors import InputError
+from captioning.model.base import IMAGE_INPUTS
 from captioning.model.folder import ModelDir, TrainedModel
 
 
 def load(model_dir: str, checkpoint: str | None = None) -> TrainedModel:
     """The model of ``model_dir`` at ``checkpoint`` (default: the latest complete one)."""
     return ModelDir(model_dir).load(checkpoint)
+
+
+def check_boxes(cfg, model_dir: str) -> None:
+    """An InputError when the model of ``cfg`` reads regions it cannot pool from new images' boxes: they were
+    imported (a detector's features this project cannot compute)."""
+    if cfg.data.features == "regions" and not cfg.model.regions_from_encoder:
+        raise InputError(f"the model in {model_dir} reads the regions of the features store "
+                         f"{cfg.data.features_store!r}, which were not pooled by its encoder (imported features, "
+                         "or an extraction encoder unlike its own): it captions only images of that store "
+                         "(`captioning evaluate`); captions from boxes need a model trained on regions of "
+                         "`captioning features extract`")
 
 
 class Captioner:
@@ -34,6 +53,8 @@ class Captioner:
         self.settings = (decode or trained.config.decode).check()
         self.options = dataclasses.asdict(self.settings)  # beam_search's keyword arguments
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
+        self.decode_boxes = tf.function(self.decode_with_boxes, input_signature=[
+            tf.TensorSpec([None], tf.string), tf.TensorSpec([None, None, 4], tf.float32)])
 
     def decode_encoded(self, encoded: tf.Tensor) -> dict:
         """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs (with ``attention`` for an
@@ -45,26 +66,74 @@ class Captioner:
         features = self.trained.model.encode(images, training=False)
         return {**beam_search(self.trained.model, features, **self.options), "images": images}
 
-    def decode_images(self, images: tf.Tensor) -> dict:
-        """Already cropped ``uint8`` images ``[B, S, S, 3]`` → beam search outputs."""
-        return beam_search(self.trained.model, self.trained.model.encode(images, training=False), **self.options)
+    def decode_with_boxes(self, encoded: tf.Tensor, boxes: tf.Tensor) -> dict:
+        """A model reading regions (``model.regions_from_encoder``): encoded images ``[B]`` and their boxes
+        ``[B, N, 4]`` (x, y, width, height pixels; no width or height: padding) → beam search outputs (the
+        attention over each image's regions, the boxes last), ``images`` (the whole images squashed to the
+        model's size, as the regions were pooled from them) and ``boxes`` (the regions' corners as
+        fractions of the image, the whole image last)."""
+        size = self.trained.model.image_size
+
+        def one(data):
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+            return squash(image, size), tf.shape(image)[:2]
+
+        images, sizes = tf.map_fn(one, encoded, fn_output_signature=(tf.TensorSpec([size, size, 3], tf.uint8),
+                                                                     tf.TensorSpec([2], tf.int32)))
+        inputs = boxes_to_regions(self.trained.model, images, boxes, sizes)
+        return {**self.decode_batch(inputs), "images": images, "boxes": inputs["boxes"]}
+
+    def decode_batch(self, batch: dict) -> dict:
+        """A batch as the model reads it (``image``, or ``regions``, ``boxes`` and ``region_mask``) → beam search
+        outputs; for a model reading regions the attention is over each image's (padded) regions."""
+        model = self.trained.model
+        inputs = {key: batch[key] for key in IMAGE_INPUTS if key in batch}
+        return beam_search(model, None, initial_state=model.image_state(inputs), **self.options)
 
     @property
     def grid_shape(self) -> tuple[int, int] | None:
-        """(rows, columns) of the attention grid, or None for a decoder without attention."""
+        """(rows, columns) of the attention grid, or None for a decoder without attention or reading regions."""
         model = self.trained.model
         return model.grid_shape if model.attends else None
 
-    def caption(self, encoded: list[bytes]) -> list[list[Caption]]:
+    @property
+    def reads_regions(self) -> bool:
+        """Whether the model reads regions: :meth:`caption` then needs each image's boxes."""
+        return self.trained.model.reads_regions
+
+    def check_boxes(self) -> None:
+        """An InputError when the model reads regions it cannot pool from new images (imported features)."""
+        check_boxes(self.trained.config, self.trained.model_dir)
+
+    def caption(self, encoded: list[bytes], boxes: list | None = None) -> list[list[Caption]]:
         """Per image, the ``top_k`` captions, best first (with each word's attention weights and the crop
-        the model saw, for an attention decoder)."""
-        out = self.decode(tf.constant(encoded, dtype=tf.string))
+        the model saw, for an attention decoder). A model reading regions takes ``boxes``: per image an
+        array ``[n, 4]`` (x, y, width, height pixels; n may be 0), and gives each caption's regions' boxes."""
+        if self.reads_regions:
+            self.check_boxes()
+            boxes = [np.asarray(b, np.float32).reshape(-1, 4) for b in (boxes or [()] * len(encoded))]
+            most = max([len(b) for b in boxes] + [0])
+            padded = np.zeros((len(encoded), most, 4), np.float32)
+            for i, b in enumerate(boxes):
+                padded[i, :len(b)] = b
+            out = self.decode_boxes(tf.constant(encoded, dtype=tf.string), tf.constant(padded))
+            regions = [out["boxes"].numpy()[i][np.r_[np.arange(len(b)), most]] for i, b in enumerate(boxes)]
+        else:
+            out = self.decode(tf.constant(encoded, dtype=tf.string))
+            regions = None
         texts = ids_to_text(self.trained.vocab, out["ids"], out["lengths"])
         log_probs, lengths = out["log_probs"].numpy(), out["lengths"].numpy()
         weights = out["attention"].numpy() if "attention" in out else None
         images = out["images"].numpy()
-        return [[Caption(text, float(lp), weights[i, j, :lengths[i, j]] if weights is not None else None,
-                         images[i] if weights is not None else None)
+
+        def attention(i, j):
+            if weights is None:
+                return None
+            w = weights[i, j, :lengths[i, j]]
+            return w if regions is None else w[:, np.r_[np.arange(len(regions[i]) - 1), w.shape[1] - 1]]
+
+        return [[Caption(text, float(lp), attention(i, j), images[i] if weights is not None else None,
+                         regions[i] if regions is not None else None)
                  for j, (text, lp) in enumerate(zip(image_texts, image_lps))]
                 for i, (image_texts, image_lps) in enumerate(zip(texts, log_probs))]
 
@@ -79,6 +148,7 @@ class Caption:
     log_prob: float
     attention: "np.ndarray | None" = None
     image: "np.ndarray | None" = None
+    boxes: "np.ndarray | None" = None  # a model reading regions: the regions' x1, y1, x2, y2 (fractions of the image)
 
     def __iter__(self):
         return iter((self.text, self.log_prob))

@@ -4,7 +4,11 @@ The serving signature (``serving_default``) takes ``images``: a 1-D batch of JPE
 and returns ``captions`` (``string [batch, top_k]``, best first) and ``log_probs``
 (``float32 [batch, top_k]``); for an attention decoder also ``attention`` (``float32 [batch, max_length,
 rows, cols]``: for each word of the best caption, its weights over the encoder's grid; zeros after the
-caption's last word). It runs the same function ``captioning caption`` runs
+caption's last word). A model reading regions (``data.features: regions``) takes ``boxes`` too (``float32
+[batch, n, 4]``: x, y, width, height in pixels of each image, as COCO detection results give them; a box of
+no width or height is padding) and returns ``regions`` (``[batch, n + 1, 4]``: each box as x1, y1, x2, y2
+fractions of the image, the whole image last) and ``attention`` over them (``[batch, max_length, n + 1]``).
+It runs the same function ``captioning caption`` runs
 (:meth:`captioning.inference.captioner.Captioner.decode_encoded`), so the two give the same captions. The folder
 loads with plain TensorFlow, without this project::
 
@@ -54,20 +58,40 @@ class CaptionServer(tf.Module):
         self.captioner = captioner
         self.model = captioner.trained.model
         self.words = tf.constant(list(captioner.trained.vocab.words))
+        # one serving function (tf.saved_model.save traces every tf.function of the module): images, or images
+        # and boxes for a model reading regions
+        images = tf.TensorSpec([None], tf.string, name="images")
+        if captioner.reads_regions:
+            self.serve = tf.function(self._serve_regions, input_signature=[
+                images, tf.TensorSpec([None, None, 4], tf.float32, name="boxes")])
+        else:
+            self.serve = tf.function(self._serve_images, input_signature=[images])
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="images")])
-    def serve(self, images):
+    def _serve_images(self, images):
         out = self.captioner.decode_encoded(images)
+        served = self._captions(out)
+        if "attention" in out:  # the best caption's weights, per word, over the grid's rows and columns
+            rows, cols = self.captioner.grid_shape
+            batch, steps = tf.shape(out["ids"])[0], tf.shape(out["ids"])[2]
+            served["attention"] = tf.reshape(out["attention"][:, 0], [batch, steps, rows, cols])
+        return served
+
+    def _serve_regions(self, images, boxes):
+        """A model reading regions: ``boxes [batch, n, 4]`` (x, y, width, height pixels of each image; a box
+        of no width or height is padding) beside the images."""
+        out = self.captioner.decode_with_boxes(images, boxes)
+        served = {**self._captions(out), "regions": out["boxes"]}
+        if "attention" in out:  # the best caption's weights, per word, over the boxes and the whole image
+            served["attention"] = out["attention"][:, 0]
+        return served
+
+    def _captions(self, out):
         ids, lengths = out["ids"], out["lengths"]
         batch, top_k, steps = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
         words = tf.RaggedTensor.from_tensor(tf.gather(self.words, tf.reshape(ids, [-1, steps])),
                                             lengths=tf.reshape(lengths, [-1]))
         captions = tf.reshape(tf.strings.reduce_join(words, axis=1, separator=" "), [batch, top_k])
-        served = {"captions": captions, "log_probs": out["log_probs"]}
-        if "attention" in out:  # the best caption's weights, per word, over the grid's rows and columns
-            rows, cols = self.captioner.grid_shape
-            served["attention"] = tf.reshape(out["attention"][:, 0], [batch, steps, rows, cols])
-        return served
+        return {"captions": captions, "log_probs": out["log_probs"]}
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -118,6 +142,7 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
 def export(captioner: Captioner, output: str, model_dir: str, overwrite: bool = False) -> str:
     """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``."""
     trained = captioner.trained
+    captioner.check_boxes()  # a model of imported regions cannot pool them from new images
     record = {"model_dir": os.path.abspath(model_dir), "checkpoint": os.path.basename(trained.checkpoint),
               "step": trained.step, "decode": dict(captioner.options)}
     existing = check_output(output, model_dir, overwrite)

@@ -18,6 +18,10 @@ mean is the region's feature. For the whole image that is exactly the mean of th
 coordinates are normalised by the image's size; the grid's first and last cell centres stand for the
 image's edges (crop_and_resize's convention).
 
+**Grid cells as regions** (``grid_cells`` n instead of detections): n × n equal boxes tiling each image —
+the regions of no detector, the baseline that detected boxes are measured against with the same encoder
+and the same decoder.
+
 **Jitter** makes oracle boxes imperfect, to measure how much box quality matters: each box is moved by
 up to ``shift`` of its width and height and scaled by up to ``1 ± shift`` (clipped to the image), dropped
 with probability ``miss``, and ``false_boxes`` random boxes per image are added on average (Poisson),
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -102,6 +107,16 @@ def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int
             for image_id, boxes in found.items()}
 
 
+def grid_boxes(width: int, height: int, cells: int) -> np.ndarray:
+    """``cells × cells`` equal boxes tiling a ``width × height`` image, row by row, as ``[x, y, w, h]`` pixels.
+
+    >>> grid_boxes(100, 50, 2).tolist()
+    [[0.0, 0.0, 50.0, 25.0], [50.0, 0.0, 50.0, 25.0], [0.0, 25.0, 50.0, 25.0], [50.0, 25.0, 50.0, 25.0]]
+    """
+    w, h = width / cells, height / cells
+    return np.array([[c * w, r * h, w, h] for r in range(cells) for c in range(cells)], np.float32)
+
+
 def pool_regions(grid: tf.Tensor, boxes: tf.Tensor) -> tf.Tensor:
     """``grid [rows, cols, D]`` and normalised ``boxes [n, 4]`` (y1, x1, y2, x2) → ``[n, D]``: the mean of
     ``rows × cols`` bilinear samples spread over each box.
@@ -110,9 +125,40 @@ def pool_regions(grid: tf.Tensor, boxes: tf.Tensor) -> tf.Tensor:
     >>> pool_regions(grid, tf.constant([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])).numpy().ravel().tolist()
     [7.5, 0.0]
     """
-    rows, cols = grid.shape[0], grid.shape[1]
-    crops = tf.image.crop_and_resize(grid[None], boxes, tf.zeros(tf.shape(boxes)[:1], tf.int32), [rows, cols])
-    return tf.reduce_mean(crops, axis=[1, 2])
+    return pool_batch(grid[None], boxes[None])[0]
+
+
+def pool_batch(grids: tf.Tensor, boxes: tf.Tensor) -> tf.Tensor:
+    """:func:`pool_regions` for a batch: ``grids [B, rows, cols, D]``, ``boxes [B, N, 4]`` → ``[B, N, D]``."""
+    rows, cols = grids.shape[1], grids.shape[2]
+    batch, n = tf.shape(boxes)[0], tf.shape(boxes)[1]
+    owner = tf.repeat(tf.range(batch), n)
+    crops = tf.image.crop_and_resize(grids, tf.reshape(boxes, [-1, 4]), owner, [rows, cols])
+    return tf.reshape(tf.reduce_mean(crops, axis=[1, 2]), [batch, n, grids.shape[-1]])
+
+
+def boxes_to_regions(model, images: tf.Tensor, boxes: tf.Tensor, sizes: tf.Tensor) -> dict:
+    """A model's input for new images: ``images [B, S, S, 3]`` (the whole images squashed to the model's
+    ``image_size``), their ``boxes [B, N, 4]`` (x, y, width, height in pixels of the original images, as COCO
+    detection results give them; a box of no width or height is padding) and ``sizes [B, 2]`` (height,
+    width) → ``{"regions", "boxes", "region_mask"}`` as the features store gives them: each box pooled from
+    the encoder's grid, the whole image last, float16, boxes as fractions of the image."""
+    grid = model.encode(images, training=False)  # [B, cells, D], a square grid's cells row by row
+    cells, depth = model.encoder.output.shape[1:]
+    rows = math.isqrt(cells)
+    grids = tf.reshape(tf.cast(grid, tf.float32), [tf.shape(grid)[0], rows, cells // rows, depth])
+    boxes = tf.cast(boxes, tf.float32)
+    height, width = (tf.cast(sizes[:, i], tf.float32)[:, None] for i in (0, 1))
+    x1, y1 = boxes[..., 0] / width, boxes[..., 1] / height
+    x2, y2 = (boxes[..., 0] + boxes[..., 2]) / width, (boxes[..., 1] + boxes[..., 3]) / height
+    corners = tf.clip_by_value(tf.stack([x1, y1, x2, y2], axis=-1), 0.0, 1.0)
+    real = tf.cast((boxes[..., 2] > 0) & (boxes[..., 3] > 0), tf.float32)
+    whole = tf.tile(tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), [tf.shape(boxes)[0], 1, 1])
+    corners = tf.concat([corners * real[..., None], whole], axis=1)  # the whole image last, as extraction does
+    mask = tf.concat([real, tf.ones_like(real[:, :1])], axis=1)
+    pooled = pool_batch(grids, tf.gather(corners, [1, 0, 3, 2], axis=-1))  # crop_and_resize wants y1, x1, y2, x2
+    regions = tf.cast(pooled * mask[..., None], tf.float16)  # the store keeps float16
+    return {"regions": regions, "boxes": corners, "region_mask": mask}
 
 
 def region_features(model, dataset: PreparedDataset, images_dir: str, detections: dict[int, np.ndarray],

@@ -96,8 +96,10 @@ def small_cnn_grid(image_size: int) -> int:
 def architecture_diff(old: config_lib.Config, new: config_lib.Config) -> list[str]:
     """The keys in which the models of two configs differ in their variables' shapes (a checkpoint of
     one does not fit the other): the decoder, the encoder, the decoder's ``incompatible_keys``, and for
-    a decoder reading pooled features of small_cnn (which flattens its grid) the image size."""
-    diff = [f"model.{k}" for k in ("decoder", "encoder") if getattr(old.model, k) != getattr(new.model, k)]
+    a decoder reading pooled features of small_cnn (which flattens its grid) the image size; the size of the
+    region features read and whether their boxes are added."""
+    diff = [f"model.{k}" for k in ("decoder", "encoder", "region_feature_size", "box_geometry")
+            if getattr(old.model, k) != getattr(new.model, k)]
     if diff:
         return diff
     cls = decoder_class(new.model.decoder)
@@ -112,7 +114,10 @@ def architecture_diff(old: config_lib.Config, new: config_lib.Config) -> list[st
 def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0) -> CaptionModel:
     """The model of ``cfg.decoder`` (not built: call ``build_all()`` to create its variables)."""
     cls = decoder_class(cfg.decoder)
-    return cls(vocab_size, cfg, image_size, seed=seed, settings=settings_of(cfg))
+    model = cls(vocab_size, cfg, image_size, seed=seed, settings=settings_of(cfg))
+    if model.reads_regions:  # training reads regions: the encoder (for new images' regions) is not trained
+        model.encoder.trainable = False
+    return model
 
 
 __all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",

@@ -17,8 +17,8 @@ At every word the decoder looks at the image again. The encoder gives the featur
 ``λ Σ_i (1 − Σ_t α_ti)²`` per caption over its real words (``model.attention_l1`` is λ; 1 by default):
 it pushes the model to look at every part of the image over the course of a caption.
 
-The state is a dict: ``h``, ``c``, the features and their projection ``W a`` (constant; beam search
-repeats them per beam), ``attention`` (the step's ``α [B, G]``, which beam search keeps per word) and
+The state is a dict: ``h``, ``c``, the features, their projection ``W a`` and ``mask`` (constant; beam
+search repeats them per beam; the mask is 0 for the padding of regions, which no weight falls on), ``attention`` (the step's ``α [B, G]``, which beam search keeps per word) and
 ``coverage`` (``Σ_t α_t`` over the words read so far that are not ``<pad>``, for the regulariser).
 
 Parameters, with embedding ``E``, LSTM ``U``, attention ``A``, feature depth ``D``, vocabulary ``V``::
@@ -50,7 +50,7 @@ import tensorflow as tf
 from keras import layers
 
 from captioning.config import ModelConfig, at_least, more_than
-from captioning.model.base import CaptionModel
+from captioning.model.base import CaptionModel, masked_mean, masked_scores
 from captioning.model.encoders import build_encoder
 from captioning.vocab import PAD_ID
 
@@ -84,9 +84,11 @@ class ShowAttendTell(CaptionModel):
         self.setup(vocab_size, cfg, image_size, settings)
         s = self.settings
         self.encoder = build_encoder(cfg, image_size, grid=True)
-        self.grid_cells, self.feature_size = (int(d) for d in self.encoder.output.shape[1:])
+        self.grid_cells = int(self.encoder.output.shape[1])
+        self.feature_size = self.feature_depth(int(self.encoder.output.shape[-1]))
         side = math.isqrt(self.grid_cells)
-        self.grid_shape = (side, side) if side * side == self.grid_cells else (1, self.grid_cells)
+        self.grid_shape = None if self.reads_regions else (side, side) if side * side == self.grid_cells else (
+            1, self.grid_cells)
 
         def init(offset):
             return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)
@@ -111,12 +113,14 @@ class ShowAttendTell(CaptionModel):
         self.output_dropout = layers.Dropout(cfg.dropout, seed=seed + 13, name="output_dropout")
         self.logits = layers.Dense(vocab_size, kernel_initializer=init(14), dtype="float32", name="logits")
 
-    def initial_state(self, features, training=False):
-        """h₀, c₀ from the mean feature; the features and their attention projection, computed once."""
-        mean = tf.reduce_mean(features, axis=1)
+    def initial_state(self, features, training=False, mask=None):
+        """h₀, c₀ from the mean feature (of the real cells); the features and their attention projection,
+        computed once; the mask."""
+        mean = masked_mean(features, mask)
         grid = tf.shape(features)[:2]
         return {"h": self.init_h(mean), "c": self.init_c(mean), "features": features,
                 "projected": self.attention_features(features),
+                "mask": tf.ones(grid, tf.float32) if mask is None else tf.cast(mask, tf.float32),
                 "attention": tf.zeros(grid, tf.float32), "coverage": tf.zeros(grid, tf.float32)}
 
     def _attend(self, state):
@@ -125,7 +129,8 @@ class ShowAttendTell(CaptionModel):
         # scored as a 2-D matmul: a Dense over [B, G, A] is a tensordot, whose gradient XLA cannot compile
         # inside a loop (train.jit_compile)
         flat = self.attention_score(tf.reshape(hidden, [-1, hidden.shape[-1]]))
-        alpha = tf.nn.softmax(tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2]), axis=-1)
+        scores = tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2])
+        alpha = tf.nn.softmax(masked_scores(scores, state["mask"]), axis=-1)
         features = state["features"]
         context = tf.reduce_sum(tf.cast(alpha, features.dtype)[..., None] * features, axis=1)
         return alpha, self.gate(state["h"]) * tf.cast(context, self.gate.compute_dtype)
@@ -170,10 +175,10 @@ class ShowAttendTell(CaptionModel):
         return self._output(words, h_all, context_all, training), state
 
     def penalty(self, state):
-        """λ Σ_i (1 − Σ_t α_ti)² per caption (the doubly stochastic regularisation)."""
+        """λ Σ_i (1 − Σ_t α_ti)² per caption over the real cells (the doubly stochastic regularisation)."""
         if not self.settings.attention_l1:
             return None
-        return self.settings.attention_l1 * tf.reduce_sum(tf.square(1.0 - state["coverage"]), axis=-1)
+        return self.settings.attention_l1 * tf.reduce_sum(tf.square(1.0 - state["coverage"]) * state["mask"], axis=-1)
 
     def decoder_variables(self) -> list:
         return [v for layer in (self.init_h, self.init_c, self.attention_features, self.attention_state,

@@ -5,7 +5,9 @@ this package uses only these methods, so a new decoder is a new module with a :c
 subclass, plus its name in :data:`captioning.model.DECODERS` and in ``model.decoder``'s choices::
 
     features = model.encode(images, training)        pixels [B, S, S, 3] → features [B, ...]
-    state = model.initial_state(features, training)   a nest of batch-major tensors [B, ...]
+    state = model.initial_state(features, training, mask)   a nest of batch-major tensors [B, ...]
+    features, mask = model.image_features(inputs, training)  what a batch's images give: encoded pixels,
+                                                     cached features, or regions and their mask
     state = model.reserve(state, steps)               room for `steps` calls of step (default: as it is)
     logits, state = model.step(token_ids, state)      one word: ids [B] → logits [B, V] (float32)
     logits, state = model.teacher_forced(state, input_ids, training)  a caption from a state: [B, T, V]
@@ -36,6 +38,16 @@ their state at the cut. :func:`split_point` picks the cut per batch to compute t
 The logits are the same (padded positions, which the loss masks, come out as zeros). Grouped batches
 (whole images with all their captions) gain the most: an image's captions differ in length.
 
+**Regions** (``data.features: regions``, ``model.region_feature_size`` > 0): the decoder reads each image's
+regions ``[B, N, D]`` from the batch (``regions``, ``boxes``, ``region_mask``; padded per batch) instead of
+the encoder's grid, and :meth:`CaptionModel.image_features` gives them with their ``mask [B, N]`` (1 for
+a region, 0 for padding). A decoder reading a grid takes them as its cells and must respect the mask:
+no attention weight and no share of a mean on padding (the contract tests pad a batch with extra
+regions and compare); a decoder reading pooled features gets their masked mean. With
+``model.box_geometry`` each region's box is appended to its features (x1, y1, x2, y2 and area, fractions
+of the image: self-critical.pytorch's ``use_box``). The encoder is still built (and checkpointed): it is
+what extracts regions from new images.
+
 **Empty batches** are legal: under a distribution strategy the last batch of a split that does not
 divide by the replicas leaves some replica with no example (images ``[0, S, S, 3]``, input_ids ``[0,
 0]``). Keras' LSTM raises on zero rows or zero time steps and TensorFlow's convolutions mis-shape an
@@ -61,6 +73,37 @@ from captioning.vocab import PAD_ID
 @dataclasses.dataclass
 class NoSettings:
     """The settings of a decoder that has none of its own."""
+
+
+GEOMETRY = 5  # features model.box_geometry adds to a region
+IMAGE_INPUTS = ("image", "features", "regions", "boxes", "region_mask")  # what a batch's images give the model
+
+
+def box_geometry(boxes):
+    """Boxes ``[..., 4]`` (x1, y1, x2, y2 as fractions of the image) → ``[..., 5]``: the four and the box's
+    area as a fraction of the image's (self-critical.pytorch's ``use_box``).
+
+    >>> box_geometry(tf.constant([[0.0, 0.5, 0.5, 1.0]])).numpy().tolist()
+    [[0.0, 0.5, 0.5, 1.0, 0.25]]
+    """
+    boxes = tf.cast(boxes, tf.float32)
+    area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    return tf.concat([boxes, area[..., None]], axis=-1)
+
+
+def masked_mean(features, mask):
+    """The mean of ``features [B, N, D]`` over the cells where ``mask [B, N]`` is 1 (None: all of them); zeros
+    for a row with none."""
+    if mask is None:
+        return tf.reduce_mean(features, axis=1)
+    weights = tf.cast(mask, features.dtype)[..., None]
+    count = tf.maximum(tf.reduce_sum(weights, axis=1), tf.cast(1, features.dtype))
+    return tf.reduce_sum(features * weights, axis=1) / count
+
+
+def masked_scores(scores, mask):
+    """Attention scores ``[B, N]`` (float32) with the cells where ``mask`` is 0 pushed to -1e9 (None: as they are)."""
+    return scores if mask is None else scores + (1.0 - tf.cast(mask, scores.dtype)) * -1e9
 
 
 def _pad_rows(x, rows):
@@ -104,8 +147,8 @@ class CaptionModel(keras.Model):
     * :attr:`tiny_settings` — settings small enough for a model that builds and steps on a CPU in a
       second (tests/test_decoders.py runs every decoder's contract with them);
     * :attr:`attends` — whether its decoding step reports attention weights over the grid: its state is
-      then a dict whose ``attention`` entry holds the step's weights ``[B, cells]``, and it sets
-      :attr:`grid_shape` (rows, columns) once built;
+      then a dict whose ``attention`` entry holds the step's weights ``[B, cells]`` (or regions), and it
+      sets :attr:`grid_shape` (rows, columns) once built (None for a model reading regions);
 
     and its constructor ``(vocab_size, cfg: ModelConfig, image_size, seed=0, settings=None)`` calls
     :meth:`setup` first. It sets :attr:`encoder` (a Keras model from pixels to features) and implements
@@ -134,9 +177,42 @@ class CaptionModel(keras.Model):
         rows = tf.shape(images)[0]
         return self.encoder(_pad_rows(images, 1), training=training)[:rows]
 
-    def initial_state(self, features, training=False):
-        """The decoding state of each image before its first word, from its features ``[B, ...]``."""
+    def initial_state(self, features, training=False, mask=None):
+        """The decoding state of each image before its first word, from its features ``[B, ...]``; ``mask
+        [B, cells]`` (float, 1 where a cell or region is real; None: all are) for a grid decoder."""
         raise NotImplementedError
+
+    @property
+    def reads_regions(self) -> bool:
+        """Whether the model reads region features (``data.features: regions``) instead of its encoder's."""
+        return bool(self.cfg.region_feature_size)
+
+    def feature_depth(self, encoder_depth: int) -> int:
+        """The depth of the features the decoder reads: the encoder's, or the regions' (with their box geometry)."""
+        if not self.reads_regions:
+            return encoder_depth
+        return self.cfg.region_feature_size + (GEOMETRY if self.cfg.box_geometry else 0)
+
+    def image_features(self, inputs, training=False):
+        """What the batch's images give the decoder: ``(features, mask)``. Pixels (``image``) are encoded,
+        cached features (``features``, float16) cast back; regions (``regions [B, N, D]``, ``boxes``,
+        ``region_mask``) come with their mask ``[B, N]`` (at least one column: a batch of no image has
+        one of padding), their box geometry appended with ``model.box_geometry``, and as their masked mean
+        for a decoder of pooled features. ``mask`` is None where every cell is real."""
+        if "regions" not in inputs:
+            if "features" in inputs:  # cached (float16 on disk, cast back here, on the device)
+                return tf.cast(inputs["features"], self.compute_dtype), None
+            return self.encode(inputs["image"], training), None
+        regions = tf.cast(inputs["regions"], self.compute_dtype)
+        mask = tf.cast(inputs["region_mask"], tf.float32)
+        if self.cfg.box_geometry:
+            regions = tf.concat([regions, tf.cast(box_geometry(inputs["boxes"]), regions.dtype)], axis=-1)
+        extra = tf.maximum(1 - tf.shape(mask)[1], 0)  # at least one region column (masked out)
+        regions = tf.pad(regions, [[0, 0], [0, extra], [0, 0]])
+        mask = tf.pad(mask, [[0, 0], [0, extra]])
+        if self.features == "pooled":
+            return masked_mean(regions, mask), None
+        return regions, mask
 
     def reserve(self, state, steps):
         """The ``state`` readied for :meth:`step` to be called up to ``steps`` times (beam search and sampling
@@ -193,15 +269,19 @@ class CaptionModel(keras.Model):
         """The decoder's variables (everything but the encoder's)."""
         raise NotImplementedError
 
+    def image_state(self, inputs, training=False):
+        """The decoding state of each image of a batch (``image``, ``features`` or regions: as
+        :meth:`image_features` reads them) before its first word: what beam search starts from."""
+        features, mask = self.image_features(inputs, training)
+        return self.initial_state(features, training, mask=mask)
+
     def logits_and_penalty(self, inputs, training=False, split_padding=False):
         """Teacher-forced logits ``[N, T, V]`` and :meth:`penalty` per caption ``[N]`` (zeros for a
         decoder without one) for ``inputs`` as :meth:`call` takes them."""
-        if "features" in inputs:  # cached (float16 on disk, cast back here, on the device)
-            features = tf.cast(inputs["features"], self.compute_dtype)
-        else:
-            features = self.encode(inputs["image"], training)
+        features, mask = self.image_features(inputs, training)
         # each image's state once (at least one row: a decoder never sees an empty batch) ...
-        state = self.initial_state(_pad_rows(features, 1), training)
+        state = self.initial_state(_pad_rows(features, 1), training,
+                                   mask=None if mask is None else _pad_rows(mask, 1))
         if "image_index" in inputs:  # ... then per caption (grouped captions: the images' states gathered)
             state = tf.nest.map_structure(lambda s: tf.gather(s, inputs["image_index"]), state)
         input_ids = inputs["input_ids"]
@@ -218,7 +298,14 @@ class CaptionModel(keras.Model):
         return self.logits_and_penalty(inputs, training=training, split_padding=split_padding)[0]
 
     def build_all(self) -> "CaptionModel":
-        """Creates every variable (encoder and decoder) with one tiny forward pass."""
-        self({"image": np.zeros((1, self.image_size, self.image_size, 3), "uint8"),
-              "input_ids": np.zeros((1, 1), "int64")})
+        """Creates every variable (encoder and decoder) with one tiny forward pass (a model reading regions
+        runs its encoder once more: it extracts the regions of new images)."""
+        image = np.zeros((1, self.image_size, self.image_size, 3), "uint8")
+        if self.reads_regions:
+            self.encode(image)
+            self({"regions": np.zeros((1, 1, self.cfg.region_feature_size), "float16"),
+                  "boxes": np.zeros((1, 1, 4), "float32"), "region_mask": np.ones((1, 1), "float32"),
+                  "input_ids": np.zeros((1, 1), "int64")})
+        else:
+            self({"image": image, "input_ids": np.zeros((1, 1), "int64")})
         return self

@@ -58,8 +58,9 @@ class ShowAndTell(CaptionModel):
         super().__init__(**kwargs)
         self.setup(vocab_size, cfg, image_size, settings)
         s = self.settings
-        self.encoder = build_encoder(cfg, image_size)
-        self.feature_size = int(self.encoder.output.shape[-1])
+        # a model reading regions keeps the grid encoder its regions are pooled from (their masked mean is read)
+        self.encoder = build_encoder(cfg, image_size, grid=self.reads_regions)
+        self.feature_size = self.feature_depth(int(self.encoder.output.shape[-1]))
 
         def init(offset):
             return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)
@@ -75,8 +76,9 @@ class ShowAndTell(CaptionModel):
         self.output_dropout = layers.Dropout(cfg.dropout, seed=seed + 6, name="lstm_output_dropout")
         self.logits = layers.Dense(vocab_size, kernel_initializer=init(7), dtype="float32", name="logits")
 
-    def initial_state(self, features, training=False):
-        """The LSTM state after it has read the image embedding (time step -1)."""
+    def initial_state(self, features, training=False, mask=None):
+        """The LSTM state after it has read the image embedding (time step -1). (Pooled features: regions
+        come as their masked mean, so ``mask`` is always None.)"""
         embedded = self.image_embedding(features)[:, None, :]
         _, h, c = self.lstm(self.input_dropout(embedded, training=training), training=training)
         return [h, c]

@@ -152,9 +152,11 @@ class Transformer(CaptionModel):
         self.setup(vocab_size, cfg, image_size, settings)
         s = self.settings
         self.encoder = build_encoder(cfg, image_size, grid=True)
-        self.grid_cells, self.feature_size = (int(d) for d in self.encoder.output.shape[1:])
+        self.grid_cells = int(self.encoder.output.shape[1])
+        self.feature_size = self.feature_depth(int(self.encoder.output.shape[-1]))
         side = math.isqrt(self.grid_cells)
-        self.grid_shape = (side, side) if side * side == self.grid_cells else (1, self.grid_cells)
+        self.grid_shape = None if self.reads_regions else (side, side) if side * side == self.grid_cells else (
+            1, self.grid_cells)
         d, pre, rate = s.d_model, s.norm == "pre", cfg.dropout
         self.key_size = d // s.heads
 
@@ -174,8 +176,9 @@ class Transformer(CaptionModel):
         # layers of each stack are attributes of their own (``self_attention_0``, ...): TF checkpoints do
         # not follow Keras' tracked lists.
         self.project_features = layers.Dense(d, kernel_initializer=init(0), name="project_features")
-        self.cell_positions = layers.Embedding(self.grid_cells, d, embeddings_initializer=uniform(0),
-                                               name="cell_positions")
+        # a grid's cells have places; regions are a set (their places are in their boxes: model.box_geometry)
+        self.cell_positions = None if self.reads_regions else layers.Embedding(
+            self.grid_cells, d, embeddings_initializer=uniform(0), name="cell_positions")
         self.memory_dropout = layers.Dropout(rate, seed=seed + 1, name="memory_dropout")
         for i in range(s.encoder_layers):
             setattr(self, f"encoder_attention_{i}", attention(f"encoder_attention_{i}", 10 + i))
@@ -206,12 +209,15 @@ class Transformer(CaptionModel):
         self.built = True
 
     # ---- the memory --------------------------------------------------------------------------------
-    def initial_state(self, features, training=False):
-        """The memory (the refined grid), each decoder layer's cross-attention keys and values of it, and
-        an empty self-attention cache."""
-        x = self.project_features(features) + self.cell_positions(tf.range(tf.shape(features)[1]))[None]
+    def initial_state(self, features, training=False, mask=None):
+        """The memory (the refined grid, or regions: padding masked out everywhere), each decoder layer's
+        cross-attention keys and values of it, and an empty self-attention cache."""
+        x = self.project_features(features)
+        if self.cell_positions is not None:
+            x = x + self.cell_positions(tf.range(tf.shape(features)[1]))[None]
         x = self.memory_dropout(x, training=training)
-        everywhere = tf.ones(tf.shape(x)[:2])[:, None, :]  # [B, 1, G]: every cell may be attended to
+        mask = tf.ones(tf.shape(x)[:2]) if mask is None else tf.cast(mask, tf.float32)
+        everywhere = mask[:, None, :]  # [B, 1, G]: the cells (real regions) each cell may attend to
         for i in range(self.settings.encoder_layers):
             mha, block, ff = (getattr(self, f"{kind}_{i}") for kind in ("encoder_attention", "encoder_attention_block",
                                                                         "encoder_ff"))
@@ -222,7 +228,7 @@ class Transformer(CaptionModel):
         memory = self.encoder_norm(x) if self.encoder_norm is not None else x
         rows, cells = tf.shape(memory)[0], tf.shape(memory)[1]
         state = {"t": tf.zeros([rows], tf.int32), "attention": tf.zeros([rows, cells], tf.float32),
-                 "memory_mask": tf.ones([rows, cells], tf.float32)}
+                 "memory_mask": mask}
         empty = tf.zeros([rows, 0, self.settings.heads, self.key_size], self.compute_dtype)
         for i in range(self.settings.decoder_layers):
             state[f"mk{i}"], state[f"mv{i}"] = getattr(self, f"cross_attention_{i}").project(memory)

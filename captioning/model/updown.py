@@ -14,7 +14,8 @@ taken once per image. Step *t*, reading the previous word ``y``::
 
 Both LSTMs start from zeros (the image enters through ``v̄`` at every step, as in the paper). ``W_a v_i``
 is computed once per image. The state is a dict: ``h1, c1, h2, c2``, the embedded features, their
-mean and projection (constant; beam search repeats them per beam) and ``attention`` (the step's ``α
+mean, projection and ``mask`` (constant; beam search repeats them per beam; no weight falls where the
+mask is 0, the padding of regions) and ``attention`` (the step's ``α
 [B, G]``, shown and measured as the soft-attention decoder's).
 
 Parameters, with embedding ``E``, LSTM ``U``, attention ``A``, feature depth ``D``, vocabulary ``V``::
@@ -44,7 +45,7 @@ import tensorflow as tf
 from keras import layers
 
 from captioning.config import ModelConfig, at_least, more_than
-from captioning.model.base import CaptionModel
+from captioning.model.base import CaptionModel, masked_mean, masked_scores
 from captioning.model.encoders import build_encoder
 
 
@@ -77,7 +78,8 @@ class UpDown(CaptionModel):
         self.encoder = build_encoder(cfg, image_size, grid=True)
         self.grid_cells = int(self.encoder.output.shape[1])
         side = math.isqrt(self.grid_cells)
-        self.grid_shape = (side, side) if side * side == self.grid_cells else (1, self.grid_cells)
+        self.grid_shape = None if self.reads_regions else (side, side) if side * side == self.grid_cells else (
+            1, self.grid_cells)
 
         def init(offset):
             return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)
@@ -101,13 +103,15 @@ class UpDown(CaptionModel):
         self.output_dropout = layers.Dropout(cfg.dropout, seed=seed + 11, name="output_dropout")
         self.logits = layers.Dense(vocab_size, kernel_initializer=init(12), dtype="float32", name="logits")
 
-    def initial_state(self, features, training=False):
-        """Zero LSTM states; the embedded features, their mean and attention projection, computed once."""
+    def initial_state(self, features, training=False, mask=None):
+        """Zero LSTM states; the embedded features, their mean (of the real cells) and attention projection,
+        computed once; the mask."""
         embedded = self.feature_embedding(features)
         rows, cells = tf.shape(features)[0], tf.shape(features)[1]
         zeros = tf.zeros([rows, self.settings.lstm_units], self.attention_lstm.compute_dtype)
         return {"h1": zeros, "c1": zeros, "h2": zeros, "c2": zeros, "features": embedded,
-                "mean": tf.reduce_mean(embedded, axis=1), "projected": self.attention_features(embedded),
+                "mean": masked_mean(embedded, mask), "projected": self.attention_features(embedded),
+                "mask": tf.ones([rows, cells], tf.float32) if mask is None else tf.cast(mask, tf.float32),
                 "attention": tf.zeros([rows, cells], tf.float32)}
 
     def _recur(self, words, state, training):
@@ -117,7 +121,8 @@ class UpDown(CaptionModel):
         hidden = tf.tanh(state["projected"] + self.attention_state(h1)[:, None, :])
         # a 2-D matmul: a Dense over [B, G, A] is a tensordot, whose gradient XLA cannot compile in a loop
         flat = self.attention_score(tf.reshape(hidden, [-1, hidden.shape[-1]]))
-        alpha = tf.nn.softmax(tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2]), axis=-1)
+        scores = tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2])
+        alpha = tf.nn.softmax(masked_scores(scores, state["mask"]), axis=-1)
         features = state["features"]
         attended = tf.reduce_sum(tf.cast(alpha, features.dtype)[..., None] * features, axis=1)
         h2, (h2, c2) = self.language_lstm(tf.concat([tf.cast(attended, h1.dtype), h1], axis=-1),

@@ -27,6 +27,8 @@ from captioning.data.feature_cache import encoder_key
 from captioning.fileio import disk_full_error
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import eval_images
+from captioning.data.region_input import eval_regions, store_of
+from captioning.train.regions import regions_fitted, start_encoder_from
 from captioning.data.integrity import ShardReader
 from captioning.model import build_model, resolve
 from captioning.model.folder import ModelDir
@@ -53,9 +55,10 @@ class Trainer:
         (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
         cfg = fit_config(resolve(cfg))  # the decoder's settings typed; the batches the objective needs
         config_lib.validate(cfg)
+        self.dataset = PreparedDataset.load(cfg.data.dir)
+        cfg, self.extractor = regions_fitted(cfg, self.dataset)
         self.cfg, self.model_dir = cfg, model_dir
         self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
-        self.dataset = PreparedDataset.load(cfg.data.dir)
         # a clear error for a missing split; the eval split only matters when something evaluates
         for split in (cfg.data.train_split,) + ((cfg.data.eval_split,) if cfg.train.eval_every_steps else ()):
             self.dataset.split(split)
@@ -116,6 +119,8 @@ class Trainer:
                                                   checkpoint_name="ckpt", step_counter=self.step)
         self._saved_step = None
         restore_run(self.folder, latest, previous, cfg, source, self.model, self.step, self.optimizer)
+        if not latest and source is None and self.extractor:  # a new model reading regions pooled by an encoder
+            start_encoder_from(self.model, self.extractor)
         if latest:
             self._saved_step = self.current_step()  # so an interrupted run does not write it again
         if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
@@ -265,8 +270,11 @@ class Trainer:
         if count <= 0:
             return []
         cfg = self.cfg.data
-        batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset,
-                                      shards=self.shards)))
+        if cfg.features == "regions":
+            batch = next(iter(eval_regions(cfg, cfg.eval_split, store_of(cfg, self.dataset), count, max_images=count)))
+        else:
+            batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset,
+                                          shards=self.shards)))
         return greedy_samples(self.model, self.vocab, batch, self.objective.sample_notes)
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------

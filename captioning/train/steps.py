@@ -86,7 +86,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
     compiled_gradients = tf.function(replica_gradients, jit_compile=True)
 
     def replica_step(batch):
-        if jitter:  # im2txt's colour distortions, on the device (captioning.data.augment)
+        if jitter and "image" in batch:  # im2txt's colour distortions, on the device (captioning.data.augment)
             batch = {**batch, "image": color_jitter(batch["image"])}
         ctx = tf.distribute.get_replica_context()
         variables = model.trainable_variables

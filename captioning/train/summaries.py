@@ -76,7 +76,7 @@ class Sample:
     image_id: int
     caption: str
     reference: str
-    image: np.ndarray
+    image: np.ndarray | None  # None for a model reading regions (its batches hold no pixels)
     attention: np.ndarray | None = None
     grid: tuple[int, int] | None = None
     note: str | None = None  # what the objective says of it (SCST: its CIDEr-D reward)
@@ -89,7 +89,7 @@ def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
     :meth:`~captioning.train.objectives.Objective.sample_notes`), a note each."""
     from captioning.model.decode import beam_search, ids_to_text
 
-    best = beam_search(model, model.encode(batch["image"]), beam_size=1)
+    best = beam_search(model, None, beam_size=1, initial_state=model.image_state(batch))
     captions = ids_to_text(vocab, best["ids"], best["lengths"])
     grid = model.grid_shape if model.attends else None
     noted = notes(best, batch["captions"]) if notes else None
@@ -97,7 +97,8 @@ def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
     for i, (caption,) in enumerate(captions):
         reference = " ".join(vocab.decode(batch["captions"][i][0].numpy()))
         weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
-        out.append(Sample(int(batch["image_id"][i]), caption, reference, batch["image"][i].numpy(), weights, grid,
+        image = batch["image"][i].numpy() if "image" in batch else None  # regions: no picture
+        out.append(Sample(int(batch["image_id"][i]), caption, reference, image, weights, grid,
                           None if noted is None else noted[i]))
     return out
 
@@ -173,6 +174,8 @@ class Summaries:
             with self.train.as_default(step=step):
                 tf.summary.text("sample_captions", text)
                 for i, s in enumerate(samples):
+                    if s.image is None:  # a model reading regions: the captions above, no picture
+                        continue
                     description = f"image {s.image_id}: {s.caption} (reference: {s.reference})"
                     tf.summary.image(f"samples/{i}", s.image[None], description=description)
                     if s.attention is not None and len(s.attention):

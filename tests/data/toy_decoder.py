@@ -35,7 +35,7 @@ class Toy(CaptionModel):
         self.gru = layers.GRU(units, return_sequences=True, return_state=True, name="gru")
         self.logits = layers.Dense(vocab_size, dtype="float32", name="logits")
 
-    def initial_state(self, features, training=False):
+    def initial_state(self, features, training=False, mask=None):
         return [self.project(features)]
 
     def step(self, token_ids, state):

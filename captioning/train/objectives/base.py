@@ -31,6 +31,8 @@ from typing import ClassVar
 
 import tensorflow as tf
 
+from captioning.model.base import IMAGE_INPUTS
+
 
 @dataclass
 class ReplicaLoss:
@@ -104,7 +106,7 @@ def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: 
     sum, smoothed cross-entropy sum)`` instead of one number. ``label_smoothing`` ε: the loss against (1 −
     ε) on the reference word and ε spread evenly over the vocabulary, ``(1 − ε) CE + ε · mean_w −log p(w)``
     (the plain cross-entropy is what ``parts`` reports first, for perplexity)."""
-    inputs = {k: batch[k] for k in ("image", "features", "image_index", "input_ids") if k in batch}
+    inputs = {k: batch[k] for k in IMAGE_INPUTS + ("image_index", "input_ids") if k in batch}
     logits, extra = model.logits_and_penalty(inputs, training=training, split_padding=split_padding)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
     total = tf.reduce_sum(ce * batch["mask"])

@@ -58,7 +58,7 @@ def references_of(batch: dict, end_token: bool = False) -> tf.RaggedTensor:
     ``image_index``."""
     lengths = tf.cast(tf.reduce_sum(batch["mask"], axis=1), tf.int32) - (0 if end_token else 1)
     words = tf.RaggedTensor.from_tensor(tf.cast(batch["target_ids"], tf.int32), lengths=tf.maximum(lengths, 0))
-    images = tf.shape(batch["image"] if "image" in batch else batch["features"])[0]
+    images = tf.shape(batch[next(key for key in ("image", "features", "regions") if key in batch)])[0]
     return tf.RaggedTensor.from_value_rowids(words, tf.cast(batch["image_index"], tf.int64),
                                              nrows=tf.cast(images, tf.int64))
 
@@ -207,13 +207,11 @@ class SelfCritical(Objective):
         return words + tf.cast(tf.reduce_any(tf.equal(ids, END_ID), axis=1), tf.int32)
 
     def replica_loss(self, model, batch, training):
-        images = batch["image"] if "image" in batch else batch["features"]
-        features = (tf.cast(batch["features"], model.compute_dtype) if "features" in batch
-                    else model.encode(images, training=training))
+        features, mask = model.image_features(batch, training=training)
         end = self.cfg.end_in_reward
         references = references_of(batch, end_token=end)
         n, s = tf.shape(features)[0], self.cfg.samples
-        state = model.initial_state(features, training=False)
+        state = model.initial_state(features, training=False, mask=mask)
         repeated = tf.nest.map_structure(lambda x: tf.repeat(x, s, axis=0), state)
         seed = tf.stack([tf.constant(self.seed, tf.int32), tf.cast(self.step, tf.int32)])
         drawn = sample_captions(model, repeated, self.cfg.max_length, self.cfg.temperature, seed)

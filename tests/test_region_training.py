@@ -1,0 +1,288 @@
+"""data.features: regions — the input pipeline reads a features store (no JPEG decoded), pads each batch's
+regions with a mask, and the decoders train, decode, evaluate and ground over regions."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import load_config
+from captioning.data.features_store import FeaturesStore
+from captioning.data.pipeline import make_dataset
+from captioning.data.prepared import PreparedDataset
+from captioning.data.region_input import eval_regions, store_of
+from captioning.errors import InputError
+from tests.helpers import run_cli, small_train_config
+
+SPLITS = ("train", "val", "test")
+
+
+def instances_files(shapes_dir):
+    return [os.path.join(shapes_dir, "annotations", f"instances_{s}.json") for s in SPLITS]
+
+
+@pytest.fixture(scope="module")
+def region_data(prepared_dir, shapes_dir, trained_attention_dir, tmp_path_factory):
+    """A copy of the prepared fixture with the store "oracle": the trained attention fixture's 2 x 2 grid
+    pooled in each shape's box (and the whole image); the first training image left out."""
+    from captioning.inference.captioner import load
+    from captioning.inference.regions import read_detections, region_features
+    from data_prep.features_import import Row, write_store
+
+    data_dir = str(tmp_path_factory.mktemp("region_data") / "data")
+    shutil.copytree(prepared_dir, data_dir)
+    dataset = PreparedDataset.load(data_dir)
+    left_out = min(i for i, r in dataset.image_records().items() if r.split == "train")
+    detections = read_detections(instances_files(shapes_dir))
+    rows = (Row(i, r.features, r.boxes, r.width, r.height)
+            for i, r in region_features(load(trained_attention_dir).model, dataset,
+                                        os.path.join(shapes_dir, "images"), detections) if i != left_out)
+    source = {"kind": "extract", "model": trained_attention_dir, "checkpoint": load(trained_attention_dir).step}
+    write_store(data_dir, rows, source=source, name="oracle", images_per_shard=7, progress=False)
+    return data_dir, left_out
+
+
+ATTENTION = ("model.decoder=attention", "model.attention_size=16", "model.embedding_size=32", "model.lstm_units=32",
+             "train.optimizer=adam", "train.learning_rate=0.01")
+
+
+def train_regions(data_dir, model_dir, *extra):
+    from captioning.train import Trainer
+
+    cfg = region_config(data_dir, *ATTENTION, "train.steps=30", "train.checkpoint_every_steps=30",
+                        "train.eval_every_steps=30", "train.eval_batches=1", "train.sample_captions=2", *extra)
+    return Trainer(cfg, model_dir).run(progress=False)
+
+
+@pytest.fixture(scope="module")
+def region_model(region_data, tmp_path_factory):
+    """An attention model trained 30 steps on the oracle regions."""
+    model_dir = str(tmp_path_factory.mktemp("region_model") / "model")
+    result = train_regions(region_data[0], model_dir)
+    assert result.step == 30 and np.isfinite(result.losses).all() and result.losses[-1] < result.losses[0]
+    return model_dir
+
+
+def region_config(data_dir, *extra):
+    return small_train_config(data_dir, "data.features=regions", "data.features_store=oracle", *extra)
+
+
+def test_batches_carry_each_images_regions_padded_with_a_mask(region_data):
+    data_dir, left_out = region_data
+    store = FeaturesStore.load(data_dir, "oracle")
+    held = store.read()
+    cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=oracle"]).data
+    seen = {}
+    for batch in eval_regions(cfg, "train", store_of(cfg, PreparedDataset.load(data_dir)), 5):
+        regions, boxes, mask = batch["regions"].numpy(), batch["boxes"].numpy(), batch["region_mask"].numpy()
+        counts = [len(held[int(i)].features) for i in batch["image_id"].numpy()]
+        assert regions.dtype == np.float16 and regions.shape[1] == max(counts)  # padded to the batch's most
+        np.testing.assert_array_equal(mask.sum(axis=1), counts)
+        for row, image_id in enumerate(batch["image_id"].numpy()):
+            r, n = held[int(image_id)], counts[row]
+            np.testing.assert_array_equal(regions[row, :n], r.features)
+            assert not regions[row, n:].any() and not boxes[row, n:].any()
+            np.testing.assert_allclose(boxes[row, :n], r.boxes / [r.width, r.height, r.width, r.height], atol=1e-6)
+            assert (boxes[row, :n] >= 0).all() and (boxes[row, :n] <= 1).all()
+            assert batch["captions"][row].to_list() == r.captions
+            seen[int(image_id)] = n
+    train = [i for i, r in PreparedDataset.load(data_dir).image_records().items() if r.split == "train"]
+    assert sorted(seen) == sorted(set(train) - {left_out})  # every image with regions once; none without
+
+    training = make_dataset(cfg, "train", training=True, batch_size=8)
+    for batch in training.take(3):
+        assert set(batch) >= {"regions", "boxes", "region_mask", "input_ids"} and "image" not in batch
+        assert batch["regions"].shape[0] == batch["input_ids"].shape[0] == 8  # a copy per caption
+
+
+def test_a_store_of_another_dataset_version_or_missing_is_one_line(region_data, tmp_path):
+    data_dir, _ = region_data
+    cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=none"]).data
+    with pytest.raises(InputError, match="has no features store 'none'"):
+        make_dataset(cfg, "train", training=True, batch_size=4)
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    manifest = copy / "features" / "oracle" / "store.json"
+    document = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**document, "dataset": "another"}))
+    cfg = load_config(overrides=[f"data.dir={copy}", "data.features=regions", "data.features_store=oracle"]).data
+    with pytest.raises(InputError, match="written for another version"):
+        make_dataset(cfg, "train", training=True, batch_size=4)
+
+
+@pytest.mark.parametrize("extra", [(), ("model.box_geometry=true", "data.captions_per_image=grouped")],
+                         ids=["plain", "geometry-grouped"])
+def test_train_and_evaluate_an_attention_model_on_regions_with_grounding(region_data, region_model, shapes_dir,
+                                                                         trained_attention_dir, tmp_path, extra):
+    from captioning.evaluation.evaluate import evaluate
+    from captioning.inference.captioner import load
+    from captioning.model.folder import ModelDir
+
+    data_dir, _ = region_data
+    model_dir = region_model
+    if extra:
+        model_dir = str(tmp_path / "model")
+        result = train_regions(data_dir, model_dir, *extra)
+        assert result.step == 30 and np.isfinite(result.losses).all() and result.losses[-1] < result.losses[0]
+    saved = ModelDir(model_dir).read_config()
+    geometry = "model.box_geometry=true" in extra
+    size = FeaturesStore.load(data_dir, "oracle").feature_size  # small_cnn's 128 channels
+    assert (saved.data.features, saved.model.region_feature_size, saved.model.box_geometry,
+            saved.model.regions_from_encoder) == ("regions", size, geometry, True)
+    # the encoder, never trained here, is the one that pooled the regions
+    for a, b in zip(load(model_dir).model.encoder.weights, load(trained_attention_dir).model.encoder.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    out = evaluate(model_dir, split="test", progress=False, instances=instances_files(shapes_dir)[2])
+    assert out.num_images == 4 and np.isfinite(out.perplexity) and out.metrics["CIDEr"] >= 0
+    assert set(out.grounding["attention"]) == {"color", "kind"}  # judged over the regions' boxes
+    assert set(out.grounding["naming"]) and set(out.grounding["relations"])
+
+
+def test_attention_over_regions_is_judged_by_the_named_shapes_box():
+    """A word's attention over regions: its mass on the named shape is Σ α × the share of each region's area
+    the shape's box covers; uniform attention over the regions is the baseline."""
+    from captioning.data.scenes import ShapeBox
+    from captioning.evaluation.grounding import ImageShapes, Instances, attention_localisation
+
+    shapes = Instances({7: ImageShapes(100, 100, (ShapeBox("circle", "red", "small", (0, 0, 50, 50)),
+                                                  ShapeBox("square", "blue", "small", (50, 50, 50, 50))))},
+                       kinds=("circle", "square"), colors=("blue", "red"))
+    boxes = [[0, 0, 0.5, 0.5], [0.5, 0.5, 1, 1], [0, 0, 1, 1]]  # the two shapes' oracle boxes and the whole image
+    words = ["a", "red", "circle", "and", "a", "blue", "square"]
+    alpha = [[1 / 3] * 3, [0.8, 0.1, 0.1], [0.5, 0.0, 0.5], [1 / 3] * 3, [1 / 3] * 3, [0.0, 0.0, 1.0], [0.1, 0.9, 0.0]]
+    result = attention_localisation(shapes, {7: (words, alpha)}, regions={7: boxes})
+    color, kind = result.color["all"], result.kind["all"]
+    # red: 0.8 × 1 + 0.1 × 0 + 0.1 × 0.25; blue: the whole image only, 0.25; uniform: (1 + 0 + 0.25) / 3
+    assert color.words == 2 and color.mean_mass == pytest.approx((0.825 + 0.25) / 2)
+    assert kind.mean_mass == pytest.approx((0.5 + 0.125 + 0.9) / 2)
+    assert color.mean_area == pytest.approx(1.25 / 3)
+    with pytest.raises(InputError, match=r"over 3 regions; expected \(7, 3\)"):
+        attention_localisation(shapes, {7: (words, np.ones((7, 4)) / 4)}, regions={7: boxes})
+
+
+def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(region_data, region_model, shapes_dir,
+                                                                            trained_attention_dir, tmp_path):
+    """caption --detections and the SavedModel pool each image's boxes from the model's encoder as extraction
+    pooled the store's regions: the captions are those evaluate gives from the store."""
+    from captioning.evaluation.evaluate import evaluate
+    from captioning.inference.export import export
+    from captioning.inference.captioner import Captioner, load
+
+    data_dir, _ = region_data
+    stored = evaluate(region_model, split="test", progress=False)
+    predictions = os.path.join(region_model, "eval", [n for n in os.listdir(os.path.join(region_model, "eval"))
+                                                      if n.endswith(".predictions.json")][0])
+    expected = {p["image_id"]: p["caption"] for p in json.load(open(predictions))}
+    test = json.load(open(instances_files(shapes_dir)[2]))
+    files = [os.path.join(shapes_dir, "images", image["file_name"]) for image in test["images"]]
+    html = tmp_path / "gallery.html"
+    done = run_cli("caption", "--model-dir", region_model, "--detections", instances_files(shapes_dir)[2], "--json",
+                   "--html", str(html), *files)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    boxes = {image["id"]: [a["bbox"] for a in test["annotations"] if a["image_id"] == image["id"]]
+             for image in test["images"]}
+    for image, line in zip(test["images"], lines):
+        assert line["captions"][0]["caption"] == expected[image["id"]]
+        assert len(line["regions"]) == len(boxes[image["id"]]) + 1 and line["regions"][-1] == [0, 0, 1, 1]
+        words = line["captions"][0]["caption"].split()
+        assert np.array(line["captions"][0]["attention"]).shape == (len(words), len(line["regions"]))
+    assert html.read_text().count('alt="attention for') == sum(len(line["captions"][0]["caption"].split())
+                                                                for line in lines)
+    assert stored.num_images == 4
+    # the SavedModel: images and boxes (padded with empty boxes) in, the same captions out
+    output = export(Captioner(load(region_model)), str(tmp_path / "export"), region_model)
+    serve = tf.saved_model.load(output).signatures["serving_default"]
+    most = max(len(b) for b in boxes.values())
+    padded = np.zeros((len(files), most, 4), np.float32)
+    for i, image in enumerate(test["images"]):
+        padded[i, :len(boxes[image["id"]])] = boxes[image["id"]]
+    out = serve(images=tf.constant([open(f, "rb").read() for f in files]), boxes=tf.constant(padded))
+    assert [c.decode() for c in out["captions"][:, 0].numpy()] == [expected[i["id"]] for i in test["images"]]
+    assert out["regions"].shape == (len(files), most + 1, 4)
+
+
+def test_caption_refusals(region_model, trained_attention_dir, shapes_dir):
+    image = os.path.join(shapes_dir, "images", json.load(open(instances_files(shapes_dir)[2]))["images"][0]["file_name"])
+    done = run_cli("caption", "--model-dir", region_model, image)
+    assert done.returncode == 2 and "reads regions: give each image's boxes with --detections" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = run_cli("caption", "--model-dir", trained_attention_dir, "--detections", instances_files(shapes_dir)[2], image)
+    assert done.returncode == 2 and "reads its encoder's grid, not regions" in done.stderr
+    from captioning.inference.captioner import check_boxes
+    from captioning.model.folder import ModelDir
+
+    cfg = ModelDir(region_model).read_config()
+    check_boxes(cfg, region_model)  # its regions were pooled by its own encoder
+    cfg.model.regions_from_encoder = False  # as for imported regions
+    with pytest.raises(InputError, match="which were not pooled by its encoder"):
+        check_boxes(cfg, region_model)
+
+
+def test_refusals(region_data, tmp_path):
+    from captioning.train import Trainer
+
+    data_dir, _ = region_data
+    with pytest.raises(InputError, match="model.box_geometry adds the regions' boxes"):
+        Trainer(small_train_config(data_dir, "model.box_geometry=true"), str(tmp_path / "a"))
+    with pytest.raises(InputError, match="use data.cache: none or memory"):
+        Trainer(region_config(data_dir, "data.cache=disk"), str(tmp_path / "b"))
+    with pytest.raises(InputError, match="holds regions of 128 features: leave the key out"):
+        Trainer(region_config(data_dir, "model.region_feature_size=64"), str(tmp_path / "c"))
+    assert not os.path.exists(tmp_path / "a") or not os.listdir(tmp_path / "a")
+
+
+REGIONS = ("data.features=regions", "data.features_store=oracle", "model.decoder=attention",
+           "model.attention_size=8", "model.attention_l1=1.0")
+
+
+@pytest.mark.slow
+def test_mirrored_scst_over_regions_equals_one_device(region_data, tmp_path):
+    """SCST (grouped batches) over regions under two replicas, each with its own batch of images and its own
+    number of regions, updates the model exactly as one device given both batches (padded to the larger)."""
+    from tests.helpers import run_distributed_worker
+
+    data_dir, _ = region_data
+    run_distributed_worker("mirrored_scst_with", data_dir, str(tmp_path), *REGIONS)
+    r = np.load(tmp_path / "mirrored_scst.npz")
+    assert int(r["images"]) == 4 and float(r["one_tokens"]) == float(r["two_tokens"]) == 12
+    assert int(r["regions_first"]) >= 2 and int(r["regions_second"]) >= 2
+    assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-6)
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_multi_worker_training_over_regions_ends_with_identical_weights(region_data, tmp_path):
+    from tests.test_train import run_two_workers
+
+    data_dir, _ = region_data
+    run_two_workers(["multi_worker", data_dir, str(tmp_path), *REGIONS])
+    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+    assert int(a["replicas"]) == 2 and len(a["losses"]) == 4 and np.isfinite(a["losses"]).all()
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path):
+    """The region pipeline runs on a tf.data service worker (a process of `captioning data-service`), which
+    reads the features store at the same path; the trainer gets batches of regions."""
+    from captioning.train import Trainer
+    from tests.test_data_service import Cluster
+
+    data_dir, _ = region_data
+    cluster = Cluster(tmp_path / "cluster", workers=1)
+    try:
+        cfg = region_config(data_dir, f"data.service={cluster.service}", "model.decoder=updown", "train.steps=6",
+                            "model.embedding_size=16", "model.lstm_units=16", "model.attention_size=8")
+        result = Trainer(cfg, str(tmp_path / "model")).run(progress=False)
+    finally:
+        cluster.close()
+    assert result.step == 6 and np.isfinite(result.losses).all()
