@@ -286,3 +286,17 @@ def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path
     finally:
         cluster.close()
     assert result.step == 6 and np.isfinite(result.losses).all()
+
+
+def test_the_input_benchmark_measures_regions_beside_jpegs(region_data, tmp_path):
+    data_dir, _ = region_data
+    out = tmp_path / "input.json"
+    done = run_cli("-q", "benchmark", "input", "--data", data_dir, "--regions", "oracle", "--measure-images", "24",
+                   "--rounds", "1", "--set", "train.batch_size=8", "--set", "data.image_size=32", "--set",
+                   "data.resize_size=36", "--set", "model.encoder=small_cnn", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["regions_store"] == "oracle" and result["regions_img_per_s"] > 0
+    assert result["regions_vs_pipeline"] == pytest.approx(result["regions_img_per_s"] / result["pipeline_img_per_s"])
+    assert result["cpu_ms_per_image"]["regions"] > 0
+    assert "from the features store 'oracle' (no JPEG decoded)" in done.stdout

@@ -11,7 +11,9 @@ On the same prepared records, in one run, images per second of:
 - ``grouped`` — the pipeline with ``data.captions_per_image: grouped`` (batches of whole images with
   all their captions: each image copied into one batch, not into one per caption);
 - ``service`` (with ``--service N``) — the same pipeline run by a tf.data service dispatcher and N
-  workers started in this process, on the same cores: what the service costs (``data.service``).
+  workers started in this process, on the same cores: what the service costs (``data.service``);
+- ``regions`` (with ``--regions NAME``) — the pipeline with ``data.features: regions`` reading the
+  dataset's features store NAME instead of decoding JPEGs (:mod:`captioning.data.region_input`).
 
 Images, not examples, are counted (an image carries ~5 captions). Each is measured ``rounds`` times,
 interleaved, and the best kept; CPU time per image is reported too (it barely moves when something
@@ -221,7 +223,7 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         images: int = PHOTOS["images"], cache_images: int = PHOTOS["cache_images"],
         image_size: tuple[int, int] = PHOTOS["size"],
         work_dir: str = "runs/benchmarks", measure_images: int = 1500, rounds: int = 2, service: int = 0,
-        progress: bool = True) -> dict:
+        regions: str | None = None, progress: bool = True) -> dict:
     """Runs the benchmark (see the module docstring) and returns its JSON-ready result."""
     cfg = config_lib.load_config(config, overrides)
     if measure_images < 1 or rounds < 1 or images < 1 or cache_images < 1 or service < 0:
@@ -247,6 +249,10 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         "grouped": (make_dataset(dataclasses.replace(cfg.data, captions_per_image="grouped"), split, training=True,
                                  batch_size=batch), lambda b: images_in(b, per_image)),
     }
+    if regions:  # the same pipeline reading a features store's regions instead of decoding JPEGs
+        read = dataclasses.replace(cfg.data, features="regions", features_store=regions, cache="none")
+        pipelines["regions"] = (make_dataset(read, split, training=True, batch_size=batch),
+                                lambda b: images_in(b, per_image))
     servers = None
     if service:  # the same pipeline, run by `service` tf.data service workers in this process
         servers = local_service(service)
@@ -282,6 +288,8 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         "grouped_img_per_s": rate["grouped"], "grouped_vs_ceiling": rate["grouped"] / rate["ceiling"],
         **({"service_workers": service, "service_img_per_s": rate["service"],
             "service_vs_pipeline": rate["service"] / rate["pipeline"]} if service else {}),
+        **({"regions_store": regions, "regions_img_per_s": rate["regions"],
+            "regions_vs_pipeline": rate["regions"] / rate["pipeline"]} if regions else {}),
         "padding_efficiency": {"bucketed": bucketed, "pad_to_max": pad_to_max, "grouped": grouped,
                                "grouped_split": grouped_split},
         "cache_speedup": speedups,
@@ -312,7 +320,7 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
 
 def summary(result: dict) -> str:
     lines = [f"{'':10} {'images/s':>10} {'CPU ms/image':>13}"]
-    for name in ("naive", "pipeline", "ceiling", "grouped", "service"):
+    for name in ("naive", "pipeline", "ceiling", "grouped", "service", "regions"):
         if name + "_img_per_s" not in result:
             continue
         lines.append(f"{name:10} {result[name + '_img_per_s']:>10.1f} {result['cpu_ms_per_image'][name]:>13.2f}")
@@ -324,6 +332,9 @@ def summary(result: dict) -> str:
         lines.append(f"through the tf.data service ({result['service_workers']} worker(s) on these cores): "
                      f"{result['service_img_per_s']:.1f} images/s, {result['service_vs_pipeline']:.2f} of the local "
                      "pipeline (target >= 0.85)")
+    if "regions_img_per_s" in result:
+        lines.append(f"from the features store {result['regions_store']!r} (no JPEG decoded): "
+                     f"{result['regions_img_per_s']:.1f} images/s, {result['regions_vs_pipeline']:.1f}x the JPEG pipeline")
     st = result["stage_cpu_ms_per_image"]
     lines.append(f"CPU ms per image by stage: parse {st['parse']:.2f}, decode + crop/flip {st['decode_crop']:.2f}, "
                  f"batching {st['batching']:.2f} (pipeline {st['total']:.2f}; bare decode + resize "

@@ -34,6 +34,8 @@ def add_benchmark(sub) -> None:
     q.add_argument("--measure-images", type=POSITIVE, default=1500,
                    help="images timed per measurement (default 1500)")
     q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements per pipeline, best kept (default 2)")
+    q.add_argument("--regions", metavar="NAME",
+                   help="also the pipeline reading the dataset's features store NAME (data.features: regions)")
     q.add_argument("--service", type=NATURAL, default=0, metavar="N",
                    help="also measure the pipeline through a tf.data service dispatcher and N workers started in "
                         "this process, on the same cores (default 0: not measured)")
