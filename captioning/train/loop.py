@@ -74,7 +74,9 @@ class Trainer:
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
                              f"{replicas} replicas")
-        self.plan = epoch_plan(self.dataset, cfg, replicas)
+        held = store_of(cfg.data, self.dataset).split(cfg.data.train_split).images if cfg.data.features == "regions" \
+            else None  # regions: the images the store holds
+        self.plan = epoch_plan(self.dataset, cfg, replicas, held)
         self.steps_per_epoch = self.plan.steps_per_epoch
         source = ModelDir(init_from) if init_from else None
         if source is not None:

@@ -94,12 +94,14 @@ class EpochPlan:
                 f"(about {self.captions:.0f} captions; train.batch_size {self.batch_size})")
 
 
-def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1) -> EpochPlan:
+def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1, held: int | None = None) -> EpochPlan:
     """The :class:`EpochPlan` of training ``cfg`` on ``dataset``'s (a PreparedDataset) training split over
     ``replicas``. Per-caption batches: every caption once an epoch (``all``), one per image (``sample``).
     Grouped batches hold whole images, each replica :func:`~captioning.data.batching.images_per_batch` of its
     share of ``train.batch_size``: with 5 captions per image, a batch size of 3 still holds one image and
-    its 5 captions, and an epoch is one step per image (not per 3 captions).
+    its 5 captions, and an epoch is one step per image (not per 3 captions). ``held``: the split's images
+    training reads, when fewer than all (``data.features: regions``: those with regions in the store); their
+    captions are counted at the split's mean per image.
 
     >>> class Split: images, captions, captions_per_image = 100, 500, 5.0
     >>> class Data:
@@ -109,12 +111,15 @@ def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1) -> EpochPlan:
     (1, 5.0, 100)
     >>> plan.describe()
     'global batch 1 image with all their captions (about 5 captions; train.batch_size 3)'
+    >>> epoch_plan(Data(), cfg, held=60).steps_per_epoch  # regions of 60 of the 100 images
+    60
     """
     split = dataset.split(cfg.data.train_split)
     per_image = epoch_captions_per_image(cfg.data, split.captions_per_image)
     batch = cfg.train.batch_size
+    read = split.images if held is None else min(held, split.images)
     if cfg.data.captions_per_image != "grouped":
-        captions = split.captions if cfg.data.captions_per_image == "all" else split.images
+        captions = round(read * split.captions_per_image) if cfg.data.captions_per_image == "all" else read
         return EpochPlan(batch, float(batch), None, max(1, captions // batch))
     images = replicas * images_per_batch(batch // replicas, per_image)
-    return EpochPlan(batch, images * per_image, images, max(1, split.images // images))
+    return EpochPlan(batch, images * per_image, images, max(1, read // images))
