@@ -300,3 +300,45 @@ def test_the_input_benchmark_measures_regions_beside_jpegs(region_data, tmp_path
     assert result["regions_vs_pipeline"] == pytest.approx(result["regions_img_per_s"] / result["pipeline_img_per_s"])
     assert result["cpu_ms_per_image"]["regions"] > 0
     assert "from the features store 'oracle' (no JPEG decoded)" in done.stdout
+
+
+def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_from_boxes(region_data, shapes_dir,
+                                                                                         tmp_path):
+    """features extract --config: a config's encoder with a weights file pools the regions; a model trained on
+    them with the same encoder, weights and size builds that very encoder (regions_from_encoder); with random
+    weights it cannot."""
+    import keras
+    import yaml
+
+    from captioning.config import ModelConfig
+    from captioning.inference.captioner import load
+    from captioning.model.encoders import build_encoder
+    from captioning.model.folder import ModelDir
+
+    data_dir = str(tmp_path / "data")
+    shutil.copytree(region_data[0], data_dir)
+    keras.utils.set_random_seed(3)
+    weights = str(tmp_path / "encoder.weights.h5")
+    build_encoder(ModelConfig(encoder="small_cnn"), 32, grid=True).get_layer("small_cnn").save_weights(weights)
+    config = tmp_path / "encoder.yaml"
+    config.write_text(yaml.safe_dump({"model": {"encoder": "small_cnn", "encoder_weights": weights},
+                                      "data": {"image_size": 32, "resize_size": 36}}))
+    done = run_cli("features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
+                   "--config", str(config), "--grid-cells", "2", "--name", "configured")
+    assert done.returncode == 0, done.stderr[-2000:]
+    store = FeaturesStore.load(data_dir, "configured")
+    assert store["source"]["encoder"] == {"encoder": "small_cnn", "encoder_weights": weights, "image_size": 32}
+    assert {len(r.features) for r in store.read().values()} == {5}  # 2 x 2 cells and the whole image
+    model_dir = str(tmp_path / "model")
+    train_regions(data_dir, model_dir, "data.features_store=configured", f"model.encoder_weights={weights}",
+                  "train.steps=2", "train.eval_every_steps=0")
+    assert ModelDir(model_dir).read_config().model.regions_from_encoder
+    expected = build_encoder(ModelConfig(encoder="small_cnn", encoder_weights=weights), 32, grid=True).weights
+    for a, b in zip(load(model_dir).model.encoder.weights, expected):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    train_regions(data_dir, str(tmp_path / "random"), "data.features_store=configured", "train.steps=2",
+                  "train.eval_every_steps=0")  # the encoder's own random weights: not the extractor's
+    assert not ModelDir(str(tmp_path / "random")).read_config().model.regions_from_encoder
+    done = run_cli("features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
+                   "--grid-cells", "2", "--name", "neither")
+    assert done.returncode == 2 and "exactly one of --model-dir" in done.stderr

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import os
 
-from captioning.cli.parsing import NATURAL, POSITIVE, call
+from captioning.cli.parsing import config_flags, NATURAL, POSITIVE, call
 
 
 def add_features(sub) -> None:
@@ -54,12 +54,16 @@ def add_features(sub) -> None:
         epilog="example:\n"
                "  captioning features extract --data-dir runs/demo/scenes_records --images runs/demo/scenes/images \\\n"
                "      --model-dir runs/scenes_attention --detections runs/demo/scenes/annotations/instances_train.json \\\n"
-               "      --detections runs/demo/scenes/annotations/instances_val.json --name oracle",
+               "      --detections runs/demo/scenes/annotations/instances_val.json --name oracle\n"
+               "  captioning features extract --data-dir data/coco --images coco/ --config experiments/updown_coco.yaml \\\n"
+               "      --detections detectron2_coco_results.json --name detectron2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("--data-dir", required=True, help="the prepared dataset the features belong to")
     q.add_argument("--images", required=True, metavar="DIR", dest="images_dir",
                    help="the original images (the boxes are in their pixels), found by the records' file names")
-    q.add_argument("--model-dir", required=True, help="a trained model folder whose decoder attends (its encoder grid)")
+    q.add_argument("--model-dir", help="a trained model folder whose decoder attends over its encoder's grid")
+    config_flags(q, required=False, help="or a config's encoder instead: model.encoder with model.encoder_weights "
+                                         "(imagenet or a weights file) at data.image_size (no trained decoder needed)")
     boxes = q.add_mutually_exclusive_group(required=True)
     boxes.add_argument("--detections", action="append", metavar="FILE",
                        help="COCO detection results or instances file (repeatable)")
@@ -86,13 +90,24 @@ def run_extract(args) -> int:
     from data_prep.features_import import Malformed, Row, finished_store, report, write_store
 
     jitter = Jitter(args.shift, args.miss, args.false_boxes, args.seed)
-    trained = load(args.model_dir)
-    if trained.model.grid_shape is None:
-        raise InputError(f"--model-dir {args.model_dir}: its decoder ({trained.config.model.decoder}) does not read "
-                         "its encoder's grid (pooled features or regions), so there is no grid to pool regions "
-                         "from; use a model that attends over a grid")
-    source = {"kind": "extract", "model": os.path.abspath(args.model_dir), "checkpoint": trained.step,
-              "min_score": args.min_score, "max_boxes": args.max_boxes, "jitter": dataclasses.asdict(jitter)}
+    if bool(args.model_dir) == bool(args.config):
+        raise InputError("give exactly one of --model-dir (a trained model's encoder) or --config (a config's)",
+                         params=("model_dir", "config"))
+    if args.config:  # a config's encoder, with the weights it names
+        from captioning.config import load_config
+        from captioning.inference.regions import GridEncoder
+
+        encoder = GridEncoder.from_config(load_config(args.config, args.overrides))
+        source = {"kind": "extract", "encoder": encoder.describe()}
+    else:
+        trained = load(args.model_dir)
+        if trained.model.grid_shape is None:
+            raise InputError(f"--model-dir {args.model_dir}: its decoder ({trained.config.model.decoder}) does not "
+                             "read its encoder's grid (pooled features or regions), so there is no grid to pool "
+                             "regions from; use a model that attends over a grid")
+        encoder = trained.model
+        source = {"kind": "extract", "model": os.path.abspath(args.model_dir), "checkpoint": trained.step}
+    source.update({"min_score": args.min_score, "max_boxes": args.max_boxes, "jitter": dataclasses.asdict(jitter)})
     if args.grid_cells:
         source["grid_cells"] = args.grid_cells
     else:
@@ -106,7 +121,7 @@ def run_extract(args) -> int:
         else:
             detections = read_detections(args.detections, args.min_score, args.max_boxes)
         rows = (Row(i, r.features, r.boxes, r.width, r.height) if not isinstance(r, str) else Malformed(f"image {i}", r)
-                for i, r in region_features(trained.model, dataset, args.images_dir, detections, jitter))
+                for i, r in region_features(encoder, dataset, args.images_dir, detections, jitter))
         store = write_store(args.data_dir, rows, source=source, name=args.name, images_per_shard=args.images_per_shard,
                             progress=not args.quiet, what=f"--images {args.images_dir}", params=("images_dir",))
     lines = report(store)

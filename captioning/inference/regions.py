@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -105,6 +106,36 @@ def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int
                              f"nor a COCO instances file ({type(e).__name__}: {e})", params=("detections",)) from None
     return {image_id: np.array([b[1:] for b in sorted(boxes, key=lambda b: -b[0])[:max_boxes]], np.float32)
             for image_id, boxes in found.items()}
+
+
+class GridEncoder:
+    """A config's encoder alone, as extraction reads a model (``encode``, ``image_size``, ``grid_shape``):
+    ``model.encoder`` with the weights ``model.encoder_weights`` names (``imagenet``, or a weights file), its
+    grid at ``data.image_size``. A model trained on its regions with the same three keys builds the same
+    encoder, so it can pool the regions of new images too."""
+
+    def __init__(self, cfg, image_size: int):
+        from captioning.model.encoders import build_encoder
+
+        self.cfg, self.image_size = cfg, image_size
+        self.encoder = build_encoder(cfg, image_size, grid=True)
+        cells = int(self.encoder.output.shape[1])
+        side = math.isqrt(cells)
+        self.grid_shape = (side, side) if side * side == cells else (1, cells)
+
+    @classmethod
+    def from_config(cls, config) -> "GridEncoder":
+        return cls(config.model, config.data.image_size)
+
+    def encode(self, images, training=False):
+        return self.encoder(images, training=False)
+
+    def describe(self) -> dict:
+        """What the store records of it (a weights file by its absolute path)."""
+        weights = self.cfg.encoder_weights or "none"
+        if weights not in ("none", "imagenet"):
+            weights = os.path.abspath(weights)
+        return {"encoder": self.cfg.encoder, "encoder_weights": weights, "image_size": self.image_size}
 
 
 def grid_boxes(width: int, height: int, cells: int) -> np.ndarray:

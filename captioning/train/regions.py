@@ -4,7 +4,8 @@ the store's regions were pooled with.
 A model reading regions never trains its encoder; it keeps one so that it can pool the regions of new
 images (``caption --detections``, the SavedModel). When the store was written by ``captioning features
 extract`` with an encoder like the model's (the same ``model.encoder`` and ``data.image_size``), a new model
-starts its encoder from that checkpoint and records ``model.regions_from_encoder: true``; for imported
+starts its encoder from that checkpoint and records ``model.regions_from_encoder: true`` (extracted with a
+config's encoder — ``--config`` — the model builds the same one from the same weights file or ImageNet's); for imported
 features (bottom-up, a detector this project cannot run) it records false, and captions only images of the
 store.
 """
@@ -29,7 +30,8 @@ def regions_fitted(cfg: config_lib.Config, dataset: PreparedDataset) -> tuple[co
     """``cfg`` with ``model.region_feature_size`` set to its features store's and ``model.regions_from_encoder``
     (``data.features: regions``; as it is otherwise), and the checkpoint whose encoder pooled the store's
     regions when it is an encoder like this model's (its weights are where a new model's encoder starts, so
-    it can pool the regions of new images; None otherwise). An InputError when the config gives another
+    it can pool the regions of new images; None otherwise, or for a config's encoder, which the model builds
+    with the same weights). An InputError when the config gives another
     feature size."""
     if cfg.data.features != "regions":
         return cfg, None
@@ -38,22 +40,33 @@ def regions_fitted(cfg: config_lib.Config, dataset: PreparedDataset) -> tuple[co
     if given and given != store.feature_size:
         raise InputError(f"model.region_feature_size is {given}, but the features store {store.path} holds "
                          f"regions of {store.feature_size} features: leave the key out (training sets it)")
-    extractor = _extractor(store, cfg)
+    same, extractor = _extractor(store, cfg)
     out = copy.copy(cfg)
-    out.model = dataclasses.replace(cfg.model, region_feature_size=store.feature_size,
-                                    regions_from_encoder=extractor is not None)
+    out.model = dataclasses.replace(cfg.model, region_feature_size=store.feature_size, regions_from_encoder=same)
     object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
     return out, extractor
 
 
-def _extractor(store, cfg: config_lib.Config) -> str | None:
-    """The checkpoint a store of ``captioning features extract`` pooled its regions with, if its encoder is
-    ``cfg``'s (the same encoder and image size); None, said in a log line, otherwise."""
+def _extractor(store, cfg: config_lib.Config) -> tuple[bool, str | None]:
+    """Whether ``cfg``'s encoder is the one a store of ``captioning features extract`` pooled its regions with,
+    and the checkpoint to start it from (None: a config's encoder, which ``cfg`` builds with the same weights);
+    (False, None), said in a log line, otherwise."""
     source = store.get("source") or {}
     if source.get("kind") != "extract":
         log.info("the regions of %s were imported: this model will caption new images only from such features, "
                  "not from boxes (caption --detections)", store.path)
-        return None
+        return False, None
+    if "encoder" in source:  # a config's encoder: the same encoder, weights and size build the same one
+        mine = {"encoder": cfg.model.encoder, "encoder_weights": cfg.model.encoder_weights or "none",
+                "image_size": cfg.data.image_size}
+        if mine["encoder_weights"] not in ("none", "imagenet"):
+            mine["encoder_weights"] = os.path.abspath(mine["encoder_weights"])
+        same = source["encoder"] == mine and mine["encoder_weights"] != "none"
+        if not same:
+            log.warning("the regions of %s were pooled by %s, not by this model's encoder (%s; random weights are "
+                        "never the same twice): this model will not caption new images from boxes",
+                        store.path, source["encoder"], mine)
+        return same, None
     folder = ModelDir(str(source.get("model")))
     checkpoint = folder.checkpoint(int(source.get("checkpoint", -1)))
     theirs = folder.read_config() if os.path.exists(checkpoint + ".index") else None
@@ -62,8 +75,8 @@ def _extractor(store, cfg: config_lib.Config) -> str | None:
                     "from boxes (caption --detections)", checkpoint, store.path,
                     "gone" if theirs is None else f"{theirs.model.encoder} at {theirs.data.image_size} px, not "
                                                   f"{cfg.model.encoder} at {cfg.data.image_size} px")
-        return None
-    return checkpoint
+        return False, None
+    return True, checkpoint
 
 
 def start_encoder_from(model, checkpoint: str) -> None:
