@@ -110,3 +110,20 @@ def test_a_model_without_a_grid_is_refused(trained_model_dir, shapes_dir, data_d
                    os.path.join(shapes_dir, "annotations", "instances_test.json"))
     assert done.returncode == 2 and "does not read its encoder" in done.stderr and "Traceback" not in done.stderr
     assert not os.path.exists(os.path.join(data_dir, "features"))
+
+
+def test_an_image_that_cannot_be_read_is_counted_and_the_others_extracted(trained_attention_dir, shapes_dir, data_dir,
+                                                                          tmp_path):
+    images = tmp_path / "images"
+    shutil.copytree(os.path.join(shapes_dir, "images"), images)
+    names = sorted(os.listdir(images))
+    (images / names[0]).write_bytes(b"not a jpeg")  # corrupt
+    os.remove(images / names[1])  # missing
+    done = run_cli("features", "extract", "--data-dir", data_dir, "--images", str(images), "--model-dir",
+                   trained_attention_dir, "--grid-cells", "2", "--name", "cells")
+    assert done.returncode == 0, done.stderr[-2000:]
+    store = FeaturesStore.load(data_dir, "cells")
+    assert store.images == len(names) - 2 and store.left["malformed"].count == 2
+    assert any(names[0] in example for example in store.left["malformed"].examples)
+    assert any(names[1] in example for example in store.left["malformed"].examples)
+    assert done.stdout.splitlines()[-1].startswith("malformed: 2 rows that could not be read")

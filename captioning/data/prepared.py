@@ -174,11 +174,16 @@ class PreparedDataset(dict):
         for split in self.splits:
             for batch in tf.data.TFRecordDataset(self.files(split)).batch(1024).map(
                     lambda s: tf.io.parse_example(s, spec)):
-                for i, w, h, name, captions in zip(
+                ragged = batch[schema.CAPTION_IDS]  # [images, (captions), (ids)], split with numpy (fast)
+                ids = ragged.flat_values.numpy().tolist()
+                inner = ragged.values.row_splits.numpy().tolist()
+                outer = ragged.row_splits.numpy().tolist()
+                captions = [[ids[inner[c]:inner[c + 1]] for c in range(outer[i], outer[i + 1])]
+                            for i in range(len(outer) - 1)]
+                for i, w, h, name, caps in zip(
                         *(batch[k].numpy().tolist() for k in (schema.IMAGE_ID, schema.IMAGE_WIDTH,
-                                                              schema.IMAGE_HEIGHT, schema.IMAGE_FILENAME)),
-                        batch[schema.CAPTION_IDS].to_list()):
-                    out[i] = ImageRecord(split, w, h, name.decode("utf-8"), captions)
+                                                              schema.IMAGE_HEIGHT, schema.IMAGE_FILENAME)), captions):
+                    out[i] = ImageRecord(split, w, h, name.decode("utf-8"), caps)
         return out
 
     @property

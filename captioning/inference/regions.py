@@ -196,36 +196,50 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
                     jitter: Jitter = Jitter(), batch_size: int = 32) -> Iterator[tuple[int, Regions | str]]:
     """``(image id, Regions)`` for every image of ``dataset`` (all splits), its detected boxes and the whole
     image pooled from ``model``'s encoder grid (module docstring); ``(image id, reason)`` for an image whose
-    file cannot be read."""
-    import os
-
+    file cannot be read. The images are read, decoded and squashed in a parallel ``tf.data`` map while the
+    encoder runs."""
     size = model.image_size
     rows, cols = model.grid_shape
     encode = tf.function(lambda images: model.encode(images, training=False), reduce_retracing=True)
-    pending: list[tuple[int, np.ndarray, int, int]] = []
 
-    def flush():
-        grids = encode(tf.stack([p[1] for p in pending]))
-        grids = tf.reshape(tf.cast(grids, tf.float32), [len(pending), rows, cols, -1])
-        for (image_id, _, width, height), grid in zip(pending, grids):
+    def regions_of(ids, pixels, widths, heights):  # one encoder call and one pooling call for the batch
+        grids = tf.reshape(tf.cast(encode(pixels), tf.float32), [len(ids), rows, cols, -1])
+        corners, normal = [], []
+        for image_id, width, height in zip(ids, widths, heights):
             boxes = jitter.apply(detections.get(image_id, np.zeros((0, 4), np.float32)), image_id, width, height)
             boxes = np.concatenate([boxes, [[0, 0, width, height]]]).astype(np.float32)  # + the whole image
-            corners = np.stack([boxes[:, 0], boxes[:, 1], boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]], 1)
-            normal = corners[:, [1, 0, 3, 2]] / np.array([height, width, height, width], np.float32)
-            yield image_id, Regions(pool_regions(grid, tf.constant(normal)).numpy(), corners, width, height)
-        pending.clear()
+            corners.append(np.stack([boxes[:, 0], boxes[:, 1], boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]], 1))
+            normal.append(corners[-1][:, [1, 0, 3, 2]] / np.array([height, width, height, width], np.float32))
+        padded = np.zeros((len(ids), max(len(n) for n in normal), 4), np.float32)
+        for i, n in enumerate(normal):
+            padded[i, :len(n)] = n
+        pooled = pool_batch(grids, tf.constant(padded)).numpy()
+        for i, (image_id, width, height) in enumerate(zip(ids, widths, heights)):
+            yield image_id, Regions(pooled[i, :len(normal[i])], corners[i], width, height)
 
-    for image_id, record in sorted(dataset.image_records().items()):
-        file_name = record.file_name
-        try:
-            data = read_image_file(os.path.join(images_dir, file_name))
-            image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        except (ImageError, OSError, tf.errors.InvalidArgumentError) as e:
-            yield image_id, f"{file_name}: {e}"
-            continue
-        height, width = int(image.shape[0]), int(image.shape[1])
-        pending.append((image_id, squash(image, size).numpy(), width, height))
-        if len(pending) == batch_size:
-            yield from flush()
-    if pending:
-        yield from flush()
+    def load(image_id, path):  # in the input pipeline: parallel, no Python per image
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        shape = tf.shape(image)
+        return image_id, squash(image, size), shape[1], shape[0]
+
+    records = sorted(dataset.image_records().items())
+    files = {image_id: record.file_name for image_id, record in records}
+    images = tf.data.Dataset.from_tensor_slices(([i for i, _ in records],
+                                                 [os.path.join(images_dir, r.file_name) for _, r in records]))
+    # an image that cannot be read or decoded is left out here and its reason found below, one by one
+    images = images.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors()
+    done = set()
+    for ids, pixels, widths, heights in images.batch(batch_size).prefetch(2):
+        ids, widths, heights = (x.numpy().tolist() for x in (ids, widths, heights))
+        done.update(ids)
+        yield from regions_of(ids, pixels, widths, heights)
+    for image_id, file_name in files.items():
+        if image_id not in done:
+            try:
+                read_image_file(os.path.join(images_dir, file_name))
+                tf.io.decode_image(read_image_file(os.path.join(images_dir, file_name)), channels=3,
+                                   expand_animations=False)
+                reason = "cannot be read"
+            except (ImageError, OSError, tf.errors.InvalidArgumentError) as e:
+                reason = str(e)
+            yield image_id, f"{file_name}: {reason}"
