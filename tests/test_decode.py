@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.model import ShowAndTell
-from captioning.vocab import END_ID, PAD_ID, START_ID, Vocabulary
+from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 from tests.helpers import model_config
 
-WORDS = [3, 4, 5, 6]  # <unk> and three words; with <pad>, <start>, <end> the vocabulary has 7 ids
+WORDS = [4, 5, 6]  # three words; with <pad>, <start>, <end> and <unk> (never proposed) the vocabulary has 7 ids
 
 
 def tiny_model(seed, end_bias=0.0, vocab=7, size=16):
@@ -40,8 +40,22 @@ def log_prob(model, features, sequence):
     return total
 
 
-def greedy_reference(model, features, max_length):
-    """The most likely word at each step (never <pad> or <start>), until <end> or max_length words."""
+def allowed(words, word, block_ngrams=0, bad_endings=()):
+    """Whether ``word`` may follow ``words`` under the blocking rules, checked by brute force."""
+    if word == END_ID:
+        return not (words and words[-1] in bad_endings)
+    if block_ngrams >= 1 and words and words[-1] == word:
+        return False
+    if block_ngrams >= 2:
+        longer = words + [word]
+        grams = [tuple(longer[i:i + block_ngrams]) for i in range(len(longer) - block_ngrams + 1)]
+        return len(grams) == len(set(grams))
+    return True
+
+
+def greedy_reference(model, features, max_length, block_ngrams=0, bad_endings=()):
+    """The most likely allowed word at each step (never <pad>, <start> or <unk>), until <end> or max_length
+    words."""
     out = []
     for f in features:
         state = model.initial_state(f[None])
@@ -49,7 +63,10 @@ def greedy_reference(model, features, max_length):
         for _ in range(max_length):
             logits, state = model.step(tf.constant([token]), state)
             logits = logits.numpy()[0]
-            logits[[PAD_ID, START_ID]] = -np.inf
+            logits[[PAD_ID, START_ID, UNK_ID]] = -np.inf
+            for w in range(len(logits)):
+                if not allowed(words, w, block_ngrams, bad_endings):
+                    logits[w] = -np.inf
             token = int(np.argmax(logits))
             if token == END_ID:
                 break
@@ -119,6 +136,43 @@ def test_length_normalisation_ranks_by_mean_log_probability():
     counted = np.where(lengths < 5, lengths + 1, lengths)  # <end> counts when the caption completed
     np.testing.assert_allclose(scores, log_probs / counted, rtol=1e-5)
     assert (np.diff(scores, axis=1) <= 1e-6).all()
+
+
+@pytest.mark.parametrize("block_ngrams, bad_endings, end_bias, seed", [
+    (1, (), -4.0, 8), (2, (), -4.0, 8), (3, (), -4.0, 8), (0, (4, 6), -0.5, 10), (2, (6,), -0.5, 10)])
+def test_blocking_inside_the_search_equals_a_brute_force_greedy_and_never_repeats(block_ngrams, bad_endings,
+                                                                                  end_bias, seed):
+    """Greedy decoding with n-gram blocking and bad endings equals a hand-written greedy loop applying the
+    same rules; a beam of 4 never produces a repeated n-gram, a word twice in a row, or a bad ending."""
+    model = tiny_model(seed, end_bias=end_bias)
+    features = model.encode(images(6, seed=seed))
+    options = {"block_ngrams": block_ngrams, "bad_endings": bad_endings, "max_length": 6}
+    out = tf.function(lambda f: beam_search(model, f, beam_size=1, **options))(features)
+    got = [list(row[0][:n]) for row, n in zip(out["ids"].numpy(), out["lengths"].numpy()[:, 0])]
+    assert got == greedy_reference(model, features, 6, block_ngrams, bad_endings)
+    plain = beam_search(model, features, beam_size=1, max_length=6)
+    assert not np.array_equal(plain["ids"].numpy(), out["ids"].numpy())  # the rules did change something
+    wide = beam_search(model, features, beam_size=4, top_k=4, **options)
+    for row, lengths in zip(wide["ids"].numpy(), wide["lengths"].numpy()):
+        for ids, n in zip(row, lengths):
+            words = list(ids[:n])
+            assert all(allowed(words[:i], w, block_ngrams) for i, w in enumerate(words))
+            if 0 < n < 6 and bad_endings:
+                assert words[-1] not in bad_endings
+
+
+def test_the_gnmt_length_penalty():
+    model = tiny_model(7, end_bias=-1.0)
+    features = model.encode(images(2, seed=7))
+    out = beam_search(model, features, beam_size=4, max_length=5, length_normalization=0.7, top_k=4,
+                      length_penalty_form="gnmt")
+    lengths, log_probs, scores = (out[k].numpy() for k in ("lengths", "log_probs", "scores"))
+    counted = np.where(lengths < 5, lengths + 1, lengths)
+    np.testing.assert_allclose(scores, log_probs / ((5 + counted) / 6) ** 0.7, rtol=1e-5)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+    none = beam_search(model, features, beam_size=4, max_length=5, length_normalization=0.7, top_k=4,
+                       length_penalty_form="none")
+    np.testing.assert_allclose(none["scores"].numpy(), none["log_probs"].numpy(), rtol=1e-6)
 
 
 def test_top_k_cannot_exceed_the_beam():

@@ -12,8 +12,21 @@ Beam search, as im2txt defined it (so that a beam of 1 is exactly greedy decodin
   expanded almost the whole vocabulary by mistake); ``<pad>`` and ``<start>`` are never proposed;
 * an extension by ``<end>`` completes the caption; the ``beam_size`` best other extensions stay live;
 * live captions that reach ``max_length`` words without ``<end>`` are complete at that length;
-* complete captions are ranked by ``log_prob / length ** length_normalization`` (``length`` counts the
-  ``<end>`` token; factor 0, the default, ranks by the summed log-probability itself).
+* complete captions are ranked by ``log_prob / penalty(length)`` (``length`` counts the ``<end>`` token):
+  ``length_penalty`` ``avg`` (the default) divides by ``length ** α``, ``gnmt`` by Wu et al.'s
+  ``((5 + length) / 6) ** α``, ``none`` by 1; α is ``length_normalization`` (0, the default, ranks by the
+  summed log-probability itself under any form);
+* ``<unk>`` is never proposed either.
+
+Options that shape the captions inside the search (all off by default; a beam of 1 with all of them off is
+exactly greedy decoding):
+
+* ``block_ngrams`` n ≥ 1: no word follows itself, and (n ≥ 2) no n-gram occurs twice in a caption — an
+  extension that would repeat one is never proposed (Hugging Face's ``no_repeat_ngram_size``, applied
+  inside the beam; self-critical.pytorch blocks trigrams in greedy and sampled decoding only);
+* ``bad_endings`` (word ids): a caption whose last word is one of them may not end there — ``<end>`` is
+  not proposed after it (self-critical.pytorch's ``remove_bad_endings``; a caption reaching
+  ``max_length`` words still ends where it is).
 
 Worked example (beam 2): if after "a" the model gives ``red`` -0.2, ``<end>`` -1.9, ``big`` -2.3, the
 live captions become "a red" and "a big" (``<end>`` is not among this caption's top 2 words, so "a" does
@@ -24,9 +37,61 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from captioning.vocab import END_ID, PAD_ID, START_ID
+from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 _DEAD = -1e9  # the score of an empty beam slot (finite, so arithmetic never makes NaN)
+
+
+def length_penalty(length, form: str, alpha: float):
+    """What a caption's summed log-probability is divided by, at ``length`` (words and ``<end>``).
+
+    >>> [round(float(length_penalty(tf.constant(7.0), f, 1.0)), 3) for f in ("none", "avg", "gnmt")]
+    [1.0, 7.0, 2.0]
+    """
+    if form == "none" or not alpha:
+        return tf.ones_like(length)
+    if form == "avg":
+        return length ** alpha
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    raise ValueError(f"length_penalty must be none, avg or gnmt, got {form!r}")
+
+
+def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
+    """``[..., V]`` 1.0 where a word may not follow the ``t`` words of each caption ``ids [..., S]`` (int32):
+    with ``block_ngrams`` n ≥ 1 the last word itself and (n ≥ 2) every word that would complete an n-gram
+    the caption has already; with ``bad_endings`` (ids), ``<end>`` after one of them.
+
+    >>> ids = tf.constant([[5, 6, 5, 0, 0]])  # "x y x": with bigrams blocked, "y" may not follow "x" again
+    >>> blocked = blocked_words(ids, tf.constant(3), 8, block_ngrams=2).numpy()[0]
+    >>> [w for w in range(8) if blocked[w]]
+    [5, 6]
+    """
+    lead = tf.shape(ids)[:-1]
+    steps = ids.shape[-1]
+    out = tf.zeros(tf.concat([lead, [vocab]], 0))
+    last = tf.gather(ids, tf.maximum(t - 1, 0), axis=-1)
+    if block_ngrams >= 1:
+        out = tf.maximum(out, tf.one_hot(last, vocab) * tf.cast(t >= 1, tf.float32))
+    if block_ngrams >= 2 and steps >= block_ngrams:
+        n = block_ngrams
+        starts = steps - n + 1  # windows ids[j : j + n], j < starts
+        match = tf.range(starts) + n - 1 < t  # the window's last word is among the t words
+        for o in range(n - 1):  # its first n - 1 words equal the caption's last n - 1
+            word = tf.gather(ids, tf.maximum(t - n + 1 + o, 0), axis=-1)
+            match = match & tf.equal(ids[..., o:starts + o], word[..., None])
+        match = match & (t >= n - 1)
+        follower = ids[..., n - 1:]  # the word each matching window goes on with: banned now
+        flat = tf.reshape(follower, [-1, starts])
+        rows = tf.repeat(tf.range(tf.shape(flat)[0]), starts)
+        index = tf.stack([rows, tf.reshape(flat, [-1])], axis=1)
+        hits = tf.scatter_nd(index, tf.reshape(tf.cast(match, tf.float32), [-1]),
+                             tf.stack([tf.shape(flat)[0], vocab]))
+        out = tf.maximum(out, tf.reshape(tf.minimum(hits, 1.0), tf.shape(out)))
+    if bad_endings:
+        bad = tf.reduce_any(tf.equal(last[..., None], tf.constant(list(bad_endings), last.dtype)), axis=-1)
+        out = tf.maximum(out, tf.one_hot(END_ID, vocab) * tf.cast(bad & (t >= 1), tf.float32)[..., None])
+    return out
 
 
 def _merge(best, candidates, n: int):
@@ -37,7 +102,8 @@ def _merge(best, candidates, n: int):
 
 
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
-                top_k: int = 1, initial_state=None) -> dict:
+                top_k: int = 1, initial_state=None, length_penalty_form: str = "avg", block_ngrams: int = 0,
+                bad_endings=()) -> dict:
     """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
     for them, when given; ``features`` is then unused).
 
@@ -65,7 +131,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     alive_ids = tf.zeros([batch, k, steps], tf.int32)
     done = {"ids": tf.zeros([batch, n, steps], tf.int32), "lengths": tf.zeros([batch, n], tf.int32),
             "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab), axis=0) * _DEAD  # words never proposed
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD  # words never proposed
+    shaping = block_ngrams or bad_endings
     rows = tf.range(batch)[:, None] * k
     attends = model.attends
     if attends:  # the weights behind each word of each live caption
@@ -82,8 +149,10 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         if attends:  # word t of every live caption is chosen with this step's weights
             weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, 1, cells])
             alive_attention = alive_attention + weights * tf.one_hot(t, steps)[None, None, :, None]
-        logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
-        top_logp, top_words = tf.math.top_k(tf.reshape(logp, [batch, k, vocab]), k=kw)  # [B, K, kw]
+        logp = tf.reshape(tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never, [batch, k, vocab])
+        if shaping:
+            logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
+        top_logp, top_words = tf.math.top_k(logp, k=kw)  # [B, K, kw]
         total = alive_logp[:, :, None] + top_logp
         is_end = tf.equal(top_words, END_ID)
         alive_mask = alive_logp[:, :, None] > _DEAD / 2
@@ -93,7 +162,9 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         length = tf.cast(t + 1, tf.float32)  # t words + <end>
         finished = {"ids": alive_ids, "lengths": tf.fill([batch, k], t),
                     "log_probs": end_logp,
-                    "scores": tf.where(end_logp > _DEAD / 2, end_logp / length ** length_normalization, _DEAD)}
+                    "scores": tf.where(end_logp > _DEAD / 2,
+                                       end_logp / length_penalty(length, length_penalty_form, length_normalization),
+                                       _DEAD)}
         if attends:  # its t words, without the weights <end> was chosen with
             finished["attention"] = alive_attention * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None]
         done = _merge(done, finished, n)
@@ -111,8 +182,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
 
     # live captions that reached max_length words complete there
     truncated = {"ids": alive_ids, "lengths": tf.fill([batch, k], steps), "log_probs": alive_logp,
-                 "scores": tf.where(alive_logp > _DEAD / 2,
-                                    alive_logp / float(steps) ** length_normalization, _DEAD)}
+                 "scores": tf.where(alive_logp > _DEAD / 2, alive_logp / length_penalty(
+                     tf.constant(float(steps)), length_penalty_form, length_normalization), _DEAD)}
     if attends:
         truncated["attention"] = alive_attention
     return _merge(done, truncated, n)
