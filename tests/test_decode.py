@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.model.decode import beam_search, ids_to_text
+from captioning.model.decode import beam_search, ids_to_text, sample_search
 from captioning.model import ShowAndTell
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 from tests.helpers import model_config
@@ -17,6 +17,9 @@ WORDS = [4, 5, 6]  # three words; with <pad>, <start>, <end> and <unk> (never pr
 def tiny_model(seed, end_bias=0.0, vocab=7, size=16):
     """A random model whose distributions are far from uniform (large init); a negative bias on <end>
     makes longer captions likely."""
+    import keras
+
+    keras.utils.set_random_seed(seed)  # the encoder's own initialisers are not seeded: the same model every run
     cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0, init_scale=1.2)
     model = ShowAndTell(vocab, cfg, size, seed=seed).build_all()
     bias = model.logits.bias.numpy()
@@ -183,3 +186,51 @@ def test_top_k_cannot_exceed_the_beam():
 def test_ids_to_text():
     vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "red", "circle"])
     assert ids_to_text(vocab, np.array([[[4, 5, 0], [5, 0, 0]]]), np.array([[2, 1]])) == [["red circle", "circle"]]
+
+
+def sampled(model, features, keys, **options):
+    out = sample_search(model, model.initial_state(features), keys=tf.constant(keys, tf.int64), **options)
+    return [[tuple(ids[:n]) for ids, n in zip(row, lengths)]
+            for row, lengths in zip(out["ids"].numpy(), out["lengths"].numpy())], out
+
+
+def test_sampling_is_seeded_per_image_whatever_the_batch():
+    """The same seed and image keys give the same captions alone, in a batch, in another order; another seed
+    gives others; each caption's log-probability is the model's."""
+    model = tiny_model(11, end_bias=-1.0)
+    features = model.encode(images(6, seed=11))
+    keys = [101, 102, 103, 104, 105, 106]
+    options = {"samples": 4, "max_length": 6, "seed": 5}
+    together, out = sampled(model, features, keys, **options)
+    alone = [sampled(model, features[i:i + 1], keys[i:i + 1], **options)[0][0] for i in (0, 3)]
+    assert alone == [together[0], together[3]]
+    backwards = sampled(model, features[::-1], keys[::-1], **options)[0]
+    assert backwards[::-1] == together
+    assert sampled(model, features, keys, **{**options, "seed": 6})[0] != together
+    assert len({c for row in together for c in row}) > 6  # samples differ within and between images
+    for i, f in enumerate(features.numpy()):
+        for rank in range(4):
+            words = list(together[i][rank])
+            sequence = words + ([END_ID] if len(words) < 6 else [])
+            assert float(out["log_probs"][i, rank]) == pytest.approx(log_prob(model, f, sequence), abs=1e-4)
+        assert list(out["log_probs"][i].numpy()) == sorted(out["log_probs"][i].numpy(), reverse=True)
+
+
+def test_sampling_follows_the_models_distribution_and_its_limits_are_greedy():
+    model = tiny_model(12, end_bias=-1.0)
+    features = model.encode(images(1, seed=12))
+    logits, _ = model.step(tf.constant([START_ID]), model.initial_state(features))
+    p = tf.nn.softmax(logits).numpy()[0]
+    p[[PAD_ID, START_ID, UNK_ID]] = 0
+    p /= p.sum()
+    out = sample_search(model, model.initial_state(features), max_length=1, samples=4000, seed=1,
+                        keys=tf.constant([7], tf.int64))
+    first = np.where(out["lengths"].numpy()[0] > 0, out["ids"].numpy()[0, :, 0], END_ID)
+    frequency = np.bincount(first, minlength=len(p)) / len(first)
+    np.testing.assert_allclose(frequency, p, atol=0.03)  # 4,000 draws: a few standard errors
+    greedy = beam_search(model, features, beam_size=1, max_length=6)
+    for options in ({"temperature": 1e-3}, {"sample_top_k": 1}, {"sample_top_p": 1e-6}):
+        cold = sample_search(model, model.initial_state(features), max_length=6, samples=2, seed=3,
+                             keys=tf.constant([1], tf.int64), **options)
+        for j in range(2):
+            assert cold["ids"][0, j].numpy().tolist() == greedy["ids"][0, 0].numpy().tolist(), options
