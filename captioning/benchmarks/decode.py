@@ -150,9 +150,9 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
     import tensorflow as tf
 
     from captioning.data.reading import model_input
-    from captioning.model.decode import beam_search
+    from captioning.model.decode import generate
 
-    model, options, cfg = captioner.trained.model, dict(captioner.options), captioner.trained.config.data
+    model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
     crops = tf.map_fn(lambda e: model_input(e, cfg), tf.constant(data[:batch_size]),
                       fn_output_signature=tf.TensorSpec([cfg.image_size, cfg.image_size, 3], tf.uint8))
 
@@ -161,8 +161,9 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
         initial_state, reserve, step = model.initial_state, model.reserve, model.step
 
     rates = {}
-    for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, options["max_length"]))):
-        search = tf.function(lambda images, d=decoder: beam_search(d, model.encode(images), **options)["ids"])
+    for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, settings.max_length))):
+        search = tf.function(lambda images, d=decoder: generate(
+            d, d.initial_state(model.encode(images)), settings, captioner.bad_endings)["ids"])
         rates[name] = common.throughput(iter(lambda s=search: s(crops), None),
                                         lambda out: int(out.shape[0]), measure=max(images // 2, batch_size),
                                         warmup=batch_size)["per_s"]

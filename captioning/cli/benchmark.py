@@ -83,7 +83,7 @@ def add_benchmark(sub) -> None:
     q.add_argument("--batch-size", type=POSITIVE, default=128, help="images per batched call (default 128)")
     q.add_argument("--images", type=POSITIVE, default=256,
                    help="images captioned in the batched measurement (default 256)")
-    decoding_flags(q)
+    decoding_flags(q, sets=False)  # its --set configures the untrained model
     common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 

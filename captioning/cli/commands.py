@@ -163,7 +163,8 @@ def _captioner(args):
 
     trained = inference.load(args.model_dir)
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(DecodeConfig)}
-    return inference.Captioner(trained, trained.config.decode.override(**flags))
+    decode = trained.config.decode.override(**flags).with_overrides(getattr(args, "decode_overrides", ()))
+    return inference.Captioner(trained, decode)
 
 
 def add_evaluate(sub) -> None:

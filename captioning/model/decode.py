@@ -283,3 +283,30 @@ def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, 
     out["scores"] = out["log_probs"]
     _, order = tf.math.top_k(out["scores"], k=n)  # most likely first
     return {k: tf.gather(v, order, batch_dims=1) for k, v in out.items()}
+
+
+# self-critical.pytorch's remove_bad_endings list, with "the" and "and": words an English caption does not end on
+ENGLISH_BAD_ENDINGS = ("a", "an", "the", "with", "in", "on", "of", "at", "to", "for", "this", "his", "her", "that",
+                       "and")
+
+
+def bad_ending_ids(words, vocab) -> tuple[int, ...]:
+    """The ids of ``words`` (``decode.bad_endings``; ``english`` stands for :data:`ENGLISH_BAD_ENDINGS`) that the
+    vocabulary has (a word it lacks cannot end a caption anyway)."""
+    wanted = [w for word in words for w in (ENGLISH_BAD_ENDINGS if word == "english" else (word,))]
+    return tuple(sorted({vocab.id(w) for w in wanted if vocab.id(w) != UNK_ID}))
+
+
+def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
+    """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`)
+    say: beam search, greedy decoding (a beam of 1) or sampling, in :func:`beam_search`'s output format.
+    ``bad_endings``: word ids (:func:`bad_ending_ids`); ``keys [B]``: the images' sampling keys."""
+    common = {"max_length": settings.max_length, "block_ngrams": settings.block_ngrams, "bad_endings": bad_endings}
+    if settings.method == "sample":
+        return sample_search(model, initial_state, samples=settings.top_k, temperature=settings.temperature,
+                             sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p,
+                             seed=settings.seed, keys=keys, **common)
+    beam = 1 if settings.method == "greedy" else settings.beam_size
+    return beam_search(model, None, beam_size=beam, top_k=1 if settings.method == "greedy" else settings.top_k,
+                       length_normalization=settings.length_normalization, initial_state=initial_state,
+                       length_penalty_form=settings.length_penalty, **common)
