@@ -280,8 +280,13 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
                        decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
     assert plain.decode["method"] == "beam" and sampled.decode == {**plain.decode, "method": "sample", "top_k": 3,
                                                                    "seed": 4}
-    names = sorted(n for n in os.listdir(model_dir / "eval") if not n.endswith(".predictions.json"))
-    assert len(names) == 2 and sum("-sample-" in n for n in names) == 1
+    names = sorted(n for n in os.listdir(model_dir / "eval") if n.endswith("first2-data" + plain.dataset[:8] + ".json"))
+    assert len(names) == 2 and sum("-sample-" in n for n in names) == 1, names
     again = evaluate(str(model_dir), split="test", max_images=2, progress=False,
                      decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
     assert again == sampled  # the stored result: same seed, same captions, nothing decoded again
+    # diversity: over the best captions always; among each image's captions when there are several
+    assert set(plain.diversity) == {"distinct_1", "distinct_2", "vocabulary_usage", "words_used", "novel_captions"}
+    assert 0 < plain.diversity["distinct_1"] <= 1 and 0 <= plain.diversity["novel_captions"] <= 1
+    assert sampled.diversity["captions_per_image"] == 3 and 0 <= sampled.diversity["mbleu_4"] <= 1
+    assert 0 < sampled.diversity["local_distinct_1"] <= 1

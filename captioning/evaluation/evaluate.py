@@ -29,6 +29,10 @@ settings never pile up on one curve.
 The dataset must have been prepared with the model's vocabulary (as ``train`` requires); ``--data-dir``
 points at the records when the config's ``data.dir`` is not where they are on this machine.
 
+Every result also holds ``"diversity"`` (:mod:`captioning.evaluation.diversity`): distinct-1 and -2,
+vocabulary usage and the share of novel captions over the best captions, and with ``decode.top_k`` > 1
+mBLEU-4 and distinct-n among each image's captions.
+
 ``--baseline`` also scores a constant caption, the most frequent (normalised) caption of the training
 split, given for every image: the floor any model must clear.
 
@@ -56,6 +60,7 @@ from tqdm import tqdm
 from captioning import inference
 from captioning.model.base import IMAGE_INPUTS
 from captioning.evaluation import grounding, metrics, relations
+from captioning.evaluation.diversity import diversity
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
@@ -155,6 +160,7 @@ class EvaluationResult(dict):
     data_dir: str = _key("data_dir")
     checkpoint: str = _key("checkpoint")  # the checkpoint's path
     decode: dict | None = _key("decode")  # every decoding setting (results of before it: None)
+    diversity: dict | None = _key("diversity")  # captioning.evaluation.diversity
 
 
 def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
@@ -203,7 +209,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
         if shapes is not None:  # the instances file is checked before the hour of decoding, not after
             grounding.check_covers(shapes, refs, split, instances)
-        candidates, loss, attention, boxes = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
+        candidates, loss, attention, boxes, every = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
                                                                batch_size, partial or split_images, progress)
         refs = {image_id: refs[image_id] for image_id in candidates}
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
@@ -214,10 +220,11 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
         dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
         checkpoint=os.path.realpath(trained.checkpoint), decode=dataclasses.asdict(decode))
+    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+        train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
+    train_texts = [t for texts in train_refs.values() for t in texts]
+    result["diversity"] = diversity(every, len(trained.vocab), train_texts)
     if baseline:
-        with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-            train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
-        train_texts = [t for texts in train_refs.values() for t in texts]
         constant = most_frequent_caption(train_texts)
         log.info("baseline: the most frequent training caption for every image: %r", constant)
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
@@ -255,10 +262,11 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
-                      total: int, progress: bool) -> tuple[dict[int, str], object, dict, dict | None]:
+                      total: int, progress: bool) -> tuple[dict[int, str], object, dict, dict | None, dict]:
     """Captions for every image, the references' cross-entropy (perplexity), for an attention decoder each
     caption's words with their weights (image id → (words, [words, cells or regions])), and for a model
-    reading regions each image's region boxes (image id → [n, 4]; None otherwise). A model reading regions
+    reading regions each image's region boxes (image id → [n, 4]; None otherwise), and every caption of each
+    image, best first (several with ``decode.top_k`` > 1). A model reading regions
     captions the split's images that have regions in its features store."""
     regions = cfg.features == "regions"
     if regions:
@@ -267,7 +275,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
         batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
     decode = tf.function(captioner.decode_batch, reduce_retracing=True)
     vocab = captioner.trained.vocab
-    candidates, attention, boxes = {}, {}, ({} if regions else None)
+    candidates, attention, boxes, every = {}, {}, ({} if regions else None), {}
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
     for batch in batches:
         out = decode({key: value for key, value in batch.items() if key in IMAGE_INPUTS + ("image_id",)})
@@ -275,6 +283,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
         for row, (image_id, (text, *_)) in enumerate(zip(batch["image_id"].numpy(), texts)):  # the best caption
             image_id = int(image_id)
             candidates[image_id] = text
+            every[image_id] = texts[row]
             real = int(batch["region_mask"][row].numpy().sum()) if regions else None
             if regions:
                 boxes[image_id] = batch["boxes"][row, :real].numpy()
@@ -286,7 +295,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards))
-    return candidates, loss, attention, boxes
+    return candidates, loss, attention, boxes, every
 
 
 def _short_hash(path: str) -> str:
@@ -306,6 +315,7 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str
     if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoint:
         return None
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
-            (grounded and "relations" not in stored.get("grounding", {})):  # (before relations were judged)
+            (grounded and "relations" not in stored.get("grounding", {})) or \
+            "diversity" not in stored:  # (results of before relations, or diversity, were measured)
         return None
     return stored
