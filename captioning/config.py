@@ -332,6 +332,10 @@ class DecodeConfig(Section):
     # what a complete caption's log p is divided by: avg, length ** length_normalization; gnmt, Wu et al.'s
     # ((5 + length) / 6) ** length_normalization; none, 1
     length_penalty: str = field(default="avg", metadata=choices("none", "avg", "gnmt"))
+    # diverse beam search (Vijayakumar et al. 2018): the beam in this many groups (they must divide beam_size),
+    # each word's log p lowered, for choosing, by diversity x the earlier groups' live captions that chose it
+    beam_groups: int = field(default=1, metadata=at_least(1))
+    diversity: float = field(default=0.0, metadata=at_least(0.0))
     # n >= 1: no word twice in a row and (n >= 2) no n-gram twice in a caption, inside the search; 0: off
     block_ngrams: int = field(default=0, metadata=at_least(0))
     # words a caption may not end with ("english": a list for English, captioning.model.decode.ENGLISH_BAD_ENDINGS)
@@ -357,6 +361,10 @@ class DecodeConfig(Section):
         if self.method == "greedy" and self.top_k != 1:
             raise InputError(f"{k} must be 1 with {prefix or ''}method greedy (one caption per image), got "
                              f"{self.top_k}", params=params)
+        if self.method == "beam" and self.beam_size % self.beam_groups:
+            g = prefix + "beam_groups" if prefix else "`beam_groups`"
+            raise InputError(f"{g} ({self.beam_groups}) must divide {b} ({self.beam_size})",
+                             params=params + (() if prefix else ("beam_groups",)))
         if self.method == "beam" and not 1 <= self.top_k <= self.beam_size:
             raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=params)
         return self
@@ -628,7 +636,8 @@ def _from_format_2(data: dict) -> dict:
     model read images and decoded by plain beam search."""
     added = {"data.features": "images", "data.features_store": "regions", "model.region_feature_size": 0,
              "model.box_geometry": False, "model.regions_from_encoder": False, "decode.method": "beam",
-             "decode.length_penalty": "avg", "decode.block_ngrams": 0, "decode.bad_endings": [],
+             "decode.length_penalty": "avg", "decode.beam_groups": 1, "decode.diversity": 0.0,
+             "decode.block_ngrams": 0, "decode.bad_endings": [],
              "decode.temperature": 1.0, "decode.sample_top_k": 0, "decode.sample_top_p": 1.0, "decode.seed": 0}
     out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
     for key, default in added.items():

@@ -40,8 +40,10 @@ def all_keys():
     return core_keys() + sorted(OWNER)
 
 
-VALID = {"data.service": "localhost:5050", "model.decoder": "attention", "decode.bad_endings": ["english", "with"],  # string keys whose values have a form
-         "model.d_model": 1024, "model.heads": 16}  # and keys checked against each other (d_model % heads)
+VALID = {"data.service": "localhost:5050", "model.decoder": "attention",  # string keys whose values have a form
+         "decode.bad_endings": ["english", "with"],
+         "model.d_model": 1024, "model.heads": 16,  # and keys checked against each other (d_model % heads,
+         "decode.beam_groups": 3}  # decode.beam_size % beam_groups)
 # keys that apply only beside another setting of their section
 COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"]}
 

@@ -234,3 +234,27 @@ def test_sampling_follows_the_models_distribution_and_its_limits_are_greedy():
                              keys=tf.constant([1], tf.int64), **options)
         for j in range(2):
             assert cold["ids"][0, j].numpy().tolist() == greedy["ids"][0, 0].numpy().tolist(), options
+
+
+def test_diverse_beam_search():
+    """One group is beam search; groups without a diversity penalty search alike (each as a beam of its size);
+    with a strong penalty every group's caption starts with another word."""
+    model = tiny_model(13, end_bias=-1.0)
+    features = model.encode(images(4, seed=13))
+    plain = beam_search(model, features, beam_size=4, top_k=2, max_length=5)
+    one = beam_search(model, features, beam_size=4, top_k=2, max_length=5, beam_groups=1, diversity=5.0)
+    for key in ("ids", "lengths", "log_probs"):
+        np.testing.assert_array_equal(one[key].numpy(), plain[key].numpy())
+    alike = beam_search(model, features, beam_size=4, top_k=1, max_length=5, beam_groups=2)
+    half = beam_search(model, features, beam_size=2, top_k=1, max_length=5)
+    np.testing.assert_array_equal(alike["ids"].numpy(), half["ids"].numpy())
+    diverse = beam_search(model, features, beam_size=3, top_k=3, max_length=5, beam_groups=3, diversity=100.0)
+    for i, f in enumerate(features.numpy()):
+        firsts = [int(diverse["ids"][i, r, 0]) for r in range(3) if diverse["lengths"][i, r] > 0]
+        assert len(firsts) == len(set(firsts)) >= 2
+        for r in range(3):  # the reported log-probabilities stay the model's, without the penalty
+            n = int(diverse["lengths"][i, r])
+            sequence = list(diverse["ids"][i, r, :n].numpy()) + ([END_ID] if n < 5 else [])
+            assert float(diverse["log_probs"][i, r]) == pytest.approx(log_prob(model, f, sequence), abs=1e-4)
+    with pytest.raises(ValueError, match="must divide"):
+        beam_search(model, features, beam_size=4, beam_groups=3)

@@ -235,7 +235,8 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     shutil.copytree(trained_model_dir, model_dir)
     config = yaml.safe_load((model_dir / "config.yaml").read_text())
     assert config["decode"] == {"beam_size": 3, "max_length": 20, "length_normalization": 0.0, "top_k": 1,
-                                "method": "beam", "length_penalty": "avg", "block_ngrams": 0, "bad_endings": [],
+                                "method": "beam", "length_penalty": "avg", "beam_groups": 1, "diversity": 0.0,
+                                "block_ngrams": 0, "bad_endings": [],
                                 "temperature": 1.0, "sample_top_k": 0, "sample_top_p": 1.0, "seed": 0}
     config["decode"].update(beam_size=2, top_k=2)
     (model_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

@@ -103,7 +103,7 @@ def _merge(best, candidates, n: int):
 
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
                 top_k: int = 1, initial_state=None, length_penalty_form: str = "avg", block_ngrams: int = 0,
-                bad_endings=()) -> dict:
+                bad_endings=(), beam_groups: int = 1, diversity: float = 0.0) -> dict:
     """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
     for them, when given; ``features`` is then unused).
 
@@ -113,21 +113,31 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     ``attends`` (its state a dict whose ``attention`` entry holds the weights of the step just taken,
     ``[B, G]``) also gets ``"attention": float32 [B, top_k, max_length, G]``: for each word of each caption, the weights
     it was chosen with (kept per beam and reordered with the beams; zeros after the caption's end).
+
+    **Diverse beam search** (Vijayakumar et al. 2018): ``beam_groups`` G divides the beam into G groups of
+    ``beam_size / G`` beams, each a beam search of its own, one live caption each at first; at every step the
+    groups choose in turn, and a word's log-probability is lowered, for choosing only, by ``diversity`` λ
+    times the number of live captions of the earlier groups that chose it at this step (Hamming diversity).
+    Complete captions of every group compete for the ``top_k`` places by their own log-probability. One
+    group is plain beam search.
     """
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
-    k, n, steps = beam_size, top_k, max_length
+    if beam_groups < 1 or beam_size % beam_groups:
+        raise ValueError(f"beam_groups ({beam_groups}) must divide beam_size ({beam_size})")
+    k, n, steps, groups = beam_size, top_k, max_length, beam_groups
+    per = k // groups  # beams per group
     if initial_state is None:
         initial_state = model.initial_state(features, training=False)
     initial_state = model.reserve(initial_state, steps)  # room for the words' cached keys and values
     batch = tf.shape(tf.nest.flatten(initial_state)[0])[0]
     vocab = model.vocab_size
-    kw = min(k, vocab)  # words proposed per live caption
-    # every state tensor [B*K, ...]: image-major, beam-minor
+    kw = min(per, vocab)  # words proposed per live caption
+    # every state tensor [B*K, ...]: image-major, beam-minor (groups in order)
     state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), initial_state)
     state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
-    alive_logp = tf.tile(tf.constant([[0.0] + [_DEAD] * (k - 1)]), [batch, 1])  # one live beam at first
+    alive_logp = tf.tile(tf.constant([([0.0] + [_DEAD] * (per - 1)) * groups]), [batch, 1])  # one live beam a group
     alive_ids = tf.zeros([batch, k, steps], tf.int32)
     done = {"ids": tf.zeros([batch, n, steps], tf.int32), "lengths": tf.zeros([batch, n], tf.int32),
             "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
@@ -152,27 +162,41 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         logp = tf.reshape(tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never, [batch, k, vocab])
         if shaping:
             logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
-        top_logp, top_words = tf.math.top_k(logp, k=kw)  # [B, K, kw]
-        total = alive_logp[:, :, None] + top_logp
-        is_end = tf.equal(top_words, END_ID)
-        alive_mask = alive_logp[:, :, None] > _DEAD / 2
-        # complete captions: live beams whose top words include <end>
-        end_logp = tf.where(is_end & alive_mask, total, _DEAD)
-        end_logp = tf.reduce_max(end_logp, axis=2)  # at most one <end> per beam
         length = tf.cast(t + 1, tf.float32)  # t words + <end>
-        finished = {"ids": alive_ids, "lengths": tf.fill([batch, k], t),
-                    "log_probs": end_logp,
-                    "scores": tf.where(end_logp > _DEAD / 2,
-                                       end_logp / length_penalty(length, length_penalty_form, length_normalization),
-                                       _DEAD)}
-        if attends:  # its t words, without the weights <end> was chosen with
-            finished["attention"] = alive_attention * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None]
-        done = _merge(done, finished, n)
-        # live captions: the best K extensions by a word other than <end>
-        flat = tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, total), [batch, k * kw])
-        alive_logp, index = tf.math.top_k(flat, k=k)
-        parent = index // kw
-        words = tf.gather(tf.reshape(top_words, [batch, k * kw]), index, batch_dims=1)
+        chosen = tf.zeros([batch, vocab])  # how many live captions of earlier groups chose each word now
+        new_logp, parents, new_words = [], [], []
+        for g in range(groups):
+            mine = slice(g * per, (g + 1) * per)
+            group_logp, group_alive = logp[:, mine], alive_logp[:, mine]
+            ranked = group_logp - diversity * chosen[:, None, :] if groups > 1 and diversity else group_logp
+            _, top_words = tf.math.top_k(ranked, k=kw)  # [B, per, kw]
+            true = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
+            total = group_alive[:, :, None] + tf.gather(ranked, top_words, batch_dims=2)
+            is_end = tf.equal(top_words, END_ID)
+            alive_mask = group_alive[:, :, None] > _DEAD / 2
+            # complete captions: live beams whose top words include <end>, by their own log-probability
+            end_logp = tf.reduce_max(tf.where(is_end & alive_mask, true, _DEAD), axis=2)  # one <end> a beam
+            finished = {"ids": alive_ids[:, mine], "lengths": tf.fill([batch, per], t), "log_probs": end_logp,
+                        "scores": tf.where(end_logp > _DEAD / 2, end_logp / length_penalty(
+                            length, length_penalty_form, length_normalization), _DEAD)}
+            if attends:  # its t words, without the weights <end> was chosen with
+                finished["attention"] = (alive_attention[:, mine]
+                                         * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None])
+            done = _merge(done, finished, n)
+            # live captions: the group's best extensions by a word other than <end>
+            flat = tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, total), [batch, per * kw])
+            _, index = tf.math.top_k(flat, k=per)
+            group_new = tf.gather(tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, true), [batch, per * kw]),
+                                  index, batch_dims=1)
+            words = tf.gather(tf.reshape(top_words, [batch, per * kw]), index, batch_dims=1)
+            live = tf.cast(group_new > _DEAD / 2, tf.float32)
+            chosen += tf.reduce_sum(tf.one_hot(words, vocab) * live[:, :, None], axis=1)
+            new_logp.append(group_new)
+            parents.append(index // kw + g * per)
+            new_words.append(words)
+        alive_logp = tf.concat(new_logp, axis=1)
+        parent = tf.concat(parents, axis=1)
+        words = tf.concat(new_words, axis=1)
         alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
         alive_ids = alive_ids + words[:, :, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, None, :]
         if attends:
@@ -309,4 +333,5 @@ def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
     beam = 1 if settings.method == "greedy" else settings.beam_size
     return beam_search(model, None, beam_size=beam, top_k=1 if settings.method == "greedy" else settings.top_k,
                        length_normalization=settings.length_normalization, initial_state=initial_state,
-                       length_penalty_form=settings.length_penalty, **common)
+                       length_penalty_form=settings.length_penalty, beam_groups=settings.beam_groups if beam > 1 else 1,
+                       diversity=settings.diversity, **common)
