@@ -326,6 +326,25 @@ class DecodeConfig(Section):
     # rank beams by log p / length ** this (0: plain log p)
     length_normalization: float = field(default=0.0, metadata=at_least(0.0))
     top_k: int = field(default=1, metadata=at_least(1))  # captions returned per image, best first (caption, export)
+    # beam: beam search; greedy: the most likely word each step (a beam of 1); sample: top_k captions per image
+    # drawn from the model (temperature, sample_top_k, sample_top_p, seed), most likely first
+    method: str = field(default="beam", metadata=choices("beam", "greedy", "sample"))
+    # what a complete caption's log p is divided by: avg, length ** length_normalization; gnmt, Wu et al.'s
+    # ((5 + length) / 6) ** length_normalization; none, 1
+    length_penalty: str = field(default="avg", metadata=choices("none", "avg", "gnmt"))
+    # diverse beam search (Vijayakumar et al. 2018): the beam in this many groups (they must divide beam_size),
+    # each word's log p lowered, for choosing, by diversity x the earlier groups' live captions that chose it
+    beam_groups: int = field(default=1, metadata=at_least(1))
+    diversity: float = field(default=0.0, metadata=at_least(0.0))
+    # n >= 1: no word twice in a row and (n >= 2) no n-gram twice in a caption, inside the search; 0: off
+    block_ngrams: int = field(default=0, metadata=at_least(0))
+    # words a caption may not end with ("english": a list for English, captioning.model.decode.ENGLISH_BAD_ENDINGS)
+    bad_endings: list[str] = field(default_factory=list)
+    temperature: float = field(default=1.0, metadata=more_than(0.0))  # sample: logits divided by this
+    sample_top_k: int = field(default=0, metadata=at_least(0))  # sample: only the k most likely words (0: all)
+    # sample: only the fewest most likely words whose probability reaches this (nucleus sampling; 1: all)
+    sample_top_p: float = field(default=1.0, metadata=between(0.0, 1.0, low_open=True))
+    seed: int = field(default=0, metadata=between(0, SEED.stop - 1))  # sample: the same seed, the same captions
 
     def check(self, prefix: str = "") -> "DecodeConfig":
         """Returns itself; an InputError naming the parameter (``prefix`` + name: ``decode.`` for the
@@ -339,9 +358,28 @@ class DecodeConfig(Section):
                              params=params)
         if not math.isfinite(self.length_normalization) or self.length_normalization < 0:
             raise InputError(f"{a} must be a finite number >= 0, got {self.length_normalization}", params=params)
-        if not 1 <= self.top_k <= self.beam_size:
+        if self.method == "greedy" and self.top_k != 1:
+            raise InputError(f"{k} must be 1 with {prefix or ''}method greedy (one caption per image), got "
+                             f"{self.top_k}", params=params)
+        if self.method == "beam" and self.beam_size % self.beam_groups:
+            g = prefix + "beam_groups" if prefix else "`beam_groups`"
+            raise InputError(f"{g} ({self.beam_groups}) must divide {b} ({self.beam_size})",
+                             params=params + (() if prefix else ("beam_groups",)))
+        if self.method == "beam" and not 1 <= self.top_k <= self.beam_size:
             raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=params)
         return self
+
+    def with_overrides(self, overrides: typing.Sequence[str] = ()) -> "DecodeConfig":
+        """A copy with ``decode.KEY=VALUE`` overrides (a command's ``--set``) applied and checked; an
+        InputError for any other key."""
+        config = Config(decode=dataclasses.replace(self, bad_endings=list(self.bad_endings)))
+        for override in overrides:
+            key, eq, value = override.partition("=")
+            if not eq or not key.strip().startswith("decode."):
+                raise InputError(f"`overrides` {excerpt(override)} must look like decode.KEY=VALUE (only the decode: "
+                                 "section can change here)", params=("overrides",))
+            _set(config, key.strip(), value, from_text=True)
+        return config.decode.check("decode.")
 
     def override(self, **values) -> "DecodeConfig":
         """A copy with the values that are not None replaced (a command's flags), checked."""
@@ -449,6 +487,15 @@ def _convert(key: str, f: dataclasses.Field, kind, value, from_text: bool):
             if not isinstance(value, str):
                 raise ValueError
             value = value.strip() if from_text else value
+        elif typing.get_origin(kind) is list and typing.get_args(kind) == (str,):  # words
+            if from_text:
+                text = str(value).strip().strip("[]")
+                value = [v.strip().strip("'\"") for v in text.split(",") if v.strip()] if text else []
+            elif not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+                raise ValueError
+            value = list(value)
+            if any(not v or any(c.isspace() for c in v) for v in value):
+                raise ValueError
         elif typing.get_origin(kind) is list:
             if from_text:
                 text = str(value).strip().strip("[]")
@@ -462,7 +509,7 @@ def _convert(key: str, f: dataclasses.Field, kind, value, from_text: bool):
             raise TypeError(f"config field {key} has unsupported type {kind}")
     except (ValueError, OverflowError):  # OverflowError: float() of an int beyond the float range
         name = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}.get(
-            kind, "a list of integers like [8, 12]")
+            kind, "a list of words like [a, the]" if typing.get_args(kind) == (str,) else "a list of integers like [8, 12]")
         raise InputError(f"config key {key} must be {name}, got {excerpt(value)}") from None
     options = f.metadata.get("choices")
     if options and value not in options:
@@ -585,9 +632,13 @@ def _from_format_1(data: dict) -> dict:
 
 def _from_format_2(data: dict) -> dict:
     """Format 3 brought region features (data.features, data.features_store, model.region_feature_size,
-    model.box_geometry, model.regions_from_encoder); a format-2 model read images."""
+    model.box_geometry, model.regions_from_encoder) and the decoding options (decode.method, ...); a format-2
+    model read images and decoded by plain beam search."""
     added = {"data.features": "images", "data.features_store": "regions", "model.region_feature_size": 0,
-             "model.box_geometry": False, "model.regions_from_encoder": False}
+             "model.box_geometry": False, "model.regions_from_encoder": False, "decode.method": "beam",
+             "decode.length_penalty": "avg", "decode.beam_groups": 1, "decode.diversity": 0.0,
+             "decode.block_ngrams": 0, "decode.bad_endings": [],
+             "decode.temperature": 1.0, "decode.sample_top_k": 0, "decode.sample_top_p": 1.0, "decode.seed": 0}
     out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
     for key, default in added.items():
         section, name = key.split(".")

@@ -120,7 +120,8 @@ def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
 def test_benchmark_decode(tmp_path, trained_model_dir):
     transformer = ["--set", "model.decoder=transformer", "--set", "model.d_model=16", "--set", "model.heads=2",
                    "--set", "model.ff_size=16", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
-    for extra, decoder in (([], "show_and_tell"), (["--model-dir", trained_model_dir], "show_and_tell"),
+    options = ["--option", "decode.method=sample,decode.top_k=2", "--option", "decode.block_ngrams=2"]
+    for extra, decoder in (([], "show_and_tell"), (["--model-dir", trained_model_dir, *options], "show_and_tell"),
                            (transformer, "transformer")):
         out = tmp_path / "decode.json"
         done = run_cli("-q", "benchmark", "decode", "--batch-size", "4", "--images", "8", "--max-length", "5",
@@ -131,6 +132,11 @@ def test_benchmark_decode(tmp_path, trained_model_dir):
         assert result["settings"]["decoder"] == decoder and positive(result["cache_speedup"])
         assert result["cache_speedup"] == pytest.approx(result["cached_captions_per_s"] /
                                                         result["recomputed_captions_per_s"])
+        if options[0] in extra:  # each decoding setting against plain beam search, side by side
+            assert sorted(result["options"]) == ["decode.block_ngrams=2", "decode.method=sample,decode.top_k=2"]
+            for o in result["options"].values():
+                assert o["vs_beam"] == pytest.approx(o["captions_per_s"] / result["batched_captions_per_s"])
+            assert "decode.block_ngrams=2: " in done.stdout
     done = run_cli("benchmark", "decode", "--model-dir", trained_model_dir, "--set", "model.decoder=attention")
     assert done.returncode == 2 and "give --model-dir or --config/--set, not both" in done.stderr
 

@@ -41,7 +41,9 @@ def all_keys():
 
 
 VALID = {"data.service": "localhost:5050", "model.decoder": "attention",  # string keys whose values have a form
-         "model.d_model": 1024, "model.heads": 16}  # and keys checked against each other (d_model % heads)
+         "decode.bad_endings": ["english", "with"],
+         "model.d_model": 1024, "model.heads": 16,  # and keys checked against each other (d_model % heads,
+         "decode.beam_groups": 3}  # decode.beam_size % beam_groups)
 # keys that apply only beside another setting of their section
 COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"]}
 
@@ -402,7 +404,9 @@ def assert_valid(config):
             low, low_open, high, high_open = f.metadata["range"]
             assert (value > low if low_open else value >= low) and (
                 high is None or (value < high if high_open else value <= high)), (key, value)
-        if typing.get_origin(kind) is list:
+        if typing.get_args(kind) == (str,):  # a list of words
+            assert type(value) is list and all(type(v) is str and v and v.split() == [v] for v in value), key
+        elif typing.get_origin(kind) is list:
             assert type(value) is list and all(type(v) is int and -2**63 <= v < 2**63 for v in value), key
         else:
             assert type(value) is kind, (key, value)
@@ -508,6 +512,11 @@ def typed_value(key):
     if kind is str:
         return st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cc", "Zs", "Zl", "Zp"))).map(
             lambda t: (t, t))
+    if typing.get_args(kind) == (str,):  # words: no space, comma, bracket or quote inside one
+        word = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cc", "Z"),
+                                              exclude_characters=",[]'\""), min_size=1)
+        return st.lists(word, max_size=4).flatmap(lambda v: st.sampled_from(
+            [(v, ",".join(v)), (v, f"[{', '.join(v)}]")]))
     return st.lists(st.integers(-2**63, 2**63 - 1), max_size=5).flatmap(lambda v: st.sampled_from(
         [(v, ",".join(map(str, v))), (v, f"[{', '.join(map(str, v))}]")]))
 

@@ -6,17 +6,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.model.decode import beam_search, ids_to_text
+from captioning.model.decode import beam_search, ids_to_text, sample_search
 from captioning.model import ShowAndTell
-from captioning.vocab import END_ID, PAD_ID, START_ID, Vocabulary
+from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 from tests.helpers import model_config
 
-WORDS = [3, 4, 5, 6]  # <unk> and three words; with <pad>, <start>, <end> the vocabulary has 7 ids
+WORDS = [4, 5, 6]  # three words; with <pad>, <start>, <end> and <unk> (never proposed) the vocabulary has 7 ids
 
 
 def tiny_model(seed, end_bias=0.0, vocab=7, size=16):
     """A random model whose distributions are far from uniform (large init); a negative bias on <end>
     makes longer captions likely."""
+    import keras
+
+    keras.utils.set_random_seed(seed)  # the encoder's own initialisers are not seeded: the same model every run
     cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0, init_scale=1.2)
     model = ShowAndTell(vocab, cfg, size, seed=seed).build_all()
     bias = model.logits.bias.numpy()
@@ -40,8 +43,22 @@ def log_prob(model, features, sequence):
     return total
 
 
-def greedy_reference(model, features, max_length):
-    """The most likely word at each step (never <pad> or <start>), until <end> or max_length words."""
+def allowed(words, word, block_ngrams=0, bad_endings=()):
+    """Whether ``word`` may follow ``words`` under the blocking rules, checked by brute force."""
+    if word == END_ID:
+        return not (words and words[-1] in bad_endings)
+    if block_ngrams >= 1 and words and words[-1] == word:
+        return False
+    if block_ngrams >= 2:
+        longer = words + [word]
+        grams = [tuple(longer[i:i + block_ngrams]) for i in range(len(longer) - block_ngrams + 1)]
+        return len(grams) == len(set(grams))
+    return True
+
+
+def greedy_reference(model, features, max_length, block_ngrams=0, bad_endings=()):
+    """The most likely allowed word at each step (never <pad>, <start> or <unk>), until <end> or max_length
+    words."""
     out = []
     for f in features:
         state = model.initial_state(f[None])
@@ -49,7 +66,10 @@ def greedy_reference(model, features, max_length):
         for _ in range(max_length):
             logits, state = model.step(tf.constant([token]), state)
             logits = logits.numpy()[0]
-            logits[[PAD_ID, START_ID]] = -np.inf
+            logits[[PAD_ID, START_ID, UNK_ID]] = -np.inf
+            for w in range(len(logits)):
+                if not allowed(words, w, block_ngrams, bad_endings):
+                    logits[w] = -np.inf
             token = int(np.argmax(logits))
             if token == END_ID:
                 break
@@ -121,6 +141,43 @@ def test_length_normalisation_ranks_by_mean_log_probability():
     assert (np.diff(scores, axis=1) <= 1e-6).all()
 
 
+@pytest.mark.parametrize("block_ngrams, bad_endings, end_bias, seed", [
+    (1, (), -4.0, 8), (2, (), -4.0, 8), (3, (), -4.0, 8), (0, (4, 6), -0.5, 10), (2, (6,), -0.5, 10)])
+def test_blocking_inside_the_search_equals_a_brute_force_greedy_and_never_repeats(block_ngrams, bad_endings,
+                                                                                  end_bias, seed):
+    """Greedy decoding with n-gram blocking and bad endings equals a hand-written greedy loop applying the
+    same rules; a beam of 4 never produces a repeated n-gram, a word twice in a row, or a bad ending."""
+    model = tiny_model(seed, end_bias=end_bias)
+    features = model.encode(images(6, seed=seed))
+    options = {"block_ngrams": block_ngrams, "bad_endings": bad_endings, "max_length": 6}
+    out = tf.function(lambda f: beam_search(model, f, beam_size=1, **options))(features)
+    got = [list(row[0][:n]) for row, n in zip(out["ids"].numpy(), out["lengths"].numpy()[:, 0])]
+    assert got == greedy_reference(model, features, 6, block_ngrams, bad_endings)
+    plain = beam_search(model, features, beam_size=1, max_length=6)
+    assert not np.array_equal(plain["ids"].numpy(), out["ids"].numpy())  # the rules did change something
+    wide = beam_search(model, features, beam_size=4, top_k=4, **options)
+    for row, lengths in zip(wide["ids"].numpy(), wide["lengths"].numpy()):
+        for ids, n in zip(row, lengths):
+            words = list(ids[:n])
+            assert all(allowed(words[:i], w, block_ngrams) for i, w in enumerate(words))
+            if 0 < n < 6 and bad_endings:
+                assert words[-1] not in bad_endings
+
+
+def test_the_gnmt_length_penalty():
+    model = tiny_model(7, end_bias=-1.0)
+    features = model.encode(images(2, seed=7))
+    out = beam_search(model, features, beam_size=4, max_length=5, length_normalization=0.7, top_k=4,
+                      length_penalty_form="gnmt")
+    lengths, log_probs, scores = (out[k].numpy() for k in ("lengths", "log_probs", "scores"))
+    counted = np.where(lengths < 5, lengths + 1, lengths)
+    np.testing.assert_allclose(scores, log_probs / ((5 + counted) / 6) ** 0.7, rtol=1e-5)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+    none = beam_search(model, features, beam_size=4, max_length=5, length_normalization=0.7, top_k=4,
+                       length_penalty_form="none")
+    np.testing.assert_allclose(none["scores"].numpy(), none["log_probs"].numpy(), rtol=1e-6)
+
+
 def test_top_k_cannot_exceed_the_beam():
     with pytest.raises(ValueError, match="top_k"):
         beam_search(tiny_model(1), tf.zeros([1, 512]), beam_size=2, top_k=3)
@@ -129,3 +186,75 @@ def test_top_k_cannot_exceed_the_beam():
 def test_ids_to_text():
     vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "red", "circle"])
     assert ids_to_text(vocab, np.array([[[4, 5, 0], [5, 0, 0]]]), np.array([[2, 1]])) == [["red circle", "circle"]]
+
+
+def sampled(model, features, keys, **options):
+    out = sample_search(model, model.initial_state(features), keys=tf.constant(keys, tf.int64), **options)
+    return [[tuple(ids[:n]) for ids, n in zip(row, lengths)]
+            for row, lengths in zip(out["ids"].numpy(), out["lengths"].numpy())], out
+
+
+def test_sampling_is_seeded_per_image_whatever_the_batch():
+    """The same seed and image keys give the same captions alone, in a batch, in another order; another seed
+    gives others; each caption's log-probability is the model's."""
+    model = tiny_model(11, end_bias=-1.0)
+    features = model.encode(images(6, seed=11))
+    keys = [101, 102, 103, 104, 105, 106]
+    options = {"samples": 4, "max_length": 6, "seed": 5}
+    together, out = sampled(model, features, keys, **options)
+    alone = [sampled(model, features[i:i + 1], keys[i:i + 1], **options)[0][0] for i in (0, 3)]
+    assert alone == [together[0], together[3]]
+    backwards = sampled(model, features[::-1], keys[::-1], **options)[0]
+    assert backwards[::-1] == together
+    assert sampled(model, features, keys, **{**options, "seed": 6})[0] != together
+    assert len({c for row in together for c in row}) > 6  # samples differ within and between images
+    for i, f in enumerate(features.numpy()):
+        for rank in range(4):
+            words = list(together[i][rank])
+            sequence = words + ([END_ID] if len(words) < 6 else [])
+            assert float(out["log_probs"][i, rank]) == pytest.approx(log_prob(model, f, sequence), abs=1e-4)
+        assert list(out["log_probs"][i].numpy()) == sorted(out["log_probs"][i].numpy(), reverse=True)
+
+
+def test_sampling_follows_the_models_distribution_and_its_limits_are_greedy():
+    model = tiny_model(12, end_bias=-1.0)
+    features = model.encode(images(1, seed=12))
+    logits, _ = model.step(tf.constant([START_ID]), model.initial_state(features))
+    p = tf.nn.softmax(logits).numpy()[0]
+    p[[PAD_ID, START_ID, UNK_ID]] = 0
+    p /= p.sum()
+    out = sample_search(model, model.initial_state(features), max_length=1, samples=4000, seed=1,
+                        keys=tf.constant([7], tf.int64))
+    first = np.where(out["lengths"].numpy()[0] > 0, out["ids"].numpy()[0, :, 0], END_ID)
+    frequency = np.bincount(first, minlength=len(p)) / len(first)
+    np.testing.assert_allclose(frequency, p, atol=0.03)  # 4,000 draws: a few standard errors
+    greedy = beam_search(model, features, beam_size=1, max_length=6)
+    for options in ({"temperature": 1e-3}, {"sample_top_k": 1}, {"sample_top_p": 1e-6}):
+        cold = sample_search(model, model.initial_state(features), max_length=6, samples=2, seed=3,
+                             keys=tf.constant([1], tf.int64), **options)
+        for j in range(2):
+            assert cold["ids"][0, j].numpy().tolist() == greedy["ids"][0, 0].numpy().tolist(), options
+
+
+def test_diverse_beam_search():
+    """One group is beam search; groups without a diversity penalty search alike (each as a beam of its size);
+    with a strong penalty every group's caption starts with another word."""
+    model = tiny_model(13, end_bias=-1.0)
+    features = model.encode(images(4, seed=13))
+    plain = beam_search(model, features, beam_size=4, top_k=2, max_length=5)
+    one = beam_search(model, features, beam_size=4, top_k=2, max_length=5, beam_groups=1, diversity=5.0)
+    for key in ("ids", "lengths", "log_probs"):
+        np.testing.assert_array_equal(one[key].numpy(), plain[key].numpy())
+    alike = beam_search(model, features, beam_size=4, top_k=1, max_length=5, beam_groups=2)
+    half = beam_search(model, features, beam_size=2, top_k=1, max_length=5)
+    np.testing.assert_array_equal(alike["ids"].numpy(), half["ids"].numpy())
+    diverse = beam_search(model, features, beam_size=3, top_k=3, max_length=5, beam_groups=3, diversity=100.0)
+    for i, f in enumerate(features.numpy()):
+        firsts = [int(diverse["ids"][i, r, 0]) for r in range(3) if diverse["lengths"][i, r] > 0]
+        assert len(firsts) == len(set(firsts)) >= 2
+        for r in range(3):  # the reported log-probabilities stay the model's, without the penalty
+            n = int(diverse["lengths"][i, r])
+            sequence = list(diverse["ids"][i, r, :n].numpy()) + ([END_ID] if n < 5 else [])
+            assert float(diverse["log_probs"][i, r]) == pytest.approx(log_prob(model, f, sequence), abs=1e-4)
+    with pytest.raises(ValueError, match="must divide"):
+        beam_search(model, features, beam_size=4, beam_groups=3)

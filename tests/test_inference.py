@@ -234,7 +234,10 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     model_dir = tmp_path / "model"
     shutil.copytree(trained_model_dir, model_dir)
     config = yaml.safe_load((model_dir / "config.yaml").read_text())
-    assert config["decode"] == {"beam_size": 3, "max_length": 20, "length_normalization": 0.0, "top_k": 1}
+    assert config["decode"] == {"beam_size": 3, "max_length": 20, "length_normalization": 0.0, "top_k": 1,
+                                "method": "beam", "length_penalty": "avg", "beam_groups": 1, "diversity": 0.0,
+                                "block_ngrams": 0, "bad_endings": [],
+                                "temperature": 1.0, "sample_top_k": 0, "sample_top_p": 1.0, "seed": 0}
     config["decode"].update(beam_size=2, top_k=2)
     (model_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     photo = str(user_images / "photo0.jpg")
@@ -253,3 +256,38 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     with pytest.raises(InputError, match=r"^`top_k` must be between 1 and `beam_size` \(2\), got 3$") as e:
         inference.Captioner(inference.load(str(model_dir)), DecodeConfig(beam_size=2, top_k=3))
     assert {"top_k", "beam_size"} <= set(e.value.params)
+    # --set decode.KEY=VALUE: any decoding setting for one call; sampling is seeded by the image's bytes
+    sampled = captions("--set", "decode.method=sample", "--set", "decode.top_k=4", "--set", "decode.temperature=1.5")
+    assert len(sampled) == 4 and sampled == captions("--set", "decode.method=sample", "--set", "decode.top_k=4",
+                                                     "--set", "decode.temperature=1.5")
+    assert [c["log_prob"] for c in sampled] == sorted((c["log_prob"] for c in sampled), reverse=True)
+    blocked = captions("--set", "decode.block_ngrams=1", "--set", "decode.bad_endings=[english]")
+    for c in blocked:
+        words = c["caption"].split()
+        assert all(a != b for a, b in zip(words, words[1:])) and (not words or words[-1] not in ("a", "the"))
+    refused = run_cli("caption", "--model-dir", str(model_dir), photo, "--set", "train.steps=3")
+    assert refused.returncode == 2 and "must look like decode.KEY=VALUE" in refused.stderr
+
+
+def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_model_dir, tmp_path):
+    """--set decode.KEY=VALUE in evaluate: the settings are kept in the result, whose key they change (a plain
+    beam search result is never replaced by a sampled one)."""
+    from captioning.evaluation.evaluate import evaluate
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model_dir)
+    plain = evaluate(str(model_dir), split="test", max_images=2, progress=False)
+    sampled = evaluate(str(model_dir), split="test", max_images=2, progress=False,
+                       decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
+    assert plain.decode["method"] == "beam" and sampled.decode == {**plain.decode, "method": "sample", "top_k": 3,
+                                                                   "seed": 4}
+    names = sorted(n for n in os.listdir(model_dir / "eval") if n.endswith("first2-data" + plain.dataset[:8] + ".json"))
+    assert len(names) == 2 and sum("-sample-" in n for n in names) == 1, names
+    again = evaluate(str(model_dir), split="test", max_images=2, progress=False,
+                     decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
+    assert again == sampled  # the stored result: same seed, same captions, nothing decoded again
+    # diversity: over the best captions always; among each image's captions when there are several
+    assert set(plain.diversity) == {"distinct_1", "distinct_2", "vocabulary_usage", "words_used", "novel_captions"}
+    assert 0 < plain.diversity["distinct_1"] <= 1 and 0 <= plain.diversity["novel_captions"] <= 1
+    assert sampled.diversity["captions_per_image"] == 3 and 0 <= sampled.diversity["mbleu_4"] <= 1
+    assert 0 < sampled.diversity["local_distinct_1"] <= 1

@@ -14,6 +14,11 @@ words chosen so far, padded to ``max_length``, whose last logits pick the next w
 without a key/value cache does. ``--config`` and ``--set`` choose the untrained model
 (``--config experiments/shapes_transformer.yaml``, or ``--set model.decoder=attention``).
 
+``--option decode.KEY=VALUE[,decode.KEY=VALUE…]`` (repeatable) also times the batched call with each of
+those decoding settings (``decode.method=sample,decode.top_k=5``, ``decode.block_ngrams=3``,
+``decode.beam_groups=3,decode.diversity=0.5``) against plain beam search, side by side in the same run:
+``options`` holds each one's captions/s and its ratio to plain beam search.
+
 On a CPU the batched search is compute-bound: each step multiplies ``batch × beam`` rows through the
 LSTM and the vocabulary projection, and a 2-core machine does that at its matmul peak (~100 GFLOPS),
 so the gain over one image at a time (whose cost is per-op overhead) is capped near 6× for this model —
@@ -95,7 +100,7 @@ def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:
 
 def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, beam_size: int | None = None,
         max_length: int | None = None, length_normalization: float | None = None, config: str | None = None,
-        overrides: tuple[str, ...] = (), progress: bool = True) -> dict:
+        overrides: tuple[str, ...] = (), decode_options: tuple[str, ...] = (), progress: bool = True) -> dict:
     """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config.
     Without ``model_dir``, an untrained model of ``config`` and ``overrides`` (``--set model.decoder=...``)."""
     import tensorflow as tf
@@ -128,13 +133,26 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     log.info("single: %.1f captions/s; batched (%d per call): %.1f captions/s", single["per_s"], batch_size,
              batched["per_s"])
     speedup = batched["per_s"] / single["per_s"]
+    options = {}
+    for spec in decode_options:  # each against plain beam search, the same images and batch
+        settings = captioner.settings.with_overrides([part.strip() for part in spec.split(",") if part.strip()])
+        other = inference.Captioner(trained, settings)
+
+        def other_calls(c=other):
+            while True:
+                for start in range(0, images - batch_size + 1, batch_size):
+                    yield c.decode(tf.constant(data[start:start + batch_size]))
+
+        rate = common.throughput(other_calls(), count, measure=images, warmup=batch_size)["per_s"]
+        options[spec] = {"captions_per_s": rate, "vs_beam": rate / batched["per_s"]}
+        log.info("%s: %.1f captions/s, %.2f of plain beam search", spec, rate, rate / batched["per_s"])
     cache = _cache_against_recomputing(captioner, data, batch_size, images)
     log.info("batched with the decoder's state: %.1f captions/s; re-reading the caption at every step: %.1f "
              "captions/s", cache["cached"], cache["recomputed"])
     return {
         "batched_captions_per_s": batched["per_s"], "single_captions_per_s": single["per_s"],
         "speedup": speedup, "cached_captions_per_s": cache["cached"], "recomputed_captions_per_s": cache["recomputed"],
-        "cache_speedup": cache["cached"] / cache["recomputed"],
+        "cache_speedup": cache["cached"] / cache["recomputed"], "options": options,
         "settings": {"model_dir": model_dir, "decoder": trained.config.model.decoder, "batch_size": batch_size,
                      "beam_size": beam_size,
                      "max_length": max_length, "vocab_size": len(trained.vocab),
@@ -150,9 +168,9 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
     import tensorflow as tf
 
     from captioning.data.reading import model_input
-    from captioning.model.decode import beam_search
+    from captioning.model.decode import generate
 
-    model, options, cfg = captioner.trained.model, dict(captioner.options), captioner.trained.config.data
+    model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
     crops = tf.map_fn(lambda e: model_input(e, cfg), tf.constant(data[:batch_size]),
                       fn_output_signature=tf.TensorSpec([cfg.image_size, cfg.image_size, 3], tf.uint8))
 
@@ -161,8 +179,9 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
         initial_state, reserve, step = model.initial_state, model.reserve, model.step
 
     rates = {}
-    for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, options["max_length"]))):
-        search = tf.function(lambda images, d=decoder: beam_search(d, model.encode(images), **options)["ids"])
+    for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, settings.max_length))):
+        search = tf.function(lambda images, d=decoder: generate(
+            d, d.initial_state(model.encode(images)), settings, captioner.bad_endings)["ids"])
         rates[name] = common.throughput(iter(lambda s=search: s(crops), None),
                                         lambda out: int(out.shape[0]), measure=max(images // 2, batch_size),
                                         warmup=batch_size)["per_s"]
@@ -174,4 +193,6 @@ def summary(result: dict) -> str:
             f"{result['single_captions_per_s']:.1f} captions/s: {result['speedup']:.1f}x (target >= {TARGET_SPEEDUP:.0f}x)"
             f"\n{result['settings']['decoder']}: stepping with its state {result['cached_captions_per_s']:.1f} captions/s, "
             f"re-reading the caption so far at every step {result['recomputed_captions_per_s']:.1f}: "
-            f"{result['cache_speedup']:.1f}x")
+            f"{result['cache_speedup']:.1f}x"
+            + "".join(f"\n{spec}: {o['captions_per_s']:.1f} captions/s, {o['vs_beam']:.2f} of plain beam search"
+                      for spec, o in result.get("options", {}).items()))

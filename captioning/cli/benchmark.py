@@ -83,7 +83,9 @@ def add_benchmark(sub) -> None:
     q.add_argument("--batch-size", type=POSITIVE, default=128, help="images per batched call (default 128)")
     q.add_argument("--images", type=POSITIVE, default=256,
                    help="images captioned in the batched measurement (default 256)")
-    decoding_flags(q)
+    decoding_flags(q, sets=False)  # its --set configures the untrained model
+    q.add_argument("--option", action="append", default=[], metavar="decode.KEY=VALUE[,...]", dest="decode_options",
+                   help="also time these decoding settings against plain beam search (repeatable)")
     common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 

@@ -109,7 +109,7 @@ def config_flags(p, required: bool = True, help: str | None = None) -> None:
                    help="override one config key, parsed by its type (repeatable), e.g. train.steps=500")
 
 
-def decoding_flags(p, top_k: bool = False) -> None:
+def decoding_flags(p, top_k: bool = False, sets: bool = True) -> None:
     """The flags that override the model's ``decode:`` config for one call (default None: the config's
     value; the defaults themselves live in :class:`captioning.config.DecodeConfig` alone)."""
     p.add_argument("--beam-size", type=POSITIVE, default=None,
@@ -122,6 +122,10 @@ def decoding_flags(p, top_k: bool = False) -> None:
     if top_k:
         p.add_argument("--top-k", type=POSITIVE, default=None,
                        help="captions per image, best first, at most --beam-size (default: decode.top_k, 1)")
+    if sets:
+        p.add_argument("--set", action="append", default=[], metavar="decode.KEY=VALUE", dest="decode_overrides",
+                       help="override one decode: key for this call (repeatable), e.g. decode.method=sample, "
+                            "decode.block_ngrams=3, decode.length_penalty=gnmt")
 
 
 def options(cls, args: argparse.Namespace, **values):

@@ -17,7 +17,9 @@ split of the same name is another evaluation, never the stored one. ``-from<C>``
 another model folder (``--checkpoint OTHER/ckpt-N``, accepted only when that folder's config and
 vocabulary match this one's). The metrics file holds ``{"metrics": {Bleu_1 … CIDEr}, "split",
 "checkpoint_step", "num_images", "all_images", "beam_size", "max_length", "length_normalization",
-"loss", "perplexity", "dataset", "data_dir", "checkpoint"}`` (plus ``"baseline"`` with ``--baseline``);
+"loss", "perplexity", "dataset", "data_dir", "checkpoint", "decode"}`` (plus ``"baseline"`` with
+``--baseline``); decoding settings beyond beam, length and normalisation (``--set decode.KEY=VALUE``) add
+``-<method>-<hash>`` to the key;
 a stored result is reused only when its ``dataset`` and ``checkpoint`` are those of this evaluation. Evaluating with other settings or on fewer images never replaces a
 full-split result; evaluating the same key again is a no-op that prints the stored result. TensorBoard
 gets each result once, under ``logs/eval_<split>`` at the checkpoint's step, its scalars tagged with the
@@ -26,6 +28,10 @@ settings never pile up on one curve.
 
 The dataset must have been prepared with the model's vocabulary (as ``train`` requires); ``--data-dir``
 points at the records when the config's ``data.dir`` is not where they are on this machine.
+
+Every result also holds ``"diversity"`` (:mod:`captioning.evaluation.diversity`): distinct-1 and -2,
+vocabulary usage and the share of novel captions over the best captions, and with ``decode.top_k`` > 1
+mBLEU-4 and distinct-n among each image's captions.
 
 ``--baseline`` also scores a constant caption, the most frequent (normalised) caption of the training
 split, given for every image: the floor any model must clear.
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -53,6 +60,7 @@ from tqdm import tqdm
 from captioning import inference
 from captioning.model.base import IMAGE_INPUTS
 from captioning.evaluation import grounding, metrics, relations
+from captioning.evaluation.diversity import diversity
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
@@ -76,21 +84,40 @@ def most_frequent_caption(texts) -> str:
 
 
 def result_name(split: str, step: int, beam_size: int, max_length: int, length_normalization: float,
-                num_images: int | None, data: str = "", checkpoint: str = "") -> str:
+                num_images: int | None, data: str = "", checkpoint: str = "", options: str = "") -> str:
     """The key of one evaluation, as a file name stem: the split, the checkpoint's step, the decoding, the
     images, the dataset (``data``: its identity's first 8 characters) and, for a checkpoint of another
-    model folder, a hash of its path (``checkpoint``).
+    model folder, a hash of its path (``checkpoint``); ``options``: :func:`options_label` of the other
+    decoding settings.
 
     >>> result_name("test", 8000, 3, 20, 0.0, None, "1a2b3c4d"), result_name("val", 10, 1, 16, 0.7, 5)
     ('test-step8000-beam3-len20-norm0-all-data1a2b3c4d', 'val-step10-beam1-len16-norm0.7-first5')
     """
     images = "all" if num_images is None else f"first{num_images}"
     extra = (f"-data{data}" if data else "") + (f"-from{checkpoint}" if checkpoint else "")
-    return f"{split}-step{step}-{settings_label(beam_size, max_length, length_normalization)}-{images}{extra}"
+    label = settings_label(beam_size, max_length, length_normalization) + options
+    return f"{split}-step{step}-{label}-{images}{extra}"
 
 
 def settings_label(beam_size: int, max_length: int, length_normalization: float) -> str:
     return f"beam{beam_size}-len{max_length}-norm{length_normalization:g}"
+
+
+def options_label(decode) -> str:
+    """``""`` when the decoding settings beyond beam, length and normalisation are the defaults (plain beam
+    search), else ``-`` and the method and a hash of them: another decoding is another evaluation.
+
+    >>> from captioning.config import DecodeConfig
+    >>> options_label(DecodeConfig()), options_label(DecodeConfig(method="sample", top_k=5))[:8]
+    ('', '-sample-')
+    """
+    plain = {"beam_size", "max_length", "length_normalization", "top_k"}
+    defaults = {k: v for k, v in dataclasses.asdict(type(decode)()).items() if k not in plain}
+    mine = {k: v for k, v in dataclasses.asdict(decode).items() if k not in plain}
+    if mine == defaults and decode.method == "beam":
+        return ""
+    digest = hashlib.sha256(json.dumps({**mine, "top_k": decode.top_k}, sort_keys=True).encode()).hexdigest()[:8]
+    return f"-{decode.method}-{digest}"
 
 
 def _prepared_dataset(trained, model_folder: ModelDir, data_dir: str | None) -> PreparedDataset:
@@ -132,16 +159,19 @@ class EvaluationResult(dict):
     dataset: str = _key("dataset")  # the prepared dataset's identity
     data_dir: str = _key("data_dir")
     checkpoint: str = _key("checkpoint")  # the checkpoint's path
+    decode: dict | None = _key("decode")  # every decoding setting (results of before it: None)
+    diversity: dict | None = _key("diversity")  # captioning.evaluation.diversity
 
 
 def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
              max_length: int | None = None, length_normalization: float | None = None, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
              output: str | None = None, progress: bool = True, checkpoint: str | None = None,
-             instances: str | None = None) -> EvaluationResult:
+             instances: str | None = None, decode_overrides: tuple[str, ...] = ()) -> EvaluationResult:
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
-    ``decode:`` config. ``instances``: a COCO instances file of the split, for grounding."""
+    ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: a COCO instances file
+    of the split, for grounding."""
     metrics.check_java()  # fail before an hour of decoding, not after
     folder = ModelDir(model_dir)
     if output:  # never over the model's own files, nor over the instances file it reads
@@ -151,7 +181,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     shapes = grounding.load_instances(instances) if instances else None
     trained = inference.load(model_dir, checkpoint)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
-                                            length_normalization=length_normalization)
+                                            length_normalization=length_normalization).with_overrides(decode_overrides)
     beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization
     # one pass over the split: nothing to cache; --data-dir points at the records if they moved
     dataset = _prepared_dataset(trained, folder, data_dir)
@@ -161,7 +191,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     # the key: the same data, checkpoint and settings, or a new evaluation
     foreign = not folder.owns_checkpoint(trained.checkpoint)
     name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial,
-                       dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "")
+                       dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "", options_label(decode))
     stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, instances is not None,
                      dataset.identity, os.path.realpath(trained.checkpoint))
     if stored is not None:
@@ -172,13 +202,14 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         return EvaluationResult(stored)
     path = folder.file(os.path.join("eval", name + ".json"))
     check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
-    captioner = inference.Captioner(trained, dataclasses.replace(decode, top_k=1))
+    # the best caption of each image is scored (sampling keeps its top_k samples, most likely first)
+    captioner = inference.Captioner(trained, decode if decode.method == "sample" else dataclasses.replace(decode, top_k=1))
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
         refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
         if shapes is not None:  # the instances file is checked before the hour of decoding, not after
             grounding.check_covers(shapes, refs, split, instances)
-        candidates, loss, attention, boxes = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
+        candidates, loss, attention, boxes, every = _read_and_caption(captioner, cfg, dataset, shards, split, max_images,
                                                                batch_size, partial or split_images, progress)
         refs = {image_id: refs[image_id] for image_id in candidates}
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)", len(candidates))
@@ -188,11 +219,12 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         all_images=partial is None, beam_size=beam_size, max_length=max_length,
         length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
         dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
-        checkpoint=os.path.realpath(trained.checkpoint))
+        checkpoint=os.path.realpath(trained.checkpoint), decode=dataclasses.asdict(decode))
+    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+        train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
+    train_texts = [t for texts in train_refs.values() for t in texts]
+    result["diversity"] = diversity(every, len(trained.vocab), train_texts)
     if baseline:
-        with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-            train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
-        train_texts = [t for texts in train_refs.values() for t in texts]
         constant = most_frequent_caption(train_texts)
         log.info("baseline: the most frequent training caption for every image: %r", constant)
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
@@ -214,7 +246,8 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
             atomic_write_json(output, result)
         with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
                 step=trained.step):
-            tag = settings_label(beam_size, max_length, length_normalization) + (f"-first{partial}" if partial else "")
+            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode)
+                   + (f"-first{partial}" if partial else ""))
             for metric, value in scores.items():
                 tf.summary.scalar(f"{tag}/{metric}", value)
             tf.summary.scalar(f"{tag}/perplexity", result.perplexity)
@@ -229,10 +262,11 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
-                      total: int, progress: bool) -> tuple[dict[int, str], object, dict, dict | None]:
+                      total: int, progress: bool) -> tuple[dict[int, str], object, dict, dict | None, dict]:
     """Captions for every image, the references' cross-entropy (perplexity), for an attention decoder each
     caption's words with their weights (image id → (words, [words, cells or regions])), and for a model
-    reading regions each image's region boxes (image id → [n, 4]; None otherwise). A model reading regions
+    reading regions each image's region boxes (image id → [n, 4]; None otherwise), and every caption of each
+    image, best first (several with ``decode.top_k`` > 1). A model reading regions
     captions the split's images that have regions in its features store."""
     regions = cfg.features == "regions"
     if regions:
@@ -241,14 +275,15 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
         batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
     decode = tf.function(captioner.decode_batch, reduce_retracing=True)
     vocab = captioner.trained.vocab
-    candidates, attention, boxes = {}, {}, ({} if regions else None)
+    candidates, attention, boxes, every = {}, {}, ({} if regions else None), {}
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
     for batch in batches:
-        out = decode({key: value for key, value in batch.items() if key in IMAGE_INPUTS})
+        out = decode({key: value for key, value in batch.items() if key in IMAGE_INPUTS + ("image_id",)})
         texts = ids_to_text(vocab, out["ids"], out["lengths"])
-        for row, (image_id, (text,)) in enumerate(zip(batch["image_id"].numpy(), texts)):
+        for row, (image_id, (text, *_)) in enumerate(zip(batch["image_id"].numpy(), texts)):  # the best caption
             image_id = int(image_id)
             candidates[image_id] = text
+            every[image_id] = texts[row]
             real = int(batch["region_mask"][row].numpy().sum()) if regions else None
             if regions:
                 boxes[image_id] = batch["boxes"][row, :real].numpy()
@@ -260,7 +295,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards))
-    return candidates, loss, attention, boxes
+    return candidates, loss, attention, boxes, every
 
 
 def _short_hash(path: str) -> str:
@@ -280,6 +315,7 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str
     if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoint:
         return None
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
-            (grounded and "relations" not in stored.get("grounding", {})):  # (before relations were judged)
+            (grounded and "relations" not in stored.get("grounding", {})) or \
+            "diversity" not in stored:  # (results of before relations, or diversity, were measured)
         return None
     return stored

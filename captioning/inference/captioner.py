@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from captioning.model.decode import beam_search, ids_to_text
+from captioning.model.decode import bad_ending_ids, generate, ids_to_text
 from captioning.config import DecodeConfig
 from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
@@ -44,6 +44,12 @@ def check_boxes(cfg, model_dir: str) -> None:
                          "`captioning features extract`")
 
 
+def image_keys(encoded):
+    """Sampling keys of encoded images ``[B]``: a hash of each image's bytes, so an image's samples do not depend
+    on the batch it is in."""
+    return tf.strings.to_hash_bucket_fast(encoded, 2 ** 62)
+
+
 class Captioner:
     """Captions for batches of encoded images, beam search inside one ``tf.function``."""
 
@@ -51,7 +57,8 @@ class Captioner:
         """``decode``: the beam search's settings (default: the model's ``decode:`` config)."""
         self.trained = trained
         self.settings = (decode or trained.config.decode).check()
-        self.options = dataclasses.asdict(self.settings)  # beam_search's keyword arguments
+        self.options = dataclasses.asdict(self.settings)  # what an export records
+        self.bad_endings = bad_ending_ids(self.settings.bad_endings, trained.vocab)
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
         self.decode_boxes = tf.function(self.decode_with_boxes, input_signature=[
             tf.TensorSpec([None], tf.string), tf.TensorSpec([None, None, 4], tf.float32)])
@@ -63,8 +70,13 @@ class Captioner:
         size = cfg.image_size
         images = tf.map_fn(lambda e: model_input(e, cfg), encoded,
                            fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
-        features = self.trained.model.encode(images, training=False)
-        return {**beam_search(self.trained.model, features, **self.options), "images": images}
+        model = self.trained.model
+        state = model.initial_state(model.encode(images, training=False))
+        return {**self._generate(state, image_keys(encoded)), "images": images}
+
+    def _generate(self, initial_state, keys) -> dict:
+        """Captions as :attr:`settings` say (:func:`captioning.model.decode.generate`)."""
+        return generate(self.trained.model, initial_state, self.settings, self.bad_endings, keys)
 
     def decode_with_boxes(self, encoded: tf.Tensor, boxes: tf.Tensor) -> dict:
         """A model reading regions (``model.regions_from_encoder``): encoded images ``[B]`` and their boxes
@@ -81,14 +93,16 @@ class Captioner:
         images, sizes = tf.map_fn(one, encoded, fn_output_signature=(tf.TensorSpec([size, size, 3], tf.uint8),
                                                                      tf.TensorSpec([2], tf.int32)))
         inputs = boxes_to_regions(self.trained.model, images, boxes, sizes)
-        return {**self.decode_batch(inputs), "images": images, "boxes": inputs["boxes"]}
+        return {**self.decode_batch({**inputs, "image_id": image_keys(encoded)}), "images": images,
+                "boxes": inputs["boxes"]}
 
     def decode_batch(self, batch: dict) -> dict:
-        """A batch as the model reads it (``image``, or ``regions``, ``boxes`` and ``region_mask``) → beam search
-        outputs; for a model reading regions the attention is over each image's (padded) regions."""
+        """A batch as the model reads it (``image``, or ``regions``, ``boxes`` and ``region_mask``; ``image_id``
+        keys the images' samples) → the captions' outputs; for a model reading regions the attention is over
+        each image's (padded) regions."""
         model = self.trained.model
         inputs = {key: batch[key] for key in IMAGE_INPUTS if key in batch}
-        return beam_search(model, None, initial_state=model.image_state(inputs), **self.options)
+        return self._generate(model.image_state(inputs), batch.get("image_id"))
 
     @property
     def grid_shape(self) -> tuple[int, int] | None:

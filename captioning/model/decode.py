@@ -12,8 +12,21 @@ Beam search, as im2txt defined it (so that a beam of 1 is exactly greedy decodin
   expanded almost the whole vocabulary by mistake); ``<pad>`` and ``<start>`` are never proposed;
 * an extension by ``<end>`` completes the caption; the ``beam_size`` best other extensions stay live;
 * live captions that reach ``max_length`` words without ``<end>`` are complete at that length;
-* complete captions are ranked by ``log_prob / length ** length_normalization`` (``length`` counts the
-  ``<end>`` token; factor 0, the default, ranks by the summed log-probability itself).
+* complete captions are ranked by ``log_prob / penalty(length)`` (``length`` counts the ``<end>`` token):
+  ``length_penalty`` ``avg`` (the default) divides by ``length ** α``, ``gnmt`` by Wu et al.'s
+  ``((5 + length) / 6) ** α``, ``none`` by 1; α is ``length_normalization`` (0, the default, ranks by the
+  summed log-probability itself under any form);
+* ``<unk>`` is never proposed either.
+
+Options that shape the captions inside the search (all off by default; a beam of 1 with all of them off is
+exactly greedy decoding):
+
+* ``block_ngrams`` n ≥ 1: no word follows itself, and (n ≥ 2) no n-gram occurs twice in a caption — an
+  extension that would repeat one is never proposed (Hugging Face's ``no_repeat_ngram_size``, applied
+  inside the beam; self-critical.pytorch blocks trigrams in greedy and sampled decoding only);
+* ``bad_endings`` (word ids): a caption whose last word is one of them may not end there — ``<end>`` is
+  not proposed after it (self-critical.pytorch's ``remove_bad_endings``; a caption reaching
+  ``max_length`` words still ends where it is).
 
 Worked example (beam 2): if after "a" the model gives ``red`` -0.2, ``<end>`` -1.9, ``big`` -2.3, the
 live captions become "a red" and "a big" (``<end>`` is not among this caption's top 2 words, so "a" does
@@ -24,9 +37,61 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from captioning.vocab import END_ID, PAD_ID, START_ID
+from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 _DEAD = -1e9  # the score of an empty beam slot (finite, so arithmetic never makes NaN)
+
+
+def length_penalty(length, form: str, alpha: float):
+    """What a caption's summed log-probability is divided by, at ``length`` (words and ``<end>``).
+
+    >>> [round(float(length_penalty(tf.constant(7.0), f, 1.0)), 3) for f in ("none", "avg", "gnmt")]
+    [1.0, 7.0, 2.0]
+    """
+    if form == "none" or not alpha:
+        return tf.ones_like(length)
+    if form == "avg":
+        return length ** alpha
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    raise ValueError(f"length_penalty must be none, avg or gnmt, got {form!r}")
+
+
+def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
+    """``[..., V]`` 1.0 where a word may not follow the ``t`` words of each caption ``ids [..., S]`` (int32):
+    with ``block_ngrams`` n ≥ 1 the last word itself and (n ≥ 2) every word that would complete an n-gram
+    the caption has already; with ``bad_endings`` (ids), ``<end>`` after one of them.
+
+    >>> ids = tf.constant([[5, 6, 5, 0, 0]])  # "x y x": with bigrams blocked, "y" may not follow "x" again
+    >>> blocked = blocked_words(ids, tf.constant(3), 8, block_ngrams=2).numpy()[0]
+    >>> [w for w in range(8) if blocked[w]]
+    [5, 6]
+    """
+    lead = tf.shape(ids)[:-1]
+    steps = ids.shape[-1]
+    out = tf.zeros(tf.concat([lead, [vocab]], 0))
+    last = tf.gather(ids, tf.maximum(t - 1, 0), axis=-1)
+    if block_ngrams >= 1:
+        out = tf.maximum(out, tf.one_hot(last, vocab) * tf.cast(t >= 1, tf.float32))
+    if block_ngrams >= 2 and steps >= block_ngrams:
+        n = block_ngrams
+        starts = steps - n + 1  # windows ids[j : j + n], j < starts
+        match = tf.range(starts) + n - 1 < t  # the window's last word is among the t words
+        for o in range(n - 1):  # its first n - 1 words equal the caption's last n - 1
+            word = tf.gather(ids, tf.maximum(t - n + 1 + o, 0), axis=-1)
+            match = match & tf.equal(ids[..., o:starts + o], word[..., None])
+        match = match & (t >= n - 1)
+        follower = ids[..., n - 1:]  # the word each matching window goes on with: banned now
+        flat = tf.reshape(follower, [-1, starts])
+        rows = tf.repeat(tf.range(tf.shape(flat)[0]), starts)
+        index = tf.stack([rows, tf.reshape(flat, [-1])], axis=1)
+        hits = tf.scatter_nd(index, tf.reshape(tf.cast(match, tf.float32), [-1]),
+                             tf.stack([tf.shape(flat)[0], vocab]))
+        out = tf.maximum(out, tf.reshape(tf.minimum(hits, 1.0), tf.shape(out)))
+    if bad_endings:
+        bad = tf.reduce_any(tf.equal(last[..., None], tf.constant(list(bad_endings), last.dtype)), axis=-1)
+        out = tf.maximum(out, tf.one_hot(END_ID, vocab) * tf.cast(bad & (t >= 1), tf.float32)[..., None])
+    return out
 
 
 def _merge(best, candidates, n: int):
@@ -37,7 +102,8 @@ def _merge(best, candidates, n: int):
 
 
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
-                top_k: int = 1, initial_state=None) -> dict:
+                top_k: int = 1, initial_state=None, length_penalty_form: str = "avg", block_ngrams: int = 0,
+                bad_endings=(), beam_groups: int = 1, diversity: float = 0.0) -> dict:
     """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
     for them, when given; ``features`` is then unused).
 
@@ -47,25 +113,36 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     ``attends`` (its state a dict whose ``attention`` entry holds the weights of the step just taken,
     ``[B, G]``) also gets ``"attention": float32 [B, top_k, max_length, G]``: for each word of each caption, the weights
     it was chosen with (kept per beam and reordered with the beams; zeros after the caption's end).
+
+    **Diverse beam search** (Vijayakumar et al. 2018): ``beam_groups`` G divides the beam into G groups of
+    ``beam_size / G`` beams, each a beam search of its own, one live caption each at first; at every step the
+    groups choose in turn, and a word's log-probability is lowered, for choosing only, by ``diversity`` λ
+    times the number of live captions of the earlier groups that chose it at this step (Hamming diversity).
+    Complete captions of every group compete for the ``top_k`` places by their own log-probability. One
+    group is plain beam search.
     """
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
-    k, n, steps = beam_size, top_k, max_length
+    if beam_groups < 1 or beam_size % beam_groups:
+        raise ValueError(f"beam_groups ({beam_groups}) must divide beam_size ({beam_size})")
+    k, n, steps, groups = beam_size, top_k, max_length, beam_groups
+    per = k // groups  # beams per group
     if initial_state is None:
         initial_state = model.initial_state(features, training=False)
     initial_state = model.reserve(initial_state, steps)  # room for the words' cached keys and values
     batch = tf.shape(tf.nest.flatten(initial_state)[0])[0]
     vocab = model.vocab_size
-    kw = min(k, vocab)  # words proposed per live caption
-    # every state tensor [B*K, ...]: image-major, beam-minor
+    kw = min(per, vocab)  # words proposed per live caption
+    # every state tensor [B*K, ...]: image-major, beam-minor (groups in order)
     state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), initial_state)
     state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
-    alive_logp = tf.tile(tf.constant([[0.0] + [_DEAD] * (k - 1)]), [batch, 1])  # one live beam at first
+    alive_logp = tf.tile(tf.constant([([0.0] + [_DEAD] * (per - 1)) * groups]), [batch, 1])  # one live beam a group
     alive_ids = tf.zeros([batch, k, steps], tf.int32)
     done = {"ids": tf.zeros([batch, n, steps], tf.int32), "lengths": tf.zeros([batch, n], tf.int32),
             "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab), axis=0) * _DEAD  # words never proposed
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD  # words never proposed
+    shaping = block_ngrams or bad_endings
     rows = tf.range(batch)[:, None] * k
     attends = model.attends
     if attends:  # the weights behind each word of each live caption
@@ -82,26 +159,44 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         if attends:  # word t of every live caption is chosen with this step's weights
             weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, 1, cells])
             alive_attention = alive_attention + weights * tf.one_hot(t, steps)[None, None, :, None]
-        logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
-        top_logp, top_words = tf.math.top_k(tf.reshape(logp, [batch, k, vocab]), k=kw)  # [B, K, kw]
-        total = alive_logp[:, :, None] + top_logp
-        is_end = tf.equal(top_words, END_ID)
-        alive_mask = alive_logp[:, :, None] > _DEAD / 2
-        # complete captions: live beams whose top words include <end>
-        end_logp = tf.where(is_end & alive_mask, total, _DEAD)
-        end_logp = tf.reduce_max(end_logp, axis=2)  # at most one <end> per beam
+        logp = tf.reshape(tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never, [batch, k, vocab])
+        if shaping:
+            logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
         length = tf.cast(t + 1, tf.float32)  # t words + <end>
-        finished = {"ids": alive_ids, "lengths": tf.fill([batch, k], t),
-                    "log_probs": end_logp,
-                    "scores": tf.where(end_logp > _DEAD / 2, end_logp / length ** length_normalization, _DEAD)}
-        if attends:  # its t words, without the weights <end> was chosen with
-            finished["attention"] = alive_attention * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None]
-        done = _merge(done, finished, n)
-        # live captions: the best K extensions by a word other than <end>
-        flat = tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, total), [batch, k * kw])
-        alive_logp, index = tf.math.top_k(flat, k=k)
-        parent = index // kw
-        words = tf.gather(tf.reshape(top_words, [batch, k * kw]), index, batch_dims=1)
+        chosen = tf.zeros([batch, vocab])  # how many live captions of earlier groups chose each word now
+        new_logp, parents, new_words = [], [], []
+        for g in range(groups):
+            mine = slice(g * per, (g + 1) * per)
+            group_logp, group_alive = logp[:, mine], alive_logp[:, mine]
+            ranked = group_logp - diversity * chosen[:, None, :] if groups > 1 and diversity else group_logp
+            _, top_words = tf.math.top_k(ranked, k=kw)  # [B, per, kw]
+            true = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
+            total = group_alive[:, :, None] + tf.gather(ranked, top_words, batch_dims=2)
+            is_end = tf.equal(top_words, END_ID)
+            alive_mask = group_alive[:, :, None] > _DEAD / 2
+            # complete captions: live beams whose top words include <end>, by their own log-probability
+            end_logp = tf.reduce_max(tf.where(is_end & alive_mask, true, _DEAD), axis=2)  # one <end> a beam
+            finished = {"ids": alive_ids[:, mine], "lengths": tf.fill([batch, per], t), "log_probs": end_logp,
+                        "scores": tf.where(end_logp > _DEAD / 2, end_logp / length_penalty(
+                            length, length_penalty_form, length_normalization), _DEAD)}
+            if attends:  # its t words, without the weights <end> was chosen with
+                finished["attention"] = (alive_attention[:, mine]
+                                         * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None])
+            done = _merge(done, finished, n)
+            # live captions: the group's best extensions by a word other than <end>
+            flat = tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, total), [batch, per * kw])
+            _, index = tf.math.top_k(flat, k=per)
+            group_new = tf.gather(tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, true), [batch, per * kw]),
+                                  index, batch_dims=1)
+            words = tf.gather(tf.reshape(top_words, [batch, per * kw]), index, batch_dims=1)
+            live = tf.cast(group_new > _DEAD / 2, tf.float32)
+            chosen += tf.reduce_sum(tf.one_hot(words, vocab) * live[:, :, None], axis=1)
+            new_logp.append(group_new)
+            parents.append(index // kw + g * per)
+            new_words.append(words)
+        alive_logp = tf.concat(new_logp, axis=1)
+        parent = tf.concat(parents, axis=1)
+        words = tf.concat(new_words, axis=1)
         alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
         alive_ids = alive_ids + words[:, :, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, None, :]
         if attends:
@@ -111,8 +206,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
 
     # live captions that reached max_length words complete there
     truncated = {"ids": alive_ids, "lengths": tf.fill([batch, k], steps), "log_probs": alive_logp,
-                 "scores": tf.where(alive_logp > _DEAD / 2,
-                                    alive_logp / float(steps) ** length_normalization, _DEAD)}
+                 "scores": tf.where(alive_logp > _DEAD / 2, alive_logp / length_penalty(
+                     tf.constant(float(steps)), length_penalty_form, length_normalization), _DEAD)}
     if attends:
         truncated["attention"] = alive_attention
     return _merge(done, truncated, n)
@@ -123,3 +218,120 @@ def ids_to_text(vocab, ids, lengths) -> list[list[str]]:
     ids, lengths = getattr(ids, "numpy", lambda: ids)(), getattr(lengths, "numpy", lambda: lengths)()
     return [[" ".join(vocab.words[w] for w in row[:length]) for row, length in zip(image_ids, image_lengths)]
             for image_ids, image_lengths in zip(ids, lengths)]
+
+
+def _uniform(seed: int, keys, t):
+    """A uniform number in (0, 1) per row from ``seed``, the row's ``keys [N]`` (int64: its image's key and
+    its sample's number) and the step ``t``: a hash of the four, so a row's draws never depend on which other
+    rows share its batch."""
+    text = tf.strings.join([tf.strings.as_string(tf.constant(seed, tf.int64)), tf.strings.as_string(keys[:, 0]),
+                            tf.strings.as_string(keys[:, 1]), tf.strings.as_string(tf.cast(t, tf.int64))], "/")
+    buckets = 2 ** 31 - 1
+    return (tf.cast(tf.strings.to_hash_bucket_fast(text, buckets), tf.float32) + 0.5) / buckets
+
+
+def filtered(logp, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    """Log-probabilities ``[N, V]`` → the sampling distribution's log-probabilities: divided by ``temperature``,
+    only the ``top_k`` most likely words kept (0: all), then the fewest most likely words whose probability
+    reaches ``top_p`` (nucleus sampling; the most likely word always stays), renormalised.
+
+    >>> p = filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_p=0.75)
+    >>> [round(float(x), 3) for x in tf.exp(p)[0]]
+    [0.625, 0.375, 0.0, 0.0]
+    """
+    logp = tf.nn.log_softmax(logp / temperature)
+    vocab = logp.shape[-1]
+    if top_k and top_k < vocab:
+        kth = tf.math.top_k(logp, k=top_k).values[:, -1:]
+        logp = tf.where(logp < kth, _DEAD, logp)
+    if top_p < 1.0:
+        order = tf.argsort(logp, direction="DESCENDING", stable=True)
+        sorted_p = tf.exp(tf.gather(logp, order, batch_dims=1))
+        before = tf.cumsum(sorted_p, axis=1, exclusive=True)  # probability of the more likely words
+        keep_sorted = before < top_p
+        keep = tf.scatter_nd(tf.stack([tf.repeat(tf.range(tf.shape(order)[0]), vocab), tf.reshape(order, [-1])], 1),
+                             tf.reshape(keep_sorted, [-1]), tf.shape(order))
+        logp = tf.where(keep, logp, _DEAD)
+    return tf.nn.log_softmax(logp)
+
+
+def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, temperature: float = 1.0,
+                  sample_top_k: int = 0, sample_top_p: float = 1.0, seed: int = 0, keys=None, block_ngrams: int = 0,
+                  bad_endings=()) -> dict:
+    """``samples`` captions per image drawn from the model (:func:`filtered`: temperature, top-k, top-p; the
+    blocking rules of :func:`beam_search` apply too), as :func:`beam_search` returns them, most likely first:
+    ``log_probs`` and ``scores`` are the captions' log-probabilities under the model itself (temperature 1,
+    unfiltered). Seeded: ``keys [B]`` (int64, e.g. image ids or a hash of the image's bytes) name the images, and
+    the same ``seed`` and keys give the same captions under any batch size and order."""
+    steps, n = max_length, samples
+    state = model.reserve(initial_state, steps)
+    batch = tf.shape(tf.nest.flatten(state)[0])[0]
+    keys = tf.zeros([batch], tf.int64) if keys is None else tf.cast(keys, tf.int64)
+    rows = batch * n
+    state = tf.nest.map_structure(lambda s: tf.repeat(s, n, axis=0), state)
+    shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
+    row_keys = tf.stack([tf.repeat(keys, n), tf.tile(tf.range(n, dtype=tf.int64), [batch])], axis=1)
+    vocab = model.vocab_size
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD
+    tokens = tf.fill([rows], tf.constant(START_ID, tf.int32))
+    ids = tf.zeros([rows, steps], tf.int32)
+    going = tf.ones([rows], tf.bool)
+    lengths = tf.zeros([rows], tf.int32)
+    log_prob = tf.zeros([rows])
+    attends = model.attends
+    attention = tf.zeros([rows, steps, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])
+    for t in tf.range(steps):
+        tf.autograph.experimental.set_loop_options(
+            shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(shapes))))
+        logits, state = model.step(tokens, state)
+        model_logp = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        logp = model_logp + never
+        if block_ngrams or bad_endings:
+            logp += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
+        cdf = tf.cumsum(tf.exp(filtered(logp, temperature, sample_top_k, sample_top_p)), axis=1)
+        u = _uniform(seed, row_keys, t)
+        word = tf.minimum(tf.reduce_sum(tf.cast(cdf < u[:, None] * cdf[:, -1:], tf.int32), axis=1), vocab - 1)
+        log_prob += tf.where(going, tf.gather(model_logp, word, batch_dims=1), 0.0)  # as beam search reports it
+        is_word = going & tf.not_equal(word, END_ID)
+        ids += tf.where(is_word, word, 0)[:, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, :]
+        if attends:
+            weights = tf.cast(state["attention"], tf.float32) * tf.cast(is_word, tf.float32)[:, None]
+            attention += weights[:, None, :] * tf.one_hot(t, steps)[None, :, None]
+        lengths += tf.cast(is_word, tf.int32)
+        going = is_word
+        tokens = word
+    out = {"ids": tf.reshape(ids, [batch, n, steps]), "lengths": tf.reshape(lengths, [batch, n]),
+           "log_probs": tf.reshape(log_prob, [batch, n])}
+    if attends:
+        out["attention"] = tf.reshape(attention, [batch, n, steps, -1])
+    out["scores"] = out["log_probs"]
+    _, order = tf.math.top_k(out["scores"], k=n)  # most likely first
+    return {k: tf.gather(v, order, batch_dims=1) for k, v in out.items()}
+
+
+# self-critical.pytorch's remove_bad_endings list, with "the" and "and": words an English caption does not end on
+ENGLISH_BAD_ENDINGS = ("a", "an", "the", "with", "in", "on", "of", "at", "to", "for", "this", "his", "her", "that",
+                       "and")
+
+
+def bad_ending_ids(words, vocab) -> tuple[int, ...]:
+    """The ids of ``words`` (``decode.bad_endings``; ``english`` stands for :data:`ENGLISH_BAD_ENDINGS`) that the
+    vocabulary has (a word it lacks cannot end a caption anyway)."""
+    wanted = [w for word in words for w in (ENGLISH_BAD_ENDINGS if word == "english" else (word,))]
+    return tuple(sorted({vocab.id(w) for w in wanted if vocab.id(w) != UNK_ID}))
+
+
+def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
+    """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`)
+    say: beam search, greedy decoding (a beam of 1) or sampling, in :func:`beam_search`'s output format.
+    ``bad_endings``: word ids (:func:`bad_ending_ids`); ``keys [B]``: the images' sampling keys."""
+    common = {"max_length": settings.max_length, "block_ngrams": settings.block_ngrams, "bad_endings": bad_endings}
+    if settings.method == "sample":
+        return sample_search(model, initial_state, samples=settings.top_k, temperature=settings.temperature,
+                             sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p,
+                             seed=settings.seed, keys=keys, **common)
+    beam = 1 if settings.method == "greedy" else settings.beam_size
+    return beam_search(model, None, beam_size=beam, top_k=1 if settings.method == "greedy" else settings.top_k,
+                       length_normalization=settings.length_normalization, initial_state=initial_state,
+                       length_penalty_form=settings.length_penalty, beam_groups=settings.beam_groups if beam > 1 else 1,
+                       diversity=settings.diversity, **common)
