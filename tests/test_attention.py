@@ -58,7 +58,7 @@ def test_parameter_counts_and_shapes():
     features = model.encode(images)
     assert tuple(features.shape) == (B, 16, 128)
     state = model.initial_state(features)
-    assert set(state) == {"h", "c", "features", "projected", "attention", "coverage"}
+    assert set(state) == {"h", "c", "features", "projected", "mask", "attention", "coverage"}
     assert tuple(state["h"].shape) == tuple(state["c"].shape) == (B, U)
     assert tuple(state["projected"].shape) == (B, 16, A)
     logits, state = model.step(tf.constant(ids[:, 0]), state)

@@ -264,18 +264,18 @@ def rescore(model, images, captions):
 @pytest.mark.parametrize("name", NAMES)
 def test_beam_search_returns_its_best_captions_first_with_the_models_log_probabilities(name):
     from captioning.model.decode import beam_search
-    from captioning.vocab import END_ID, PAD_ID, START_ID
+    from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
     model = tiny(name, seed=5)
     images, _ = inputs(seed=9)
     features = model.encode(images)
     greedy = beam_search(model, features, beam_size=1, max_length=6)
-    state = model.reserve(model.initial_state(features), 6)  # greedy by hand: argmax, <pad> and <start> out
+    state = model.reserve(model.initial_state(features), 6)  # greedy by hand: argmax; <pad>, <start>, <unk> out
     tokens, manual, done = tf.fill([B], START_ID), np.zeros((B, 6), np.int64), np.zeros(B, bool)
     for t in range(6):
         logits, state = model.step(tokens, state)
         logits = npy(logits)
-        logits[:, [PAD_ID, START_ID]] = -np.inf
+        logits[:, [PAD_ID, START_ID, UNK_ID]] = -np.inf
         tokens = tf.constant(logits.argmax(axis=1))
         for row in range(B):
             if not done[row]:

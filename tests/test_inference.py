@@ -281,7 +281,8 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
                        decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
     assert plain.decode["method"] == "beam" and sampled.decode == {**plain.decode, "method": "sample", "top_k": 3,
                                                                    "seed": 4}
-    names = sorted(n for n in os.listdir(model_dir / "eval") if n.endswith("first2-data" + plain.dataset[:8] + ".json"))
+    names = sorted(n for n in os.listdir(model_dir / "eval")
+                   if n.startswith("test-") and n.endswith("first2-data" + plain.dataset[:8] + ".json"))
     assert len(names) == 2 and sum("-sample-" in n for n in names) == 1, names
     again = evaluate(str(model_dir), split="test", max_images=2, progress=False,
                      decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
