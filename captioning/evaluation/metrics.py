@@ -50,15 +50,35 @@ def _us_locale_for_java():
             os.environ["JAVA_TOOL_OPTIONS"] = old
 
 
-def coco_metrics(references: dict, candidates: dict, spice: bool = False) -> dict[str, float]:
+def start_meteor():
+    """METEOR's scorer, started now: its JVM spends about 4 s loading the paraphrase tables, which a caller can
+    overlap with other work (``evaluate`` starts it before it decodes) and share between scorings. Close it
+    with :func:`stop_meteor`."""
+    check_java()
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    with _us_locale_for_java():
+        return Meteor()
+
+
+def stop_meteor(meteor) -> None:
+    """Ends a scorer of :func:`start_meteor` (its JVM)."""
+    process = getattr(meteor, "meteor_p", None)
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def coco_metrics(references: dict, candidates: dict, spice: bool = False, meteor=None) -> dict[str, float]:
     """``references``: image id → list of reference captions; ``candidates``: image id → one caption.
 
     Scores the images of ``candidates`` (each must have references) and returns ``{metric: value}``.
+    ``meteor``: a running scorer of :func:`start_meteor` (kept running); by default one is started and
+    stopped here.
     """
     check_java()
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.meteor.meteor import Meteor
     from pycocoevalcap.rouge.rouge import Rouge
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
@@ -70,10 +90,11 @@ def coco_metrics(references: dict, candidates: dict, spice: bool = False) -> dic
     ids = list(candidates)
     gts = {i: [{"caption": c} for c in references[i]] for i in ids}
     res = {i: [{"caption": candidates[i]}] for i in ids}
+    own = meteor is None
+    if own:  # started before tokenising: the JVM loads while the tokenizer runs
+        meteor = start_meteor()
     tokenizer = PTBTokenizer()
     gts, res = tokenizer.tokenize(gts), tokenizer.tokenize(res)
-    with _us_locale_for_java():
-        meteor = Meteor()
     scorers = [(Bleu(4), ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"]), (meteor, "METEOR"), (Rouge(), "ROUGE_L"),
                (Cider(), "CIDEr")]
     if spice:
@@ -81,14 +102,17 @@ def coco_metrics(references: dict, candidates: dict, spice: bool = False) -> dic
         if spice_scorer is not None:
             scorers.append((spice_scorer, "SPICE"))
     metrics = {}
-    for scorer, method in scorers:
-        with contextlib.redirect_stdout(io.StringIO()):  # Bleu prints its ratios
-            score, _ = scorer.compute_score(gts, res)
-        if isinstance(method, list):
-            metrics.update({m: float(s) for m, s in zip(method, score)})
-        else:
-            metrics[method] = float(score)
-    del meteor  # stops METEOR's JVM
+    try:
+        for scorer, method in scorers:
+            with contextlib.redirect_stdout(io.StringIO()):  # Bleu prints its ratios
+                score, _ = scorer.compute_score(gts, res)
+            if isinstance(method, list):
+                metrics.update({m: float(s) for m, s in zip(method, score)})
+            else:
+                metrics[method] = float(score)
+    finally:
+        if own:
+            stop_meteor(meteor)
     return metrics
 
 
