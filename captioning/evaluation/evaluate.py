@@ -202,69 +202,67 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         return EvaluationResult(stored)
     path = folder.file(os.path.join("eval", name + ".json"))
     check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
-    meteor = metrics.start_meteor()  # its JVM loads its tables (~4 s) while the split is captioned
-    try:
-        # the best caption of each image is scored (sampling keeps its top_k samples, most likely first)
-        captioner = inference.Captioner(trained, decode if decode.method == "sample" else
-                                        dataclasses.replace(decode, top_k=1))
-        # a damaged shard: one line naming it (InputError), not a DataLossError traceback
-        with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-            refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
-            if shapes is not None:  # the instances file is checked before the hour of decoding, not after
-                grounding.check_covers(shapes, refs, split, instances)
-            candidates, loss, attention, boxes, every = _read_and_caption(
-                captioner, cfg, dataset, shards, split, max_images, batch_size, partial or split_images, progress)
-            refs = {image_id: refs[image_id] for image_id in candidates}
-        log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)",
-                 len(candidates))
-        scores = metrics.coco_metrics(refs, candidates, spice=spice, meteor=meteor)
-        result = EvaluationResult(
-            metrics=scores, split=split, checkpoint_step=trained.step, num_images=len(candidates),
-            all_images=partial is None, beam_size=beam_size, max_length=max_length,
-            length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
-            dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
-            checkpoint=os.path.realpath(trained.checkpoint), decode=dataclasses.asdict(decode))
-        with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-            train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
-        train_texts = [t for texts in train_refs.values() for t in texts]
-        result["diversity"] = diversity(every, len(trained.vocab), train_texts)
-        if baseline:
-            constant = most_frequent_caption(train_texts)
-            log.info("baseline: the most frequent training caption for every image: %r", constant)
-            result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates}, meteor=meteor)
-            result["baseline_caption"] = constant
-        if shapes is not None:
-            result["grounding"] = {"instances": os.path.abspath(instances),
-                                   "naming": grounding.naming_accuracy(shapes, candidates).to_json(),
-                                   "relations": relations.relation_accuracy(shapes, candidates).to_json()}
-            if attention:
-                located = grounding.attention_localisation(shapes, attention, captioner.grid_shape, cfg.resize_size,
-                                                           cfg.image_size, regions=boxes)
-                result["grounding"]["attention"] = located.to_json()
+    metrics.start_meteor()  # its JVM loads its tables (~4 s) while the split is captioned
+    # the best caption of each image is scored (sampling keeps its top_k samples, most likely first)
+    captioner = inference.Captioner(trained, decode if decode.method == "sample" else
+                                    dataclasses.replace(decode, top_k=1))
+    # a damaged shard: one line naming it (InputError), not a DataLossError traceback
+    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+        refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
+        if shapes is not None:  # the instances file is checked before the hour of decoding, not after
+            grounding.check_covers(shapes, refs, split, instances)
+        candidates, loss, attention, boxes, every = _read_and_caption(
+            captioner, cfg, dataset, shards, split, max_images, batch_size, partial or split_images, progress)
+        refs = {image_id: refs[image_id] for image_id in candidates}
+    log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)",
+             len(candidates))
+    scores = metrics.coco_metrics(refs, candidates, spice=spice)
+    result = EvaluationResult(
+        metrics=scores, split=split, checkpoint_step=trained.step, num_images=len(candidates),
+        all_images=partial is None, beam_size=beam_size, max_length=max_length,
+        length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
+        dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
+        checkpoint=os.path.realpath(trained.checkpoint), decode=dataclasses.asdict(decode))
+    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+        train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
+    train_texts = [t for texts in train_refs.values() for t in texts]
+    result["diversity"] = diversity(every, len(trained.vocab), train_texts)
+    if baseline:
+        constant = most_frequent_caption(train_texts)
+        log.info("baseline: the most frequent training caption for every image: %r", constant)
+        result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
+        result["baseline_caption"] = constant
+    if shapes is not None:
+        result["grounding"] = {"instances": os.path.abspath(instances),
+                               "naming": grounding.naming_accuracy(shapes, candidates).to_json(),
+                               "relations": relations.relation_accuracy(shapes, candidates).to_json()}
+        if attention:
+            located = grounding.attention_localisation(shapes, attention, captioner.grid_shape, cfg.resize_size,
+                                                       cfg.image_size, regions=boxes)
+            result["grounding"]["attention"] = located.to_json()
 
-        try:
-            atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
-                              [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
-            atomic_write_json(path, result)  # last: a metrics file means the evaluation is complete
-            if output:
-                atomic_write_json(output, result)
-            with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
-                    step=trained.step):
-                tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode)
-                       + (f"-first{partial}" if partial else ""))
-                for metric, value in scores.items():
-                    tf.summary.scalar(f"{tag}/{metric}", value)
-                tf.summary.scalar(f"{tag}/perplexity", result.perplexity)
-        except (OSError, tf.errors.OpError) as e:
-            full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
-            if full is None and not isinstance(e, OSError):
-                raise
-            raise full or InputError(f"cannot write the evaluation results to {os.path.dirname(path)}: "
-                                     f"{e.strerror or e}") from None
-        log.info("wrote %s", path)
-        return result
-    finally:
-        metrics.stop_meteor(meteor)
+    try:
+        atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
+                          [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
+        atomic_write_json(path, result)  # last: a metrics file means the evaluation is complete
+        if output:
+            atomic_write_json(output, result)
+        with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
+                step=trained.step):
+            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode)
+                   + (f"-first{partial}" if partial else ""))
+            for metric, value in scores.items():
+                tf.summary.scalar(f"{tag}/{metric}", value)
+            tf.summary.scalar(f"{tag}/perplexity", result.perplexity)
+    except (OSError, tf.errors.OpError) as e:
+        full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
+        if full is None and not isinstance(e, OSError):
+            raise
+        raise full or InputError(f"cannot write the evaluation results to {os.path.dirname(path)}: "
+                                 f"{e.strerror or e}") from None
+    log.info("wrote %s", path)
+    return result
+
 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,

@@ -16,6 +16,7 @@ Metric names are the COCO server's: ``Bleu_1`` … ``Bleu_4``, ``METEOR``, ``ROU
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
@@ -50,31 +51,43 @@ def _us_locale_for_java():
             os.environ["JAVA_TOOL_OPTIONS"] = old
 
 
+_METEOR = None  # this process's METEOR scorer, kept between scorings (its JVM takes ~4 s to start)
+
+
 def start_meteor():
-    """METEOR's scorer, started now: its JVM spends about 4 s loading the paraphrase tables, which a caller can
-    overlap with other work (``evaluate`` starts it before it decodes) and share between scorings. Close it
-    with :func:`stop_meteor`."""
-    check_java()
-    from pycocoevalcap.meteor.meteor import Meteor
+    """This process's METEOR scorer, started if it is not running: its JVM spends about 4 s loading the
+    paraphrase tables, so it is started once per process and kept (``evaluate`` starts it before it
+    captions, so the loading overlaps the decoding; later evaluations in the same process reuse it).
+    :func:`stop_meteor` ends it; so does the end of the process."""
+    global _METEOR
+    process = getattr(_METEOR, "meteor_p", None)
+    if process is None or process.poll() is not None:
+        check_java()
+        from pycocoevalcap.meteor.meteor import Meteor
 
-    with _us_locale_for_java():
-        return Meteor()
+        with _us_locale_for_java():
+            _METEOR = Meteor()
+    return _METEOR
 
 
-def stop_meteor(meteor) -> None:
-    """Ends a scorer of :func:`start_meteor` (its JVM)."""
-    process = getattr(meteor, "meteor_p", None)
+def stop_meteor() -> None:
+    """Ends this process's METEOR scorer (its JVM), if it runs."""
+    global _METEOR
+    process = getattr(_METEOR, "meteor_p", None)
+    _METEOR = None
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()
 
 
-def coco_metrics(references: dict, candidates: dict, spice: bool = False, meteor=None) -> dict[str, float]:
+atexit.register(stop_meteor)
+
+
+def coco_metrics(references: dict, candidates: dict, spice: bool = False) -> dict[str, float]:
     """``references``: image id → list of reference captions; ``candidates``: image id → one caption.
 
     Scores the images of ``candidates`` (each must have references) and returns ``{metric: value}``.
-    ``meteor``: a running scorer of :func:`start_meteor` (kept running); by default one is started and
-    stopped here.
+    METEOR runs in this process's scorer (:func:`start_meteor`).
     """
     check_java()
     from pycocoevalcap.bleu.bleu import Bleu
@@ -90,9 +103,7 @@ def coco_metrics(references: dict, candidates: dict, spice: bool = False, meteor
     ids = list(candidates)
     gts = {i: [{"caption": c} for c in references[i]] for i in ids}
     res = {i: [{"caption": candidates[i]}] for i in ids}
-    own = meteor is None
-    if own:  # started before tokenising: the JVM loads while the tokenizer runs
-        meteor = start_meteor()
+    meteor = start_meteor()  # (started before tokenising: its JVM loads while the tokenizer runs)
     tokenizer = PTBTokenizer()
     gts, res = tokenizer.tokenize(gts), tokenizer.tokenize(res)
     scorers = [(Bleu(4), ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"]), (meteor, "METEOR"), (Rouge(), "ROUGE_L"),
@@ -110,9 +121,9 @@ def coco_metrics(references: dict, candidates: dict, spice: bool = False, meteor
                 metrics.update({m: float(s) for m, s in zip(method, score)})
             else:
                 metrics[method] = float(score)
-    finally:
-        if own:
-            stop_meteor(meteor)
+    except BaseException:  # a scorer interrupted mid-exchange cannot be trusted with the next one
+        stop_meteor()
+        raise
     return metrics
 
 
