@@ -47,7 +47,11 @@ def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_di
 
     manifest_ids = set(references(DataConfig(dir=prepared_dir), "test"))
     assert {p["image_id"] for p in predictions} == manifest_ids
-    assert all(set(p) == {"image_id", "caption"} and p["caption"] for p in predictions)
+    # a model trained 60 steps may well say nothing (numerics differ between CPUs): any caption is a string
+    # of the vocabulary's words
+    vocab = set(open(os.path.join(trained_model_dir, "vocab.txt"), encoding="utf-8").read().split())
+    assert all(set(p) == {"image_id", "caption"} and isinstance(p["caption"], str) for p in predictions)
+    assert all(set(p["caption"].split()) <= vocab for p in predictions)
     events = os.listdir(os.path.join(trained_model_dir, "logs", "eval_test"))
     assert any(name.startswith("events.out.tfevents") for name in events)
 
@@ -110,7 +114,8 @@ def test_caption_a_folder_with_broken_files(trained_model_dir, user_images, tmp_
     assert sorted(captioned) == sorted(good)  # each once, the huge JPEG downscaled and captioned
     for x in lines:
         assert len(x["captions"]) == 2 and x["captions"][0]["log_prob"] >= x["captions"][1]["log_prob"]
-        assert all(c["caption"] for c in x["captions"])
+        assert all(isinstance(c["caption"], str) for c in x["captions"])  # (a tiny model's may be empty)
+        assert x["captions"][0]["caption"] != x["captions"][1]["caption"]  # two different captions
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert all(line.startswith("captioning caption: error: ") for line in errors)
     reasons = {line.split(": ")[2].rsplit("/", 1)[-1]: line.split(": ", 3)[3] for line in errors}
@@ -289,6 +294,11 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
     assert again == sampled  # the stored result: same seed, same captions, nothing decoded again
     # diversity: over the best captions always; among each image's captions when there are several
     assert set(plain.diversity) == {"distinct_1", "distinct_2", "vocabulary_usage", "words_used", "novel_captions"}
-    assert 0 < plain.diversity["distinct_1"] <= 1 and 0 <= plain.diversity["novel_captions"] <= 1
+    # (a model trained 60 steps may say nothing on another CPU: then there is no n-gram to count, None)
+    plain_name = next(n for n in names if "-sample-" not in n)
+    best = json.load(open(model_dir / "eval" / plain_name.replace(".json", ".predictions.json")))
+    words = [w for p in best for w in p["caption"].split()]
+    assert plain.diversity["distinct_1"] == (pytest.approx(len(set(words)) / len(words)) if words else None)
+    assert 0 <= plain.diversity["novel_captions"] <= 1
     assert sampled.diversity["captions_per_image"] == 3 and 0 <= sampled.diversity["mbleu_4"] <= 1
-    assert 0 < sampled.diversity["local_distinct_1"] <= 1
+    assert sampled.diversity["local_distinct_1"] is None or 0 < sampled.diversity["local_distinct_1"] <= 1
