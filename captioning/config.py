@@ -157,6 +157,17 @@ class DataConfig(Section):
     service_compression: str = field(default="none", metadata=choices("none", "snappy", "auto"))
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
 
+    def evaluation_input(self) -> dict:
+        """The keys that decide what evaluation gives the model for each image: models whose values agree
+        read the same batches (an ensemble is evaluated over one input).
+
+        >>> DataConfig(image_size=64, resize_size=72).evaluation_input()
+        {'features': 'images', 'image_size': 64, 'resize_size': 72}
+        """
+        if self.features == "regions":
+            return {"features": self.features, "features_store": self.features_store}
+        return {"features": self.features, "image_size": self.image_size, "resize_size": self.resize_size}
+
     def check(self, prefix: str = "data.") -> None:
         if self.image_size > self.resize_size:
             raise InputError(f"{prefix}image_size ({self.image_size}) cannot exceed {prefix}resize_size "

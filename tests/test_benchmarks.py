@@ -117,10 +117,11 @@ def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
     assert "the CIDEr-D reward alone" in done.stdout
 
 
-def test_benchmark_decode(tmp_path, trained_model_dir):
+def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
     transformer = ["--set", "model.decoder=transformer", "--set", "model.d_model=16", "--set", "model.heads=2",
                    "--set", "model.ff_size=16", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
-    options = ["--option", "decode.method=sample,decode.top_k=2", "--option", "decode.block_ngrams=2"]
+    options = ["--option", "decode.method=sample,decode.top_k=2", "--option", "decode.block_ngrams=2",
+               "--ensemble-with", trained_attention_dir]
     for extra, decoder in (([], "show_and_tell"), (["--model-dir", trained_model_dir, *options], "show_and_tell"),
                            (transformer, "transformer")):
         out = tmp_path / "decode.json"
@@ -133,12 +134,15 @@ def test_benchmark_decode(tmp_path, trained_model_dir):
         assert result["cache_speedup"] == pytest.approx(result["cached_captions_per_s"] /
                                                         result["recomputed_captions_per_s"])
         if options[0] in extra:  # each decoding setting against plain beam search, side by side
-            assert sorted(result["options"]) == ["decode.block_ngrams=2", "decode.method=sample,decode.top_k=2"]
+            assert sorted(result["options"]) == ["decode.block_ngrams=2", "decode.method=sample,decode.top_k=2",
+                                                 "ensemble of 2"]
             for o in result["options"].values():
                 assert o["vs_beam"] == pytest.approx(o["captions_per_s"] / result["batched_captions_per_s"])
             assert "decode.block_ngrams=2: " in done.stdout
     done = run_cli("benchmark", "decode", "--model-dir", trained_model_dir, "--set", "model.decoder=attention")
     assert done.returncode == 2 and "give --model-dir or --config/--set, not both" in done.stderr
+    done = run_cli("benchmark", "decode", "--ensemble-with", trained_model_dir)
+    assert done.returncode == 2 and "--ensemble-with names the other models of an ensemble" in done.stderr
 
 
 def test_the_prefix_recomputer_decodes_what_the_model_decodes():

@@ -14,6 +14,9 @@ words chosen so far, padded to ``max_length``, whose last logits pick the next w
 without a key/value cache does. ``--config`` and ``--set`` choose the untrained model
 (``--config experiments/shapes_transformer.yaml``, or ``--set model.decoder=attention``).
 
+``--ensemble-with MODEL_DIR`` (repeatable, with ``--model-dir``) times the ensemble of the models the same
+way (``options["ensemble of N"]``).
+
 ``--option decode.KEY=VALUE[,decode.KEY=VALUE…]`` (repeatable) also times the batched call with each of
 those decoding settings (``decode.method=sample,decode.top_k=5``, ``decode.block_ngrams=3``,
 ``decode.beam_groups=3,decode.diversity=0.5``) against plain beam search, side by side in the same run:
@@ -100,9 +103,11 @@ def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:
 
 def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, beam_size: int | None = None,
         max_length: int | None = None, length_normalization: float | None = None, config: str | None = None,
-        overrides: tuple[str, ...] = (), decode_options: tuple[str, ...] = (), progress: bool = True) -> dict:
+        overrides: tuple[str, ...] = (), decode_options: tuple[str, ...] = (), ensemble_with: tuple[str, ...] = (),
+        progress: bool = True) -> dict:
     """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config.
-    Without ``model_dir``, an untrained model of ``config`` and ``overrides`` (``--set model.decoder=...``)."""
+    Without ``model_dir``, an untrained model of ``config`` and ``overrides`` (``--set model.decoder=...``).
+    ``ensemble_with``: model folders whose ensemble with ``model_dir`` is timed too, beside the options."""
     import tensorflow as tf
 
     from captioning import inference
@@ -112,6 +117,9 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
                          params=("batch_size", "images"))
     if model_dir and (config or overrides):
         raise InputError("give `model_dir` or `config`/`overrides`, not both", params=("model_dir", "config", "overrides"))
+    if ensemble_with and not model_dir:
+        raise InputError("`ensemble_with` names the other models of an ensemble with `model_dir`: give `model_dir`",
+                         params=("ensemble_with", "model_dir"))
     trained = inference.load(model_dir) if model_dir else _untrained_model(config, tuple(overrides))
     captioner = inference.Captioner(trained, trained.config.decode.override(
         beam_size=beam_size, max_length=max_length, length_normalization=length_normalization, top_k=1))
@@ -134,9 +142,13 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
              batched["per_s"])
     speedup = batched["per_s"] / single["per_s"]
     options = {}
-    for spec in decode_options:  # each against plain beam search, the same images and batch
-        settings = captioner.settings.with_overrides([part.strip() for part in spec.split(",") if part.strip()])
-        other = inference.Captioner(trained, settings)
+    others = [(spec, lambda s=spec: inference.Captioner(trained, captioner.settings.with_overrides(
+        [part.strip() for part in s.split(",") if part.strip()]))) for spec in decode_options]
+    if ensemble_with:  # the ensemble, decoding as the first model does
+        others.append((f"ensemble of {1 + len(ensemble_with)}", lambda: inference.Captioner(
+            inference.load([model_dir, *ensemble_with]), captioner.settings)))
+    for spec, make in others:  # each against plain beam search, the same images and batch
+        other = make()
 
         def other_calls(c=other):
             while True:

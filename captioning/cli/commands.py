@@ -155,9 +155,18 @@ def run_train(args) -> int:
     return 0
 
 
+MODEL_DIRS_HELP = ("a folder written by `captioning train`; repeat it for an ensemble (models of one vocabulary, any "
+                   "decoders: each step averages their word probabilities)")
+
+
+def add_model_dirs(p) -> None:
+    """``--model-dir``, repeatable: one model or an ensemble (``args.model_dir``: a list of folders)."""
+    p.add_argument("--model-dir", required=True, action="append", metavar="MODEL_DIR", help=MODEL_DIRS_HELP)
+
+
 def _captioner(args):
-    """The trained model of --model-dir, decoding as its ``decode:`` config says, the decoding flags
-    given overriding it."""
+    """The trained model of --model-dir (of several, their ensemble), decoding as its (the first's)
+    ``decode:`` config says, the decoding flags given overriding it."""
     from captioning import inference
     from captioning.config import DecodeConfig
 
@@ -177,7 +186,7 @@ def add_evaluate(sub) -> None:
                     "(COCO results format), the key naming the split, checkpoint, decoding, images and dataset; "
                     "the same evaluation again prints the stored result. Also TensorBoard scalars under "
                     "logs/eval_<split>; --output writes the metrics JSON to a file of your choice too.")
-    p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
+    add_model_dirs(p)
     p.add_argument("--split", default="test", help="split of the prepared dataset (default test)")
     p.add_argument("--max-images", type=POSITIVE, default=None, help="only the first N images of the split")
     decoding_flags(p)
@@ -205,8 +214,10 @@ def run_evaluate(args) -> int:
     rows = {"model": result.metrics}
     if result.baseline is not None:
         rows["baseline"] = result.baseline
-    print(f"{args.split}: {result.num_images} images, checkpoint step {result.checkpoint_step}, "
-          f"beam {result.beam_size}, perplexity {result.perplexity:.3f}")
+    which = (f"an ensemble of {len(result.members)} models" if result.members
+             else f"checkpoint step {result.checkpoint_step}")
+    print(f"{args.split}: {result.num_images} images, {which}, beam {result.beam_size}, "
+          f"perplexity {result.perplexity:.3f}")
     print(format_table(rows))
     if result.diversity:
         print(diversity_line(result.diversity))
@@ -289,7 +300,7 @@ def add_caption(sub) -> None:
                     "that cannot be read as an image gets one error line; the others are still captioned, "
                     "and the exit code is then 1.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders of them")
-    p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
+    add_model_dirs(p)
     decoding_flags(p, top_k=True)
     p.add_argument("--json", action="store_true", help="print one JSON object per image instead of text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML gallery here")
@@ -303,32 +314,30 @@ def add_caption(sub) -> None:
 def run_caption(args) -> int:
     from captioning.errors import InputError
     from captioning.inference import caption
-
-    files = caption.collect_paths(args.paths)
-    if args.html:  # before the model loads, not after captioning; never over an image or the model's files
-        from captioning.model.folder import ModelDir
-
-        ModelDir(args.model_dir).refuse_output(args.html, "`html`", params=("html",))
-        check_output_file(args.html, "`html`", params=("html",), inputs=files + (args.detections or []), kind="html")
+    from captioning.inference.captioner import check_boxes
     from captioning.model.folder import ModelDir
 
-    cfg = ModelDir(args.model_dir).read_config()  # before the model loads: what it reads
-    regions = cfg is not None and cfg.data.features == "regions"
+    files = caption.collect_paths(args.paths)
+    folders = [ModelDir(path) for path in args.model_dir]
+    if args.html:  # before the model loads, not after captioning; never over an image or the models' files
+        for folder in folders:
+            folder.refuse_output(args.html, "`html`", params=("html",))
+        check_output_file(args.html, "`html`", params=("html",), inputs=files + (args.detections or []), kind="html")
+    configs = {folder.path: folder.read_config() for folder in folders}  # before the models load: what they read
+    regions = [path for path, cfg in configs.items() if cfg is not None and cfg.data.features == "regions"]
     if regions and not args.detections:
-        raise InputError(f"the model in {args.model_dir} reads regions: give each image's boxes with --detections "
+        raise InputError(f"the model in {regions[0]} reads regions: give each image's boxes with --detections "
                          "FILE (COCO detection results or instances file)", params=("detections",))
-    if args.detections and cfg is not None and not regions:
-        raise InputError(f"--detections: the model in {args.model_dir} reads its encoder's grid, not regions (it "
+    if args.detections and not regions and all(cfg is not None for cfg in configs.values()):
+        raise InputError(f"--detections: the model in {args.model_dir[0]} reads its encoder's grid, not regions (it "
                          "was not trained with data.features: regions)", params=("detections",))
-    if regions:
-        from captioning.inference.captioner import check_boxes
-
-        check_boxes(cfg, args.model_dir)
+    for path in regions:
+        check_boxes(configs[path], path)
     boxes = caption.detections_for(files, args.detections) if regions else None
     captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet, boxes=boxes)
     if args.html:
-        caption.write_gallery(args.html, results, f"captions by {args.model_dir}")
+        caption.write_gallery(args.html, results, f"captions by {' + '.join(args.model_dir)}")
     return caption.print_results(results, args.json)
 
 
@@ -338,7 +347,7 @@ def add_export(sub) -> None:
         description="Writes a SavedModel whose serving signature takes a batch of encoded images (JPEG, PNG) "
                     "and returns the top captions and their log-probabilities, beam search inside. It loads "
                     "with tf.saved_model.load, without this project.")
-    p.add_argument("--model-dir", required=True, help="a folder written by `captioning train`")
+    add_model_dirs(p)
     p.add_argument("--output", required=True, help="the SavedModel folder to write")
     decoding_flags(p, top_k=True)
     p.add_argument("--overwrite", action="store_true",

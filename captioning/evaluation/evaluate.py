@@ -26,6 +26,13 @@ gets each result once, under ``logs/eval_<split>`` at the checkpoint's step, its
 settings (``beam3-len20-norm0/CIDEr``; ``…-first5/CIDEr`` for a partial result), so points of different
 settings never pile up on one curve.
 
+**Ensembles.** Several model folders (``--model-dir A --model-dir B``; :mod:`captioning.model.ensemble`) are
+evaluated as one model: each step averages their word probabilities, and the perplexity is the averaged
+distribution's. They must share a vocabulary and read the same input (the same image sizes, or the same
+features store: :meth:`captioning.config.DataConfig.evaluation_input`). The result is kept in the first
+folder, its key marked ``-ensemble<M>-<hash of the checkpoints>`` and its document holding ``"members"``
+(each model's checkpoint); ``checkpoint_step`` and the default decoding are the first model's.
+
 The dataset must have been prepared with the model's vocabulary (as ``train`` requires); ``--data-dir``
 points at the records when the config's ``data.dir`` is not where they are on this machine.
 
@@ -161,9 +168,10 @@ class EvaluationResult(dict):
     checkpoint: str = _key("checkpoint")  # the checkpoint's path
     decode: dict | None = _key("decode")  # every decoding setting (results of before it: None)
     diversity: dict | None = _key("diversity")  # captioning.evaluation.diversity
+    members: list[str] | None = _key("members")  # an ensemble: its models' checkpoints (one model: None)
 
 
-def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, max_images: int | None = None,
+def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | None = None, max_images: int | None = None,
              max_length: int | None = None, length_normalization: float | None = None, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
              output: str | None = None, progress: bool = True, checkpoint: str | None = None,
@@ -171,15 +179,19 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
     ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: a COCO instances file
-    of the split, for grounding."""
+    of the split, for grounding. Several folders in ``model_dir`` (a list): their ensemble, kept in the first's
+    folder (see the module docstring)."""
     metrics.check_java()  # fail before an hour of decoding, not after
-    folder = ModelDir(model_dir)
+    dirs = [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
+    folder = ModelDir(dirs[0])
     if output:  # never over the model's own files, nor over the instances file it reads
         folder.refuse_output(output, "`output`", params=("output",))
         check_output_file(output, "`output`", params=("output",), inputs=(instances,) if instances else (),
                           kind="json")
     shapes = grounding.load_instances(instances) if instances else None
-    trained = inference.load(model_dir, checkpoint)
+    trained = inference.load(dirs, checkpoint)
+    members = trained.members
+    _check_same_input(members)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization).with_overrides(decode_overrides)
     beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization
@@ -190,10 +202,13 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
     partial = max_images if max_images and max_images < split_images else None
     # the key: the same data, checkpoint and settings, or a new evaluation
     foreign = not folder.owns_checkpoint(trained.checkpoint)
+    checkpoints = [os.path.realpath(m.checkpoint) for m in members]
+    ensemble = _ensemble_label(checkpoints)
     name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial,
-                       dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "", options_label(decode))
+                       dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "",
+                       options_label(decode) + ensemble)
     stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, instances is not None,
-                     dataset.identity, os.path.realpath(trained.checkpoint))
+                     dataset.identity, checkpoints)
     if stored is not None:
         log.info("%s is evaluated already (checkpoint step %d, these settings): the stored result, unchanged",
                  split, trained.step)
@@ -223,6 +238,8 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
         length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
         dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
         checkpoint=os.path.realpath(trained.checkpoint), decode=dataclasses.asdict(decode))
+    if len(members) > 1:
+        result["members"] = checkpoints
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
         train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
     train_texts = [t for texts in train_refs.values() for t in texts]
@@ -249,7 +266,7 @@ def evaluate(model_dir: str, split: str = "test", beam_size: int | None = None, 
             atomic_write_json(output, result)
         with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
                 step=trained.step):
-            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode)
+            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode) + ensemble
                    + (f"-first{partial}" if partial else ""))
             for metric, value in scores.items():
                 tf.summary.scalar(f"{tag}/{metric}", value)
@@ -303,12 +320,38 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
 
 
 def _short_hash(path: str) -> str:
-    import hashlib
-
     return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8]
 
 
-def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str, checkpoint: str) -> dict | None:
+def _ensemble_label(checkpoints: list[str]) -> str:
+    """``""`` for one model; for an ensemble ``-ensemble<M>-`` and a hash of its checkpoints (in any order: the
+    average does not depend on it).
+
+    >>> _ensemble_label(["/m/a/ckpt-5"]), _ensemble_label(["/m/a/ckpt-5", "/m/b/ckpt-9"])[:10]
+    ('', '-ensemble2')
+    """
+    if len(checkpoints) == 1:
+        return ""
+    digest = hashlib.sha256("\n".join(sorted(checkpoints)).encode()).hexdigest()[:8]
+    return f"-ensemble{len(checkpoints)}-{digest}"
+
+
+def _check_same_input(members) -> None:
+    """An InputError in one line when an ensemble's models read different inputs: evaluation reads each
+    image once, as all of them read it (``caption`` and ``export`` give each model its own)."""
+    first = members[0].config.data.evaluation_input()
+    for member in members[1:]:
+        other = member.config.data.evaluation_input()
+        if other != first:
+            differ = ", ".join(f"data.{k} {first.get(k)!r} against {other.get(k)!r}"
+                               for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k))
+            raise InputError(f"the models in {members[0].model_dir} and {member.model_dir} read different inputs "
+                             f"({differ}): an ensemble is evaluated over one input; caption or export it instead, "
+                             "where each model reads the images its own way", params=("model_dir",))
+
+
+def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str,
+            checkpoints: list[str]) -> dict | None:
     """The result already stored under this key, if it is of the same dataset and checkpoint (the key says
     so; the document is checked too) and holds everything asked for."""
     try:
@@ -316,7 +359,9 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str
             stored = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoint:
+    members = checkpoints if len(checkpoints) > 1 else None  # (one model's result has no "members")
+    if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoints[0] \
+            or stored.get("members") != members:
         return None
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
             (grounded and "relations" not in stored.get("grounding", {})) or \

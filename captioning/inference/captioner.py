@@ -15,6 +15,7 @@ as ``captioning features extract`` pooled the regions the model was trained on.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -25,12 +26,26 @@ from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
 from captioning.errors import InputError
 from captioning.model.base import IMAGE_INPUTS
+from captioning.model.ensemble import TrainedEnsemble, load_ensemble
 from captioning.model.folder import ModelDir, TrainedModel
 
 
-def load(model_dir: str, checkpoint: str | None = None) -> TrainedModel:
-    """The model of ``model_dir`` at ``checkpoint`` (default: the latest complete one)."""
-    return ModelDir(model_dir).load(checkpoint)
+def load(model_dir, checkpoint: str | None = None) -> TrainedModel | TrainedEnsemble:
+    """The model of ``model_dir`` at ``checkpoint`` (default: the latest complete one); with several folders
+    (a list), the ensemble of their latest complete checkpoints (:mod:`captioning.model.ensemble`)."""
+    dirs = [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
+    if len(dirs) == 1:
+        return ModelDir(dirs[0]).load(checkpoint)
+    if checkpoint:
+        raise InputError("`checkpoint` names one model's checkpoint: an ensemble of several model folders uses each "
+                         "one's latest complete checkpoint", params=("checkpoint",))
+    seen = {}
+    for path in dirs:
+        if os.path.realpath(path) in seen:
+            raise InputError(f"`model_dir` {path} is given twice (as {seen[os.path.realpath(path)]}): an ensemble's "
+                             "models are different folders", params=("model_dir",))
+        seen[os.path.realpath(path)] = path
+    return load_ensemble(dirs)
 
 
 def check_boxes(cfg, model_dir: str) -> None:
@@ -51,10 +66,11 @@ def image_keys(encoded):
 
 
 class Captioner:
-    """Captions for batches of encoded images, beam search inside one ``tf.function``."""
+    """Captions for batches of encoded images, beam search inside one ``tf.function``, by one trained model
+    or an ensemble of them (:class:`captioning.model.ensemble.TrainedEnsemble`)."""
 
     def __init__(self, trained: TrainedModel, decode: DecodeConfig | None = None):
-        """``decode``: the beam search's settings (default: the model's ``decode:`` config)."""
+        """``decode``: the beam search's settings (default: the (first) model's ``decode:`` config)."""
         self.trained = trained
         self.settings = (decode or trained.config.decode).check()
         self.options = dataclasses.asdict(self.settings)  # what an export records
@@ -65,36 +81,56 @@ class Captioner:
 
     def decode_encoded(self, encoded: tf.Tensor) -> dict:
         """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs (with ``attention`` for an
-        attention decoder), and ``images``: the ``uint8`` crops the model saw."""
-        cfg = self.trained.config.data
-        size = cfg.image_size
-        images = tf.map_fn(lambda e: model_input(e, cfg), encoded,
-                           fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
-        model = self.trained.model
-        state = model.initial_state(model.encode(images, training=False))
+        attention decoder), and ``images``: the ``uint8`` crops the model saw (an ensemble's: its first
+        model's)."""
+        state, images, _ = self._image_states(encoded)
         return {**self._generate(state, image_keys(encoded)), "images": images}
 
     def _generate(self, initial_state, keys) -> dict:
         """Captions as :attr:`settings` say (:func:`captioning.model.decode.generate`)."""
         return generate(self.trained.model, initial_state, self.settings, self.bad_endings, keys)
 
+    def _image_states(self, encoded, boxes=None):
+        """The decoding state of encoded images ``[B]`` (an ensemble's: each model's, as a tuple), the first
+        model's images and, with ``boxes``, the regions' boxes. Each model sees the images as it was
+        trained to: the central crop of its own sizes, or (reading regions) the whole image squashed to its
+        size with each box and the whole image pooled from its grid."""
+        states, crops, seen, regions = [], {}, None, None
+        for member in self.trained.members:
+            model, cfg = member.model, member.config.data
+            if model.reads_regions:
+                images, sizes = self._squashed(encoded, model.image_size)
+                inputs = boxes_to_regions(model, images, boxes, sizes)
+                states.append(model.image_state(inputs))
+                regions = inputs["boxes"] if regions is None else regions
+            else:
+                size = (cfg.resize_size, cfg.image_size)
+                if size not in crops:  # models of the same sizes share the decoding
+                    crops[size] = tf.map_fn(lambda e, c=cfg: model_input(e, c), encoded,
+                                            fn_output_signature=tf.TensorSpec([cfg.image_size] * 2 + [3], tf.uint8))
+                images = crops[size]
+                states.append(model.initial_state(model.encode(images, training=False)))
+            seen = images if seen is None else seen
+        return (states[0] if len(states) == 1 else tuple(states)), seen, regions
+
+    @staticmethod
+    def _squashed(encoded, size: int):
+        def one(data):
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+            return squash(image, size), tf.shape(image)[:2]
+
+        return tf.map_fn(one, encoded, fn_output_signature=(tf.TensorSpec([size, size, 3], tf.uint8),
+                                                            tf.TensorSpec([2], tf.int32)))
+
     def decode_with_boxes(self, encoded: tf.Tensor, boxes: tf.Tensor) -> dict:
         """A model reading regions (``model.regions_from_encoder``): encoded images ``[B]`` and their boxes
         ``[B, N, 4]`` (x, y, width, height pixels; no width or height: padding) → beam search outputs (the
         attention over each image's regions, the boxes last), ``images`` (the whole images squashed to the
         model's size, as the regions were pooled from them) and ``boxes`` (the regions' corners as
-        fractions of the image, the whole image last)."""
-        size = self.trained.model.image_size
-
-        def one(data):
-            image = tf.io.decode_image(data, channels=3, expand_animations=False)
-            return squash(image, size), tf.shape(image)[:2]
-
-        images, sizes = tf.map_fn(one, encoded, fn_output_signature=(tf.TensorSpec([size, size, 3], tf.uint8),
-                                                                     tf.TensorSpec([2], tf.int32)))
-        inputs = boxes_to_regions(self.trained.model, images, boxes, sizes)
-        return {**self.decode_batch({**inputs, "image_id": image_keys(encoded)}), "images": images,
-                "boxes": inputs["boxes"]}
+        fractions of the image, the whole image last). An ensemble's models that read the grid ignore the
+        boxes."""
+        state, images, regions = self._image_states(encoded, boxes)
+        return {**self._generate(state, image_keys(encoded)), "images": images, "boxes": regions}
 
     def decode_batch(self, batch: dict) -> dict:
         """A batch as the model reads it (``image``, or ``regions``, ``boxes`` and ``region_mask``; ``image_id``
@@ -116,8 +152,10 @@ class Captioner:
         return self.trained.model.reads_regions
 
     def check_boxes(self) -> None:
-        """An InputError when the model reads regions it cannot pool from new images (imported features)."""
-        check_boxes(self.trained.config, self.trained.model_dir)
+        """An InputError when the model (of an ensemble, any) reads regions it cannot pool from new images
+        (imported features)."""
+        for member in self.trained.members:
+            check_boxes(member.config, member.model_dir)
 
     def caption(self, encoded: list[bytes], boxes: list | None = None) -> list[list[Caption]]:
         """Per image, the ``top_k`` captions, best first (with each word's attention weights and the crop

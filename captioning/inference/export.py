@@ -8,6 +8,9 @@ caption's last word). A model reading regions (``data.features: regions``) takes
 [batch, n, 4]``: x, y, width, height in pixels of each image, as COCO detection results give them; a box of
 no width or height is padding) and returns ``regions`` (``[batch, n + 1, 4]``: each box as x1, y1, x2, y2
 fractions of the image, the whole image last) and ``attention`` over them (``[batch, max_length, n + 1]``).
+An ensemble's export (several ``--model-dir``: :mod:`captioning.model.ensemble`) is one SavedModel holding
+every model's weights, with the same signature (no ``attention``); its marker lists the models as
+``"members"``.
 It runs the same function ``captioning caption`` runs
 (:meth:`captioning.inference.captioner.Captioner.decode_encoded`), so the two give the same captions. The folder
 loads with plain TensorFlow, without this project::
@@ -99,12 +102,15 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
+def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
     """Refuses an ``output`` that export must never write (see the module docstring), before any work.
-    Returns what the export already there records (its :data:`MARKER`), or None when there is none."""
+    Returns what the export already there records (its :data:`MARKER`), or None when there is none.
+    ``model_dir``: a model folder, or an ensemble's (a list)."""
     target = os.path.realpath(output)
-    ModelDir(model_dir).refuse_output(output, "`output`", params=("output",))
-    for what, folder in (("the model folder", model_dir), ("the working directory", os.getcwd())):
+    dirs = _folders(model_dir)
+    for path in dirs:
+        ModelDir(path).refuse_output(output, "`output`", params=("output",))
+    for what, folder in [("the model folder", path) for path in dirs] + [("the working directory", os.getcwd())]:
         if _inside(os.path.realpath(folder), target):
             raise InputError(f"`output` {output} is {what} or a folder above it; export into a folder of its own",
                              params=("output",))
@@ -139,12 +145,21 @@ def check_output(output: str, model_dir: str, overwrite: bool) -> dict | None:
     return existing
 
 
-def export(captioner: Captioner, output: str, model_dir: str, overwrite: bool = False) -> str:
-    """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``."""
+def _folders(model_dir) -> list[str]:
+    return [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
+
+
+def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False) -> str:
+    """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``.
+    ``model_dir``: the folder of ``captioner``'s model, or its ensemble's folders (a list)."""
     trained = captioner.trained
     captioner.check_boxes()  # a model of imported regions cannot pool them from new images
-    record = {"model_dir": os.path.abspath(model_dir), "checkpoint": os.path.basename(trained.checkpoint),
+    first = _folders(model_dir)[0]
+    record = {"model_dir": os.path.abspath(first), "checkpoint": os.path.basename(trained.checkpoint),
               "step": trained.step, "decode": dict(captioner.options)}
+    if len(trained.members) > 1:  # an ensemble: every model's
+        record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
+                              "step": m.step} for m in trained.members]
     existing = check_output(output, model_dir, overwrite)
     if existing is not None:
         if {k: v for k, v in existing.items() if k != "files"} == record:

@@ -88,6 +88,12 @@ class TrainedModel:
     checkpoint: str
     model_dir: str
 
+    @property
+    def members(self) -> list["TrainedModel"]:
+        """The trained models it is made of: itself (an ensemble, :mod:`captioning.model.ensemble`, has
+        several)."""
+        return [self]
+
 
 class ModelDir:
     """One model folder (see the module docstring). Reading methods raise :class:`InputError` naming the
