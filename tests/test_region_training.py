@@ -208,6 +208,33 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
     assert out["regions"].shape == (len(files), most + 1, 4)
 
 
+def test_an_ensemble_with_a_model_of_regions_pools_the_boxes_for_it(region_data, region_model, shapes_dir,
+                                                                    trained_attention_dir, tmp_path):
+    """caption over an ensemble holding a model of extracted regions: that model pools each image's boxes
+    (an ensemble of it and a copy of itself captions as it does), a model of the grid beside it reads the
+    image; evaluate refuses the mix in one line (it reads each image once)."""
+    test = json.load(open(instances_files(shapes_dir)[2]))
+    files = [os.path.join(shapes_dir, "images", image["file_name"]) for image in test["images"]]
+    copy = tmp_path / "copy"
+    shutil.copytree(region_model, copy)
+    detections = ("--detections", instances_files(shapes_dir)[2], "--json", *files)
+    alone, twice, mixed = (run_cli("caption", *(a for m in models for a in ("--model-dir", m)), *detections)
+                           for models in ([region_model], [region_model, str(copy)],
+                                          [region_model, trained_attention_dir]))
+    assert alone.returncode == twice.returncode == mixed.returncode == 0, (twice.stderr[-2000:], mixed.stderr[-2000:])
+    alone, twice, mixed = ([json.loads(line) for line in done.stdout.splitlines()] for done in (alone, twice, mixed))
+    for a, t, m in zip(alone, twice, mixed):
+        assert t["captions"][0]["caption"] == a["captions"][0]["caption"]
+        assert t["captions"][0]["log_prob"] == pytest.approx(a["captions"][0]["log_prob"], abs=1e-4)
+        assert "attention" not in t["captions"][0] or t["captions"][0]["attention"] is None
+        np.testing.assert_allclose(m["regions"], a["regions"], atol=1e-5)  # the boxes, as fractions, the whole image last
+    done = run_cli("evaluate", "--model-dir", region_model, "--model-dir", trained_attention_dir)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(
+        f"captioning evaluate: error: the models in {region_model} and {trained_attention_dir} read different inputs "
+        "(data.features 'regions' against 'images', data.features_store 'oracle' against None, data.image_size None "
+        "against 32, data.resize_size None against 36)")
+
+
 def test_caption_refusals(region_model, trained_attention_dir, shapes_dir):
     image = os.path.join(shapes_dir, "images", json.load(open(instances_files(shapes_dir)[2]))["images"][0]["file_name"])
     done = run_cli("caption", "--model-dir", region_model, image)
