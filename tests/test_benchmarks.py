@@ -133,6 +133,9 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
         assert result["settings"]["decoder"] == decoder and positive(result["cache_speedup"])
         assert result["cache_speedup"] == pytest.approx(result["cached_captions_per_s"] /
                                                         result["recomputed_captions_per_s"])
+        assert positive(result["saved_model_captions_per_s"]) and result["saved_model_vs_captioner"] == \
+            pytest.approx(result["saved_model_captions_per_s"] / result["captioner_captions_per_s"])
+        assert "the exported SavedModel in plain TensorFlow: " in done.stdout
         if options[0] in extra:  # each decoding setting against plain beam search, side by side
             assert sorted(result["options"]) == ["decode.block_ngrams=2", "decode.method=sample,decode.top_k=2",
                                                  "ensemble of 2"]
