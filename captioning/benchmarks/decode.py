@@ -18,8 +18,8 @@ words chosen so far, padded to ``max_length``, whose last logits pick the next w
 without a key/value cache does. ``--config`` and ``--set`` choose the untrained model
 (``--config experiments/shapes_transformer.yaml``, or ``--set model.decoder=attention``).
 
-``--ensemble-with MODEL_DIR`` (repeatable, with ``--model-dir``) times the ensemble of the models the same
-way (``options["ensemble of N"]``).
+``--ensemble-with MODEL_DIR`` (repeatable, with ``--model-dir``) times the ensembles of ``--model-dir`` and the
+first 1, 2, … of these the same way (``options["ensemble of 2"]``, ``["ensemble of 3"]``, …).
 
 ``--option decode.KEY=VALUE[,decode.KEY=VALUE…]`` (repeatable) also times the batched call with each of
 those decoding settings (``decode.method=sample,decode.top_k=5``, ``decode.block_ngrams=3``,
@@ -150,9 +150,9 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     options = {}
     others = [(spec, lambda s=spec: inference.Captioner(trained, captioner.settings.with_overrides(
         [part.strip() for part in s.split(",") if part.strip()]))) for spec in decode_options]
-    if ensemble_with:  # the ensemble, decoding as the first model does
-        others.append((f"ensemble of {1 + len(ensemble_with)}", lambda: inference.Captioner(
-            inference.load([model_dir, *ensemble_with]), captioner.settings)))
+    for n in range(2, 2 + len(ensemble_with)):  # the ensembles of the first n models, decoding as the first does
+        others.append((f"ensemble of {n}", lambda n=n: inference.Captioner(
+            inference.load([model_dir, *ensemble_with[:n - 1]]), captioner.settings)))
     for spec, make in others:  # each against plain beam search, the same images and batch
         other = make()
 

@@ -85,8 +85,8 @@ def add_benchmark(sub) -> None:
                    help="images captioned in the batched measurement (default 256)")
     decoding_flags(q, sets=False)  # its --set configures the untrained model
     q.add_argument("--ensemble-with", action="append", default=[], metavar="MODEL_DIR",
-                   help="with --model-dir: also time the ensemble of it and this folder (repeatable) against its plain "
-                        "beam search")
+                   help="with --model-dir: also time its ensembles with the first 1, 2, ... of these folders "
+                        "(repeatable) against its plain beam search")
     q.add_argument("--option", action="append", default=[], metavar="decode.KEY=VALUE[,...]", dest="decode_options",
                    help="also time these decoding settings against plain beam search (repeatable)")
     common(q, work_dir=False)
