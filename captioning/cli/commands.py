@@ -207,6 +207,7 @@ def add_evaluate(sub) -> None:
 
 
 def run_evaluate(args) -> int:
+    from captioning.evaluation.diversity import describe_diversity
     from captioning.evaluation.evaluate import evaluate
     from captioning.evaluation.metrics import format_table
 
@@ -220,24 +221,10 @@ def run_evaluate(args) -> int:
           f"perplexity {result.perplexity:.3f}")
     print(format_table(rows))
     if result.diversity:
-        print(diversity_line(result.diversity))
+        print(describe_diversity(result.diversity))
     if result.grounding:
         print(grounding_table(result.grounding))
     return 0
-
-
-def diversity_line(found: dict) -> str:
-    """The diversity numbers of an evaluation, as one or two lines of text."""
-    def cell(value):
-        return "-" if value is None else f"{value:.3f}"
-
-    line = (f"diversity: distinct-1 {cell(found['distinct_1'])}, distinct-2 {cell(found['distinct_2'])}, "
-            f"vocabulary usage {cell(found['vocabulary_usage'])} ({found['words_used']} words), novel captions "
-            f"{cell(found['novel_captions'])}")
-    if "mbleu_4" in found:
-        line += (f"\namong each image's {found['captions_per_image']} captions: mBLEU-4 {cell(found['mbleu_4'])}, "
-                 f"distinct-1 {cell(found['local_distinct_1'])}, distinct-2 {cell(found['local_distinct_2'])}")
-    return line
 
 
 def grounding_table(found: dict) -> str:

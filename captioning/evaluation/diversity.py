@@ -83,3 +83,17 @@ def diversity(captions: Mapping[object, Sequence[str]], vocabulary_size: int, tr
                     "local_distinct_2": sum(local[2]) / len(local[2]) if local[2] else None,
                     "captions_per_image": max(len(t) for t in several.values())})
     return out
+
+
+def describe_diversity(found: dict) -> str:
+    """The diversity numbers of an evaluation (:func:`diversity`), as one or two lines of text."""
+    def cell(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    line = (f"diversity: distinct-1 {cell(found['distinct_1'])}, distinct-2 {cell(found['distinct_2'])}, "
+            f"vocabulary usage {cell(found['vocabulary_usage'])} ({found['words_used']} words), novel captions "
+            f"{cell(found['novel_captions'])}")
+    if "mbleu_4" in found:
+        line += (f"\namong each image's {found['captions_per_image']} captions: mBLEU-4 {cell(found['mbleu_4'])}, "
+                 f"distinct-1 {cell(found['local_distinct_1'])}, distinct-2 {cell(found['local_distinct_2'])}")
+    return line

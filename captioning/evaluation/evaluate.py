@@ -76,6 +76,7 @@ from captioning.data.reading import eval_images, references
 from captioning.data.region_input import eval_regions, store_of
 from captioning.data.integrity import ShardReader
 from captioning.model.decode import ids_to_text
+from captioning.model.ensemble import check_same_input
 from captioning.model.folder import ModelDir
 from captioning.text import tokenize_caption
 from captioning.train import evaluation_loss
@@ -191,7 +192,7 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     shapes = grounding.load_instances(instances) if instances else None
     trained = inference.load(dirs, checkpoint)
     members = trained.members
-    _check_same_input(members)
+    check_same_input(members)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization).with_overrides(decode_overrides)
     beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization
@@ -334,20 +335,6 @@ def _ensemble_label(checkpoints: list[str]) -> str:
         return ""
     digest = hashlib.sha256("\n".join(sorted(checkpoints)).encode()).hexdigest()[:8]
     return f"-ensemble{len(checkpoints)}-{digest}"
-
-
-def _check_same_input(members) -> None:
-    """An InputError in one line when an ensemble's models read different inputs: evaluation reads each
-    image once, as all of them read it (``caption`` and ``export`` give each model its own)."""
-    first = members[0].config.data.evaluation_input()
-    for member in members[1:]:
-        other = member.config.data.evaluation_input()
-        if other != first:
-            differ = ", ".join(f"data.{k} {first.get(k)!r} against {other.get(k)!r}"
-                               for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k))
-            raise InputError(f"the models in {members[0].model_dir} and {member.model_dir} read different inputs "
-                             f"({differ}): an ensemble is evaluated over one input; caption or export it instead, "
-                             "where each model reads the images its own way", params=("model_dir",))
 
 
 def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str,

@@ -139,3 +139,18 @@ def load_ensemble(model_dirs) -> TrainedEnsemble:
     check_vocabularies([(f.path, f.require_trained()[1]) for f in folders])
     members = [f.load() for f in folders]
     return TrainedEnsemble(members, Ensemble([m.model for m in members]))
+
+
+def check_same_input(members) -> None:
+    """An InputError in one line when the trained models ``members`` read different inputs
+    (:meth:`captioning.config.DataConfig.evaluation_input`): evaluation reads each image once, as all of
+    them read it (``caption`` and ``export`` give each model its own)."""
+    first = members[0].config.data.evaluation_input()
+    for member in members[1:]:
+        other = member.config.data.evaluation_input()
+        if other != first:
+            differ = ", ".join(f"data.{k} {first.get(k)!r} against {other.get(k)!r}"
+                               for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k))
+            raise InputError(f"the models in {members[0].model_dir} and {member.model_dir} read different inputs "
+                             f"({differ}): an ensemble is evaluated over one input; caption or export it instead, "
+                             "where each model reads the images its own way", params=("model_dir",))
