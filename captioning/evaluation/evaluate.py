@@ -113,7 +113,8 @@ def settings_label(beam_size: int, max_length: int, length_normalization: float)
 
 def options_label(decode) -> str:
     """``""`` when the decoding settings beyond beam, length and normalisation are the defaults (plain beam
-    search), else ``-`` and the method and a hash of them: another decoding is another evaluation.
+    search, one caption per image), else ``-`` and the method and a hash of them (and of ``top_k``: several
+    captions per image add their diversity to the result): another decoding is another evaluation.
 
     >>> from captioning.config import DecodeConfig
     >>> options_label(DecodeConfig()), options_label(DecodeConfig(method="sample", top_k=5))[:8]
@@ -122,7 +123,7 @@ def options_label(decode) -> str:
     plain = {"beam_size", "max_length", "length_normalization", "top_k"}
     defaults = {k: v for k, v in dataclasses.asdict(type(decode)()).items() if k not in plain}
     mine = {k: v for k, v in dataclasses.asdict(decode).items() if k not in plain}
-    if mine == defaults and decode.method == "beam":
+    if mine == defaults and decode.method == "beam" and decode.top_k == 1:
         return ""
     digest = hashlib.sha256(json.dumps({**mine, "top_k": decode.top_k}, sort_keys=True).encode()).hexdigest()[:8]
     return f"-{decode.method}-{digest}"
@@ -219,9 +220,9 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     path = folder.file(os.path.join("eval", name + ".json"))
     check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
     metrics.start_meteor()  # its JVM loads its tables (~4 s) while the split is captioned
-    # the best caption of each image is scored (sampling keeps its top_k samples, most likely first)
-    captioner = inference.Captioner(trained, decode if decode.method == "sample" else
-                                    dataclasses.replace(decode, top_k=1))
+    # the best caption of each image is scored; the others (decode.top_k > 1: beams or samples, best first) count
+    # in the diversity among each image's captions
+    captioner = inference.Captioner(trained, decode)
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
         refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
