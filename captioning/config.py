@@ -56,7 +56,7 @@ import yaml
 from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
 
-FORMAT_VERSION = 3  # of a saved config.yaml (see MIGRATIONS)
+FORMAT_VERSION = 4  # of a saved config.yaml (see MIGRATIONS)
 _INT64 = range(-2**63, 2**63)  # what TensorFlow can hold; a larger int is refused here, not deep in a run
 SEED = range(0, 2**31)  # seeds reach int32 ops (stateless sampling) and numpy's generator
 
@@ -278,6 +278,12 @@ class TrainConfig(Section):
     # Profile tab, with the tensorboard-plugin-profile package); []: no trace
     profile_steps: list[int] = field(default_factory=list)
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
+    # training steps inside one compiled call (Keras' name): k > 1 saves a small model the per-step Python and
+    # dispatch overhead. Logging, checkpoints, evaluation, signals and NaN handling stay exact to the step: a
+    # call never runs past a checkpoint, evaluation or profiled step, stops after a non-finite step under
+    # nan_policy: stop, and a signal is answered at the end of the call (within k steps). The batches are
+    # then read inside the call (not with data.service, whose watch needs each batch's arrival on the host)
+    steps_per_execution: int = field(default=1, metadata=at_least(1))
 
     def check(self, prefix: str = "train.") -> None:
         if self.lr_schedule == "noam" and self.warmup_steps < 1:
@@ -658,8 +664,16 @@ def _from_format_2(data: dict) -> dict:
     return out
 
 
+def _from_format_3(data: dict) -> dict:
+    """Format 4 brought train.steps_per_execution; a format-3 model ran one step per call."""
+    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
+    if isinstance(out.setdefault("train", {}), dict):
+        out["train"].setdefault("steps_per_execution", 1)
+    return out
+
+
 # format N → N + 1; never edit one once released: a new format adds a function
-MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {1: _from_format_1, 2: _from_format_2}
+MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {1: _from_format_1, 2: _from_format_2, 3: _from_format_3}
 
 
 def migrate(data: dict, where: str) -> dict:
@@ -765,5 +779,9 @@ def validate(config: Config) -> None:
     if m.region_feature_size and d.features != "regions":
         raise InputError(f"model.region_feature_size ({m.region_feature_size}) is the size of region features: "
                          "it needs data.features: regions")
+    if config.train.steps_per_execution > 1 and d.service:
+        raise InputError(f"train.steps_per_execution ({config.train.steps_per_execution}) reads the batches inside "
+                         "the compiled call, where a stalled tf.data service cannot be watched: use 1 with "
+                         "data.service")
     for name in _SECTIONS:
         getattr(config, name).check(f"{name}.")

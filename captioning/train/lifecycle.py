@@ -150,6 +150,12 @@ class Gate:
         self._held = True
         return batch
 
+    def hold(self) -> None:
+        """Holds the gate while steps run that read their own batches (``train.steps_per_execution`` > 1)."""
+        if not self._held:
+            self._lock.acquire()
+            self._held = True
+
     def close(self) -> None:
         if self._held:
             self._held = False

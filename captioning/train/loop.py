@@ -40,7 +40,8 @@ from captioning.train.objectives import RunContext, fit_config, objective_class
 from captioning.train.result import NonFiniteError, TrainResult
 from captioning.service_probe import wait_for_dispatcher
 from captioning.train.optimizer import epoch_plan, make_optimizer
-from captioning.train.steps import Compiled, EvaluationLoss, evaluation_loss, make_train_step
+from captioning.train.steps import (Compiled, EvaluationLoss, evaluation_loss, make_multi_step, make_train_step,
+                                   steps_in_call)
 from captioning.train.summaries import Sample, Summaries, Window, greedy_samples
 
 log = logging.getLogger("captioning.train")
@@ -143,6 +144,7 @@ class Trainer:
                  self.plan.describe(), self.strategy.num_replicas_in_sync, self.steps_per_epoch)
         dataset = self.distributed_dataset(self.cfg.data.train_split, training=True)
         train_step = self.train_step_for(dataset)
+        multi_step = self.multi_step() if cfg.steps_per_execution > 1 else None  # k steps a call
         batches = iter(dataset)
         summaries = Summaries(self.model_dir, self.chief, self.plan.captions, self.objective.parts)
         summaries.config(config_lib.to_dict(config_lib.with_absolute_paths(self.cfg)))
@@ -164,30 +166,45 @@ class Trainer:
             preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
             try:
                 while self.current_step() < cfg.steps and (preemption is not None or stop.signal_name is None):
-                    # 1. One iteration = ingestion (waiting for the batch) + the train step.
+                    # 1. One iteration = ingestion (waiting for the batch) + the train step; with
+                    #    train.steps_per_execution > 1, up to that many steps in one call that reads its own
+                    #    batches and never runs past a checkpoint, evaluation or profiled step.
                     profiler.before(self.current_step() + 1)
                     t0 = time.perf_counter()
-                    batch = gate.next(batches)
-                    t1 = time.perf_counter()
-                    # Under multi-worker, the handler first checks whether any worker was signalled; if so,
-                    # every worker saves at one common step and Preempted ends the loop.
-                    out = train_step(batch) if preemption is None else preemption.run(train_step, batch)
-                    out = {k: float(v) for k, v in out.items()}  # waits for the device: part of step time
-                    loss, norm, weight = out.pop("loss"), out.pop("gradient_norm"), out.pop("weight")
+                    if multi_step is None:
+                        batch = gate.next(batches)
+                        t1 = time.perf_counter()
+                        # Under multi-worker, the handler first checks whether any worker was signalled; if
+                        # so, every worker saves at one common step and Preempted ends the loop.
+                        out = train_step(batch) if preemption is None else preemption.run(train_step, batch)
+                        outs = [{k: float(v) for k, v in out.items()}]  # waits for the device: step time
+                    else:
+                        gate.hold()
+                        t1, n = t0, tf.constant(steps_in_call(cfg, self.current_step()), tf.int32)
+                        out = multi_step(batches, n) if preemption is None else preemption.run(multi_step, batches, n)
+                        out = {k: v.numpy() for k, v in out.items()}
+                        outs = [{k: float(v[i]) for k, v in out.items()} for i in range(len(out["loss"]))]
                     t2 = time.perf_counter()
                     step = self.current_step()
                     profiler.after(step)
-                    record.losses.append(loss)
-                    record.ingestion_s.append(t1 - t0)
-                    record.step_s.append(t2 - t1)
-                    record.elapsed_s.append(t2 - start)
+                    for i, out in enumerate(outs):  # each step's numbers at its own step
+                        at = step - len(outs) + 1 + i
+                        loss, norm, weight = out.pop("loss"), out.pop("gradient_norm"), out.pop("weight")
+                        record.losses.append(loss)
+                        record.ingestion_s.append((t1 - t0) / len(outs))
+                        record.step_s.append((t2 - t1) / len(outs))
+                        record.elapsed_s.append(t1 - start + (t2 - t1) * (i + 1) / len(outs))
 
-                    # 2. A step whose loss or gradient norm is not finite applied no update.
-                    finite = self._step_was_finite(loss, norm)
-                    if not finite:
-                        self._non_finite_step(step, loss, norm, record.skipped_steps)
-                    window.add(loss, weight, norm, finite, t1 - t0, t2 - t1, out)
-                    bar.update(1)
+                        # 2. A step whose loss or gradient norm is not finite applied no update.
+                        finite = math.isfinite(loss) and (math.isfinite(norm) or isinstance(
+                            self.optimizer, keras.optimizers.LossScaleOptimizer))
+                        if not finite:
+                            self._non_finite_step(at, loss, norm, record.skipped_steps)
+                        window.add(loss, weight, norm, finite, (t1 - t0) / len(outs), (t2 - t1) / len(outs), out)
+                        bar.update(1)
+                        if at < step and at % cfg.log_every_steps == 0:  # (the call's last step: below)
+                            summaries.window(window, at, self._learning_rate(at), len(record.skipped_steps))
+                            window = Window()
 
                     # 3. The checkpoint first: whatever fails after it (summaries, evaluation, samples)
                     #    never loses the steps trained. An evaluation step is always saved first.
@@ -195,7 +212,7 @@ class Trainer:
                     if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps or evaluate:
                         log.info("saved %s", self.save())
                     if step % cfg.log_every_steps == 0 or step == cfg.steps:
-                        summaries.window(window, step, self._learning_rate(), len(record.skipped_steps))
+                        summaries.window(window, step, self._learning_rate(step), len(record.skipped_steps))
                         bar.set_postfix(loss=f"{window.mean_loss:.3f}")
                         window = Window()
                     if evaluate:
@@ -250,16 +267,21 @@ class Trainer:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     # ---- steps --------------------------------------------------------------------------------------
-    def train_step_for(self, dataset):
-        """The compiled training step for batches of ``dataset`` (a distributed dataset): returns the
-        global mean loss, the global gradient norm and the global weight (tokens for ``xe``)."""
+    def _train_step(self):
+        """The training step for a distributed batch (:func:`make_train_step`): returns the global mean loss,
+        the global gradient norm and the global weight (tokens for ``xe``)."""
         jitter = self.cfg.data.color_jitter and self.cfg.data.cache != "features"
+        return make_train_step(self.model, self.optimizer, self.strategy, self.objective, self.step,
+                               self.cfg.train.clip_gradient_norm, jitter, self.cfg.train.jit_compile)
 
-        def train_step():
-            return make_train_step(self.model, self.optimizer, self.strategy, self.objective, self.step,
-                                   self.cfg.train.clip_gradient_norm, jitter, self.cfg.train.jit_compile)
+    def train_step_for(self, dataset):
+        """The training step compiled for batches of ``dataset`` (a distributed dataset)."""
+        return self._compiled(self._train_step, dataset)
 
-        return self._compiled(train_step, dataset)
+    def multi_step(self):
+        """``train.steps_per_execution`` training steps in one compiled call (:func:`make_multi_step`)."""
+        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+        return tf.function(make_multi_step(self._train_step(), self.cfg.train.nan_policy == "stop", scaled))
 
     def evaluate_loss(self, max_batches: int | None = None) -> EvaluationLoss:
         """Mean cross-entropy per real token and perplexity on the eval split (all captions)."""
@@ -287,8 +309,9 @@ class Trainer:
         path = os.path.join(self.model_dir, f"ckpt-{step}")
         if self._saved_step == step:
             return path
-        if not self._weights_finite():
-            raise NonFiniteError(self._non_finite_message("the model's weights are no longer finite", step))
+        floats = [v.value for v in self.model.variables if tf.as_dtype(v.dtype).is_floating]
+        if not bool(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats]))):
+            raise NonFiniteError.at("the model's weights are no longer finite", step, self.folder.latest_checkpoint())
         try:
             written = self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as e:
@@ -305,32 +328,16 @@ class Trainer:
         self._saved_step = step
         return path
 
-    def _learning_rate(self) -> float:
+    def _learning_rate(self, step: int) -> float:
         rate = self.optimizer.learning_rate
-        return float(rate(self.step)) if callable(rate) else float(rate)
-
-    def _step_was_finite(self, loss: float, norm: float) -> bool:
-        """The host's copy of the compiled step's verdict, from the values it returns."""
-        return math.isfinite(loss) and (math.isfinite(norm) or
-                                        isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer))
+        return float(rate(step)) if callable(rate) else float(rate)
 
     def _non_finite_step(self, step: int, loss: float, norm: float, skipped: list[int]) -> None:
         what = f"non-finite loss {loss} (gradient norm {norm})"
         if self.cfg.train.nan_policy == "stop":
-            raise NonFiniteError(self._non_finite_message(what, step))
+            raise NonFiniteError.at(what, step, self.folder.latest_checkpoint())
         skipped.append(step)
         log.warning("step %d: %s: batch skipped, no update applied (%d skipped so far)", step, what, len(skipped))
-
-    def _weights_finite(self) -> bool:
-        floats = [v.value for v in self.model.variables if tf.as_dtype(v.dtype).is_floating]
-        return bool(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])))
-
-    def _non_finite_message(self, what: str, step: int) -> str:
-        latest = self.folder.latest_checkpoint()
-        kept = (f"the latest checkpoint, {os.path.basename(latest)}, is the last good one" if latest
-                else "there is no checkpoint yet")
-        return (f"{what} at step {step}: stopped without saving; {kept}. Lower train.learning_rate, set "
-                "train.clip_gradient_norm, or set train.nan_policy=skip to skip such batches")
 
 
 def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_from: str | None = None) -> TrainResult:

@@ -3,6 +3,7 @@ a run whose numbers stopped being finite (``train.nan_policy: stop``)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -11,6 +12,18 @@ class NonFiniteError(Exception):
     Nothing was saved; the command line prints the message and exits 1."""
 
     exit_code = 1
+
+    @classmethod
+    def at(cls, what: str, step: int, latest: str | None) -> "NonFiniteError":
+        """The error for ``what`` happening at ``step``, ``latest`` the folder's latest checkpoint (or None).
+
+        >>> print(NonFiniteError.at("non-finite loss nan (gradient norm nan)", 7, "runs/m/ckpt-5"))  # doctest: +ELLIPSIS
+        non-finite loss nan (gradient norm nan) at step 7: stopped without saving; the latest checkpoint, ckpt-5, ...
+        """
+        kept = (f"the latest checkpoint, {os.path.basename(latest)}, is the last good one" if latest
+                else "there is no checkpoint yet")
+        return cls(f"{what} at step {step}: stopped without saving; {kept}. Lower train.learning_rate, set "
+                   "train.clip_gradient_norm, or set train.nan_policy=skip to skip such batches")
 
 
 @dataclass

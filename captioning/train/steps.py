@@ -148,6 +148,54 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
     return train_step
 
 
+def make_multi_step(train_step, stop_at_non_finite: bool, scaled: bool):
+    """Up to ``n`` training steps inside one call (``train.steps_per_execution``): ``multi_step(iterator, n)``
+    reads each step's batch from ``iterator`` (a distributed iterator) and runs ``train_step`` on it (the
+    function :func:`make_train_step` returns), returning each step's outputs stacked (``[steps run]`` per
+    key). With ``stop_at_non_finite`` (``train.nan_policy: stop``) the call ends after the first step whose
+    loss or gradient norm is not finite (that step applied no update), so the host finds it at its own step
+    with no step after it applied; under loss scaling only the loss counts, as on the host."""
+
+    def finite(out):
+        ok = tf.math.is_finite(out["loss"])
+        return ok if scaled else ok & tf.math.is_finite(out["gradient_norm"])
+
+    def multi_step(iterator, n):
+        first = train_step(next(iterator))
+        arrays = {k: tf.TensorArray(v.dtype, size=0, dynamic_size=True).write(0, v) for k, v in first.items()}
+        going = finite(first) if stop_at_non_finite else tf.constant(True)
+        for i in tf.range(1, n):
+            if not going:
+                break
+            out = train_step(next(iterator))
+            arrays = {k: arrays[k].write(i, out[k]) for k in arrays}
+            if stop_at_non_finite:
+                going = finite(out)
+        return {k: a.stack() for k, a in arrays.items()}
+
+    return multi_step
+
+
+def steps_in_call(cfg, done: int) -> int:
+    """How many steps the next call runs after ``done`` steps (``cfg``: the train section):
+    ``steps_per_execution``, fewer to end at the next checkpoint, evaluation, the last step, or the edges
+    of the profiled steps.
+
+    >>> from captioning.config import TrainConfig
+    >>> cfg = TrainConfig(steps=100, steps_per_execution=8, checkpoint_every_steps=20, eval_every_steps=0)
+    >>> [steps_in_call(cfg, done) for done in (0, 8, 16, 20, 96)]
+    [8, 8, 4, 8, 4]
+    """
+    n = min(cfg.steps_per_execution, cfg.steps - done)
+    for every in (cfg.checkpoint_every_steps, cfg.eval_every_steps):
+        if every:
+            n = min(n, every - done % every)
+    if cfg.profile_steps:
+        start, stop = cfg.profile_steps
+        n = min(n, start - 1 - done) if done < start - 1 else min(n, stop - done) if done < stop else n
+    return max(n, 1)
+
+
 @dataclass
 class EvaluationLoss:
     """Mean cross-entropy per real token of the reference captions, its perplexity, and the token count.
