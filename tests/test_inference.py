@@ -305,4 +305,5 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
     # three beams per image: the best is scored as before, the three count among each image's captions
     beams = evaluate(str(model_dir), split="test", max_images=2, progress=False, decode_overrides=("decode.top_k=3",))
     assert beams.metrics == plain.metrics and beams.diversity["captions_per_image"] == 3 and "mbleu_4" in beams.diversity
-    assert len([n for n in os.listdir(model_dir / "eval") if n.endswith("first2-data" + plain.dataset[:8] + ".json")]) == 3
+    assert len([n for n in os.listdir(model_dir / "eval")
+                if n.startswith("test-") and n.endswith("first2-data" + plain.dataset[:8] + ".json")]) == 3

@@ -192,7 +192,9 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
         assert line["captions"][0]["caption"] == expected[image["id"]]
         assert len(line["regions"]) == len(boxes[image["id"]]) + 1 and line["regions"][-1] == [0, 0, 1, 1]
         words = line["captions"][0]["caption"].split()
-        assert np.array(line["captions"][0]["attention"]).shape == (len(words), len(line["regions"]))
+        # (a model trained 30 steps may say nothing: no word, no weights)
+        assert np.array(line["captions"][0]["attention"]).reshape(-1, len(line["regions"])).shape == \
+            (len(words), len(line["regions"]))
     assert html.read_text().count('alt="attention for') == sum(len(line["captions"][0]["caption"].split())
                                                                 for line in lines)
     assert stored.num_images == 4
