@@ -63,6 +63,30 @@ def test_samples_stop_at_end_and_their_log_probability_is_the_models(model):
     np.testing.assert_allclose(log_prob, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", sorted(__import__("captioning.model", fromlist=["DECODERS"]).DECODERS))
+def test_the_teacher_forced_pass_has_the_sampling_loops_log_probability_and_gradient(name):
+    """What the policy gradient goes through (one teacher-forced pass over the drawn captions) equals the
+    log-probability the sampling loop adds up, and so does its gradient, for every decoder."""
+    from captioning.train.objectives.scst import sample_captions, sequence_log_prob
+    from tests.test_decoders import inputs, tiny
+
+    model = tiny(name, seed=3)
+    pixels, _ = inputs(seed=5)
+    advantage = tf.constant(np.random.default_rng(1).normal(size=6), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        state = tf.nest.map_structure(lambda s: tf.repeat(s, 2, axis=0), model.initial_state(model.encode(pixels)))
+        drawn = sample_captions(model, state, 6, 0.8, tf.constant([1, 3]))
+        again = sequence_log_prob(model, state, drawn["ids"], 0.8)
+        through_loop, teacher_forced = (tf.reduce_sum(advantage * lp) for lp in (drawn["log_prob"], again))
+    np.testing.assert_allclose(again.numpy(), drawn["log_prob"].numpy(), rtol=1e-4, atol=1e-4)
+    for a, b, v in zip(tape.gradient(through_loop, model.trainable_variables),
+                       tape.gradient(teacher_forced, model.trainable_variables), model.trainable_variables):
+        a, b = (np.zeros(v.shape) if g is None else tf.convert_to_tensor(g).numpy() for g in (a, b))
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(a).max())), err_msg=v.name)
+    empty = tf.nest.map_structure(lambda s: s[:0], state)
+    assert sequence_log_prob(model, empty, tf.zeros([0, 6], tf.int32), 0.8).shape == (0,)  # an empty replica
+
+
 def test_samples_are_a_function_of_the_seed_and_the_global_row(model):
     from captioning.train.objectives.scst import sample_captions
 

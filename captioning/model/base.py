@@ -106,7 +106,7 @@ def masked_scores(scores, mask):
     return scores if mask is None else scores + (1.0 - tf.cast(mask, scores.dtype)) * -1e9
 
 
-def _pad_rows(x, rows):
+def pad_rows(x, rows):
     """``x`` with zero rows appended along axis 0 up to ``rows``."""
     extra = tf.maximum(rows - tf.shape(x)[0], 0)
     return tf.pad(x, tf.concat([[[0, extra]], tf.zeros([tf.rank(x) - 1, 2], tf.int32)], axis=0))
@@ -175,7 +175,7 @@ class CaptionModel(keras.Model):
     def encode(self, images, training=False):
         """Pixels ``[B, S, S, 3]`` → the features this decoder reads; ``[0, ...]`` for an empty batch."""
         rows = tf.shape(images)[0]
-        return self.encoder(_pad_rows(images, 1), training=training)[:rows]
+        return self.encoder(pad_rows(images, 1), training=training)[:rows]
 
     def initial_state(self, features, training=False, mask=None):
         """The decoding state of each image before its first word, from its features ``[B, ...]``; ``mask
@@ -246,11 +246,11 @@ class CaptionModel(keras.Model):
         first, at_cut = self.teacher_forced(state, input_ids[:, :cut], training)
         going = tf.reduce_sum(tf.cast(lengths > cut, tf.int32))  # the first `going` rows run on
         # at least one row and one step, like every batch (zeros, cut away again)
-        state = tf.nest.map_structure(lambda s: _pad_rows(s[:going], 1), at_cut)
+        state = tf.nest.map_structure(lambda s: pad_rows(s[:going], 1), at_cut)
         rest = input_ids[:going, cut:]
         rest = tf.pad(rest, [[0, tf.maximum(1 - going, 0)], [0, tf.maximum(1 - (steps - cut), 0)]])
         second, after = self.teacher_forced(state, rest, training)
-        second = _pad_rows(second[:going, :steps - cut], rows)  # the finished captions' steps: zeros
+        second = pad_rows(second[:going, :steps - cut], rows)  # the finished captions' steps: zeros
         logits = tf.concat([first, tf.cast(second, first.dtype)], axis=1)
         unsort = tf.math.invert_permutation(order)
         # the captions that ended at the cut keep their state there; a state that grew over the second piece
@@ -280,13 +280,13 @@ class CaptionModel(keras.Model):
         decoder without one) for ``inputs`` as :meth:`call` takes them."""
         features, mask = self.image_features(inputs, training)
         # each image's state once (at least one row: a decoder never sees an empty batch) ...
-        state = self.initial_state(_pad_rows(features, 1), training,
-                                   mask=None if mask is None else _pad_rows(mask, 1))
+        state = self.initial_state(pad_rows(features, 1), training,
+                                   mask=None if mask is None else pad_rows(mask, 1))
         if "image_index" in inputs:  # ... then per caption (grouped captions: the images' states gathered)
             state = tf.nest.map_structure(lambda s: tf.gather(s, inputs["image_index"]), state)
         input_ids = inputs["input_ids"]
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-        state = tf.nest.map_structure(lambda s: _pad_rows(s, tf.maximum(rows, 1))[:tf.maximum(rows, 1)], state)
+        state = tf.nest.map_structure(lambda s: pad_rows(s, tf.maximum(rows, 1))[:tf.maximum(rows, 1)], state)
         input_ids = tf.pad(input_ids, [[0, tf.maximum(1 - rows, 0)], [0, tf.maximum(1 - steps, 0)]])
         forward = self.split_teacher_forced if split_padding else self.teacher_forced
         logits, state = forward(state, input_ids, training=training)

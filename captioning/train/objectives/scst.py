@@ -28,6 +28,12 @@ Without it a caption that runs on to ``max_length`` or stops mid-phrase ("a red 
 nothing for the missing ending, and sampling learns to stop less and less (seen here on the shapes
 data: the share of samples ending with ``<end>`` fell from 0.95 to 0.77 in 20 steps).
 
+**The gradient**: the captions are drawn without gradient, then their log-probabilities are computed again in
+one teacher-forced pass (:func:`sequence_log_prob`), which the policy gradient goes through. The backward pass
+through a ``max_length``-step sampling loop (whose every step's activations a tape must keep) is what makes
+SCST slow in the reference codebases; the teacher-forced pass is a cross-entropy step's (for the Transformer
+parallel over the words). Same loss, same gradient (tested against the gradient through the loop).
+
 **Normalisation**: the loss is a mean per sampled caption over the global batch (the ``weight`` is the
 number of samples), so the learning rate means the same for any batch size and caption length.
 Reported per sample (TensorBoard ``train/``): ``reward`` (mean CIDEr-D of the samples), ``baseline``,
@@ -46,6 +52,7 @@ import tensorflow as tf
 
 from captioning.config import ScstConfig
 from captioning.train.cider import CiderD, caption_lengths
+from captioning.model.base import pad_rows
 from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext
 from captioning.vocab import END_ID, PAD_ID, START_ID
 
@@ -105,6 +112,25 @@ def sample_captions(model, state, max_length: int, temperature: float, seed) -> 
     ids = tf.transpose(ids.stack())
     ended = tf.reduce_any(tf.equal(ids, END_ID), axis=1)
     return {"ids": ids, "log_prob": log_prob, "ended": ended}
+
+
+def sequence_log_prob(model, state, ids, temperature: float):
+    """The summed log-probability ``float32 [rows]`` of each row's caption ``ids [rows, T]`` (words, then
+    ``<end>`` or ``<pad>``, as :func:`sample_captions` draws them) under ``softmax(logits / temperature)``
+    with ``<pad>`` and ``<start>`` excluded, over its words and its ``<end>``: one teacher-forced pass from
+    ``state`` (a Transformer's is parallel over the words), differentiable. It equals the log-probability
+    the sampling loop adds up (the decoder contract: stepping equals teacher forcing; tested)."""
+    rows, steps = tf.shape(ids)[0], tf.shape(ids)[1]
+    inputs = tf.concat([tf.fill([rows, 1], START_ID), ids[:, :-1]], axis=1)
+    padded = tf.maximum(rows, 1)  # a decoder never sees an empty batch (an empty replica's share)
+    state = tf.nest.map_structure(lambda s: pad_rows(s, padded), state)
+    logits, _ = model.teacher_forced(state, pad_rows(inputs, padded), training=False)
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], model.vocab_size), axis=0) * _NEVER
+    logp = tf.nn.log_softmax(tf.cast(logits[:rows], tf.float32) / temperature + never)
+    chosen = tf.gather(logp, ids, batch_dims=2)
+    # the words up to and with the first <end>
+    counted = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, END_ID), tf.int32), axis=1, exclusive=True), 0)
+    return tf.reduce_sum(tf.where(counted, chosen, 0.0), axis=1)
 
 
 def greedy_captions(model, state, max_length: int) -> tf.Tensor:
@@ -214,7 +240,11 @@ class SelfCritical(Objective):
         state = model.initial_state(features, training=False, mask=mask)
         repeated = tf.nest.map_structure(lambda x: tf.repeat(x, s, axis=0), state)
         seed = tf.stack([tf.constant(self.seed, tf.int32), tf.cast(self.step, tf.int32)])
-        drawn = sample_captions(model, repeated, self.cfg.max_length, self.cfg.temperature, seed)
+        # the captions drawn without gradient, then scored in one teacher-forced pass that the policy gradient
+        # goes through: no backward pass through the sampling loop (the cost SCST is known for)
+        drawn = sample_captions(model, tf.nest.map_structure(tf.stop_gradient, repeated), self.cfg.max_length,
+                                self.cfg.temperature, seed)
+        log_prob = sequence_log_prob(model, repeated, drawn["ids"], self.cfg.temperature)
         index = tf.repeat(tf.range(n), s)
         reward = self.cider.scores(drawn["ids"], self._lengths(drawn["ids"]), references, index)
         per_image = tf.reshape(reward, [n, s])
@@ -226,7 +256,7 @@ class SelfCritical(Objective):
             greedy_reward = self.cider.scores(greedy, self._lengths(greedy), references, tf.range(n))
             baseline = tf.repeat(greedy_reward, s)
         advantage = tf.stop_gradient(reward - baseline)
-        loss_sum = -tf.reduce_sum(advantage * drawn["log_prob"])
+        loss_sum = -tf.reduce_sum(advantage * log_prob)
         samples = tf.cast(n * s, tf.float32)
         return ReplicaLoss(loss_sum, samples, {"reward": tf.reduce_sum(reward), "baseline": tf.reduce_sum(baseline),
                                                "ended": tf.reduce_sum(tf.cast(drawn["ended"], tf.float32))})
