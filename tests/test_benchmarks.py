@@ -45,6 +45,15 @@ def test_benchmark_input(tmp_path):
     assert result["service_workers"] == 1 and "through the tf.data service" in done.stdout
     assert result["targets"]["service_vs_pipeline"] == [0.85, result["service_vs_pipeline"] >= 0.85]
     assert result["service_vs_pipeline"] == pytest.approx(result["service_img_per_s"] / result["pipeline_img_per_s"])
+    # the service in processes of its own, on other cores than the trainer's: what it takes off the trainer
+    offload = result["offload"]
+    local, served = offload["variants"]["local"], offload["variants"][offload["best_service"]]
+    assert set(offload["variants"]) == {"local", "service_none", "service_snappy"}
+    assert result["service_trainer_cpu_ratio"] == pytest.approx(served["trainer_cpu_ms_per_image"] /
+                                                                local["trainer_cpu_ms_per_image"])
+    assert all(positive(v["img_per_s"]) for v in offload["variants"].values())
+    assert offload["variants"]["service_none"]["bytes_per_image"] >= 32 * 32 * 3  # the uint8 crop, and captions
+    assert "the trainer's CPU per image with the service" in done.stdout
     assert set(result["padding_efficiency"]) >= {"bucketed", "pad_to_max", "grouped"}
     assert all(0 < v <= 1 for v in result["padding_efficiency"].values())
     assert result["padding_efficiency"]["bucketed"] >= result["padding_efficiency"]["pad_to_max"]

@@ -74,6 +74,7 @@ def test_a_decoder_declares_what_the_rest_of_the_code_asks(name):
             describe_range(f.metadata["range"])
     assert set(cls.incompatible_keys) <= set(fields) and set(cls.tiny_settings) <= set(fields)
     assert cls.features in ("pooled", "grid") and (not cls.attends or cls.features == "grid")
+    assert isinstance(cls.fast_teacher_forcing, bool)
     model = tiny(name)
     assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()), **cls.tiny_settings})
     assert (model.grid_shape is not None) == cls.attends

@@ -122,6 +122,17 @@ def test_policy_gradient_and_baselines(model):
             out = objective.replica_loss(model, batch, training=False)
         grads = tape.gradient(out.loss_sum, model.trainable_variables)
         assert any(g is not None and np.abs(tf.convert_to_tensor(g).numpy()).sum() > 0 for g in grads)
+        model.fast_teacher_forcing = False  # the gradient through the sampling loop instead: the same
+        try:
+            with tf.GradientTape() as tape:
+                through_loop = objective.replica_loss(model, batch, training=False)
+            for a, b in zip(tape.gradient(through_loop.loss_sum, model.trainable_variables), grads):
+                if b is not None:
+                    np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(),
+                                               rtol=1e-3, atol=1e-5)
+            assert float(through_loop.loss_sum) == pytest.approx(float(out.loss_sum), rel=1e-4, abs=1e-4)
+        finally:
+            del model.fast_teacher_forcing
         # the same samples again, by hand
         state = [tf.repeat(s, 4, axis=0) for s in model.initial_state(model.encode(batch["image"]))]
         drawn = sample_captions(model, state, 7, 1.0, tf.constant([2, 11]))

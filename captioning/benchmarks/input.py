@@ -11,7 +11,9 @@ On the same prepared records, in one run, images per second of:
 - ``grouped`` — the pipeline with ``data.captions_per_image: grouped`` (batches of whole images with
   all their captions: each image copied into one batch, not into one per caption);
 - ``service`` (with ``--service N``) — the same pipeline run by a tf.data service dispatcher and N
-  workers started in this process, on the same cores: what the service costs (``data.service``);
+  workers started in this process, on the same cores: what the service costs (``data.service``); then
+  the service in processes of its own on other cores than this one's: what it takes off the trainer
+  (:mod:`captioning.benchmarks.offload`, ``service_trainer_cpu_ratio``);
 - ``regions`` (with ``--regions NAME``) — the pipeline with ``data.features: regions`` reading the
   dataset's features store NAME instead of decoding JPEGs (:mod:`captioning.data.region_input`).
 
@@ -42,7 +44,7 @@ import tensorflow as tf
 
 from captioning import config as config_lib
 from captioning.data import schema
-from captioning.benchmarks import common
+from captioning.benchmarks import common, offload
 from captioning.benchmarks.photos import cached_photos
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
@@ -282,12 +284,16 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
              "images (%.3f with train.split_padding)", bucketed, pad_to_max, grouped, grouped_split)
     speedups = cache_speedups(cfg, cfg.data.eval_split if cfg.data.eval_split in dataset.splits else split, batch)
 
+    if service:  # what the service takes off the trainer: servers and trainer on separate cores
+        offloaded = offload.measure(cfg.data, split, batch, measure_images, rounds, service,
+                                    lambda b: images_in(b, per_image), work_dir)
     rate = {name: m["per_s"] for name, m in best.items()}
     result = {
         "naive_img_per_s": rate["naive"], "pipeline_img_per_s": rate["pipeline"], "ceiling_img_per_s": rate["ceiling"],
         "grouped_img_per_s": rate["grouped"], "grouped_vs_ceiling": rate["grouped"] / rate["ceiling"],
         **({"service_workers": service, "service_img_per_s": rate["service"],
-            "service_vs_pipeline": rate["service"] / rate["pipeline"]} if service else {}),
+            "service_vs_pipeline": rate["service"] / rate["pipeline"], "offload": offloaded,
+            "service_trainer_cpu_ratio": offloaded["service_trainer_cpu_ratio"]} if service else {}),
         **({"regions_store": regions, "regions_img_per_s": rate["regions"],
             "regions_vs_pipeline": rate["regions"] / rate["pipeline"]} if regions else {}),
         "padding_efficiency": {"bucketed": bucketed, "pad_to_max": pad_to_max, "grouped": grouped,
@@ -331,7 +337,7 @@ def summary(result: dict) -> str:
     if "service_img_per_s" in result:
         lines.append(f"through the tf.data service ({result['service_workers']} worker(s) on these cores): "
                      f"{result['service_img_per_s']:.1f} images/s, {result['service_vs_pipeline']:.2f} of the local "
-                     "pipeline (target >= 0.85)")
+                     "pipeline (target >= 0.85)\n" + offload.summary(result["offload"]))
     if "regions_img_per_s" in result:
         lines.append(f"from the features store {result['regions_store']!r} (no JPEG decoded): "
                      f"{result['regions_img_per_s']:.1f} images/s, {result['regions_vs_pipeline']:.1f}x the JPEG pipeline")

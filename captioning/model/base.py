@@ -149,6 +149,10 @@ class CaptionModel(keras.Model):
     * :attr:`attends` — whether its decoding step reports attention weights over the grid: its state is
       then a dict whose ``attention`` entry holds the step's weights ``[B, cells]`` (or regions), and it
       sets :attr:`grid_shape` (rows, columns) once built (None for a model reading regions);
+    * :attr:`fast_teacher_forcing` — whether its teacher-forced pass over a caption costs less than stepping
+      through it word by word (a Transformer's runs the words in parallel; a recurrent decoder's is a loop
+      too): self-critical training then draws its samples without gradient and scores them in one
+      teacher-forced pass, instead of differentiating through the sampling loop;
 
     and its constructor ``(vocab_size, cfg: ModelConfig, image_size, seed=0, settings=None)`` calls
     :meth:`setup` first. It sets :attr:`encoder` (a Keras model from pixels to features) and implements
@@ -159,6 +163,7 @@ class CaptionModel(keras.Model):
     incompatible_keys: tuple[str, ...] = ()
     features: str = "pooled"
     attends: bool = False
+    fast_teacher_forcing: bool = True
     tiny_settings: dict = {}
     grid_shape: tuple[int, int] | None = None
 
