@@ -48,7 +48,11 @@ def test_benchmark_input(tmp_path):
     # the service in processes of its own, on other cores than the trainer's: what it takes off the trainer
     offload = result["offload"]
     local, served = offload["variants"]["local"], offload["variants"][offload["best_service"]]
-    assert set(offload["variants"]) == {"local", "service_none", "service_snappy"}
+    assert set(offload["variants"]) == {"local", "service_none", "service_snappy", "local_grouped", "service_grouped"}
+    assert offload["variants"]["service_grouped"]["bytes_per_image"] < offload["variants"]["service_none"]["bytes_per_image"]
+    assert offload["grouped_trainer_cpu_ratio"] == pytest.approx(
+        offload["variants"]["service_grouped"]["trainer_cpu_ms_per_image"] /
+        offload["variants"]["local_grouped"]["trainer_cpu_ms_per_image"])
     assert result["service_trainer_cpu_ratio"] == pytest.approx(served["trainer_cpu_ms_per_image"] /
                                                                 local["trainer_cpu_ms_per_image"])
     assert all(positive(v["img_per_s"]) for v in offload["variants"].values())
