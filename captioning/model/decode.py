@@ -143,6 +143,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
     never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD  # words never proposed
     shaping = block_ngrams or bad_endings
+    diverse = groups > 1 and bool(diversity)
     rows = tf.range(batch)[:, None] * k
     attends = model.attends
     if attends:  # the weights behind each word of each live caption
@@ -163,12 +164,13 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         if shaping:
             logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
         length = tf.cast(t + 1, tf.float32)  # t words + <end>
-        chosen = tf.zeros([batch, vocab])  # how many live captions of earlier groups chose each word now
+        # how many live captions of earlier groups chose each word now (diverse beams only)
+        chosen = tf.zeros([batch, vocab]) if diverse else None
         new_logp, parents, new_words = [], [], []
         for g in range(groups):
             mine = slice(g * per, (g + 1) * per)
             group_logp, group_alive = logp[:, mine], alive_logp[:, mine]
-            ranked = group_logp - diversity * chosen[:, None, :] if groups > 1 and diversity else group_logp
+            ranked = group_logp - diversity * chosen[:, None, :] if diverse else group_logp
             _, top_words = tf.math.top_k(ranked, k=kw)  # [B, per, kw]
             true = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
             total = group_alive[:, :, None] + tf.gather(ranked, top_words, batch_dims=2)
@@ -189,8 +191,9 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             group_new = tf.gather(tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, true), [batch, per * kw]),
                                   index, batch_dims=1)
             words = tf.gather(tf.reshape(top_words, [batch, per * kw]), index, batch_dims=1)
-            live = tf.cast(group_new > _DEAD / 2, tf.float32)
-            chosen += tf.reduce_sum(tf.one_hot(words, vocab) * live[:, :, None], axis=1)
+            if diverse:
+                live = tf.cast(group_new > _DEAD / 2, tf.float32)
+                chosen += tf.reduce_sum(tf.one_hot(words, vocab) * live[:, :, None], axis=1)
             new_logp.append(group_new)
             parents.append(index // kw + g * per)
             new_words.append(words)
