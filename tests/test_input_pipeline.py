@@ -289,6 +289,7 @@ def test_features_cache_runs_the_encoder_once(data_dir, train_records, tmp_path)
     assert len(calls) == 2  # other weights: other features
 
 
+@pytest.mark.slow
 def test_per_replica_sharding(data_dir, train_records):
     files = PreparedDataset.load(data_dir).files("train")
     expected = all_captions(train_records)

@@ -53,6 +53,7 @@ def reference_scores(ann_path, res_path, monkeypatch):
     return {k: v for k, v in evaluator.eval.items() if k != "SPICE"}
 
 
+@pytest.mark.slow
 def test_score_equals_pycocoevalcap_to_the_last_digit(fixture_files, monkeypatch):
     ann_path, res_path = fixture_files
     ours = score_files(ann_path, res_path)

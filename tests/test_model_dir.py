@@ -156,6 +156,7 @@ def test_no_eval_split_is_needed_without_evaluation(shapes_dir, tmp_path):
         Trainer(small_train_config(records, "train.steps=4", "train.eval_every_steps=2"), str(tmp_path / "m2"))
 
 
+@pytest.mark.slow
 def test_the_record_of_how_a_model_was_trained_is_kept(prepared_dir, tmp_path):
     from captioning.train import Trainer
 

@@ -55,6 +55,7 @@ def test_label_smoothing_is_the_smoothed_cross_entropy_and_perplexity_stays_plai
     assert float(caption_loss_sum(model, batch, label_smoothing=0.1)) == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_transformer_trains_with_the_kit(prepared_dir, tmp_path):
     """noam, AdamW and label smoothing together through the training loop: the loss it minimises is the
     smoothed one, above the plain cross-entropy it reports for perplexity."""

@@ -210,6 +210,7 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
     assert out["regions"].shape == (len(files), most + 1, 4)
 
 
+@pytest.mark.slow
 def test_an_ensemble_with_a_model_of_regions_pools_the_boxes_for_it(region_data, region_model, shapes_dir,
                                                                     trained_attention_dir, tmp_path):
     """caption over an ensemble holding a model of extracted regions: that model pools each image's boxes
@@ -320,6 +321,7 @@ def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path
     assert result.step == 6 and np.isfinite(result.losses).all()
 
 
+@pytest.mark.slow
 def test_the_input_benchmark_measures_regions_beside_jpegs(region_data, tmp_path):
     data_dir, _ = region_data
     out = tmp_path / "input.json"

@@ -38,6 +38,7 @@ def test_k_steps_a_call_equal_k_single_steps(prepared_dir, tmp_path):
     assert int(four.optimizer.iterations.numpy()) == 13
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_a_non_finite_step_is_found_at_its_step(prepared_dir, tmp_path, policy):
     from captioning.train import NonFiniteError

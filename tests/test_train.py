@@ -65,6 +65,7 @@ def test_resume_continues_from_the_latest_checkpoint(data_dir, tmp_path):
     assert done["trained_steps"] == 0
 
 
+@pytest.mark.slow
 def test_model_dir_of_another_model_is_refused(data_dir, tmp_path):
     from captioning.train import Trainer
 

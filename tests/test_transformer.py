@@ -114,6 +114,7 @@ def test_settings_that_cannot_work_are_one_line(options, message):
     assert str(info.value) == message
 
 
+@pytest.mark.slow
 def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path):
     """SCST draws its samples by stepping: through the Transformer's cache, under the training loop."""
     from captioning.train import Trainer
@@ -127,6 +128,7 @@ def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path
     assert result.step == 3 and np.isfinite(result.losses).all()
 
 
+@pytest.mark.slow
 def test_cached_grid_features_and_init_from_carry_a_transformer(prepared_dir, tmp_path):
     """data.cache: features keeps the encoder's grid on disk (the Transformer's encoder layers run on it);
     --init-from starts another folder from the trained weights; a changed width is refused."""
