@@ -252,7 +252,7 @@ def rescore(model, images, captions):
 
     totals = []
     for image, words in zip(images, captions):
-        state = model.reserve(model.initial_state(model.encode(image[None])), len(words) + 1)
+        state = model.reserve(model.image_state({"image": image[None]}), len(words) + 1)
         total, token = 0.0, START_ID
         for word in list(words) + [END_ID]:
             logits, state = model.step(tf.constant([token]), state)

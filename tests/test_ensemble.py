@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from captioning.model.ensemble import Ensemble
 from tests.helpers import run_cli
-from tests.test_decoders import B, NAMES, inputs, npy, tiny
+from tests.test_decoders import B, NAMES, inputs, npy, rescore, tiny
 from tests.test_inference import LOADER
 
 
@@ -57,22 +57,6 @@ def test_each_step_is_the_log_of_the_models_averaged_probabilities(mixed):
     forced, penalty = ensemble.logits_and_penalty({"image": images, "input_ids": ids[:, :5]})
     np.testing.assert_allclose(npy(forced), np.stack(stepped, axis=1), atol=1e-4)
     assert npy(penalty).shape == (B,) and not npy(penalty).any()
-
-
-def rescore(ensemble, images, captions):
-    """Each caption's summed log-probability under the ensemble (its words, then <end>), by stepping."""
-    from captioning.vocab import END_ID, START_ID
-
-    totals = []
-    for image, words in zip(images, captions):
-        state = ensemble.reserve(ensemble.image_state({"image": image[None]}), len(words) + 1)
-        total, token = 0.0, START_ID
-        for word in list(words) + [END_ID]:
-            logits, state = ensemble.step(tf.constant([token]), state)
-            total += float(tf.nn.log_softmax(logits)[0, word])
-            token = word
-        totals.append(total)
-    return totals
 
 
 def test_beam_search_and_greedy_decoding_over_an_ensemble(mixed):
