@@ -76,7 +76,7 @@ from captioning.data.reading import eval_images, references
 from captioning.data.region_input import eval_regions, store_of
 from captioning.data.integrity import ShardReader
 from captioning.model.decode import ids_to_text
-from captioning.model.ensemble import check_same_input
+from captioning.model.ensemble import check_same_input, model_dirs
 from captioning.model.folder import ModelDir
 from captioning.text import tokenize_caption
 from captioning.train import evaluation_loss
@@ -184,7 +184,7 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     of the split, for grounding. Several folders in ``model_dir`` (a list): their ensemble, kept in the first's
     folder (see the module docstring)."""
     metrics.check_java()  # fail before an hour of decoding, not after
-    dirs = [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
+    dirs = model_dirs(model_dir)
     folder = ModelDir(dirs[0])
     if output:  # never over the model's own files, nor over the instances file it reads
         folder.refuse_output(output, "`output`", params=("output",))

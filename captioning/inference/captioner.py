@@ -15,7 +15,6 @@ as ``captioning features extract`` pooled the regions the model was trained on.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -26,25 +25,19 @@ from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
 from captioning.errors import InputError
 from captioning.model.base import IMAGE_INPUTS
-from captioning.model.ensemble import TrainedEnsemble, load_ensemble
+from captioning.model.ensemble import TrainedEnsemble, load_ensemble, model_dirs
 from captioning.model.folder import ModelDir, TrainedModel
 
 
 def load(model_dir, checkpoint: str | None = None) -> TrainedModel | TrainedEnsemble:
     """The model of ``model_dir`` at ``checkpoint`` (default: the latest complete one); with several folders
     (a list), the ensemble of their latest complete checkpoints (:mod:`captioning.model.ensemble`)."""
-    dirs = [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
+    dirs = model_dirs(model_dir)
     if len(dirs) == 1:
         return ModelDir(dirs[0]).load(checkpoint)
     if checkpoint:
         raise InputError("`checkpoint` names one model's checkpoint: an ensemble of several model folders uses each "
                          "one's latest complete checkpoint", params=("checkpoint",))
-    seen = {}
-    for path in dirs:
-        if os.path.realpath(path) in seen:
-            raise InputError(f"`model_dir` {path} is given twice (as {seen[os.path.realpath(path)]}): an ensemble's "
-                             "models are different folders", params=("model_dir",))
-        seen[os.path.realpath(path)] = path
     return load_ensemble(dirs)
 
 

@@ -46,6 +46,7 @@ import tensorflow as tf
 from captioning.errors import InputError
 from captioning.fileio import atomic_folder, atomic_write_json, clean_folder_leftovers, disk_full_error
 from captioning.inference.captioner import Captioner
+from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
 
 log = logging.getLogger("captioning.inference.export")
@@ -107,7 +108,7 @@ def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
     Returns what the export already there records (its :data:`MARKER`), or None when there is none.
     ``model_dir``: a model folder, or an ensemble's (a list)."""
     target = os.path.realpath(output)
-    dirs = _folders(model_dir)
+    dirs = model_dirs(model_dir)
     for path in dirs:
         ModelDir(path).refuse_output(output, "`output`", params=("output",))
     for what, folder in [("the model folder", path) for path in dirs] + [("the working directory", os.getcwd())]:
@@ -145,16 +146,12 @@ def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
     return existing
 
 
-def _folders(model_dir) -> list[str]:
-    return [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
-
-
 def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False) -> str:
     """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``.
     ``model_dir``: the folder of ``captioner``'s model, or its ensemble's folders (a list)."""
     trained = captioner.trained
     captioner.check_boxes()  # a model of imported regions cannot pool them from new images
-    first = _folders(model_dir)[0]
+    first = model_dirs(model_dir)[0]
     record = {"model_dir": os.path.abspath(first), "checkpoint": os.path.basename(trained.checkpoint),
               "step": trained.step, "decode": dict(captioner.options)}
     if len(trained.members) > 1:  # an ensemble: every model's

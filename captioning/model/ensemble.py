@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import tensorflow as tf
 
@@ -132,9 +133,20 @@ def check_vocabularies(named) -> None:
                              params=("model_dir",))
 
 
+def model_dirs(model_dir) -> list[str]:
+    """A command's ``model_dir`` as a list of folders: one folder (a path), or an ensemble's (a list)."""
+    return [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
+
+
 def load_ensemble(model_dirs) -> TrainedEnsemble:
-    """The latest complete checkpoint of each folder of ``model_dirs`` (at least two), as one model. Their
-    vocabularies are compared before any model is built."""
+    """The latest complete checkpoint of each folder of ``model_dirs`` (at least two), as one model. A folder
+    given twice is refused, and the vocabularies are compared, before any model is built."""
+    seen = {}
+    for path in model_dirs:
+        if os.path.realpath(path) in seen:
+            raise InputError(f"`model_dir` {path} is given twice (as {seen[os.path.realpath(path)]}): an ensemble's "
+                             "models are different folders", params=("model_dir",))
+        seen[os.path.realpath(path)] = path
     folders = [ModelDir(path) for path in model_dirs]
     check_vocabularies([(f.path, f.require_trained()[1]) for f in folders])
     members = [f.load() for f in folders]
