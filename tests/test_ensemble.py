@@ -241,6 +241,9 @@ def test_an_ensemble_is_refused_in_one_line_when_its_models_cannot_be_one(two_mo
         (("evaluate", "--model-dir", dirs[0], "--model-dir", dirs[1], "--checkpoint", dirs[0] + "/ckpt-60"),
          "--checkpoint names one model's checkpoint: an ensemble of several model folders uses each one's latest "
          "complete checkpoint"),
+        (("evaluate", "--model-dir", dirs[0], "--model-dir", dirs[1], "--output", dirs[1] + "/config.yaml"),
+         f"--output {dirs[1]}/config.yaml is a file of the model folder {dirs[1]}, which only `captioning train` "
+         "writes; give a file name outside it, or a new name"),
         (("export", "--model-dir", dirs[0], "--model-dir", dirs[0] + "/", "--output", str(tmp_path / "e")),
          f"--model-dir {dirs[0]}/ is given twice (as {dirs[0]}): an ensemble's models are different folders"),
     ]

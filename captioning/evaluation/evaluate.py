@@ -186,8 +186,9 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
     folder = ModelDir(dirs[0])
-    if output:  # never over the model's own files, nor over the instances file it reads
-        folder.refuse_output(output, "`output`", params=("output",))
+    if output:  # never over the models' own files, nor over the instances file it reads
+        for path in dirs:
+            ModelDir(path).refuse_output(output, "`output`", params=("output",))
         check_output_file(output, "`output`", params=("output",), inputs=(instances,) if instances else (),
                           kind="json")
     shapes = grounding.load_instances(instances) if instances else None
