@@ -76,8 +76,11 @@ def service_processes(workers: int, cores: set[int], log_dir: str):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
 
+    logs = []
+
     def start(name, *args):
-        out = open(os.path.join(log_dir, f"offload-{name}.log"), "w")
+        logs.append(open(os.path.join(log_dir, f"offload-{name}.log"), "w"))
+        out = logs[-1]
         return subprocess.Popen([sys.executable, "-m", "captioning", "data-service", *args], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=lambda: os.sched_setaffinity(0, cores))
@@ -95,6 +98,8 @@ def service_processes(workers: int, cores: set[int], log_dir: str):
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for out in logs:
+            out.close()
 
 
 def batch_bytes(batch) -> int:

@@ -145,6 +145,8 @@ class Trainer:
         dataset = self.distributed_dataset(self.cfg.data.train_split, training=True)
         train_step = self.train_step_for(dataset)
         multi_step = self.multi_step() if cfg.steps_per_execution > 1 else None  # k steps a call
+        # under loss scaling an overflowing gradient is the scaler's business: only the loss counts
+        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         batches = iter(dataset)
         summaries = Summaries(self.model_dir, self.chief, self.plan.captions, self.objective.parts)
         summaries.config(config_lib.to_dict(config_lib.with_absolute_paths(self.cfg)))
@@ -196,8 +198,7 @@ class Trainer:
                         record.elapsed_s.append(t1 - start + (t2 - t1) * (i + 1) / len(outs))
 
                         # 2. A step whose loss or gradient norm is not finite applied no update.
-                        finite = math.isfinite(loss) and (math.isfinite(norm) or isinstance(
-                            self.optimizer, keras.optimizers.LossScaleOptimizer))
+                        finite = math.isfinite(loss) and (math.isfinite(norm) or scaled)
                         if not finite:
                             self._non_finite_step(at, loss, norm, record.skipped_steps)
                         window.add(loss, weight, norm, finite, (t1 - t0) / len(outs), (t2 - t1) / len(outs), out)
