@@ -649,3 +649,20 @@ def test_a_format_2_config_reads_images(tmp_path):
     path = write(tmp_path / "v3.yaml", yaml.safe_dump({"format_version": 3, **data}))
     with pytest.raises(InputError, match=r"lacks 5 of its keys"):
         load_config(path, complete=True)
+
+
+@pytest.mark.parametrize("version, section, key, value", [(3, "train", "steps_per_execution", 1),
+                                                          (4, "scst", "xla_sampling", True)])
+def test_a_key_added_by_a_later_format_gets_the_behaviour_of_its_time(tmp_path, version, section, key, value):
+    """Format 4 brought train.steps_per_execution (a format-3 model ran one step a call), format 5
+    scst.xla_sampling (the same samples, drawn faster): an older file without the key loads with that value;
+    a file of the current format without it is damage."""
+    cfg = load_config(os.path.join(V1, "show_and_tell.config.yaml"), complete=True)
+    data = to_dict(cfg)
+    del data[section][key]
+    loaded = load_config(write(tmp_path / "old.yaml", yaml.safe_dump({"format_version": version, **data})),
+                         complete=True)
+    assert getattr(getattr(loaded, section), key) == value and loaded == cfg
+    with pytest.raises(InputError, match=r"lacks 1 of its keys"):
+        load_config(write(tmp_path / "now.yaml", yaml.safe_dump({"format_version": CONFIG_FORMAT, **data})),
+                    complete=True)

@@ -85,6 +85,13 @@ def test_the_teacher_forced_pass_has_the_sampling_loops_log_probability_and_grad
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(a).max())), err_msg=v.name)
     empty = tf.nest.map_structure(lambda s: s[:0], state)
     assert sequence_log_prob(model, empty, tf.zeros([0, 6], tf.int32), 0.8).shape == (0,)  # an empty replica
+    # scst.xla_sampling: the loop compiled with XLA draws the same captions (integers only, no log_prob)
+    with tf.GradientTape() as tape:  # a tape does not follow it into the loop
+        compiled = sample_captions(model, state, 6, 0.8, tf.constant([1, 3]), xla=True)
+    assert sorted(compiled) == ["ended", "ids"]
+    np.testing.assert_array_equal(compiled["ids"].numpy(), drawn["ids"].numpy())
+    np.testing.assert_array_equal(compiled["ended"].numpy(), drawn["ended"].numpy())
+    assert sample_captions(model, empty, 6, 0.8, tf.constant([1, 3]), xla=True)["ids"].shape == (0, 6)
 
 
 def test_samples_are_a_function_of_the_seed_and_the_global_row(model):
