@@ -7,6 +7,7 @@ that the numbers exist, are positive and finite, and that what must hold whateve
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -128,6 +129,15 @@ def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
     assert positive(result["reward_ms"]) and 0 < result["reward_share"] < 1
     assert result["reward_share"] == pytest.approx(result["reward_ms"] / result["step_ms"])
     assert "the CIDEr-D reward alone" in done.stdout
+    # the step in parts, each timed alone with the run's model (Show and Tell: drawn with XLA, scored again)
+    parts = result["parts_ms"]
+    assert sorted(parts) == ["cross_entropy", "encode", "greedy", "reward", "sampling", "sampling_xla",
+                             "teacher_forced", "through_loop"]
+    assert all(positive(v) for v in parts.values())
+    used = parts["encode"] + parts["sampling_xla"] + parts["teacher_forced"] + parts["reward"]
+    assert re.search(r"the SCST step in parts \(ms, each alone\): encode [\d.]+ \+ sampling with XLA [\d.]+ \+ "
+                     rf"teacher-forced scoring and its backward [\d.]+ \+ reward [\d.]+ = {used:.1f}; not used: ",
+                     done.stdout)
 
 
 def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):

@@ -93,7 +93,8 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     try:
         log.info("benchmarking %d training steps (after %d warm-up steps) of %s in %s", steps, warmup, config,
                  model_dir)
-        result = train(cfg, model_dir, progress=progress)
+        parts: dict = {}
+        result = train(cfg, model_dir, progress=progress, then=lambda trainer: parts.update(_parts(trainer)))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
@@ -103,6 +104,9 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     extra = objective.measure(cfg, images / result.replicas, per_image, 1000 * statistics.fmean(step))
     if extra:  # what the objective measured of its own, and one line about it
         extra["objective_note"] = objective.summarize(extra)
+    if parts:  # its step in parts, timed with the run's model
+        extra["parts_ms"] = parts["parts_ms"]
+        extra["objective_note"] = "\n".join(filter(None, (extra.get("objective_note"), parts["note"])))
     return {**extra,
         "ingestion_share": sum(ingestion) / total,
         "step_ms": 1000 * statistics.fmean(step),
@@ -121,6 +125,17 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
                                        sum(ingestion) / total <= TARGET_INGESTION_SHARE]},
         "machine": common.machine(),
     }
+
+
+def _parts(trainer) -> dict:
+    """The objective's breakdown of its step (:meth:`~captioning.train.objectives.Objective.breakdown`), on the
+    first replica's share of one training batch, after the run (the model as trained; nothing when it was
+    interrupted)."""
+    if trainer.current_step() < trainer.cfg.train.steps:
+        return {}
+    dataset = trainer.distributed_dataset(trainer.cfg.data.train_split, training=True)
+    batch = trainer.strategy.experimental_local_results(next(iter(dataset)))[0]
+    return trainer.objective.breakdown(trainer.model, batch)
 
 
 def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -> tuple[float, float]:

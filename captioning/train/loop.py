@@ -9,6 +9,7 @@ the model folder (:class:`captioning.model.folder.ModelDir`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -28,6 +29,7 @@ from captioning.fileio import disk_full_error
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import eval_images
 from captioning.data.region_input import eval_regions, store_of
+from captioning.data.service import service_error
 from captioning.train.regions import regions_fitted, start_encoder_from
 from captioning.data.integrity import ShardReader
 from captioning.model import build_model, resolve
@@ -249,8 +251,6 @@ class Trainer:
     def service_job(self) -> str:
         """The tf.data service job of this run (``data.service``): one name for every worker of the run
         (they split its batches), a new one for each run, so a resumed run never joins a finished job."""
-        import hashlib
-
         folder = hashlib.sha256(os.path.abspath(self.model_dir).encode()).hexdigest()[:12]
         return f"captioning-{folder}-from-step-{self.current_step()}"
 
@@ -295,12 +295,10 @@ class Trainer:
         if count <= 0:
             return []
         cfg = self.cfg.data
-        if cfg.features == "regions":
-            batch = next(iter(eval_regions(cfg, cfg.eval_split, store_of(cfg, self.dataset), count, max_images=count)))
-        else:
-            batch = next(iter(eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset,
-                                          shards=self.shards)))
-        return greedy_samples(self.model, self.vocab, batch, self.objective.sample_notes)
+        batches = eval_regions(cfg, cfg.eval_split, store_of(cfg, self.dataset), count, max_images=count) \
+            if cfg.features == "regions" else \
+            eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset, shards=self.shards)
+        return greedy_samples(self.model, self.vocab, next(iter(batches)), self.objective.sample_notes)
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------
     def save(self) -> str:
@@ -341,20 +339,22 @@ class Trainer:
         log.warning("step %d: %s: batch skipped, no update applied (%d skipped so far)", step, what, len(skipped))
 
 
-def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_from: str | None = None) -> TrainResult:
-    """Configures devices, then trains (see :mod:`captioning.train`)."""
+def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_from: str | None = None,
+          then=None) -> TrainResult:
+    """Configures devices, then trains (see :mod:`captioning.train`); ``then(trainer)`` after a run that ended."""
     distribute.configure_devices(cfg.distribute)
     try:
         trainer = Trainer(cfg, model_dir, init_from=init_from)
         # a damaged shard: one line naming it (InputError), not a DataLossError traceback
         with trainer.shards, trainer.shards.named_errors():
             try:
-                return trainer.run(progress=progress)
+                result = trainer.run(progress=progress)
+                if then is not None:
+                    then(trainer)
+                return result
             finally:
                 trainer.folder.release()  # the folder's lock, for a later run of this process or another
     except distribute.PEER_ERRORS as e:  # multi_worker: another worker is gone; one line naming it
         raise distribute.peer_error(e, cfg.distribute) or e from None
     except tf.errors.OpError as e:  # data.service: the dispatcher restarted without this run's job
-        from captioning.data.service import service_error
-
         raise (service_error(e, cfg.data.service) if cfg.data.service else None) or e from None

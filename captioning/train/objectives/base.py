@@ -20,7 +20,8 @@ and the benchmarks never name one:
 * :meth:`Objective.sample_notes` — what it has to say about the greedy sample captions of an evaluation
   (SCST: each one's reward), or nothing;
 * :meth:`Objective.measure` and :meth:`Objective.summarize` — extra figures for ``benchmark train``
-  (SCST: the reward's share of a step) and a line about them.
+  (SCST: the reward's share of a step) and a line about them; :meth:`Objective.breakdown` — the step's
+  parts timed with the run's model (SCST: sampling, scoring, reward, baseline).
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ class Objective:
     def measure(cls, cfg, images: float, references: float, step_ms: float) -> dict:
         """Extra figures for ``benchmark train`` about a step of ``images`` per replica with ``references``
         each that took ``step_ms``; none by default."""
+        return {}
+
+    def breakdown(self, model, batch: dict) -> dict:
+        """For ``benchmark train`` after its run: what the step spends its time on, timed on ``batch`` (one
+        replica's) with the run's ``model``, as figures for the JSON and under ``"note"`` one line about
+        them; nothing by default (SCST: :mod:`captioning.train.objectives.scst_cost`)."""
         return {}
 
     @classmethod
