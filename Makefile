@@ -55,18 +55,30 @@ demo: $(STAMP)
 	    $$($(BIN)/python -c "import json; print(' '.join('$(SHAPES)/images/' + i['file_name'] for i in json.load(open('$(ANN)/captions_test.json'))['images'][:12]))")
 	$(BIN)/captioning evaluate --model-dir $(DEMO)/model --split test --baseline --output $(DEMO)/metrics.json
 
-# Every benchmark of benchmarks/RESULTS.md in one run (about 40 minutes on 2 cores; time to quality is
-# most of it), JSON into runs/benchmarks/. `benchmark train` runs experiments/shapes.yaml, so the demo's
+# Every benchmark of benchmarks/RESULTS.md in one run (about an hour on 2 cores; time to quality is 25
+# minutes of it), JSON into runs/benchmarks/. Run it alone on the machine: the figures are ratios measured side
+# by side, and a second busy process moves them. `benchmark train` runs the shapes configs, so the demo's
 # records are made first if missing. `make benchmarks QUICK=1` leaves out time to quality.
+SCST_CONFIGS := shapes_scst shapes_attention_scst shapes_transformer_scst
+DECODERS     := show_and_tell attention updown transformer
+COCO_PHOTOS  := --photos --set model.encoder_weights=none
+
 benchmarks: $(STAMP) $(DEMO)/records/manifest.json
 	$(BIN)/captioning benchmark input --service 1 --json $(BENCH)/input.json
-	$(BIN)/captioning benchmark train --config experiments/shapes.yaml --json $(BENCH)/train.json
-	$(BIN)/captioning benchmark train --config experiments/show_and_tell_coco.yaml --photos \
-	    --set model.encoder_weights=none --compare data.captions_per_image=grouped --compare train.split_padding=true \
-	    --steps 10 --warmup 3 --json $(BENCH)/train_grouped.json
-	$(BIN)/captioning benchmark train --config experiments/shapes_scst.yaml --steps 100 --warmup 20 \
-	    --json $(BENCH)/train_scst.json
-	$(BIN)/captioning benchmark decode --json $(BENCH)/decode.json
+	$(BIN)/captioning benchmark train --config experiments/shapes.yaml --compare train.steps_per_execution=10 \
+	    --steps 200 --warmup 30 --json $(BENCH)/train.json
+	$(BIN)/captioning benchmark train --config experiments/shapes_attention.yaml \
+	    --compare train.steps_per_execution=10 --steps 200 --warmup 30 --json $(BENCH)/train_attention.json
+	$(BIN)/captioning benchmark train --config experiments/show_and_tell_coco.yaml $(COCO_PHOTOS) \
+	    --compare data.captions_per_image=grouped --compare train.split_padding=true --steps 10 --warmup 3 \
+	    --json $(BENCH)/train_grouped.json
+	for c in $(SCST_CONFIGS); do $(BIN)/captioning benchmark train --config experiments/$$c.yaml \
+	    --compare train.objective=xe --steps 60 --warmup 15 --json $(BENCH)/train_$$c.json || exit 1; done
+	$(BIN)/captioning benchmark train --config experiments/show_and_tell_coco_scst.yaml $(COCO_PHOTOS) \
+	    --set data.cache=features --set data.random_crop=false --set data.random_flip=false \
+	    --compare train.objective=xe --steps 10 --warmup 3 --json $(BENCH)/train_coco_scst.json
+	for d in $(DECODERS); do $(BIN)/captioning benchmark decode --set model.decoder=$$d \
+	    --json $(BENCH)/decode_$$d.json || exit 1; done
 	$(BIN)/captioning benchmark prepare --json $(BENCH)/prepare.json
 	test -n "$(QUICK)" || $(BIN)/captioning benchmark quality --config experiments/shapes.yaml \
 	    --compare model.dropout=0.2 --compare train.steps=8000 --json $(BENCH)/quality.json
