@@ -79,26 +79,35 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 @contextlib.contextmanager
 def atomic_folder(path: str) -> Iterator[str]:
     """The folder form of :func:`atomic_file`: yields an empty temporary folder beside ``path``
-    (``PATH.tmp<pid>``) to fill; when the block ends without error, an existing ``path`` is moved aside,
-    the new folder renamed to ``path`` and the old one removed. If the swap fails, the old folder is put
-    back. On any error the temporary folder is removed and ``path`` is untouched. (The caller decides
-    whether an existing ``path`` may be replaced.)"""
-    target = os.path.realpath(path)
-    tmp, old = f"{target}.tmp{os.getpid()}", f"{target}.old{os.getpid()}"
-    moved_aside = False
+    (``PATH.tmp<pid>``) to fill; when the block ends without error it replaces ``path``
+    (:func:`replace_folder`). On any error the temporary folder is removed and ``path`` is untouched. (The
+    caller decides whether an existing ``path`` may be replaced.)"""
+    tmp = f"{os.path.realpath(path)}.tmp{os.getpid()}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         yield tmp
+        replace_folder(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_folder(folder: str, path: str) -> None:
+    """Renames the complete ``folder`` to ``path``: an existing ``path`` is moved aside first
+    (``PATH.old<pid>``) and removed once the new one is in place; if the rename fails, the old one is put
+    back. (Both on one file system.)"""
+    target = os.path.realpath(path)
+    old = f"{target}.old{os.getpid()}"
+    moved_aside = False
+    try:
         if os.path.isdir(target):
             os.replace(target, old)
             moved_aside = True
-        os.replace(tmp, target)
+        os.replace(folder, target)
         moved_aside = False
     finally:
         if moved_aside:  # the new folder did not make it: the old one goes back
             os.replace(old, target)
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
 
 

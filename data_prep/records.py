@@ -83,18 +83,23 @@ def frame(record: bytes) -> bytes:
 
 class RecordWriter:
     """Writes a TFRecord file (uncompressed), like ``tf.io.TFRecordWriter``; a context manager. ``target``
-    is a path, or a binary file object the caller owns (and closes), e.g. one from
-    :func:`captioning.fileio.atomic_file`."""
+    is a path (``append``: records go after those it holds), or a binary file object the caller owns (and
+    closes), e.g. one from :func:`captioning.fileio.atomic_file`."""
 
-    def __init__(self, target: str | BinaryIO):
+    def __init__(self, target: str | BinaryIO, append: bool = False):
         self._owned = isinstance(target, (str, os.PathLike))
-        self._file = open(target, "wb") if self._owned else target
+        self._file = open(target, "ab" if append else "wb") if self._owned else target
 
     def write(self, record: bytes) -> None:
         self._file.write(frame(record))
 
     def flush(self) -> None:
         self._file.flush()
+
+    def sync(self) -> None:
+        """Every record written so far on the disk (flushed and fsynced)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if self._owned:

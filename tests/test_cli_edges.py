@@ -211,3 +211,28 @@ def test_a_value_that_spells_a_parameter_is_not_turned_into_a_flag(shapes_dir, t
     assert again.stderr.strip().splitlines()[-1] == (
         "captioning prepare: error: overwrite already holds a prepared dataset (manifest.json); pass --overwrite "
         "to replace it")
+
+
+def test_every_flag_of_every_command_is_known_by_its_parameter_name():
+    """Errors name parameters and the command line writes them as flags (captioning.errors): every option of
+    every (sub)command, in argument groups and mutually exclusive groups too, maps back to its flag."""
+    import argparse
+
+    from captioning.cli import build_parser
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    checked = 0
+    for parser in parsers(build_parser()):
+        flags = parser.flag_names()
+        for action in parser._actions:
+            long = [o for o in action.option_strings if o.startswith("--")]
+            if long and action.dest != "help":
+                assert flags.get(action.dest) == long[0], (parser.prog, action.dest)
+                checked += 1
+    assert checked > 100

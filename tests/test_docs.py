@@ -93,3 +93,15 @@ def test_a_command_the_docs_show_parses_and_its_config_exists(where, command):
     for override in getattr(args, "overrides", []):
         key = override.partition("=")[0]
         assert key in keys, f"{where}: {command}: --set {key} is not a config key"
+
+
+def test_every_code_fence_is_closed_by_a_line_of_its_own():
+    """A closing ``` with text after it does not close a fence in Markdown (the rest of the page would be
+    code): every fence opens and closes on lines of their own, in pairs."""
+    for path in DOCS:
+        fences = [(n, line) for n, line in enumerate(open(path, encoding="utf-8"), 1) if "```" in line]
+        for k, (n, line) in enumerate(fences):
+            closing = k % 2 == 1
+            assert line.lstrip().startswith("```") and (not closing or line.strip() == "```"), \
+                f"{os.path.relpath(path, REPO)}:{n}: {line.strip()!r}"
+        assert len(fences) % 2 == 0, os.path.relpath(path, REPO)

@@ -3,7 +3,10 @@ self-critical.pytorch's npz files, the meshed-memory Transformer's HDF5) into a 
 is left out reported, files in those documented formats written here."""
 
 import base64
+import contextlib
 import os
+import shutil
+import sys
 
 import h5py
 import numpy as np
@@ -92,15 +95,176 @@ def test_a_tsv_with_gaps_extra_and_a_bad_row(data_dir, ids, tmp_path):
     assert again.returncode == 0 and "imported already" in again.stdout.splitlines()[0]
 
 
-def test_a_tsv_cut_short_is_an_error_naming_the_line_and_writes_nothing(data_dir, ids, tmp_path):
-    text = "".join(tsv_line(i, *regions(i)) for i in ids[:4])
-    path = tmp_path / "cut.tsv"
-    path.write_text(text[:-40])  # the last line stops inside its features
-    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path))
+def store_bytes(data_dir, name):
+    """Every file of a store, by name, as bytes (store.json too: it names the source, the same here)."""
+    path = os.path.join(data_dir, "features", name)
+    return {f: open(os.path.join(path, f), "rb").read() for f in sorted(os.listdir(path))}
+
+
+@pytest.mark.parametrize("cut", ["inside", "between"])
+def test_a_tsv_cut_short_is_an_error_naming_the_line_and_the_completed_file_goes_on(data_dir, ids, tmp_path, cut):
+    """A last line without its line end is a download that stopped: an error naming the line, even when
+    what is left of it parses ("between": cut at a base64 boundary, a row of fewer features). No store is
+    written; the rows before it are kept, and once the file is complete the same command goes on from
+    the cut and writes the store an uninterrupted import writes."""
+    lines = [tsv_line(i, *regions(i)) for i in ids[:6]]
+    path, whole = tmp_path / "cut.tsv", "".join(lines)
+    head = "".join(lines[:3])
+    last = lines[3].rstrip("\r\n")
+    path.write_text(head + (last[:-40] if cut == "inside" else last[:last.rindex("\t") + 1 + 16]))
+    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--checkpoint-every", "2")
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"captioning features: error: --tsv {path} is cut short "
-                                                          "at line 4")
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"captioning features: error: --tsv {path} is cut short at line 4 (it has no line end"), line
+    assert "the 3 images before it are kept" in line and "the rerun goes on from there" in line
+    assert not os.path.exists(os.path.join(data_dir, "features", "regions"))  # no store
+    path.write_text(whole)  # the download completed
+    again = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--checkpoint-every", "2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    check_matches(FeaturesStore.load(data_dir, "regions"), ids[:6])
+    assert os.listdir(os.path.join(data_dir, "features")) == ["regions"]  # the work folder went with it
+    fresh = tmp_path / "fresh"
+    shutil.copytree(os.path.join(data_dir), fresh, ignore=shutil.ignore_patterns("features"))
+    assert run_cli("features", "import", "--data-dir", fresh, "--tsv", str(path)).returncode == 0
+    assert store_bytes(fresh, "regions") == store_bytes(data_dir, "regions")
+
+
+def test_a_tsv_cut_in_its_first_line_keeps_nothing(data_dir, ids, tmp_path):
+    path = tmp_path / "cut.tsv"
+    path.write_text(tsv_line(ids[0], *regions(ids[0]))[:-30])
+    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path))
+    assert done.returncode == 2 and "is cut short at line 1" in done.stderr and "kept" not in done.stderr
     assert not os.path.exists(os.path.join(data_dir, "features"))  # not even the stores' folder
+
+
+def test_an_interrupted_import_goes_on_where_it_stopped_and_writes_what_one_run_writes(data_dir, ids, tmp_path):
+    """write_store stopped by an interrupt at any row (a kill between checkpoints loses the rows since the
+    last one; an interrupt too: the shards are cut back to it), then run again: the same bytes as one
+    uninterrupted run; a work folder of another source is started again."""
+    from data_prep.features_writer import Row, write_store, work_path
+
+    rows = [Row(i, *regions(i), 320, 240) for i in ids]
+    source = {"kind": "test"}
+    write_store(data_dir, lambda skip: rows[skip:], source=source, name="whole", images_per_shard=5, progress=False)
+    expected = store_bytes(data_dir, "whole")
+    for stop in (1, 4, 7, len(rows) - 1):
+        name, read = f"stopped{stop}", []
+
+        def stopping(skip):
+            for row in rows[skip:]:
+                if len(read) == stop:
+                    raise KeyboardInterrupt
+                read.append(row.image_id)
+                yield row
+
+        with pytest.raises(KeyboardInterrupt):
+            write_store(data_dir, stopping, source=source, name=name, images_per_shard=5, progress=False,
+                        checkpoint_every=3)
+        assert os.path.exists(os.path.join(work_path(data_dir, name), "progress.json")) == (stop >= 3)
+        resumed = []
+        write_store(data_dir, lambda skip: (resumed.append(skip), rows[skip:])[1], source=source, name=name,
+                    images_per_shard=5, progress=False, checkpoint_every=3)
+        assert resumed == [stop // 3 * 3]  # from the last checkpoint
+        got = store_bytes(data_dir, name)
+        assert {k: v for k, v in got.items() if k != "store.json"} == \
+            {k: v for k, v in expected.items() if k != "store.json"}
+        assert got["store.json"].replace(name.encode(), b"whole") == expected["store.json"]
+
+    def interrupted(skip):  # after 4 rows, a checkpoint after the third
+        yield from rows[skip:skip + 4]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_store(data_dir, interrupted, source=source, name="other", images_per_shard=5, progress=False,
+                    checkpoint_every=3)
+    skips = []  # another source's work is not resumed: it starts again
+    write_store(data_dir, lambda skip: (skips.append(skip), rows[skip:])[1], source={"kind": "another"}, name="other",
+                images_per_shard=5, progress=False)
+    assert skips == [0]
+    got = store_bytes(data_dir, "other")
+    assert {k: v for k, v in got.items() if k != "store.json"} == {k: v for k, v in expected.items() if k != "store.json"}
+
+
+@pytest.mark.slow
+def test_an_import_killed_mid_way_goes_on_when_run_again(data_dir, ids, tmp_path):
+    """kill -9 of `features import` reading a pipe (``--tsv <(zcat x.tsv.gz)``) while it waits for more
+    rows, two checkpoints in; then the same command on a new stream: it skips what was done and writes the
+    store one run writes, byte for byte."""
+    import json
+    import signal
+    import threading
+    import time
+
+    from tests.helpers import Background
+
+    rng = np.random.default_rng(0)
+    lines = [tsv_line(i, *regions(i)) for i in ids] + [tsv_line(10**6 + k, *regions(k)) for k in range(600)]
+    lines = [lines[k] for k in rng.permutation(len(lines))]  # the dataset's images spread among others
+    whole = tmp_path / "whole.tsv"
+    whole.write_text("".join(lines))
+    fifo = tmp_path / "stream.tsv"
+    os.mkfifo(fifo)
+    release = threading.Event()
+
+    def feed(count):  # the first `count` lines, then (until released) an open pipe with nothing more
+        try:
+            with open(fifo, "w") as f:
+                for line in lines[:count]:
+                    f.write(line)
+                f.flush()
+                release.wait(60)
+        except BrokenPipeError:
+            pass
+
+    args = ["-q", "features", "import", "--data-dir", data_dir, "--tsv", str(fifo), "--checkpoint-every", "200"]
+    feeder = threading.Thread(target=feed, args=(500,), daemon=True)
+    feeder.start()
+    run = Background(tmp_path, "import", [sys.executable, "-m", "captioning", *args])
+    progress = os.path.join(data_dir, "features", ".partial-regions", "progress.json")
+    deadline = time.time() + 120
+    while time.time() < deadline and run.proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            if json.load(open(progress))["done"] == 400:
+                break
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGKILL)
+    assert run.proc.wait() == -signal.SIGKILL, run.stderr[-2000:]
+    release.set()
+    feeder.join(10)
+    assert not os.path.exists(os.path.join(data_dir, "features", "regions"))
+    release.clear()
+    feeder = threading.Thread(target=feed, args=(len(lines),), daemon=True)
+    feeder.start()
+    release.set()  # the whole stream, then its end
+    again = run_cli(*args, process=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    check_matches(FeaturesStore.load(data_dir, "regions"), ids)
+    fresh = tmp_path / "fresh"
+    shutil.copytree(data_dir, fresh, ignore=shutil.ignore_patterns("features"))
+    assert run_cli("-q", "features", "import", "--data-dir", fresh, "--tsv", str(whole)).returncode == 0
+    ours, theirs = store_bytes(data_dir, "regions"), store_bytes(fresh, "regions")
+    assert ours.pop("store.json").replace(str(fifo).encode(), str(whole).encode()) == theirs.pop("store.json")
+    assert ours == theirs
+
+
+def test_two_imports_into_one_store_at_once_the_second_stops(data_dir, ids, tmp_path):
+    from data_prep.features_writer import Row, work_path, write_store
+
+    rows = [Row(i, *regions(i), 320, 240) for i in ids]
+    inner = []
+
+    def rows_from(skip):
+        for row in rows[skip:]:
+            if not inner:  # while the first one writes
+                inner.append(run_cli("features", "import", "--data-dir", data_dir, "--tsv",
+                                     str(tmp_path / "x.tsv"), process=True))
+            yield row
+
+    (tmp_path / "x.tsv").write_text(tsv_line(ids[0], *regions(ids[0])))
+    write_store(data_dir, rows_from, source={"kind": "test"}, progress=False)
+    assert inner[0].returncode == 2 and "another run is writing this features store" in inner[0].stderr
+    assert not os.path.exists(work_path(data_dir, "regions"))
+    check_matches(FeaturesStore.load(data_dir, "regions"), ids)
 
 
 def test_npz_files_with_boxes_beside_them(data_dir, ids, tmp_path):

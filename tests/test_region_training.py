@@ -30,18 +30,18 @@ def region_data(prepared_dir, shapes_dir, trained_attention_dir, tmp_path_factor
     pooled in each shape's box (and the whole image); the first training image left out."""
     from captioning.inference.captioner import load
     from captioning.inference.regions import read_detections, region_features
-    from data_prep.features_import import Row, write_store
+    from data_prep.features_writer import Row, write_store
 
     data_dir = str(tmp_path_factory.mktemp("region_data") / "data")
     shutil.copytree(prepared_dir, data_dir)
     dataset = PreparedDataset.load(data_dir)
     left_out = min(i for i, r in dataset.image_records().items() if r.split == "train")
     detections = read_detections(instances_files(shapes_dir))
-    rows = (Row(i, r.features, r.boxes, r.width, r.height)
-            for i, r in region_features(load(trained_attention_dir).model, dataset,
-                                        os.path.join(shapes_dir, "images"), detections) if i != left_out)
+    model = load(trained_attention_dir).model
+    rows = [Row(i, r.features, r.boxes, r.width, r.height)
+            for i, r in region_features(model, dataset, os.path.join(shapes_dir, "images"), detections) if i != left_out]
     source = {"kind": "extract", "model": trained_attention_dir, "checkpoint": load(trained_attention_dir).step}
-    write_store(data_dir, rows, source=source, name="oracle", images_per_shard=7, progress=False)
+    write_store(data_dir, lambda skip: rows[skip:], source=source, name="oracle", images_per_shard=7, progress=False)
     return data_dir, left_out
 
 

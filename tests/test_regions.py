@@ -127,3 +127,49 @@ def test_an_image_that_cannot_be_read_is_counted_and_the_others_extracted(traine
     assert any(names[0] in example for example in store.left["malformed"].examples)
     assert any(names[1] in example for example in store.left["malformed"].examples)
     assert done.stdout.splitlines()[-1].startswith("malformed: 2 rows that could not be read")
+
+
+def test_extraction_rows_come_in_id_order_so_a_rerun_can_skip_those_done(trained_attention_dir, shapes_dir, data_dir,
+                                                                         tmp_path):
+    """region_features yields one row a dataset image, in the order of the ids, an unreadable image at its
+    place: what a resumed extraction skips (``skip``) is exactly the rows an earlier run wrote."""
+    from captioning.inference.captioner import load
+    from captioning.inference.regions import region_features
+
+    images = tmp_path / "images"
+    shutil.copytree(os.path.join(shapes_dir, "images"), images)
+    dataset = PreparedDataset.load(data_dir)
+    records = sorted(dataset.image_records().items())
+    (images / records[3][1].file_name).write_bytes(b"not a jpeg")
+    os.remove(images / records[20][1].file_name)
+    model = load(trained_attention_dir).model
+    cells = {i: np.array([[0, 0, r.width / 2, r.height / 2]], np.float32) for i, r in records}
+    rows = list(region_features(model, dataset, str(images), cells, batch_size=8))
+    assert [i for i, _ in rows] == [i for i, _ in records]
+    assert [k for k, (_, r) in enumerate(rows) if isinstance(r, str)] == [3, 20]
+    for skip in (2, 4, 21, len(rows)):
+        later = list(region_features(model, dataset, str(images), cells, batch_size=8, skip=skip))
+        assert [i for i, _ in later] == [i for i, _ in rows[skip:]]
+        for (_, a), (_, b) in zip(later, rows[skip:]):
+            assert a == b if isinstance(a, str) else np.array_equal(a.features, b.features)
+
+
+def test_detections_that_match_few_or_none_of_the_images_are_reported(trained_attention_dir, shapes_dir, data_dir,
+                                                                      tmp_path):
+    args = ["features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
+            "--model-dir", trained_attention_dir]
+    test = os.path.join(shapes_dir, "annotations", "instances_test.json")
+    done = run_cli(*args, "--detections", test, "--name", "test_only")
+    assert done.returncode == 0, done.stderr[-2000:]
+    held = len(json.load(open(test))["images"])
+    without = [line for line in done.stdout.splitlines() if line.startswith("detections: ")]
+    assert len(without) == 1 and without[0].startswith(f"detections: {40 - held} images without a box (their "
+                                                       "whole image only; e.g. ")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{"image_id": 10**7 + k, "bbox": [1, 2, 3, 4], "score": 0.9} for k in range(3)]))
+    refused = run_cli(*args, "--detections", str(other), "--name", "other")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"captioning features: error: --detections name none of the dataset's 40 images (e.g. image {10**7}): "
+        "are they of another dataset?")
+    assert sorted(os.listdir(os.path.join(data_dir, "features"))) == ["test_only"]

@@ -22,7 +22,9 @@ def add_features(sub) -> None:
         description="Imports region features people already have into a features store of the prepared dataset: "
                     "sharded, keyed by image id, float16, with the boxes. Dataset images without features, "
                     "features of images the dataset does not have and malformed rows are reported, one line "
-                    "each; a TSV cut short is an error naming the line. A rerun of a finished import is a no-op.",
+                    "each; a TSV cut short is an error naming the line. An interrupted import (killed, or a TSV cut "
+                    "short and then completed) goes on from its last checkpoint when the same command runs "
+                    "again; a rerun of a finished import is a no-op.",
         epilog="examples:\n"
                "  captioning features import --data-dir data/coco --tsv trainval_36/trainval_resnet101_faster_rcnn_"
                "genome_36.tsv --name bottomup\n"
@@ -41,6 +43,8 @@ def add_features(sub) -> None:
     q.add_argument("--images-per-shard", type=POSITIVE, default=1000,
                    help="images per shard (default 1000: ~150 MB of 36 regions × 2,048 float16 features)")
     q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
+    q.add_argument("--checkpoint-every", type=POSITIVE, default=500, metavar="ROWS",
+                   help="rows of the source between checkpoints a rerun goes on from (default 500)")
     q.set_defaults(handler=run_import)
 
     q = kinds.add_parser(
@@ -79,6 +83,8 @@ def add_features(sub) -> None:
     q.add_argument("--name", default="regions", help="the store's name, a folder in DATA/features/ (default regions)")
     q.add_argument("--images-per-shard", type=POSITIVE, default=1000, help="images per shard (default 1000)")
     q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
+    q.add_argument("--checkpoint-every", type=POSITIVE, default=500, metavar="ROWS",
+                   help="rows of the source between checkpoints a rerun goes on from (default 500)")
     q.set_defaults(handler=run_extract)
 
 
@@ -86,8 +92,9 @@ def run_extract(args) -> int:
     from captioning.data.prepared import PreparedDataset
     from captioning.errors import InputError
     from captioning.inference.captioner import load
-    from captioning.inference.regions import Jitter, grid_boxes, read_detections, region_features
-    from data_prep.features_import import Malformed, Row, finished_store, report, write_store
+    from captioning.inference.regions import (Jitter, detections_report, grid_boxes, read_detections,
+                                              region_features)
+    from data_prep.features_writer import Malformed, Row, finished_store, head_of, report, write_store
 
     jitter = Jitter(args.shift, args.miss, args.false_boxes, args.seed)
     if bool(args.model_dir) == bool(args.config):
@@ -113,26 +120,34 @@ def run_extract(args) -> int:
     else:
         source["detections"] = [os.path.abspath(p) for p in args.detections]
     store = finished_store(args.data_dir, args.name, source, args.overwrite)
-    written = store is None
+    written, matched = store is None, []
     if written:
         dataset = PreparedDataset.load(args.data_dir)
         if args.grid_cells:
             detections = {i: grid_boxes(r.width, r.height, args.grid_cells) for i, r in dataset.image_records().items()}
         else:
             detections = read_detections(args.detections, args.min_score, args.max_boxes)
-        rows = (Row(i, r.features, r.boxes, r.width, r.height) if not isinstance(r, str) else Malformed(f"image {i}", r)
-                for i, r in region_features(encoder, dataset, args.images_dir, detections, jitter))
-        store = write_store(args.data_dir, rows, source=source, name=args.name, images_per_shard=args.images_per_shard,
-                            progress=not args.quiet, what=f"--images {args.images_dir}", params=("images_dir",))
+            matched = detections_report(detections, dataset.image_records())
+
+        def rows_from(skip):
+            for i, r in region_features(encoder, dataset, args.images_dir, detections, jitter, skip=skip):
+                yield Malformed(f"image {i}", r) if isinstance(r, str) else Row(i, r.features, r.boxes, r.width,
+                                                                                r.height)
+
+        store = write_store(args.data_dir, rows_from, source=source, head=head_of(args.detections or []),
+                            name=args.name, images_per_shard=args.images_per_shard, progress=not args.quiet,
+                            what=f"--images {args.images_dir}", params=("images_dir",),
+                            checkpoint_every=args.checkpoint_every)
     lines = report(store)
     if not written:
         lines[0] = lines[0].replace("features store", "features store (extracted already)", 1)
-    print("\n".join(lines))
+    print("\n".join(lines + matched))
     return 0
 
 
 def run_import(args) -> int:
-    from data_prep.features_import import import_features, report
+    from data_prep.features_import import import_features
+    from data_prep.features_writer import report
 
     store, written = call(import_features, args, progress=not args.quiet)
     lines = report(store)

@@ -41,7 +41,12 @@ class Parser(argparse.ArgumentParser):
             self._flags.setdefault(action.dest, long[0])
 
     def add_argument_group(self, *args, **kwargs):
-        group = super().add_argument_group(*args, **kwargs)
+        return self._noting(super().add_argument_group(*args, **kwargs))
+
+    def add_mutually_exclusive_group(self, *args, **kwargs):
+        return self._noting(super().add_mutually_exclusive_group(*args, **kwargs))
+
+    def _noting(self, group):
         add = group.add_argument
 
         def add_argument(*names, **kw):  # flags of a group are flags of this parser

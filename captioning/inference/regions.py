@@ -193,11 +193,13 @@ def boxes_to_regions(model, images: tf.Tensor, boxes: tf.Tensor, sizes: tf.Tenso
 
 
 def region_features(model, dataset: PreparedDataset, images_dir: str, detections: dict[int, np.ndarray],
-                    jitter: Jitter = Jitter(), batch_size: int = 32) -> Iterator[tuple[int, Regions | str]]:
-    """``(image id, Regions)`` for every image of ``dataset`` (all splits), its detected boxes and the whole
-    image pooled from ``model``'s encoder grid (module docstring); ``(image id, reason)`` for an image whose
-    file cannot be read. The images are read, decoded and squashed in a parallel ``tf.data`` map while the
-    encoder runs."""
+                    jitter: Jitter = Jitter(), batch_size: int = 32, skip: int = 0
+                    ) -> Iterator[tuple[int, Regions | str]]:
+    """``(image id, Regions)`` for every image of ``dataset`` (all splits, by id), its detected boxes and the
+    whole image pooled from ``model``'s encoder grid (module docstring); ``(image id, reason)`` for an image
+    whose file cannot be read. One a record, in the order of the ids, after the first ``skip`` (a resumed
+    extraction). The images are read, decoded and squashed in a parallel ``tf.data`` map while the encoder
+    runs."""
     size = model.image_size
     rows, cols = model.grid_shape
     encode = tf.function(lambda images: model.encode(images, training=False), reduce_retracing=True)
@@ -222,24 +224,54 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
         shape = tf.shape(image)
         return image_id, squash(image, size), shape[1], shape[0]
 
-    records = sorted(dataset.image_records().items())
-    files = {image_id: record.file_name for image_id, record in records}
+    def unreadable(image_id, file_name):  # why (the pipeline only left it out)
+        try:
+            tf.io.decode_image(read_image_file(os.path.join(images_dir, file_name)), channels=3,
+                               expand_animations=False)
+            reason = "cannot be read"
+        except (ImageError, OSError, tf.errors.InvalidArgumentError) as e:
+            reason = str(e)
+        return image_id, f"{file_name}: {reason}"
+
+    records = sorted(dataset.image_records().items())[skip:]
+    if not records:
+        return
     images = tf.data.Dataset.from_tensor_slices(([i for i, _ in records],
                                                  [os.path.join(images_dir, r.file_name) for _, r in records]))
-    # an image that cannot be read or decoded is left out here and its reason found below, one by one
+    # an image that cannot be read or decoded is left out here, and found missing in the order of the ids
     images = images.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors()
-    done = set()
+    position = 0  # the next record to yield
     for ids, pixels, widths, heights in images.batch(batch_size).prefetch(2):
         ids, widths, heights = (x.numpy().tolist() for x in (ids, widths, heights))
-        done.update(ids)
-        yield from regions_of(ids, pixels, widths, heights)
-    for image_id, file_name in files.items():
-        if image_id not in done:
-            try:
-                read_image_file(os.path.join(images_dir, file_name))
-                tf.io.decode_image(read_image_file(os.path.join(images_dir, file_name)), channels=3,
-                                   expand_animations=False)
-                reason = "cannot be read"
-            except (ImageError, OSError, tf.errors.InvalidArgumentError) as e:
-                reason = str(e)
-            yield image_id, f"{file_name}: {reason}"
+        for image_id, regions in regions_of(ids, pixels, widths, heights):
+            while records[position][0] != image_id:
+                yield unreadable(records[position][0], records[position][1].file_name)
+                position += 1
+            yield image_id, regions
+            position += 1
+    for image_id, record in records[position:]:
+        yield unreadable(image_id, record.file_name)
+
+
+def detections_report(detections: dict[int, np.ndarray], image_ids) -> list[str]:
+    """Lines on how detections match a dataset's images: images without a box (only the whole image is
+    pooled for them) and detections of images the dataset does not have; an InputError when they match
+    none of its images.
+
+    >>> boxes = np.ones((1, 4), np.float32)
+    >>> detections_report({1: boxes, 7: boxes}, [1, 2, 3])
+    ['detections: 2 images without a box (their whole image only; e.g. 2, 3)', 'detections: 1 images not in the dataset (e.g. 7)']
+    """
+    ids = set(int(i) for i in image_ids)
+    without = sorted(ids - set(detections))
+    unknown = sorted(set(detections) - ids)
+    if detections and len(unknown) == len(detections):
+        raise InputError(f"`detections` name none of the dataset's {len(ids)} images (e.g. image "
+                         f"{unknown[0]}): are they of another dataset?", params=("detections",))
+    lines = []
+    if without:
+        lines.append(f"detections: {len(without)} images without a box (their whole image only; e.g. "
+                     f"{', '.join(map(str, without[:5]))})")
+    if unknown:
+        lines.append(f"detections: {len(unknown)} images not in the dataset (e.g. {', '.join(map(str, unknown[:5]))})")
+    return lines
