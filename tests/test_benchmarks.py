@@ -159,6 +159,10 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
         assert positive(result["saved_model_captions_per_s"]) and result["saved_model_vs_captioner"] == \
             pytest.approx(result["saved_model_captions_per_s"] / result["captioner_captions_per_s"])
         assert "the exported SavedModel in plain TensorFlow: " in done.stdout
+        parts = result["batched_parts_ms"]  # where a batched call's time goes
+        assert sorted(parts) == ["decoder_steps", "encoder", "images", "search"] and all(map(positive, parts.values()))
+        assert re.search(r"a batched call in parts \(ms, each alone\): images [\d.]+, encoder [\d.]+, search [\d.]+, "
+                         r"decoder steps [\d.]+", done.stdout)
         if options[0] in extra:  # each decoding setting against plain beam search, side by side
             assert sorted(result["options"]) == ["decode.block_ngrams=2", "decode.method=sample,decode.top_k=2",
                                                  "ensemble of 2"]
