@@ -3,12 +3,14 @@
 decoder is tested by these with no new test code.
 
 Each test builds the decoder with its ``tiny_settings`` on ``small_cnn`` at 32 px (a 2 × 2 grid) and
-random images: stepping word by word equals the teacher-forced pass; an empty replica batch gives empty
-logits and zero gradients; split padding changes nothing; grouped captions equal a copy of the image per
-caption; beam search returns its captions best first with the model's own log-probabilities (and an
-attending decoder's weights per word); mixed precision keeps the logits and variables in float32; a
-checkpoint round-trips and one of other shapes is refused; the SavedModel captions as the captioner
-does; two mirrored replicas compute what one device computes."""
+random images or random regions: stepping word by word equals the teacher-forced pass (over the grid and over
+regions); padding regions with anything changes nothing; with ``model.box_geometry`` the regions' boxes change
+the logits, without it they change nothing; an empty replica batch gives empty logits and zero gradients;
+split padding changes nothing; grouped captions equal a copy of the image per caption; beam search returns
+its captions best first with the model's own log-probabilities (and an attending decoder's weights per word);
+mixed precision keeps the logits and variables in float32; a checkpoint round-trips and one of other shapes is
+refused; the SavedModel captions as the captioner does; two mirrored replicas compute what one device
+computes."""
 
 import dataclasses
 import os
@@ -158,6 +160,24 @@ def test_padding_regions_with_anything_changes_nothing(name):
     empty = {"regions": np.zeros((0, 0, R), np.float16), "boxes": np.zeros((0, 0, 4), np.float32),
              "region_mask": np.zeros((0, 0), np.float32), "input_ids": np.zeros((0, 4), np.int64)}
     assert model(empty).shape == (0, 4, V)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_box_geometry_makes_the_boxes_count_and_without_it_they_do_not(name):
+    """model.box_geometry appends each region's box (and its area) to its features: the same regions with other
+    boxes give other logits with it, and the very same logits without it."""
+    _, ids = inputs(seed=2)
+    batch = region_batch(seed=4)
+    moved = {**batch, "boxes": region_batch(seed=5)["boxes"]}  # the same regions and mask, only other boxes
+    assert np.array_equal(moved["regions"], batch["regions"]) and not np.allclose(moved["boxes"], batch["boxes"])
+    for geometry in (True, False):
+        model = tiny_regions(name, seed=3, geometry=geometry)
+        logits, other = (npy(model({**b, "input_ids": ids})) for b in (batch, moved))
+        assert np.abs(logits).max() > 1e-3
+        if geometry:
+            assert np.abs(other - logits).max() > 1e-4, "the boxes changed no logit with model.box_geometry"
+        else:
+            np.testing.assert_array_equal(other, logits)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -478,7 +498,7 @@ def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary
-    assert int(summary.split()[0]) == 15, summary  # the 10 fast tests, split padding over its 6 lengths
+    assert int(summary.split()[0]) == 16, summary  # the 11 fast tests, split padding over its 6 lengths
     broken = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=dict(env, BROKEN="1"), timeout=600)
     assert broken.returncode == 1, broken.stdout[-3000:]
     assert "FAILED tests/test_decoders.py::test_stepping_word_by_word_equals_the_teacher_forced_pass[toy]" in \

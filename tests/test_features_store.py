@@ -297,6 +297,28 @@ def test_an_hdf5_file_without_boxes(data_dir, ids, tmp_path):
     check_matches(store, ids, sizes=None, boxes=False)
 
 
+def test_an_hdf5_file_with_boxes(data_dir, ids, tmp_path):
+    """``<id>_boxes`` beside ``<id>_features``: the boxes are stored with the regions (the sizes are the
+    prepared records'); an image whose boxes are missing where the others have them is left out, named."""
+    path = tmp_path / "coco_detections.hdf5"
+    without = max(ids, key=lambda i: f"{i}_features")  # the last in the file's key order: the first row has boxes
+    with h5py.File(path, "w") as f:
+        for image_id in ids:
+            features, boxes = regions(image_id)
+            f[f"{image_id}_features"] = features
+            if image_id != without:
+                f[f"{image_id}_boxes"] = boxes
+    done = run_cli("features", "import", "--data-dir", data_dir, "--hdf5", str(path), "--name", "m2boxes")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.splitlines()
+    assert out[0].startswith(f"features store m2boxes in {data_dir}/features/m2boxes: {len(ids) - 1} images")
+    assert "(no boxes)" not in out[0]
+    assert f"image {without}: boxes where the first row had none, or none where it had them" in done.stdout
+    store = FeaturesStore.load(data_dir, "m2boxes")
+    assert store.has_boxes and store.feature_size == D and store.left["missing"].count == 1
+    check_matches(store, [i for i in ids if i != without], sizes=None, boxes=True)
+
+
 def test_refusals_write_nothing_and_overwrite_replaces_only_when_complete(data_dir, ids, tmp_path):
     path = tmp_path / "a.tsv"
     path.write_text("".join(tsv_line(i, *regions(i)) for i in ids))

@@ -150,6 +150,41 @@ def test_gallery_escapes_every_caption_and_name():
     assert "&lt;title&gt;" in page
 
 
+def test_the_gallery_of_a_region_model_outlines_and_names_the_region_each_word_attended_to_most():
+    """Over regions, each word's picture is the image with the region of its largest weight outlined in red,
+    and says which (``data-region``: the index in the image's regions); the legend says so. Over a grid,
+    pictures are lit where the model looked and name no region."""
+    import base64
+    import io
+    import re
+
+    from captioning.inference.captioner import Caption
+
+    crop = np.full((32, 32, 3), 128, np.uint8)
+    boxes = np.array([[0.0, 0.0, 0.5, 0.5], [0.5, 0.25, 1.0, 0.75], [0.25, 0.5, 0.75, 1.0], [0, 0, 1, 1]], np.float32)
+    weights = np.array([[0.1, 0.6, 0.2, 0.1], [0.05, 0.05, 0.8, 0.1], [0.7, 0.1, 0.1, 0.1], [0.2, 0.1, 0.1, 0.6]],
+                       np.float32)
+    png = encode(gradient(size=(8, 8)), "PNG")
+    regions = Result("regions.png", [Caption("a red big circle", -2.0, weights, crop, boxes)], data=png, grid=(1, 4))
+    page = gallery_html([regions])
+    tiles = re.findall(r'<img src="data:image/png;base64,([^"]+)" alt="attention for ([^"]*)" data-region="(\d+)">',
+                       page)
+    assert [(word, int(k)) for _, word, k in tiles] == [("a", 1), ("red", 2), ("big", 0), ("circle", 3)]
+    for (picture, _, k), w in zip(tiles, weights):
+        assert int(k) == int(np.argmax(w))
+        pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(picture))).convert("RGB")).astype(int)
+        red = np.argwhere((pixels[..., 0] > 200) & (pixels[..., 1] < 60) & (pixels[..., 2] < 60))
+        assert len(red) > 0
+        (top, left), (bottom, right) = red.min(axis=0), red.max(axis=0)  # the outline's extent, in 72 px
+        np.testing.assert_allclose([left, top, right, bottom], boxes[int(k)] * 71, atol=2)
+    assert "the box outlined in red is the region that word attended to most" in page
+    assert "lit where it looked" not in page
+    grid = Result("grid.png", [Caption("a circle", -1.0, weights[:2], crop)], data=png, grid=(2, 2))
+    page = gallery_html([grid])
+    assert page.count('alt="attention for') == 2 and "data-region" not in page
+    assert "lit where it looked" in page and "outlined" not in page
+
+
 LOADER = r"""
 import json, sys
 import tensorflow as tf

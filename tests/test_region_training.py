@@ -1,8 +1,11 @@
 """data.features: regions — the input pipeline reads a features store (no JPEG decoded), pads each batch's
-regions with a mask, and the decoders train, decode, evaluate and ground over regions."""
+regions with a mask, and the decoders train, decode, evaluate and ground over regions, from a store that
+`features extract` pooled (new images' boxes are pooled as it did) or one imported without boxes."""
 
 import json
+import math
 import os
+import re
 import shutil
 
 import numpy as np
@@ -68,6 +71,34 @@ def region_model(region_data, tmp_path_factory):
 
 def region_config(data_dir, *extra):
     return small_train_config(data_dir, "data.features=regions", "data.features_store=oracle", *extra)
+
+
+IMPORTED = 16  # features a region of the imported store
+
+
+@pytest.fixture(scope="module")
+def imported_data(prepared_dir, tmp_path_factory):
+    """A copy of the prepared fixture with the store "bottomup", imported (`captioning features import --hdf5`)
+    from an HDF5 file written here as the meshed-memory Transformer's: ``<id>_features`` only, no boxes, 2 to 5
+    regions an image whose features depend on its captions' words; the first test image left out."""
+    import h5py
+
+    data_dir = str(tmp_path_factory.mktemp("imported_data") / "data")
+    shutil.copytree(prepared_dir, data_dir)
+    records = PreparedDataset.load(data_dir).image_records()
+    left_out = min(i for i, r in records.items() if r.split == "test")
+    path = os.path.join(os.path.dirname(data_dir), "coco_detections.hdf5")
+    with h5py.File(path, "w") as f:
+        for image_id, record in sorted(records.items()):
+            if image_id != left_out:
+                rng = np.random.default_rng(image_id)
+                words = sorted({w for c in record.captions for w in c})
+                meaning = np.bincount(np.array(words) % IMPORTED, minlength=IMPORTED).astype(np.float32)
+                f[f"{image_id}_features"] = meaning + rng.normal(0, 0.1, (2 + image_id % 4, IMPORTED))
+    done = run_cli("features", "import", "--data-dir", data_dir, "--hdf5", path, "--name", "bottomup")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "(no boxes)" in done.stdout.splitlines()[0]
+    return data_dir, left_out
 
 
 def test_batches_carry_each_images_regions_padded_with_a_mask(region_data):
@@ -144,6 +175,61 @@ def test_train_and_evaluate_an_attention_model_on_regions_with_grounding(region_
     assert set(out.grounding["naming"]) and set(out.grounding["relations"])
 
 
+def test_updown_trains_on_an_imported_store_and_evaluate_captions_the_stores_test_images(imported_data, shapes_dir,
+                                                                                        tmp_path):
+    """A store imported from an HDF5 without boxes: Up-Down trains on it (the config fitted to the store:
+    its feature size; no encoder pooled these regions), and `captioning evaluate` captions each test image
+    the store holds, once, with a finite loss; `caption` refuses new images for such a model."""
+    from captioning.model.folder import ModelDir
+    from captioning.train import Trainer
+
+    data_dir, left_out = imported_data
+    model_dir = str(tmp_path / "model")
+    cfg = region_config(data_dir, "data.features_store=bottomup", "model.decoder=updown", "model.embedding_size=16",
+                        "model.lstm_units=16", "model.attention_size=8", "train.optimizer=adam",
+                        "train.learning_rate=0.01", "train.steps=12", "train.checkpoint_every_steps=12")
+    result = Trainer(cfg, model_dir).run(progress=False)
+    assert result.step == 12 and np.isfinite(result.losses).all() and result.losses[-1] < result.losses[0]
+    saved = ModelDir(model_dir).read_config()
+    assert (saved.model.decoder, saved.model.region_feature_size, saved.model.box_geometry,
+            saved.model.regions_from_encoder) == ("updown", IMPORTED, False, False)
+    metrics = tmp_path / "metrics.json"
+    done = run_cli("evaluate", "--model-dir", model_dir, "--split", "test", "--beam-size", "2", "--output", metrics)
+    assert done.returncode == 0, done.stderr[-2000:]
+    store = FeaturesStore.load(data_dir, "bottomup")
+    held = sorted(store.read(i for i, r in PreparedDataset.load(data_dir).image_records().items()
+                             if r.split == "test"))
+    assert len(held) == store.split("test").images == 3 and left_out not in held
+    assert done.stdout.startswith("test: 3 images, checkpoint step 12, beam 2, perplexity ")
+    out = json.loads(metrics.read_text())
+    assert (out["num_images"], out["checkpoint_step"], out["split"]) == (3, 12, "test")
+    assert math.isfinite(out["loss"]) and out["loss"] > 0 and out["perplexity"] == pytest.approx(math.exp(out["loss"]))
+    assert all(math.isfinite(v) and v >= 0 for v in out["metrics"].values()) and "CIDEr" in out["metrics"]
+    eval_dir = os.path.join(model_dir, "eval")
+    [predictions] = [n for n in os.listdir(eval_dir) if n.endswith(".predictions.json")]
+    predictions = json.load(open(os.path.join(eval_dir, predictions)))
+    vocab = set(open(os.path.join(model_dir, "vocab.txt"), encoding="utf-8").read().split())
+    assert sorted(p["image_id"] for p in predictions) == held  # one caption per test image of the store
+    assert all(isinstance(p["caption"], str) and set(p["caption"].split()) <= vocab for p in predictions)
+    test = json.load(open(instances_files(shapes_dir)[2]))
+    image = os.path.join(shapes_dir, "images", test["images"][0]["file_name"])
+    done = run_cli("caption", "--model-dir", model_dir, "--detections", instances_files(shapes_dir)[2], image)
+    assert done.returncode == 2 and "which were not pooled by its encoder" in done.stderr
+
+
+def test_box_geometry_over_a_store_without_boxes_is_refused_before_any_step(imported_data, tmp_path):
+    from captioning.train import Trainer
+
+    data_dir, _ = imported_data
+    model_dir = tmp_path / "model"
+    with pytest.raises(InputError) as refused:
+        Trainer(region_config(data_dir, "data.features_store=bottomup", "model.box_geometry=true"), str(model_dir))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("model.box_geometry appends each region's box to its features")
+    assert f"the features store {data_dir}/features/bottomup holds no boxes" in message
+    assert not model_dir.exists() or not os.listdir(model_dir)  # nothing written, no step taken
+
+
 def test_attention_over_regions_is_judged_by_the_named_shapes_box():
     """A word's attention over regions: its mass on the named shape is Σ α × the share of each region's area
     the shape's box covers; uniform attention over the regions is the baseline."""
@@ -169,7 +255,9 @@ def test_attention_over_regions_is_judged_by_the_named_shapes_box():
 def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(region_data, region_model, shapes_dir,
                                                                             trained_attention_dir, tmp_path):
     """caption --detections and the SavedModel pool each image's boxes from the model's encoder as extraction
-    pooled the store's regions: the captions are those evaluate gives from the store."""
+    pooled the store's regions: the captions are those evaluate gives from the store; the regions' boxes in
+    --json and in the SavedModel's `regions` are the store's; the SavedModel's attention is over them (none
+    on padding boxes) and is --json's; the gallery names (data-region) the region each word weighed most."""
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference.export import export
     from captioning.inference.captioner import Captioner, load
@@ -207,7 +295,73 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
         padded[i, :len(boxes[image["id"]])] = boxes[image["id"]]
     out = serve(images=tf.constant([open(f, "rb").read() for f in files]), boxes=tf.constant(padded))
     assert [c.decode() for c in out["captions"][:, 0].numpy()] == [expected[i["id"]] for i in test["images"]]
-    assert out["regions"].shape == (len(files), most + 1, 4)
+    # the boxes as the store holds them (x1, y1, x2, y2 fractions, the whole image last): in --json's regions
+    # and in the SavedModel's, whose padding boxes are zeros and get no attention
+    held = FeaturesStore.load(data_dir, "oracle").read(boxes)
+    served, weights, exact = out["regions"].numpy(), out["attention"].numpy(), []
+    assert served.shape == (len(files), most + 1, 4)
+    assert weights.shape[0] == len(files) and weights.shape[2] == most + 1  # [images, words, regions]
+    for i, (image, line) in enumerate(zip(test["images"], lines)):
+        r, n = held[image["id"]], len(boxes[image["id"]])
+        stored = r.boxes / [r.width, r.height, r.width, r.height]
+        np.testing.assert_allclose(line["regions"], stored, atol=1e-5)
+        np.testing.assert_allclose(served[i, :n], stored[:n], atol=1e-6)
+        assert not served[i, n:most].any() and served[i, most].tolist() == [0, 0, 1, 1]
+        words = len(line["captions"][0]["caption"].split())
+        np.testing.assert_allclose(weights[i, :words].sum(axis=1), 1.0, atol=1e-5)
+        assert not weights[i, :, n:most].any() and not weights[i, words:].any()
+        exact.append(weights[i, :words][:, list(range(n)) + [most]])  # over --json's regions, unrounded
+        np.testing.assert_allclose(exact[-1], np.reshape(line["captions"][0]["attention"], (words, n + 1)), atol=1e-4)
+    # the gallery outlines, and names in data-region, the region each word of the best caption weighed most
+    marked = [int(k) for k in re.findall(r'alt="attention for [^"]*" data-region="(\d+)"', html.read_text())]
+    weighed = [np.reshape(line["captions"][0]["attention"], (-1, len(line["regions"]))) for line in lines]
+    assert len(marked) == sum(len(w) for w in weighed) == sum(len(w) for w in exact)
+    for k, w, unrounded in zip(marked, (w for image in weighed for w in image), (w for image in exact for w in image)):
+        # the largest of --json's weights (rounded to 5 decimals there: a weakly trained model's nearly uniform
+        # weights may tie), and the largest of the same weights unrounded
+        assert w[k] == w.max() and k == int(np.argmax(unrounded)), (k, w, unrounded)
+
+
+def test_new_images_boxes_pool_the_regions_the_store_holds(region_data, region_model, shapes_dir, monkeypatch):
+    """What caption --detections pools for the test images (through the captioner, from the files' bytes
+    and the boxes the detections file gives them) equals the store's regions of those images: features to
+    float16 precision, boxes as fractions of the image, the whole image last; padding boxes pool nothing."""
+    import captioning.inference.captioner as captioner_module
+    from captioning.inference import regions as regions_module
+    from captioning.inference.caption import detections_for, read_for_model
+    from captioning.inference.captioner import Captioner, load
+
+    data_dir, _ = region_data
+    test = json.load(open(instances_files(shapes_dir)[2]))
+    files = [os.path.join(shapes_dir, "images", image["file_name"]) for image in test["images"]]
+    found = detections_for(files, [instances_files(shapes_dir)[2]])  # as caption --detections matches them
+    pooled = []
+
+    def recorded(*args):
+        pooled.append(regions_module.boxes_to_regions(*args))
+        return pooled[-1]
+
+    monkeypatch.setattr(captioner_module, "boxes_to_regions", recorded)
+    most = max(len(b) for b in found)
+    padded = np.zeros((len(files), most, 4), np.float32)
+    for i, b in enumerate(found):
+        padded[i, :len(b)] = b
+    Captioner(load(region_model)).decode_with_boxes(tf.constant([read_for_model(f) for f in files]),
+                                                    tf.constant(padded))  # eager: the pooled values are seen
+    assert len(pooled) == 1
+    regions, boxes, mask = (pooled[0][k].numpy() for k in ("regions", "boxes", "region_mask"))
+    held = FeaturesStore.load(data_dir, "oracle").read([image["id"] for image in test["images"]])
+    assert regions.shape[:2] == (len(files), most + 1) and regions.dtype == np.float16
+    for i, image in enumerate(test["images"]):
+        r, n = held[image["id"]], len(found[i])
+        assert len(r.features) == n + 1 >= 2  # the image's shapes and the whole image
+        real = list(range(n)) + [most]
+        np.testing.assert_array_equal(mask[i], [1.0] * n + [0.0] * (most - n) + [1.0])
+        assert np.abs(r.features).max() > 0.1
+        np.testing.assert_allclose(regions[i, real].astype(np.float32), r.features.astype(np.float32),
+                                   rtol=1e-3, atol=1e-3)  # float16 keeps 11 bits: 1 in 2048
+        np.testing.assert_allclose(boxes[i, real], r.boxes / [r.width, r.height, r.width, r.height], atol=1e-6)
+        assert not regions[i, n:most].any() and not boxes[i, n:most].any()
 
 
 @pytest.mark.slow

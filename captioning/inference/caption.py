@@ -24,9 +24,9 @@ files. An image file is matched to its detections by an instances file's ``image
 ``file_name``), or else by the number its name ends with (``COCO_val2014_000000000042.jpg`` and ``42.png``
 are image 42); an image without detections is read as its whole image alone. Its regions are pooled from
 the model's encoder as ``captioning features extract`` pooled those it was trained on. The gallery then
-shows, per word, the region the model attended to most, outlined on the image, and ``--json`` gives
-``regions`` (each region's x1, y1, x2, y2 as fractions of the image, the whole image last) and per word its
-weights over them.
+shows, per word, the region the model attended to most, outlined on the image (its picture's ``data-region``
+attribute is that region's index in ``--json``'s ``regions``), and ``--json`` gives ``regions`` (each region's
+x1, y1, x2, y2 as fractions of the image, the whole image last) and per word its weights over them.
 
 ``--html`` writes a self-contained gallery page: thumbnails are embedded as data URIs and every caption
 and file name is HTML-escaped. For an attention decoder each image's best caption comes with one small
@@ -46,12 +46,13 @@ import re
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes
 from captioning.images import ImageError, process_image, read_image_file
-from captioning.model.pictures import spotlight
+from captioning.model.pictures import outlined, spotlight
 
 MAX_SIDE = 4096
 MAX_DECODE_BYTES = 1 << 30  # memory one image's decode may take (see the module docstring)
@@ -161,31 +162,22 @@ def _png(pixels) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
 
 
-def _outlined(image, box, tile: int):
-    """``image`` (uint8 [S, S, 3]) at ``tile`` pixels with ``box`` (x1, y1, x2, y2 fractions) outlined in red."""
-    from PIL import ImageDraw
-
-    picture = Image.fromarray(image).resize((tile, tile))
-    x1, y1, x2, y2 = (float(v) * (tile - 1) for v in box)
-    ImageDraw.Draw(picture).rectangle([x1, y1, x2, y2], outline=(255, 0, 0), width=2)
-    import numpy as np
-
-    return np.asarray(picture)
-
-
 def _attention_row(result: Result, tile: int = 72) -> str:
-    """The best caption's words, each under its picture (see the module docstring)."""
+    """The best caption's words, each under its picture (see the module docstring); over regions, each
+    picture's ``data-region`` is the index of the region outlined on it (in ``--json``'s ``regions``)."""
     best = result.captions[0]
     words = best.text.split()
     if best.boxes is not None:  # regions: the one attended to most, outlined
-        pictures = [_outlined(best.image, best.boxes[int(w.argmax())], tile) for w in best.attention]
+        chosen = [int(np.argmax(w)) for w in best.attention]
+        pictures = [outlined(best.image, best.boxes[k], tile) for k in chosen]
+        marks = [f' data-region="{k}"' for k in chosen]
     else:
         pictures = [spotlight(best.image, w, result.grid, tile) for w in best.attention]
+        marks = [""] * len(pictures)
     tiles = "".join(f'<span class="word"><img src="{_png(picture)}" '
-                    f'alt="attention for {html.escape(word)}"><br>{html.escape(word)}</span>'
-                    for word, picture in zip(words, pictures))
+                    f'alt="attention for {html.escape(word)}"{mark}><br>{html.escape(word)}</span>'
+                    for word, picture, mark in zip(words, pictures, marks))
     return f'<div class="attention">{tiles}</div>'
-
 
 
 def _thumbnail(data: bytes, size: int = 256) -> str:
@@ -195,6 +187,22 @@ def _thumbnail(data: bytes, size: int = 256) -> str:
         out = io.BytesIO()
         image.save(out, format="JPEG", quality=85)
     return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
+
+def _attention_legend(results: list[Result]) -> str:
+    """What the per-word pictures of ``results`` show: a grid lit where the model looked, or the region it
+    attended to most outlined."""
+    shown = [r for r in results if not r.error and r.grid]
+    over_regions = [getattr(r.captions[0], "boxes", None) is not None for r in shown]
+    said = []
+    if not all(over_regions):
+        said.append("For a model with attention over a grid, the best caption's words follow one by one, each on "
+                    "the picture the model saw, lit where it looked while choosing that word.")
+    if any(over_regions):
+        said.append("For a model attending over regions (boxes), the best caption's words follow one by one, each "
+                    "on the picture the model saw, where the box outlined in red is the region that word attended "
+                    "to most.")
+    return " ".join(said)
 
 
 def gallery_html(results: list[Result], title: str = "captioning gallery") -> str:
@@ -217,9 +225,7 @@ def gallery_html(results: list[Result], title: str = "captioning gallery") -> st
              ".word img{width:72px;height:72px;image-rendering:auto}")
     legend = ('<p class="legend">Each image with its captions, best first. The grey number after a caption is its '
               "log-probability under the model: the sum of the log-probabilities of its words and of the end of "
-              "the caption (0 would be certain; closer to 0 is more likely). For a model with attention, the best "
-              "caption's words follow one by one, each on the picture the model saw, lit where it looked while "
-              "choosing that word.</p>")
+              "the caption (0 would be certain; closer to 0 is more likely). " + _attention_legend(results) + "</p>")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>\n{legend}\n" + "\n".join(cards) +
             "\n</body></html>\n")

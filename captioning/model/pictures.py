@@ -1,5 +1,6 @@
 """Pictures of where an attention decoder looked: one image per word, the crop the model saw lit by that
-word's weights. ``caption --html`` and TensorBoard's training samples both draw them here.
+word's weights, or (over regions) with the region it weighed most outlined. ``caption --html`` and
+TensorBoard's training samples both draw them here.
 
 A word's weights over the ``h × w`` grid are upsampled (bilinear) to the crop, scaled so the most
 attended point is 1, and the crop is shown at ``0.25 + 0.75 × weight`` of its brightness, with a
@@ -41,6 +42,20 @@ def spotlight(image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], siz
     tint = np.array([255.0, 190.0, 60.0], np.float32)
     out = base * (0.25 + 0.75 * light[..., None]) * (1 - 0.25 * light[..., None]) + tint * 0.25 * light[..., None]
     return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def outlined(image: np.ndarray, box, size: int) -> np.ndarray:
+    """``image`` (uint8 ``[S, S, 3]``) at ``size`` pixels a side with ``box`` (x1, y1, x2, y2 as fractions of
+    the image) outlined in red, 2 pixels wide: the region a word attended to most.
+
+    >>> picture = outlined(np.full((8, 8, 3), 128, np.uint8), (0.0, 0.0, 0.5, 0.5), 11)
+    >>> picture[0, 3].tolist(), picture[8, 8].tolist()   # on the outline, and outside it
+    ([255, 0, 0], [128, 128, 128])
+    """
+    picture = Image.fromarray(image).resize((size, size))
+    x1, y1, x2, y2 = (float(v) * (size - 1) for v in box)
+    ImageDraw.Draw(picture).rectangle([x1, y1, x2, y2], outline=(255, 0, 0), width=2)
+    return np.asarray(picture)
 
 
 def word_strip(image: np.ndarray, words: list[str], weights: np.ndarray, grid: tuple[int, int],

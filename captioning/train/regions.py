@@ -31,8 +31,9 @@ def regions_fitted(cfg: config_lib.Config, dataset: PreparedDataset) -> tuple[co
     (``data.features: regions``; as it is otherwise), and the checkpoint whose encoder pooled the store's
     regions when it is an encoder like this model's (its weights are where a new model's encoder starts, so
     it can pool the regions of new images; None otherwise, or for a config's encoder, which the model builds
-    with the same weights). An InputError when the config gives another
-    feature size."""
+    with the same weights). An InputError when the config gives another feature size, or asks for
+    ``model.box_geometry`` from a store without boxes (imported from a source that gave none: its boxes are
+    zeros, which would train the model on nothing)."""
     if cfg.data.features != "regions":
         return cfg, None
     store = store_of(cfg.data, dataset)
@@ -40,6 +41,10 @@ def regions_fitted(cfg: config_lib.Config, dataset: PreparedDataset) -> tuple[co
     if given and given != store.feature_size:
         raise InputError(f"model.region_feature_size is {given}, but the features store {store.path} holds "
                          f"regions of {store.feature_size} features: leave the key out (training sets it)")
+    if cfg.model.box_geometry and not store.has_boxes:
+        raise InputError(f"model.box_geometry appends each region's box to its features, but the features store "
+                         f"{store.path} holds no boxes (its source gave none): set model.box_geometry: false, or "
+                         "import the features with their boxes")
     same, extractor = _extractor(store, cfg)
     out = copy.copy(cfg)
     out.model = dataclasses.replace(cfg.model, region_feature_size=store.feature_size, regions_from_encoder=same)
