@@ -185,6 +185,7 @@ def copies(paths, tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_evaluate_an_ensemble_keeps_it_in_the_first_folder(two_models, tmp_path):
     from captioning.config import DataConfig
     from captioning.data.pipeline import make_dataset

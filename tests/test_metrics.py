@@ -118,6 +118,7 @@ def test_missing_java_is_one_clear_line(fixture_files, tmp_path):
                      "`java` is not on PATH: install a Java runtime (e.g. apt-get install default-jre-headless)"]
 
 
+@pytest.mark.slow
 def test_spice_without_its_models_is_skipped_with_a_clear_warning(caplog):
     refs = {1: ["a red circle above a blue square"]}
     with caplog.at_level("WARNING", logger="captioning.evaluation.metrics"):

@@ -175,6 +175,7 @@ def test_train_and_evaluate_an_attention_model_on_regions_with_grounding(region_
     assert set(out.grounding["naming"]) and set(out.grounding["relations"])
 
 
+@pytest.mark.slow
 def test_updown_trains_on_an_imported_store_and_evaluate_captions_the_stores_test_images(imported_data, shapes_dir,
                                                                                         tmp_path):
     """A store imported from an HDF5 without boxes: Up-Down trains on it (the config fitted to the store:
@@ -490,6 +491,7 @@ def test_the_input_benchmark_measures_regions_beside_jpegs(region_data, tmp_path
     assert "from the features store 'oracle' (no JPEG decoded)" in done.stdout
 
 
+@pytest.mark.slow
 def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_from_boxes(region_data, shapes_dir,
                                                                                          tmp_path):
     """features extract --config: a config's encoder with a weights file pools the regions; a model trained on
