@@ -85,6 +85,16 @@ def test_the_teacher_forced_pass_has_the_sampling_loops_log_probability_and_grad
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(a).max())), err_msg=v.name)
     empty = tf.nest.map_structure(lambda s: s[:0], state)
     assert sequence_log_prob(model, empty, tf.zeros([0, 6], tf.int32), 0.8).shape == (0,)  # an empty replica
+    # the pass stops at the longest caption's <end>: what a full-length pass gives, padding columns or not
+    short = np.array([[5, 6, END_ID] + [PAD_ID] * 5, [END_ID] + [PAD_ID] * 7] * 3, np.int32)
+    inputs_ = np.concatenate([np.full([6, 1], START_ID), short[:, :-1]], axis=1)
+    logits, _ = model.teacher_forced(state, tf.constant(inputs_), training=False)
+    logp = tf.nn.log_softmax(logits / 0.8 + tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], model.vocab_size), 0) * -1e9)
+    full = np.take_along_axis(logp.numpy(), short[..., None], axis=2)[..., 0]
+    expected = np.where(np.cumsum(short == END_ID, axis=1) - (short == END_ID) == 0, full, 0).sum(axis=1)
+    for ids in (short, short[:, :3]):
+        np.testing.assert_allclose(sequence_log_prob(model, state, tf.constant(ids), 0.8).numpy(), expected,
+                                   rtol=1e-5, atol=1e-5)
     # scst.xla_sampling: the loop compiled with XLA draws the same captions (integers only, no log_prob)
     with tf.GradientTape() as tape:  # a tape does not follow it into the loop
         compiled = sample_captions(model, state, 6, 0.8, tf.constant([1, 3]), xla=True)

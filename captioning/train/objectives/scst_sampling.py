@@ -91,8 +91,14 @@ def sequence_log_prob(model, state, ids, temperature: float):
     ``<end>`` or ``<pad>``, as :func:`sample_captions` draws them) under ``softmax(logits / temperature)``
     with ``<pad>`` and ``<start>`` excluded, over its words and its ``<end>``: one teacher-forced pass from
     ``state`` (a Transformer's is parallel over the words), differentiable. It equals the log-probability
-    the sampling loop adds up (the decoder contract: stepping equals teacher forcing; tested)."""
-    rows, steps = tf.shape(ids)[0], tf.shape(ids)[1]
+    the sampling loop adds up (the decoder contract: stepping equals teacher forcing; tested). The pass stops
+    at the longest caption's ``<end>``: the padding after it counts for nothing (a trained model's samples
+    end long before ``scst.max_length``)."""
+    # the words up to and with the first <end>
+    counted = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, END_ID), tf.int32), axis=1, exclusive=True), 0)
+    longest = tf.maximum(tf.reduce_max(tf.reduce_sum(tf.cast(counted, tf.int32), axis=1)), 1)
+    ids, counted = ids[:, :longest], counted[:, :longest]
+    rows = tf.shape(ids)[0]
     inputs = tf.concat([tf.fill([rows, 1], START_ID), ids[:, :-1]], axis=1)
     padded = tf.maximum(rows, 1)  # a decoder never sees an empty batch (an empty replica's share)
     state = tf.nest.map_structure(lambda s: pad_rows(s, padded), state)
@@ -100,8 +106,6 @@ def sequence_log_prob(model, state, ids, temperature: float):
     never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], model.vocab_size), axis=0) * _NEVER
     logp = tf.nn.log_softmax(tf.cast(logits[:rows], tf.float32) / temperature + never)
     chosen = tf.gather(logp, ids, batch_dims=2)
-    # the words up to and with the first <end>
-    counted = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, END_ID), tf.int32), axis=1, exclusive=True), 0)
     return tf.reduce_sum(tf.where(counted, chosen, 0.0), axis=1)
 
 
