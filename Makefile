@@ -55,8 +55,8 @@ demo: $(STAMP)
 	    $$($(BIN)/python -c "import json; print(' '.join('$(SHAPES)/images/' + i['file_name'] for i in json.load(open('$(ANN)/captions_test.json'))['images'][:12]))")
 	$(BIN)/captioning evaluate --model-dir $(DEMO)/model --split test --baseline --output $(DEMO)/metrics.json
 
-# Every benchmark of benchmarks/RESULTS.md in one run (about an hour on 2 cores; time to quality is 25
-# minutes of it), JSON into runs/benchmarks/. Run it alone on the machine: the figures are ratios measured side
+# Every benchmark of benchmarks/RESULTS.md in one run (24 minutes on 2 cores on 2026-11-25; time to quality
+# is 8 minutes of it), JSON into runs/benchmarks/. Run it alone on the machine: the figures are ratios measured side
 # by side, and a second busy process moves them. `benchmark train` runs the shapes configs, so the demo's
 # records are made first if missing. `make benchmarks QUICK=1` leaves out time to quality.
 SCST_CONFIGS := shapes_scst shapes_attention_scst shapes_transformer_scst

@@ -95,7 +95,8 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
         "through_loop": (gradient_of(lambda r: sample_captions(model, r, length, temperature, seed)["log_prob"]),
                          (repeated,)),
         "teacher_forced": (gradient_of(lambda r, ids: sequence_log_prob(model, r, ids, temperature)), (repeated, ids)),
-        "reward": (tf.function(lambda ids: cider.scores(ids, objective.scored_lengths(ids), references, index)), (ids,)),
+        "reward": (tf.function(lambda ids: cider.scores(ids, objective.scored_lengths(ids), references, index)),
+                   (ids,)),
         "greedy": (tf.function(greedy), (state,)),
         "cross_entropy": (tf.function(cross_entropy), (batch,)),
     }

@@ -42,9 +42,10 @@ def sample_captions(model, state, max_length: int, temperature: float, seed, xla
 
     ``xla`` (``scst.xla_sampling``) compiles the loop with XLA, to draw without gradient: a step of a small
     decoder is dozens of small ops, whose dispatch XLA fuses away (the shapes Transformer's 20 steps for 65
-    rows: 158 → 52 ms on 2 CPU cores). Then there is no ``log_prob`` (:func:`sequence_log_prob` scores the
-    ids): the compiled call returns integers only, which a gradient tape does not follow into the loop. The
-    uniform numbers are drawn before the loop, so the samples are the same either way (tested)."""
+    rows: 71.7 → 19.0 ms on 2 CPU cores, benchmarks/RESULTS.md). Then there is no ``log_prob``
+    (:func:`sequence_log_prob` scores the ids): the compiled call returns integers only, which a gradient
+    tape does not follow into the loop. The uniform numbers are drawn before the loop, so the samples are
+    the same either way (tested)."""
     state = model.reserve(state, max_length)
     rows = tf.shape(tf.nest.flatten(state)[0])[0]
     offset, total = _global_rows(rows)
