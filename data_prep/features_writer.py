@@ -177,7 +177,10 @@ def _locked(work: str):
     has just renamed it into the finished store."""
     os.makedirs(work, exist_ok=True)
     lock = os.path.join(work, LOCK)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:  # renamed into the store between the two lines
+        raise InputError(f"another run has just finished writing {work}: run the command again") from None
     try:
         try:
             import fcntl
