@@ -219,21 +219,18 @@ def write_store(data_dir: str, rows_from: Callable[[int], Iterable[Row | Malform
     made_parent = not os.path.isdir(parent)
     plan = {"source": source, "head": head, "dataset": dataset.identity, "images_per_shard": images_per_shard}
     with _locked(work):  # (another run's lock: an error, and nothing of its work touched)
-        kept = False
         try:
             _write(data_dir, dataset, work, rows_from, _resumed(work, plan), name, progress, what, params,
                    checkpoint_every)
             os.remove(os.path.join(work, LOCK))  # (still held: a run waiting for it finds it moved)
             replace_folder(work, path)
         except BaseException as e:  # interrupted, the disk full, a source cut short: the work stays for a rerun
-            kept = isinstance(e, KeptWork) or not isinstance(e, InputError)  # (other input errors: nothing to keep)
-            raise
-        finally:
-            if not kept:
+            if isinstance(e, InputError) and not isinstance(e, KeptWork):  # other input errors: nothing to keep
                 shutil.rmtree(work, ignore_errors=True)
                 if made_parent:  # a store that failed leaves nothing behind, not even DATA/features/
                     with contextlib.suppress(OSError):
                         os.rmdir(parent)
+            raise
     return FeaturesStore.load(data_dir, name)
 
 
