@@ -258,3 +258,105 @@ def test_diverse_beam_search():
             assert float(diverse["log_probs"][i, r]) == pytest.approx(log_prob(model, f, sequence), abs=1e-4)
     with pytest.raises(ValueError, match="must divide"):
         beam_search(model, features, beam_size=4, beam_groups=3)
+
+
+def diverse_reference(model, f, groups, per, diversity, max_length):
+    """Diverse beam search for one image by hand (Vijayakumar et al.'s Algorithm 1 with im2txt's beams): each
+    group a beam search of ``per`` beams whose words are ranked, and whose captions are scored, by the log p
+    minus ``diversity`` × the captions of earlier groups that chose the word at this step (<end> included).
+    Returns each group's complete captions, best first: [(score, log p, words)]."""
+    start = model.initial_state(f[None])
+    beams = [[(0.0, 0.0, [], start)] for _ in range(groups)]  # (score, log p, words, state)
+    done = [[] for _ in range(groups)]
+    for _ in range(max_length):
+        chosen = np.zeros(model.vocab_size)
+        for g in range(groups):
+            candidates = []
+            for score, lp, words, state in beams[g]:
+                logits, after = model.step(tf.constant([words[-1] if words else START_ID]), state)
+                logp = tf.nn.log_softmax(logits).numpy()[0].astype(np.float64)
+                logp[[PAD_ID, START_ID, UNK_ID]] = -np.inf
+                ranked = logp - diversity * chosen
+                for w in np.argsort(-ranked, kind="stable")[:min(per, model.vocab_size)]:
+                    candidates.append((score + ranked[w], lp + logp[w], words + [int(w)], after))
+            ends = [c for c in candidates if c[2][-1] == END_ID]
+            done[g] += [(s, lp, words[:-1]) for s, lp, words, _ in ends]
+            beams[g] = sorted((c for c in candidates if c[2][-1] != END_ID), key=lambda c: -c[0])[:per]
+            for c in beams[g]:
+                chosen[c[2][-1]] += 1
+            chosen[END_ID] += len(ends)
+    return [sorted(done[g] + [(s, lp, words) for s, lp, words, _ in beams[g]], key=lambda c: -c[0])
+            for g in range(groups)]
+
+
+@pytest.mark.parametrize("groups, per, diversity, end_bias", [
+    (3, 1, 0.3, -1.0), (3, 1, 5.0, -1.0), (2, 2, 0.7, -1.0), (2, 2, 0.4, 1.5)])
+def test_diverse_beam_search_follows_the_reference_with_the_penalised_score_carried_forward(groups, per, diversity,
+                                                                                            end_bias):
+    """Every caption, log p and score of every group equal a hand-written diverse beam search (the penalised score
+    carried forward, an earlier group's <end> counted), returned one per group in turn."""
+    model = tiny_model(14, end_bias=end_bias)
+    features = model.encode(images(2, seed=14))
+    k = groups * per
+    out = beam_search(model, features, beam_size=k, top_k=k, max_length=4, beam_groups=groups, diversity=diversity)
+    for i, f in enumerate(features):
+        expected = diverse_reference(model, f, groups, per, diversity, 4)
+        for rank in range(k):
+            score, lp, words = expected[rank % groups][rank // groups]
+            n = int(out["lengths"][i, rank])
+            assert list(out["ids"][i, rank, :n].numpy()) == words
+            assert float(out["log_probs"][i, rank]) == pytest.approx(lp, abs=1e-4)
+            assert float(out["scores"][i, rank]) == pytest.approx(score, abs=1e-4)
+
+
+def test_the_diversity_penalty_at_a_step_counts_earlier_groups_ends_and_is_carried():
+    """At the first step each later group pays λ per earlier group that chose the same word, <end> included
+    (a model whose first word is <end>); after it the penalty stays in the score; k captions come from k groups."""
+    model = tiny_model(15, end_bias=6.0)  # <end> is by far the likeliest first word
+    features = model.encode(images(2, seed=15))
+    out = beam_search(model, features, beam_size=3, top_k=3, max_length=1, beam_groups=3, diversity=0.25)
+    np.testing.assert_array_equal(out["lengths"].numpy(), 0)  # all three chose <end>: empty captions
+    np.testing.assert_allclose(out["log_probs"].numpy() - out["scores"].numpy(), [[0.0, 0.25, 0.5]] * 2, atol=1e-5)
+    model = tiny_model(15, end_bias=-6.0)
+    features = model.encode(images(2, seed=15))
+    out = beam_search(model, features, beam_size=2, top_k=2, max_length=3, beam_groups=2, diversity=0.01)
+    ids = out["ids"].numpy()
+    same = (ids[:, 0] == ids[:, 1]).sum(axis=1)  # the words both groups chose: 0.01 each, carried to the end
+    np.testing.assert_allclose(out["log_probs"][:, 1].numpy() - out["scores"][:, 1].numpy(), 0.01 * same, atol=1e-5)
+    assert same.min() >= 1
+    # without a penalty, 3 groups of 2 are 3 beam searches of 2: the 3 captions returned are each group's best
+    alike = beam_search(model, features, beam_size=6, top_k=3, max_length=5, beam_groups=3)
+    best = beam_search(model, features, beam_size=2, top_k=1, max_length=5)
+    for rank in range(3):
+        np.testing.assert_array_equal(alike["ids"][:, rank].numpy(), best["ids"][:, 0].numpy())
+
+
+def test_top_k_then_top_p_measures_the_nucleus_in_the_renormalised_top_k():
+    from captioning.model.decode import filtered
+
+    p = tf.exp(filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_k=2, top_p=0.6)).numpy()[0]
+    np.testing.assert_allclose(p, [1.0, 0.0, 0.0, 0.0], atol=1e-6)  # 0.5 / 0.8 = 0.625 reaches 0.6: one word
+    p = tf.exp(filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_k=3, top_p=0.6)).numpy()[0]
+    np.testing.assert_allclose(p, [0.625, 0.375, 0.0, 0.0], atol=1e-6)  # 0.5 / 0.95 < 0.6: two
+
+
+@pytest.mark.parametrize("method, beam", [("beam", 10), ("greedy", 1), ("sample", 3)])
+def test_a_caption_has_at_least_one_word_when_end_is_the_likeliest_first_word(method, beam):
+    """A model whose first word is <end> by far: plain beam search gives the empty caption, every decoding
+    method of `generate` (caption, evaluate, export) gives a caption of at least one word."""
+    from captioning.config import DecodeConfig
+    from captioning.model.decode import generate
+
+    model = tiny_model(16, end_bias=8.0, vocab=12)
+    features = model.encode(images(3, seed=16))
+    empty = beam_search(model, features, beam_size=10, top_k=10, max_length=5)
+    assert (empty["lengths"].numpy()[:, 0] == 0).all()
+    settings = DecodeConfig(method=method, beam_size=beam, top_k=beam if method != "greedy" else 1, max_length=5)
+    out = generate(model, model.initial_state(features), settings, keys=tf.constant([1, 2, 3], tf.int64))
+    lengths = out["lengths"].numpy()
+    assert lengths.shape == (3, settings.top_k) and (lengths >= 1).all()
+    for i, f in enumerate(features):  # the log p reported is the model's (its <end> included)
+        n = int(lengths[i, 0])
+        words = list(out["ids"][i, 0, :n].numpy())
+        assert float(out["log_probs"][i, 0]) == pytest.approx(log_prob(model, f, words + [END_ID] * (n < 5)),
+                                                              abs=1e-4)

@@ -95,15 +95,22 @@ def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
 
 
 def _merge(best, candidates, n: int):
-    """Keeps the ``n`` best of two sets of complete captions (dicts of [B, M, ...] tensors)."""
+    """Keeps the ``n`` best of two sets of complete captions (dicts of [B, M, ...] tensors) by their ``scores``;
+    a placeholder (``log_probs`` at the dead score) ranks below every real caption, whatever its score."""
     joined = {k: tf.concat([best[k], candidates[k]], axis=1) for k in best}
-    _, index = tf.math.top_k(joined["scores"], k=n)
+    key = tf.where(joined["log_probs"] > _DEAD / 2, joined["scores"], -float("inf"))
+    _, index = tf.math.top_k(key, k=n)
     return {k: tf.gather(v, index, batch_dims=1) for k, v in joined.items()}
+
+
+def _end_banned(vocab: int, t, min_length: int):
+    """``[V]``: the dead score on ``<end>`` while fewer than ``min_length`` words are chosen (``t`` of them)."""
+    return tf.one_hot(END_ID, vocab) * _DEAD * tf.cast(t < min_length, tf.float32)
 
 
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
                 top_k: int = 1, initial_state=None, length_penalty_form: str = "avg", block_ngrams: int = 0,
-                bad_endings=(), beam_groups: int = 1, diversity: float = 0.0) -> dict:
+                bad_endings=(), beam_groups: int = 1, diversity: float = 0.0, min_length: int = 0) -> dict:
     """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
     for them, when given; ``features`` is then unused).
 
@@ -112,14 +119,22 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     caption completed), "scores": float32 [B, top_k] (the ranking score)}``, best first. A decoder that
     ``attends`` (its state a dict whose ``attention`` entry holds the weights of the step just taken,
     ``[B, G]``) also gets ``"attention": float32 [B, top_k, max_length, G]``: for each word of each caption, the weights
-    it was chosen with (kept per beam and reordered with the beams; zeros after the caption's end).
+    it was chosen with (kept per beam and reordered with the beams; zeros after the caption's end). A slot
+    with no caption (fewer complete captions than ``top_k``) comes last, empty, with log p -1e9.
 
-    **Diverse beam search** (Vijayakumar et al. 2018): ``beam_groups`` G divides the beam into G groups of
-    ``beam_size / G`` beams, each a beam search of its own, one live caption each at first; at every step the
-    groups choose in turn, and a word's log-probability is lowered, for choosing only, by ``diversity`` λ
-    times the number of live captions of the earlier groups that chose it at this step (Hamming diversity).
-    Complete captions of every group compete for the ``top_k`` places by their own log-probability. One
-    group is plain beam search.
+    ``min_length``: ``<end>`` is not proposed before that many words (Hugging Face's ``min_length``; im2txt
+    never let a caption end at its first step): :func:`generate` asks for 1, so a caption is never empty.
+
+    **Diverse beam search** (Vijayakumar et al. 2018, Algorithm 1, as fairseq, Hugging Face and
+    self-critical.pytorch run it): ``beam_groups`` G divides the beam into G groups of ``beam_size / G``
+    beams, each a beam search of its own, one live caption each at first. At every step the groups choose in
+    turn, and a word's log-probability is lowered by ``diversity`` λ times the number of captions of the
+    earlier groups that chose it at this step (Hamming diversity; a caption an earlier group completed at
+    this step chose ``<end>``). That penalised score is what a group's captions carry forward and are ranked
+    by (``scores``); ``log_probs`` stay the model's own. Each group keeps its own complete captions, and the
+    ``top_k`` returned come one per group in turn: each group's best in group order, then each group's second,
+    and so on (so ``top_k`` <= G captions come from ``top_k`` groups, the first being the first group's
+    best, which is plain beam search of ``beam_size / G`` beams). One group is plain beam search.
     """
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
@@ -127,6 +142,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         raise ValueError(f"beam_groups ({beam_groups}) must divide beam_size ({beam_size})")
     k, n, steps, groups = beam_size, top_k, max_length, beam_groups
     per = k // groups  # beams per group
+    keep = min(per, n)  # complete captions each group keeps
     if initial_state is None:
         initial_state = model.initial_state(features, training=False)
     initial_state = model.reserve(initial_state, steps)  # room for the words' cached keys and values
@@ -138,9 +154,11 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
     alive_logp = tf.tile(tf.constant([([0.0] + [_DEAD] * (per - 1)) * groups]), [batch, 1])  # one live beam a group
+    alive_score = alive_logp  # the penalised log p of diverse beams (the log p itself otherwise)
     alive_ids = tf.zeros([batch, k, steps], tf.int32)
-    done = {"ids": tf.zeros([batch, n, steps], tf.int32), "lengths": tf.zeros([batch, n], tf.int32),
-            "log_probs": tf.fill([batch, n], _DEAD), "scores": tf.fill([batch, n], _DEAD)}
+    # each group's complete captions, group after group: [B, groups * keep, ...]
+    done = {"ids": tf.zeros([batch, groups * keep, steps], tf.int32), "lengths": tf.zeros([batch, groups * keep], tf.int32),
+            "log_probs": tf.fill([batch, groups * keep], _DEAD), "scores": tf.fill([batch, groups * keep], _DEAD)}
     never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD  # words never proposed
     shaping = block_ngrams or bad_endings
     diverse = groups > 1 and bool(diversity)
@@ -149,7 +167,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     if attends:  # the weights behind each word of each live caption
         cells = tf.shape(state["attention"])[1]
         alive_attention = tf.zeros([batch, k, steps, cells])
-        done["attention"] = tf.zeros([batch, n, steps, cells])
+        done["attention"] = tf.zeros([batch, groups * keep, steps, cells])
     else:
         alive_attention = tf.zeros([0])
 
@@ -160,44 +178,55 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         if attends:  # word t of every live caption is chosen with this step's weights
             weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, 1, cells])
             alive_attention = alive_attention + weights * tf.one_hot(t, steps)[None, None, :, None]
-        logp = tf.reshape(tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never, [batch, k, vocab])
+        logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
+        if min_length:
+            logp += _end_banned(vocab, t, min_length)
+        logp = tf.reshape(logp, [batch, k, vocab])
         if shaping:
             logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
         length = tf.cast(t + 1, tf.float32)  # t words + <end>
-        # how many live captions of earlier groups chose each word now (diverse beams only)
+        # how many captions of earlier groups chose each word now, <end> included (diverse beams only)
         chosen = tf.zeros([batch, vocab]) if diverse else None
-        new_logp, parents, new_words = [], [], []
+        new_logp, new_score, parents, new_words, kept = [], [], [], [], []
         for g in range(groups):
             mine = slice(g * per, (g + 1) * per)
-            group_logp, group_alive = logp[:, mine], alive_logp[:, mine]
+            group_logp, group_alive, group_score = logp[:, mine], alive_logp[:, mine], alive_score[:, mine]
             ranked = group_logp - diversity * chosen[:, None, :] if diverse else group_logp
             _, top_words = tf.math.top_k(ranked, k=kw)  # [B, per, kw]
             true = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
-            total = group_alive[:, :, None] + tf.gather(ranked, top_words, batch_dims=2)
+            total = group_score[:, :, None] + tf.gather(ranked, top_words, batch_dims=2)  # carried forward
+            valid = (group_alive[:, :, None] > _DEAD / 2) & (true > _DEAD / 2)
             is_end = tf.equal(top_words, END_ID)
-            alive_mask = group_alive[:, :, None] > _DEAD / 2
-            # complete captions: live beams whose top words include <end>, by their own log-probability
-            end_logp = tf.reduce_max(tf.where(is_end & alive_mask, true, _DEAD), axis=2)  # one <end> a beam
+            # complete captions: live beams whose top words include <end> (one <end> a beam)
+            ends = is_end & valid
+            end_logp = tf.reduce_max(tf.where(ends, true, _DEAD), axis=2)
+            end_score = tf.reduce_max(tf.where(ends, total, _DEAD), axis=2)
+            completed = tf.reduce_any(ends, axis=2)
             finished = {"ids": alive_ids[:, mine], "lengths": tf.fill([batch, per], t), "log_probs": end_logp,
-                        "scores": tf.where(end_logp > _DEAD / 2, end_logp / length_penalty(
+                        "scores": tf.where(completed, end_score / length_penalty(
                             length, length_penalty_form, length_normalization), _DEAD)}
             if attends:  # its t words, without the weights <end> was chosen with
                 finished["attention"] = (alive_attention[:, mine]
                                          * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None])
-            done = _merge(done, finished, n)
-            # live captions: the group's best extensions by a word other than <end>
-            flat = tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, total), [batch, per * kw])
-            _, index = tf.math.top_k(flat, k=per)
-            group_new = tf.gather(tf.reshape(tf.where(is_end | ~alive_mask, _DEAD, true), [batch, per * kw]),
-                                  index, batch_dims=1)
+            mine_done = {key: value[:, g * keep:(g + 1) * keep] for key, value in done.items()}
+            kept.append(_merge(mine_done, finished, keep))
+            # live captions: the group's best extensions by a word other than <end>, by the carried score
+            going = tf.reshape(valid & ~is_end, [batch, per * kw])
+            _, index = tf.math.top_k(tf.where(going, tf.reshape(total, [batch, per * kw]), -float("inf")), k=per)
+            picked = tf.gather(going, index, batch_dims=1)
+            group_new = tf.where(picked, tf.gather(tf.reshape(true, [batch, per * kw]), index, batch_dims=1), _DEAD)
+            group_total = tf.where(picked, tf.gather(tf.reshape(total, [batch, per * kw]), index, batch_dims=1), _DEAD)
             words = tf.gather(tf.reshape(top_words, [batch, per * kw]), index, batch_dims=1)
             if diverse:
-                live = tf.cast(group_new > _DEAD / 2, tf.float32)
-                chosen += tf.reduce_sum(tf.one_hot(words, vocab) * live[:, :, None], axis=1)
+                chosen += tf.reduce_sum(tf.one_hot(words, vocab) * tf.cast(picked, tf.float32)[:, :, None], axis=1)
+                chosen += tf.one_hot(END_ID, vocab) * tf.reduce_sum(tf.cast(completed, tf.float32), axis=1)[:, None]
             new_logp.append(group_new)
+            new_score.append(group_total)
             parents.append(index // kw + g * per)
             new_words.append(words)
+        done = {key: tf.concat([part[key] for part in kept], axis=1) for key in done}
         alive_logp = tf.concat(new_logp, axis=1)
+        alive_score = tf.concat(new_score, axis=1)
         parent = tf.concat(parents, axis=1)
         words = tf.concat(new_words, axis=1)
         alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
@@ -207,13 +236,23 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         state = tf.nest.map_structure(lambda s: tf.gather(s, tf.reshape(rows + parent, [-1])), state)
         tokens = tf.reshape(words, [-1])
 
-    # live captions that reached max_length words complete there
+    # live captions that reached max_length words complete there; each group keeps its best
+    penalty = length_penalty(tf.constant(float(steps)), length_penalty_form, length_normalization)
     truncated = {"ids": alive_ids, "lengths": tf.fill([batch, k], steps), "log_probs": alive_logp,
-                 "scores": tf.where(alive_logp > _DEAD / 2, alive_logp / length_penalty(
-                     tf.constant(float(steps)), length_penalty_form, length_normalization), _DEAD)}
+                 "scores": tf.where(alive_logp > _DEAD / 2, alive_score / penalty, _DEAD)}
     if attends:
         truncated["attention"] = alive_attention
-    return _merge(done, truncated, n)
+    final = [_merge({key: value[:, g * keep:(g + 1) * keep] for key, value in done.items()},
+                    {key: value[:, g * per:(g + 1) * per] for key, value in truncated.items()}, keep)
+             for g in range(groups)]
+    if groups == 1:
+        return final[0]
+    # one per group in turn (each group's best in group order, then each one's second, ...), real captions first
+    turns = {key: tf.stack([part[key] for part in final], axis=2) for key in final[0]}  # [B, keep, groups, ...]
+    turns = {key: tf.reshape(value, tf.concat([[batch, keep * groups], tf.shape(value)[3:]], 0))
+             for key, value in turns.items()}
+    order = tf.argsort(tf.cast(turns["log_probs"] <= _DEAD / 2, tf.int32), axis=1, stable=True)[:, :n]
+    return {key: tf.gather(value, order, batch_dims=1) for key, value in turns.items()}
 
 
 def ids_to_text(vocab, ids, lengths) -> list[list[str]]:
@@ -235,18 +274,22 @@ def _uniform(seed: int, keys, t):
 
 def filtered(logp, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
     """Log-probabilities ``[N, V]`` → the sampling distribution's log-probabilities: divided by ``temperature``,
-    only the ``top_k`` most likely words kept (0: all), then the fewest most likely words whose probability
-    reaches ``top_p`` (nucleus sampling; the most likely word always stays), renormalised.
+    only the ``top_k`` most likely words kept (0: all) and renormalised over them, then the fewest most likely
+    words whose probability (in that renormalised distribution, as Hugging Face's top-k then top-p order
+    measures it) reaches ``top_p`` (nucleus sampling; the most likely word always stays), renormalised.
 
     >>> p = filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_p=0.75)
     >>> [round(float(x), 3) for x in tf.exp(p)[0]]
     [0.625, 0.375, 0.0, 0.0]
+    >>> p = filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_k=2, top_p=0.6)  # 0.5 / 0.8 = 0.625 >= 0.6
+    >>> [round(float(x), 3) for x in tf.exp(p)[0]]
+    [1.0, 0.0, 0.0, 0.0]
     """
     logp = tf.nn.log_softmax(logp / temperature)
     vocab = logp.shape[-1]
     if top_k and top_k < vocab:
         kth = tf.math.top_k(logp, k=top_k).values[:, -1:]
-        logp = tf.where(logp < kth, _DEAD, logp)
+        logp = tf.nn.log_softmax(tf.where(logp < kth, _DEAD, logp))  # renormalised over the top k
     if top_p < 1.0:
         order = tf.argsort(logp, direction="DESCENDING", stable=True)
         sorted_p = tf.exp(tf.gather(logp, order, batch_dims=1))
@@ -260,9 +303,10 @@ def filtered(logp, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0)
 
 def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, temperature: float = 1.0,
                   sample_top_k: int = 0, sample_top_p: float = 1.0, seed: int = 0, keys=None, block_ngrams: int = 0,
-                  bad_endings=()) -> dict:
+                  bad_endings=(), min_length: int = 0) -> dict:
     """``samples`` captions per image drawn from the model (:func:`filtered`: temperature, top-k, top-p; the
-    blocking rules of :func:`beam_search` apply too), as :func:`beam_search` returns them, most likely first:
+    blocking rules and ``min_length`` of :func:`beam_search` apply too), as :func:`beam_search` returns them, most
+    likely first:
     ``log_probs`` and ``scores`` are the captions' log-probabilities under the model itself (temperature 1,
     unfiltered). Seeded: ``keys [B]`` (int64, e.g. image ids or a hash of the image's bytes) name the images, and
     the same ``seed`` and keys give the same captions under any batch size and order."""
@@ -289,6 +333,8 @@ def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, 
         logits, state = model.step(tokens, state)
         model_logp = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         logp = model_logp + never
+        if min_length:
+            logp += _end_banned(vocab, t, min_length)
         if block_ngrams or bad_endings:
             logp += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
         cdf = tf.cumsum(tf.exp(filtered(logp, temperature, sample_top_k, sample_top_p)), axis=1)
@@ -317,18 +363,37 @@ ENGLISH_BAD_ENDINGS = ("a", "an", "the", "with", "in", "on", "of", "at", "to", "
                        "and")
 
 
+# the names decode.bad_endings takes for a list of words
+BAD_ENDING_LISTS = {"english": ENGLISH_BAD_ENDINGS}
+
+
 def bad_ending_ids(words, vocab) -> tuple[int, ...]:
-    """The ids of ``words`` (``decode.bad_endings``; ``english`` stands for :data:`ENGLISH_BAD_ENDINGS`) that the
-    vocabulary has (a word it lacks cannot end a caption anyway)."""
-    wanted = [w for word in words for w in (ENGLISH_BAD_ENDINGS if word == "english" else (word,))]
+    """The ids of ``words`` (``decode.bad_endings``; a name of :data:`BAD_ENDING_LISTS`, ``english``, stands for
+    its list, whose words the vocabulary lacks are left out). A word that is neither in the vocabulary nor a
+    list's name is an InputError (a misspelt word would otherwise block nothing, silently)."""
+    import difflib
+
+    from captioning.errors import InputError
+
+    special = {vocab.words[i] for i in (PAD_ID, START_ID, END_ID, UNK_ID)}
+    known = [w for w in vocab.words if w not in special]
+    for word in words:
+        if word not in BAD_ENDING_LISTS and (word in special or vocab.id(word) == UNK_ID):
+            near = difflib.get_close_matches(word, list(BAD_ENDING_LISTS) + known, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise InputError(f"decode.bad_endings: {word!r} is not a word of the model's vocabulary nor a list "
+                             f"({', '.join(BAD_ENDING_LISTS)}){hint}")
+    wanted = [w for word in words for w in BAD_ENDING_LISTS.get(word, (word,))]
     return tuple(sorted({vocab.id(w) for w in wanted if vocab.id(w) != UNK_ID}))
 
 
 def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
     """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`)
     say: beam search, greedy decoding (a beam of 1) or sampling, in :func:`beam_search`'s output format.
-    ``bad_endings``: word ids (:func:`bad_ending_ids`); ``keys [B]``: the images' sampling keys."""
-    common = {"max_length": settings.max_length, "block_ngrams": settings.block_ngrams, "bad_endings": bad_endings}
+    ``bad_endings``: word ids (:func:`bad_ending_ids`); ``keys [B]``: the images' sampling keys. Every caption
+    has at least one word (``<end>`` is never the first: ``min_length`` 1), whichever the method."""
+    common = {"max_length": settings.max_length, "block_ngrams": settings.block_ngrams, "bad_endings": bad_endings,
+              "min_length": 1}
     if settings.method == "sample":
         return sample_search(model, initial_state, samples=settings.top_k, temperature=settings.temperature,
                              sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p,
