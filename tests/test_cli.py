@@ -64,6 +64,33 @@ def test_bad_input_exits_2_with_one_line(args, message, tmp_path):
     assert len(error_lines) == 1
 
 
+@pytest.mark.parametrize("args, message", [
+    (["train", "--config", "BAD.yaml", "--model-dir", "m"], "unknown config key 'train.stepz'; did you mean train.steps"),
+    (["train", "--config", "experiments/shapes.yaml", "--model-dir", "m", "--set", "train.warmup_steps=-5"],
+     "config key train.warmup_steps must be at least 0, got -5"),
+    (["benchmark", "train", "--config", "experiments/shapes.yaml", "--set", "data.cache=nowhere"],
+     "config key data.cache must be one of"),
+], ids=["file", "set", "benchmark"])
+def test_a_bad_config_stops_the_command_before_tensorflow_loads(args, message, tmp_path):
+    """docs/training.md: a config error is one line (exit 2) before TensorFlow is imported. The command line
+    runs in a fresh process, which then says whether TensorFlow was imported."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    bad = tmp_path / "BAD.yaml"
+    bad.write_text("base: " + os.path.join(REPO, "experiments", "shapes.yaml") + "\ntrain:\n  stepz: 3\n")
+    argv = [str(bad) if a == "BAD.yaml" else os.path.join(REPO, a) if a.startswith("experiments/") else a for a in args]
+    code = ("import sys\nfrom captioning.cli import main\ncode = main(sys.argv[1:])\n"
+            "print('tensorflow' in sys.modules)\nsys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=str(tmp_path),
+                          env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+    assert (done.returncode, done.stdout) == (2, "False\n"), done.stdout + done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"captioning {args[0]}: error: "), done.stderr
+    assert message in done.stderr
+
+
 def test_python_dash_m_and_console_script_agree():
     import shutil
     import subprocess

@@ -19,7 +19,11 @@ This package is the only code that wires stages together (``data_prep`` included
 Exit codes: 0 success; 1 finished with errors on some inputs (``train``: a non-finite loss under
 ``train.nan_policy: stop``); 2 usage or input error (one line on stderr, no traceback; a library error
 naming a parameter is printed naming its flag); 130 interrupted. ``train`` catches SIGINT and SIGTERM
-itself: it finishes the step, saves a checkpoint and exits 0; ``data-service`` servers stop and exit 0.
+itself: it finishes the step, saves a checkpoint and exits 0 (before its first step, waiting for a tf.data
+dispatcher, it says so in one line and exits 0); ``data-service`` servers stop and exit 0.
+
+A ``--config`` file (with its ``--set`` overrides) is read and checked here, before TensorFlow is imported
+(about 2 s): a wrong key, type or value is one line at once. The handlers import their stage when they run.
 """
 
 from __future__ import annotations
@@ -67,12 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("absl").setLevel(logging.WARNING)
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    # prepare needs TensorFlow only for a TFDS source (its workers never do): imported here, quietly
-    if not args.verbose and (args.command in _USES_TENSORFLOW or getattr(args, "tfds", None)):
-        from captioning.tf_import import import_tensorflow_quietly
-
-        import_tensorflow_quietly()
     try:
+        if getattr(args, "config", None):  # the config's errors (keys, types, ranges) before TensorFlow loads
+            from captioning.config import load_config
+
+            args.loaded_config = load_config(args.config, getattr(args, "overrides", ()))
+        # prepare needs TensorFlow only for a TFDS source (its workers never do): imported here, quietly
+        if not args.verbose and (args.command in _USES_TENSORFLOW or getattr(args, "tfds", None)):
+            from captioning.tf_import import import_tensorflow_quietly
+
+            import_tensorflow_quietly()
         with logging_redirect_tqdm():  # log lines print above progress bars, not through them
             return args.handler(args)
     except InputError as e:
