@@ -263,6 +263,48 @@ def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(prepared_di
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_waiting_for_the_dispatcher_is_one_line_and_exit_0(prepared_dir, tmp_path, signum):
+    """`train` waits up to data.service_timeout_s for its dispatcher before the first step. SIGTERM then (a
+    scheduler's stop) is one plain line and exit 0, as a signal during training is, and so is SIGINT;
+    nothing is written. The "dispatcher" is a TCP listener that closes every connection: its first
+    connection says that the trainer is waiting."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("localhost", 0))
+    listener.listen()
+    port, connected = listener.getsockname()[1], threading.Event()
+
+    def refuse():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed
+                return
+            conn.close()
+            connected.set()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        proc, err, out = start(tmp_path, prepared_dir, f"localhost:{port}", 5, "data.service_timeout_s=300")
+        assert connected.wait(120), err.read_text()[-3000:]
+        time.sleep(0.5)
+        proc.send_signal(signum)
+        code = proc.wait(timeout=30)
+    finally:
+        listener.close()
+    name, text = signal.Signals(signum).name, err.read_text()
+    assert code == 0 and "Traceback" not in text, (code, text[-3000:])
+    assert text.strip().splitlines()[-1] == (
+        f"captioning train: interrupted by {name} while waiting for the tf.data dispatcher at localhost:{port} and a "
+        "live worker: nothing trained; run the same command to start")
+    assert text.count(name) == 1 and out.read_text() == ""
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["timeout", "SIGINT", "SIGTERM"])
 def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp_path, then):
     """kill -9 of the only worker: TF's iterator waits forever. The run ends within data.service_timeout_s

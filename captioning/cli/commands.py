@@ -135,18 +135,24 @@ def add_train(sub) -> None:
 
 def run_train(args) -> int:
     from captioning.config import load_config
-    from captioning.model import resolve
-    from captioning.train import NonFiniteError, train
+
+    # the config file's errors before TensorFlow loads (main() has read it already: that one, not again)
+    cfg = getattr(args, "loaded_config", None) or load_config(args.config, args.overrides)
+    from captioning.model import resolve  # TensorFlow loads here (the decoders' modules)
+    from captioning.train import Interrupted, NonFiniteError, train
     from captioning.train.objectives import fit_config
 
-    # every config error (the decoder's settings, the objective's batches) before TensorFlow's runtime starts
-    cfg = fit_config(resolve(load_config(args.config, args.overrides)))
+    # the decoder's own settings, the objective's batches: before TensorFlow's runtime starts
+    cfg = fit_config(resolve(cfg))
 
     try:
         result = train(cfg, args.model_dir, progress=not args.quiet, init_from=args.init_from)
     except NonFiniteError as e:  # train.nan_policy: stop
         print(f"captioning train: error: {e}", file=sys.stderr)
         return e.exit_code
+    except Interrupted as e:  # SIGINT/SIGTERM before the first step (waiting for a tf.data dispatcher)
+        print(f"captioning train: {e}", file=sys.stderr)
+        return 0
     if result.interrupted:  # SIGINT/SIGTERM: the step under way finished and was saved
         print(f"interrupted at step {result.step}: saved {result.checkpoint}; run the same command to resume")
         return 0

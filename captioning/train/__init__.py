@@ -29,7 +29,9 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
   (exit code 128 + the signal's number; the latest complete checkpoint stays the latest). The signals
   are watched by a thread of their own (:class:`~captioning.train.lifecycle.StopOnSignal`), so they are
   acted on even while the loop waits inside TensorFlow for a batch that does not come (a tf.data service
-  whose workers are gone): that thread then saves the last step itself and exits 0. Under
+  whose workers are gone): that thread then saves the last step itself and exits 0. Before the first
+  step, while ``train`` waits for a tf.data dispatcher, a signal ends it with one line and exit 0
+  (:class:`~captioning.train.result.Interrupted`; nothing was written). Under
   MultiWorkerMirroredStrategy every worker must stop after the *same* step, so TF's own
   ``tf.distribute.experimental.PreemptionCheckpointHandler`` agrees on it through the cluster's
   coordination service: its ``TerminationConfig`` polls our signal flag (SIGINT as well as SIGTERM;
@@ -68,10 +70,10 @@ Surviving signals, crashes, bad numbers and bad folders (the choices):
 """
 
 from captioning.train.loop import Trainer, train
-from captioning.train.result import NonFiniteError, TrainResult
+from captioning.train.result import Interrupted, NonFiniteError, TrainResult
 from captioning.train.lifecycle import StopOnSignal
 from captioning.train.objectives import caption_loss_sum, perplexity
 from captioning.train.steps import EvaluationLoss, evaluation_loss
 
-__all__ = ["EvaluationLoss", "NonFiniteError", "StopOnSignal", "TrainResult", "Trainer", "caption_loss_sum",
+__all__ = ["EvaluationLoss", "Interrupted", "NonFiniteError", "StopOnSignal", "TrainResult", "Trainer", "caption_loss_sum",
            "evaluation_loss", "perplexity", "train"]

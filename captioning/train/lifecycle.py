@@ -4,6 +4,7 @@
   then saves and exits 0); the second ends the process at once (the previous checkpoint stays intact).
   Signals are seen at once even while the loop waits inside TensorFlow for a batch that does not come:
   :class:`Gate` and :func:`end_while_waiting` then save the last step from another thread and exit.
+  Before the first step, :func:`wait_for_service` stops waiting for a tf.data dispatcher (nothing saved).
 * :func:`preemption_handler` — under MultiWorkerMirroredStrategy every worker must stop after the *same*
   step, so TF's ``tf.distribute.experimental.PreemptionCheckpointHandler`` agrees on it through the
   cluster's coordination service: its ``TerminationConfig`` polls our signal flag (SIGINT as well as
@@ -31,7 +32,9 @@ import time
 import tensorflow as tf
 
 from captioning import tf_internals
+from captioning.service_probe import wait_for_dispatcher, watch_dispatcher
 from captioning.train.distribute import PEER_ERRORS
+from captioning.train.result import Interrupted
 
 log = logging.getLogger("captioning.train")
 
@@ -54,13 +57,15 @@ class StopOnSignal:
     from that thread every 0.25 s until it returns True. The Python-level handlers stay installed until
     the end (resetting them to the default action from the first one raced with a second signal already
     pending: "OSError: Signal 15 ignored due to race condition"). Signal handlers can only be installed
-    from the main thread; elsewhere it does nothing."""
+    from the main thread; elsewhere it does nothing. The first signal also sets :attr:`stopped`; ``first``
+    is what its warning says the run does (None: no warning)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, when_stuck=None):
+    def __init__(self, when_stuck=None, first: str | None = "finishing the current step, then saving a checkpoint"):
         self.signal_name: str | None = None
-        self.when_stuck = when_stuck
+        self.stopped = threading.Event()
+        self.when_stuck, self.first = when_stuck, first
         self._previous: dict = {}
         self._pipe: tuple[int, int] | None = None
         self._old_wakeup = -1
@@ -94,8 +99,10 @@ class StopOnSignal:
                 name = signal.Signals(signum).name
                 if seen == 1:
                     self.signal_name = name
-                    log.warning("%s: finishing the current step, then saving a checkpoint and exiting "
-                                "(a second SIGINT/SIGTERM exits at once, without saving)", name)
+                    if self.first:  # None: the caller says what happens
+                        log.warning("%s: %s and exiting (a second SIGINT/SIGTERM exits at once, without saving)",
+                                    name, self.first)
+                    self.stopped.set()
                 else:
                     sys.stderr.write(f"{name} again: exiting at once, without saving\n")
                     sys.stderr.flush()
@@ -123,6 +130,16 @@ class StopOnSignal:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def wait_for_service(service: str, timeout_s: float) -> None:
+    """:func:`captioning.service_probe.wait_for_dispatcher` with a live worker; a SIGINT or SIGTERM meanwhile
+    raises :class:`~captioning.train.result.Interrupted` (a second one exits at once, as during training)."""
+    with StopOnSignal(first=None) as stop:
+        answered = wait_for_dispatcher(service, timeout_s, "data.service", stop.stopped, need_worker=True)
+    if answered is None:
+        raise Interrupted(f"interrupted by {stop.signal_name} while waiting for the tf.data dispatcher at {service} "
+                          "and a live worker: nothing trained; run the same command to start")
 
 
 class Gate:
@@ -303,7 +320,6 @@ def service_watch(data_cfg, gate: Gate, save):
     nothing saved; multi-worker runs, whose saves need every worker). A no-op without a service."""
     if not data_cfg.service:
         return contextlib.nullcontext()
-    from captioning.service_probe import watch_dispatcher
 
     def lost(error):
         line = (f"captioning train: error: {error}; saved {{checkpoint}}: run the same command to resume once "
@@ -322,9 +338,6 @@ def restore_run(folder, latest, previous, cfg, source, model, step, optimizer) -
     step only, with a fresh optimizer, when a key of :data:`NEW_OPTIMIZER_KEYS` changed since the
     ``previous`` config; another folder's weights (``source``, ``--init-from``) in a folder without a
     checkpoint; else nothing (step 0)."""
-    import logging
-
-    log = logging.getLogger("captioning.train")
     changed = [f"{section}.{key}" for section, key in NEW_OPTIMIZER_KEYS if previous is not None and
                getattr(getattr(previous, section), key) != getattr(getattr(cfg, section), key)]
     if latest and source is not None:  # a rerun of the command that started the folder resumes it

@@ -37,10 +37,9 @@ from captioning.model.folder import ModelDir
 from captioning.train import distribute
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
-                                        restore_run, service_watch)
+                                        restore_run, service_watch, wait_for_service)
 from captioning.train.objectives import RunContext, fit_config, objective_class
 from captioning.train.result import NonFiniteError, TrainResult
-from captioning.service_probe import wait_for_dispatcher
 from captioning.train.optimizer import epoch_plan, make_optimizer
 from captioning.train.steps import (Compiled, EvaluationLoss, evaluation_loss, make_multi_step, make_train_step,
                                    steps_in_call)
@@ -85,7 +84,7 @@ class Trainer:
         if source is not None:
             source.check_source_for(cfg, self.vocab, self.folder)
         if cfg.data.service:  # a dispatcher with a live worker, or one line now (TF would wait forever)
-            wait_for_dispatcher(cfg.data.service, cfg.data.service_timeout_s, "data.service", need_worker=True)
+            wait_for_service(cfg.data.service, cfg.data.service_timeout_s)  # a signal meanwhile: Interrupted
 
         policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
         keras.mixed_precision.set_global_policy(policy)

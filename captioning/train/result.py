@@ -1,5 +1,6 @@
 """What a training run hands back: :class:`TrainResult`, and :class:`NonFiniteError`, the error that stops
-a run whose numbers stopped being finite (``train.nan_policy: stop``)."""
+a run whose numbers stopped being finite (``train.nan_policy: stop``); :class:`Interrupted`, a signal
+before the first step."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ class NonFiniteError(Exception):
                 else "there is no checkpoint yet")
         return cls(f"{what} at step {step}: stopped without saving; {kept}. Lower train.learning_rate, set "
                    "train.clip_gradient_norm, or set train.nan_policy=skip to skip such batches")
+
+
+class Interrupted(Exception):
+    """A signal ended the run before its first step (while it waited for a tf.data dispatcher): nothing was
+    trained or written. The message is the line ``captioning train`` prints; it exits 0, as after a signal
+    during training."""
 
 
 @dataclass
