@@ -52,6 +52,41 @@ def test_choosing_it_brings_the_batches_it_needs_and_refuses_a_contradiction(nam
             fit_config(load_config(None, [f"train.objective={name}", *jit]))
 
 
+def test_the_scst_switch_of_every_experiment_is_what_docs_decoders_says():
+    """docs/decoders.md: `--set train.objective=scst` alone switches every cross-entropy config of experiments/
+    (a config's train.jit_compile: true is turned off for the run) but those it names as needing
+    `--set data.group_captions=0`, which switch with it."""
+    import glob
+    import os
+    import re
+
+    from captioning.model import resolve
+    from tests.helpers import REPO
+
+    text = " ".join(open(os.path.join(REPO, "docs", "decoders.md"), encoding="utf-8").read().split())
+    sentence = re.search(r"The COCO recipes that group captions, (.*?) also need `--set data.group_captions=0`", text)
+    named = set(re.findall(r"`(experiments/\w+\.yaml)`", sentence.group(1)))
+    refused, jit_turned_off = set(), set()
+    for path in sorted(glob.glob(os.path.join(REPO, "experiments", "*.yaml"))):
+        name = os.path.relpath(path, REPO)
+        if load_config(path).train.objective != "xe":
+            continue
+        try:
+            cfg = fit_config(resolve(load_config(path, ["train.objective=scst"])))
+        except InputError as e:
+            assert "needs data.group_captions: 0" in str(e), (name, str(e))
+            refused.add(name)
+            cfg = fit_config(resolve(load_config(path, ["train.objective=scst", "data.group_captions=0"])))
+        assert cfg.train.objective == "scst" and not cfg.train.jit_compile
+        if load_config(path).train.jit_compile:
+            jit_turned_off.add(name)
+    assert refused == named == {"experiments/transformer_coco.yaml", "experiments/updown_coco.yaml"}
+    assert "experiments/scenes_updown.yaml" in jit_turned_off  # the config the docs name
+    with pytest.raises(InputError, match="train.jit_compile does not apply to train.objective: scst"):
+        fit_config(resolve(load_config(os.path.join(REPO, "experiments", "scenes_updown.yaml"),
+                                       ["train.objective=scst", "train.jit_compile=true"])))
+
+
 @pytest.fixture(scope="module")
 def trained(prepared_dir, tmp_path_factory):
     """Each objective's trainer after 3 steps of a tiny model, with its weights before them."""

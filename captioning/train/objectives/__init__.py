@@ -35,7 +35,10 @@ def fit_config(cfg: config_lib.Config) -> config_lib.Config:
     """``cfg`` with the ``data.*`` settings its objective ``needs`` (a copy when it changes any). A
     setting that contradicts a need is brought to it when it holds its default and was not given with
     ``--set``, with one log line; otherwise it is an explicit choice the objective cannot train with,
-    an InputError naming both keys. Then the objective's own :meth:`~Objective.check`."""
+    an InputError naming both keys. ``train.jit_compile: true`` from a config file is turned off for an
+    objective whose step XLA cannot compile (``xla = False``: SCST), with one log line, so that
+    ``--set train.objective=scst`` switches a config that compiles cross-entropy; given with ``--set``,
+    it is refused. Then the objective's own :meth:`~Objective.check`."""
     cls = objective_class(cfg.train.objective)
     out = cfg
     defaults = config_lib.DataConfig()
@@ -53,9 +56,16 @@ def fit_config(cfg: config_lib.Config) -> config_lib.Config:
             object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
         setattr(out.data, name, wanted)
         log.info("train.objective %s trains on %s: %s (set for this run)", cls.name, key, wanted)
-    if out.train.jit_compile and not cls.xla:
-        raise InputError(f"train.jit_compile does not apply to train.objective: {cls.name}; set train.jit_compile: "
-                         "false for it")
+    if out.train.jit_compile and not cls.xla:  # XLA for a whole step is a speed choice made for other objectives
+        if cfg.given("train.jit_compile") == "set":
+            raise InputError(f"train.jit_compile does not apply to train.objective: {cls.name}; set train.jit_compile: "
+                             "false for it")
+        if out is cfg:
+            out = copy.copy(cfg)
+            object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
+        out.train = dataclasses.replace(cfg.train, jit_compile=False)
+        log.info("train.objective %s does not compile its whole step with XLA: train.jit_compile: false for this "
+                 "run", cls.name)
     cls.check(out)
     out.data.check("data.")
     return out
