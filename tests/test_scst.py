@@ -115,15 +115,17 @@ def test_samples_are_a_function_of_the_seed_and_the_global_row(model):
     assert (a != c).any()
 
 
-def test_policy_gradient_and_baselines(model):
+def test_policy_gradient_and_baselines(memorised):
     """loss = −Σ (r − b) log p / samples, with b the mean of the image's other samples, or its greedy
-    caption's reward; reported reward, baseline and ended are per-sample means."""
+    caption's reward (scored as a sample is: with its <end> when the reward counts it); reported reward,
+    baseline and ended are per-sample means. With scst.end_in_reward on and off, on a model whose greedy
+    captions end with <end> (where the two differ)."""
+    from captioning.model.decode import beam_search
     from captioning.train.cider import CiderD, document_frequencies
-    from captioning.train.objectives.scst import SelfCritical, greedy_captions, references_of, sample_captions
+    from captioning.train.objectives.scst import SelfCritical, references_of, sample_captions
 
     rng = np.random.default_rng(4)
     refs = [[list(rng.integers(4, V, 5)) for _ in range(2)] for _ in range(3)]
-    frequencies = document_frequencies(refs, vocab_size=V)
     ids = [[1] + r + [END_ID] for image in refs for r in image]
     width = max(map(len, ids)) - 1
     target = np.array([(r[1:] + [0] * width)[:width] for r in ids])
@@ -131,45 +133,101 @@ def test_policy_gradient_and_baselines(model):
              "input_ids": np.array([(r[:-1] + [0] * width)[:width] for r in ids]), "target_ids": target,
              "mask": (target != 0).astype(np.float32)}
     assert references_of(batch).to_list() == [[[int(w) for w in r] for r in image] for image in refs]
-    step = tf.Variable(11, dtype=tf.int64)
-    for baseline in ("mean", "greedy"):
-        cfg = ScstConfig(samples=4, baseline=baseline, max_length=7, end_in_reward=False)
+    step, model = tf.Variable(11, dtype=tf.int64), memorised
+    for baseline, end in (("mean", False), ("greedy", False), ("mean", True), ("greedy", True)):
+        with_end = [[r + [END_ID] for r in image] for image in refs] if end else refs
+        frequencies = document_frequencies(with_end, vocab_size=V, end_token=end)
+        references = references_of(batch, end_token=end)
+        cfg = ScstConfig(samples=4, baseline=baseline, max_length=7, end_in_reward=end, xla_sampling=not end)
         objective = SelfCritical(CiderD(frequencies), cfg, step, seed=2)
         with tf.GradientTape() as tape:
             out = objective.replica_loss(model, batch, training=False)
         grads = tape.gradient(out.loss_sum, model.trainable_variables)
         assert any(g is not None and np.abs(tf.convert_to_tensor(g).numpy()).sum() > 0 for g in grads)
-        model.fast_teacher_forcing = False  # the gradient through the sampling loop instead: the same
-        try:
-            with tf.GradientTape() as tape:
-                through_loop = objective.replica_loss(model, batch, training=False)
-            for a, b in zip(tape.gradient(through_loop.loss_sum, model.trainable_variables), grads):
-                if b is not None:
-                    np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(),
-                                               rtol=1e-3, atol=1e-5)
-            assert float(through_loop.loss_sum) == pytest.approx(float(out.loss_sum), rel=1e-4, abs=1e-4)
-        finally:
-            del model.fast_teacher_forcing
-        # the same samples again, by hand
+        if (baseline, end) == ("greedy", False):  # the gradient through the sampling loop instead: the same
+            model.fast_teacher_forcing = False
+            try:
+                with tf.GradientTape() as tape:
+                    through_loop = objective.replica_loss(model, batch, training=False)
+                for a, b in zip(tape.gradient(through_loop.loss_sum, model.trainable_variables), grads):
+                    if b is not None:
+                        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(),
+                                                   rtol=1e-3, atol=1e-5)
+                assert float(through_loop.loss_sum) == pytest.approx(float(out.loss_sum), rel=1e-4, abs=1e-4)
+            finally:
+                del model.fast_teacher_forcing
+        # the same samples again, by hand: words, and the <end> a sample chose when the reward counts it
         state = [tf.repeat(s, 4, axis=0) for s in model.initial_state(model.encode(batch["image"]))]
         drawn = sample_captions(model, state, 7, 1.0, tf.constant([2, 11]))
         words = drawn["ids"].numpy()
         lengths = np.array([np.sum(np.cumsum(r == END_ID) == 0) for r in words])
-        lengths = np.minimum(lengths, [np.sum(r > END_ID) for r in words])
-        reward = CiderD(frequencies).scores(words, lengths, references_of(batch), np.repeat(np.arange(3), 4)).numpy()
+        lengths = np.minimum(lengths, [np.sum(r > END_ID) for r in words]) + (drawn["ended"].numpy() if end else 0)
+        reward = CiderD(frequencies).scores(words, lengths, references, np.repeat(np.arange(3), 4)).numpy()
         r = reward.reshape(3, 4)
         if baseline == "mean":
             b = ((r.sum(1, keepdims=True) - r) / 3).reshape(-1)
-        else:
-            greedy = greedy_captions(model, model.initial_state(model.encode(batch["image"])), 7).numpy()
-            g_len = np.array([np.sum(row > END_ID) for row in greedy])
-            b = np.repeat(CiderD(frequencies).scores(greedy, g_len, references_of(batch)).numpy(), 4)
+        else:  # beam search's greedy caption: its words, then <end> when it stopped before 7 words
+            best = beam_search(model, None, beam_size=1, max_length=7,
+                               initial_state=model.initial_state(model.encode(batch["image"])))
+            g_words, g_len = best["ids"][:, 0].numpy(), best["lengths"][:, 0].numpy()
+            g_ended = g_len < 7
+            assert g_ended.all()  # what the test is about: greedy captions that chose <end>
+            if end:
+                g_words[np.arange(3), g_len] = END_ID
+            b = np.repeat(CiderD(frequencies).scores(g_words, g_len + (g_ended if end else 0), references).numpy(), 4)
         expected = -np.sum((reward - b) * drawn["log_prob"].numpy())
         assert float(out.loss_sum) == pytest.approx(expected, rel=1e-4, abs=1e-4)
         assert float(out.weight) == 12
         assert float(out.sums["reward"]) == pytest.approx(reward.sum(), rel=1e-5)
         assert float(out.sums["baseline"]) == pytest.approx(b.sum(), rel=1e-5)
         assert float(out.sums["ended"]) == drawn["ended"].numpy().sum()
+
+
+@pytest.fixture(scope="module")
+def memorised():
+    """A tiny Show and Tell trained here (1.5 s) to caption the images of ``images(3, seed=5)`` "5 6 7
+    <end>" (p ≈ 0.44: sampled at temperature 1, about half the samples are that caption)."""
+    from captioning.model import ShowAndTell
+    from captioning.train.objectives import caption_loss_sum
+
+    model = ShowAndTell(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
+                        seed=5).build_all()
+    batch = {"features": model.encode(images(3, seed=5)), "input_ids": np.array([[START_ID, 5, 6, 7]] * 3),
+             "target_ids": np.array([[5, 6, 7, END_ID]] * 3), "mask": np.ones((3, 4), np.float32)}
+    optimizer = tf.keras.optimizers.Adam(0.1)
+    for _ in range(15):
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.decoder_variables()), model.decoder_variables()))
+    return model
+
+
+@pytest.mark.parametrize("end_in_reward", [True, False])
+def test_a_sample_identical_to_the_greedy_caption_has_no_advantage(memorised, end_in_reward):
+    """The greedy baseline is scored exactly as a sample: a sample of the greedy caption's words (and its
+    <end>) gets reward − baseline = 0, whether the reward counts <end> or not; the other samples do not."""
+    from captioning.train.cider import CiderD, document_frequencies
+    from captioning.train.objectives.scst import SelfCritical
+
+    model, features = memorised, memorised.encode(images(3, seed=5))[:2]  # "5 6 7 <end>", the likeliest caption
+    refs = [[[5, 6, 7], [5, 6, 9, 8]], [[10, 11, 7, 8], [4, 6, 7]]]
+    flat = [r for image in refs for r in image]
+    width = max(map(len, flat)) + 1
+    target = np.array([(r + [END_ID] + [0] * width)[:width] for r in flat])
+    batch = {"features": features, "image_index": np.repeat(np.arange(2), 2).astype(np.int32),
+             "target_ids": target, "mask": (target != 0).astype(np.float32)}
+    with_end = [[r + [END_ID] for r in image] for image in refs] if end_in_reward else refs
+    frequencies = document_frequencies(with_end, vocab_size=V, end_token=end_in_reward)
+    cfg = ScstConfig(samples=16, baseline="greedy", max_length=6, temperature=1.0, end_in_reward=end_in_reward,
+                     xla_sampling=False)
+    objective = SelfCritical(CiderD(frequencies), cfg, tf.Variable(1, dtype=tf.int64))
+    out = {k: v.numpy() for k, v in objective.rewards(model, batch).items()}
+    assert out["greedy"].tolist() == [[5, 6, 7, END_ID, PAD_ID, PAD_ID]] * 2  # written as a sample is
+    same = (out["ids"] == np.repeat(out["greedy"], 16, axis=0)).all(axis=1)
+    assert 0 < same[:16].sum() < 16  # some samples of image 0 are the greedy caption, some are not
+    advantage = out["reward"] - out["baseline"]
+    np.testing.assert_allclose(advantage[same], 0.0, atol=1e-6)
+    assert out["reward"][:16][same[:16]].min() > 1 and np.abs(advantage[~same]).max() > 0.1
 
 
 def fitted(path=None, overrides=()):

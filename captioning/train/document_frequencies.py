@@ -170,10 +170,11 @@ def _line(error: BaseException) -> str:
 
 
 def document_frequencies(references: Iterable[Sequence[Sequence[int]]], vocab_size: int, n: int = 4,
-                         source: str = "") -> DocumentFrequencies:
+                         source: str = "", end_token: bool = False) -> DocumentFrequencies:
     """Document frequencies of 1..``n``-grams: ``references`` gives per image (document) its reference
-    captions as word ids (no ``<start>``/``<end>``); an n-gram counts once per image that has it in any
-    reference. (The worked example is :class:`DocumentFrequencies`'.)"""
+    captions as word ids (no ``<start>``/``<end>``; with ``end_token``, each ends with its ``<end>``, as
+    ``scst.end_in_reward`` counts it); an n-gram counts once per image that has it in any reference. (The
+    worked example is :class:`DocumentFrequencies`'.)"""
     per_image, lengths, flat = [], [], []
     for refs in references:
         per_image.append(len(refs))
@@ -181,7 +182,7 @@ def document_frequencies(references: Iterable[Sequence[Sequence[int]]], vocab_si
             lengths.append(len(ref))
             flat.extend(ref)
     return _count(np.asarray(flat, np.int64).reshape(-1), np.asarray(lengths, np.int64),
-                  np.asarray(per_image, np.int64), vocab_size, n, source)
+                  np.asarray(per_image, np.int64), vocab_size, n, source, end_token)
 
 
 def frequencies_from_split(dataset: PreparedDataset, split: str = "train", n: int = 4,

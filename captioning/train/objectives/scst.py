@@ -11,7 +11,9 @@ beat a baseline and down the others::
 * ``baseline: mean`` (default; self-critical.pytorch's "new SCST"): b of a sample is the mean reward of
   the image's *other* samples, so no extra decoding is needed (``samples`` ≥ 2).
 * ``baseline: greedy`` (Rennie et al.): b is the reward of the image's greedy caption, decoded in the
-  same step without gradient.
+  same step without gradient and scored exactly as a sample of the same words (its ``<end>`` written
+  after its words when it chose one, and counted with ``end_in_reward``), so a sample identical to the
+  greedy caption has advantage 0 (tested).
 
 **Sampling**, in the graph: ``samples`` rows per image, ``max_length`` steps of the decoder; at each step
 a word is drawn from ``softmax(logits / temperature)`` (``<pad>`` and ``<start>`` excluded) by inverse
@@ -58,7 +60,7 @@ from captioning.config import ScstConfig
 from captioning.train.cider import CiderD, caption_lengths
 from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext
 from captioning.train.objectives.scst_cost import breakdown, describe
-from captioning.train.objectives.scst_sampling import (greedy_captions, references_of, sample_captions,
+from captioning.train.objectives.scst_sampling import (as_drawn, greedy_captions, references_of, sample_captions,
                                                        sequence_log_prob)
 from captioning.vocab import END_ID
 
@@ -140,16 +142,11 @@ class SelfCritical(Objective):
 
     def rewards_of(self, best: dict, captions: tf.RaggedTensor):
         """The reward of each image's best caption of a beam search (``best``) against the image's
-        references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array."""
-        end = self.cfg.end_in_reward
-        words, lengths = best["ids"][:, 0], best["lengths"][:, 0]
-        ended = lengths < tf.shape(words)[1]  # stopped at <end> before the longest caption allowed
-        if end:  # <end> after the words, as the reward counts it
-            words = tf.pad(words, [[0, 0], [0, 1]])
-            words += END_ID * tf.one_hot(lengths, tf.shape(words)[1], dtype=words.dtype) * tf.cast(ended, words.dtype)[:, None]
-            lengths += tf.cast(ended, lengths.dtype)
-        references = tf.cast(captions[:, :, 1:] if end else captions[:, :, 1:-1], tf.int32)
-        return self.cider.scores(words, lengths, references).numpy()
+        references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array:
+        scored as a sample of the same words is."""
+        ids = as_drawn(best["ids"][:, 0], best["lengths"][:, 0])
+        references = tf.cast(captions[:, :, 1:] if self.cfg.end_in_reward else captions[:, :, 1:-1], tf.int32)
+        return self.score(ids, references).numpy()
 
     def scored_lengths(self, ids):
         """Words scored per caption: its words, and its ``<end>`` when it has one and the reward counts it."""
@@ -158,10 +155,18 @@ class SelfCritical(Objective):
             return words
         return words + tf.cast(tf.reduce_any(tf.equal(ids, END_ID), axis=1), tf.int32)
 
-    def replica_loss(self, model, batch, training):
+    def score(self, ids, references, index=None):
+        """The CIDEr-D reward ``[rows]`` of captions ``ids`` as :func:`sample_captions` draws them (words,
+        then ``<end>`` or ``<pad>``) against ``references`` (of image ``index`` of each row): samples and
+        the greedy baseline alike."""
+        return self.cider.scores(ids, self.scored_lengths(ids), references, index)
+
+    def rewards(self, model, batch, training=False) -> dict:
+        """The step's samples and what the policy gradient weighs them by: per sample ``ids``, ``reward``,
+        ``baseline``, ``log_prob`` and ``ended`` (``[images × samples]``, image-major), and with
+        ``baseline: greedy`` the images' greedy captions ``greedy`` (as drawn: :func:`as_drawn`)."""
         features, mask = model.image_features(batch, training=training)
-        end = self.cfg.end_in_reward
-        references = references_of(batch, end_token=end)
+        references = references_of(batch, end_token=self.cfg.end_in_reward)
         n, s = tf.shape(features)[0], self.cfg.samples
         state = model.initial_state(features, training=False, mask=mask)
         repeated = tf.nest.map_structure(lambda x: tf.repeat(x, s, axis=0), state)
@@ -173,18 +178,22 @@ class SelfCritical(Objective):
         else:  # the policy gradient through the sampling loop itself
             drawn = sample_captions(model, repeated, self.cfg.max_length, self.cfg.temperature, seed)
             log_prob = drawn["log_prob"]
-        index = tf.repeat(tf.range(n), s)
-        reward = self.cider.scores(drawn["ids"], self.scored_lengths(drawn["ids"]), references, index)
-        per_image = tf.reshape(reward, [n, s])
+        reward = self.score(drawn["ids"], references, tf.repeat(tf.range(n), s))
+        out = {"ids": drawn["ids"], "reward": reward, "log_prob": log_prob, "ended": drawn["ended"]}
         if self.cfg.baseline == "mean":  # the other samples of the same image
+            per_image = tf.reshape(reward, [n, s])
             baseline = (tf.reduce_sum(per_image, axis=1, keepdims=True) - per_image) / (s - 1)
-            baseline = tf.reshape(baseline, [-1])
-        else:  # the greedy caption's reward, per image
-            greedy = greedy_captions(model, state, self.cfg.max_length)
-            greedy_reward = self.cider.scores(greedy, self.scored_lengths(greedy), references, tf.range(n))
-            baseline = tf.repeat(greedy_reward, s)
+            out["baseline"] = tf.reshape(baseline, [-1])
+        else:  # the greedy caption's reward, per image, scored as a sample of the same words would be
+            out["greedy"] = greedy_captions(model, state, self.cfg.max_length)
+            out["baseline"] = tf.repeat(self.score(out["greedy"], references, tf.range(n)), s)
+        return out
+
+    def replica_loss(self, model, batch, training):
+        drawn = self.rewards(model, batch, training)
+        reward, baseline = drawn["reward"], drawn["baseline"]
         advantage = tf.stop_gradient(reward - baseline)
-        loss_sum = -tf.reduce_sum(advantage * log_prob)
-        samples = tf.cast(n * s, tf.float32)
+        loss_sum = -tf.reduce_sum(advantage * drawn["log_prob"])
+        samples = tf.cast(tf.shape(reward)[0], tf.float32)
         return ReplicaLoss(loss_sum, samples, {"reward": tf.reduce_sum(reward), "baseline": tf.reduce_sum(baseline),
                                                "ended": tf.reduce_sum(tf.cast(drawn["ended"], tf.float32))})

@@ -110,9 +110,24 @@ def sequence_log_prob(model, state, ids, temperature: float):
     return tf.reduce_sum(tf.where(counted, chosen, 0.0), axis=1)
 
 
+def as_drawn(ids, lengths) -> tf.Tensor:
+    """Captions of a beam search (``ids [rows, max_length]``, words only, and their ``lengths``) written as
+    :func:`sample_captions` draws them: the words, then ``<end>`` where the caption chose it (it is shorter
+    than ``max_length``: beam search keeps a caption that reached ``max_length`` words without one), then
+    ``<pad>``. A greedy caption in this form is scored exactly as a sample that chose the same words.
+
+    >>> as_drawn(tf.constant([[5, 6, 0], [5, 6, 7]]), tf.constant([2, 3])).numpy()
+    array([[5, 6, 2],
+           [5, 6, 7]], dtype=int32)
+    """
+    ids, lengths = tf.cast(ids, tf.int32), tf.cast(lengths, tf.int32)
+    place = tf.range(tf.shape(ids)[1])[None, :]
+    return tf.where(place < lengths[:, None], ids, tf.where(place == lengths[:, None], END_ID, PAD_ID))
+
+
 def greedy_captions(model, state, max_length: int) -> tf.Tensor:
-    """Greedy ids ``int32 [rows, max_length]`` (words, then <end> or <pad>), without gradient."""
+    """Greedy ids ``int32 [rows, max_length]`` as :func:`sample_captions` draws them (words, then ``<end>``
+    if the caption chose it, then ``<pad>``: :func:`as_drawn`), without gradient."""
     state = tf.nest.map_structure(tf.stop_gradient, state)
     best = beam_search(model, None, beam_size=1, max_length=max_length, initial_state=state)
-    ids, lengths = best["ids"][:, 0], best["lengths"][:, 0]
-    return tf.where(tf.range(max_length)[None, :] < lengths[:, None], ids, PAD_ID)
+    return as_drawn(best["ids"][:, 0], best["lengths"][:, 0])
