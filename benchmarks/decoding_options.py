@@ -81,8 +81,11 @@ def row(label, result):
         return "–" if v is None else f"{v:.3f}"
 
     per = f"{d['captions_per_image']}: {cell(d['mbleu_4'])}" if "mbleu_4" in d else "1"
+    # distinct-2 (Li et al. 2016: / words) and per bigram; a result of before the two held the second as distinct_2
+    li, per_bigram = ((d["distinct_2"], d["distinct_2_per_bigram"]) if "distinct_2_per_bigram" in d
+                      else (None, d["distinct_2"]))
     return (f"| {label} | {result['metrics']['CIDEr']:.3f} | {result['metrics']['Bleu_4']:.3f} | {cell(d['distinct_1'])} "
-            f"| {cell(d['distinct_2'])} | {cell(d['vocabulary_usage'])} ({d['words_used']}) | "
+            f"| {cell(li)} | {cell(per_bigram)} | {cell(d['vocabulary_usage'])} ({d['words_used']}) | "
             f"{cell(d['novel_captions'])} | {per} |")
 
 
@@ -97,8 +100,8 @@ def main():
                    *(a for e in extra for a in ("--set", e))], os.path.join(out, name + ".train.log"))
     for dataset, (model, ensembles) in DATASETS.items():
         print(f"\n{dataset} ({model})\n")
-        print("| setting | CIDEr | BLEU-4 | distinct-1 | distinct-2 | vocabulary used | novel captions | "
-              "captions per image: mBLEU-4 |\n|---|---|---|---|---|---|---|---|")
+        print("| setting | CIDEr | BLEU-4 | distinct-1 | distinct-2 | distinct-2 per bigram | vocabulary used | "
+              "novel captions | captions per image: mBLEU-4 |\n|---|---|---|---|---|---|---|---|---|")
         for i, (label, extra) in enumerate(SETTINGS):
             print(row(label, evaluate(out, f"{dataset}-setting{i:02d}", [folder[model]], extra)))
         for kind, members in ensembles.items():

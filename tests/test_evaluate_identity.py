@@ -100,3 +100,43 @@ def test_the_wrong_instances_file_is_found_before_any_decoding(trained_attention
         f"{sorted(json.load(open(os.path.join(shapes_dir, 'annotations', 'captions_test.json')))['images'], key=lambda i: i['id'])[0]['id']}"
         "): give that split's instances file (captioning synth writes annotations/instances_test.json)")
     assert (sorted(os.listdir(model / "eval")) if (model / "eval").exists() else []) == before  # nothing decoded
+
+
+@pytest.mark.slow
+def test_a_result_records_the_decoding_that_ran_and_every_caption(trained_model_dir, tmp_path):
+    """Greedy decoding is keyed and recorded as a beam of 1 whatever --beam-size says, sampling as no beam
+    (issue 30, item 16); the predictions file holds each image's captions beside the best, so the diversity
+    among them is recomputed from it (item 20)."""
+    from captioning.evaluation.diversity import distinct, mbleu_4, words
+    from captioning.evaluation.evaluate import evaluate
+
+    model = tmp_path / "model"
+    shutil.copytree(trained_model_dir, model)
+    shutil.rmtree(model / "eval", ignore_errors=True)  # what other tests evaluated in this folder
+
+    def results():
+        return sorted(p.name for p in model.glob("eval/*.json") if not p.name.endswith(".predictions.json"))
+
+    greedy = evaluate(str(model), split="test", beam_size=7, max_images=2, progress=False,
+                      decode_overrides=("decode.method=greedy",))
+    assert greedy.beam_size == 1 and greedy.decode["beam_size"] == 1 and greedy.decode["method"] == "greedy"
+    assert len(results()) == 1 and results()[0].startswith("test-step60-beam1-len20-norm0-greedy-"), results()
+    # another --beam-size with greedy decoding is the same evaluation: the stored result, said to be greedy
+    code, out, _ = run_main("evaluate", "--model-dir", model, "--max-images", "2", "--beam-size", "5",
+                            "--set", "decode.method=greedy")
+    assert code == 0 and "2 images, checkpoint step 60, greedy, perplexity" in out
+    assert len(results()) == 1
+
+    sampled = evaluate(str(model), split="test", beam_size=7, max_images=2, progress=False,
+                       decode_overrides=("decode.method=sample", "decode.top_k=3"))
+    assert sampled.beam_size is None and sampled.decode["beam_size"] is None
+    name = next(n for n in results() if n.startswith("test-step60-sample-len20-norm0-sample-"))
+    predictions = json.load(open(model / "eval" / name.replace(".json", ".predictions.json")))
+    assert len(predictions) == 2 and all(p["caption"] == p["captions"][0] and len(p["captions"]) == 3
+                                         for p in predictions)
+    every = {p["image_id"]: p["captions"] for p in predictions}
+    assert sampled.diversity["captions_per_image"] == 3
+    assert mbleu_4(every) == sampled.diversity["mbleu_4"]
+    local = [distinct([words(c) for c in texts], 2) for texts in every.values()]
+    if None not in local:  # (a model trained 60 steps may say one word)
+        assert sum(local) / 2 == pytest.approx(sampled.diversity["local_distinct_2"])

@@ -320,7 +320,7 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
     sampled = evaluate(str(model_dir), split="test", max_images=2, progress=False,
                        decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
     assert plain.decode["method"] == "beam" and sampled.decode == {**plain.decode, "method": "sample", "top_k": 3,
-                                                                   "seed": 4}
+                                                                   "seed": 4, "beam_size": None}  # no beam ran
     names = sorted(n for n in os.listdir(model_dir / "eval")
                    if n.startswith("test-") and n.endswith("first2-data" + plain.dataset[:8] + ".json"))
     assert len(names) == 2 and sum("-sample-" in n for n in names) == 1, names
@@ -328,7 +328,8 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
                      decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))
     assert again == sampled  # the stored result: same seed, same captions, nothing decoded again
     # diversity: over the best captions always; among each image's captions when there are several
-    assert set(plain.diversity) == {"distinct_1", "distinct_2", "vocabulary_usage", "words_used", "novel_captions"}
+    assert set(plain.diversity) == {"distinct_1", "distinct_2", "distinct_2_per_bigram", "vocabulary_usage",
+                                    "words_used", "novel_captions"}
     # (a model trained 60 steps may say nothing on another CPU: then there is no n-gram to count, None)
     plain_name = next(n for n in names if "-sample-" not in n)
     best = json.load(open(model_dir / "eval" / plain_name.replace(".json", ".predictions.json")))

@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from captioning.errors import InputError
@@ -125,3 +126,68 @@ def test_spice_without_its_models_is_skipped_with_a_clear_warning(caplog):
         scores = coco_metrics(refs, {1: "a red circle"}, spice=True)
     assert set(scores) == set(METRICS)  # the seven metrics, no SPICE, no download attempted
     assert any("SPICE skipped" in r.getMessage() and "CoreNLP" in r.getMessage() for r in caplog.records)
+
+
+# --- diversity (captioning/evaluation/diversity.py): known values, not ranges (issue 30, items 5, 6 and 20) ---
+
+def test_mbleu_4_of_known_captions():
+    from captioning.evaluation.diversity import mbleu_4
+
+    long = "a big red circle above a small blue square"
+    # identical captions: BLEU-4 1 each (pycocoevalcap adds 1e-15 / 1e-9 to its n-gram counts: 1 - 3e-10)
+    assert mbleu_4({1: [long] * 3, 2: [long.upper() + ".", long]}) == pytest.approx(1.0, abs=1e-9)
+    # "a b c d e" against "a b c d f" (and back): n-gram precisions 4/5, 3/4, 2/3, 1/2, equal lengths
+    assert mbleu_4({7: ["a b c d e", "a b c d f"]}) == pytest.approx((4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25, abs=1e-6)
+    # no shared word: ~0; an image with one caption has no mBLEU and does not count in the average
+    assert mbleu_4({1: ["a b c d", "e f g h"], 2: [long]}) == pytest.approx(0.0, abs=1e-6)
+    assert mbleu_4({1: [long]}) is None
+
+
+def test_novel_captions_and_distinct_n_of_known_captions():
+    from captioning.evaluation.diversity import diversity
+
+    training = ["A red circle above a blue square.", "a green star"]
+    # the best captions: a training caption (written otherwise) is not novel, a new one is
+    found = diversity({1: ["a red circle above a blue square"], 2: ["a red circle below a blue square"],
+                       3: ["A green star!"], 4: ["a purple star"]}, vocabulary_size=14, training=training)
+    assert found["novel_captions"] == 0.5
+    # Li et al. 2016: distinct n-grams / generated words; per bigram: / bigrams
+    # words 7 + 7 + 3 + 3 = 20, distinct words: a red circle above blue square below green star purple = 10
+    # bigrams 6 + 6 + 2 + 2 = 16, distinct: 6 + 2 (circle below, below a) + 2 + 2 (a purple, purple star) = 12
+    assert found["distinct_1"] == 10 / 20 and found["words_used"] == 10 and found["vocabulary_usage"] == 1.0
+    assert found["distinct_2"] == 12 / 20 and found["distinct_2_per_bigram"] == 12 / 16
+    assert "mbleu_4" not in found  # one caption per image
+    among = diversity({1: ["a red circle", "a red circle", "a blue star"]}, vocabulary_size=14, training=training)
+    # 9 words, bigrams: a red, red circle, a blue, blue star = 4 distinct of 6
+    assert among["local_distinct_2"] == 4 / 9 and among["local_distinct_2_per_bigram"] == 4 / 6
+    assert among["local_distinct_1"] == 5 / 9 and among["captions_per_image"] == 3
+
+
+def test_beam_search_placeholders_are_not_counted_as_captions():
+    """A beam search that finds fewer complete captions than top_k fills the rest with placeholders (an empty
+    caption, log p -1e9): evaluation counts the real captions only (item 5)."""
+    import keras
+
+    from captioning.evaluation.diversity import diversity
+    from captioning.evaluation.evaluate import real_captions
+    from captioning.model import ShowAndTell
+    from captioning.model.decode import beam_search, ids_to_text
+    from captioning.vocab import RESERVED, Vocabulary
+    from tests.helpers import model_config
+
+    keras.utils.set_random_seed(0)
+    vocab = Vocabulary(RESERVED + ("w",))  # one word: "" and "w" are the only captions of at most 1 word
+    assert len(vocab) == 5
+    cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0)
+    model = ShowAndTell(len(vocab), cfg, 16, seed=0).build_all()
+    images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3)).astype("uint8")
+    out = beam_search(model, model.encode(images, training=False), beam_size=3, max_length=1, top_k=3)
+    texts = ids_to_text(vocab, out["ids"], out["lengths"])
+    assert (out["log_probs"].numpy() < -1e8).any()  # the search returned placeholders
+    real = real_captions(texts, out["log_probs"])
+    for image_texts, image_real in zip(texts, real):
+        assert len(image_texts) == 3 and "w" in image_real and len(image_real) < 3
+        assert sorted(image_real) == sorted(set(image_real)) and set(image_real) <= {"", "w"}  # each caption once
+        assert image_real[0] == image_texts[0]  # the best caption is kept first
+    found = diversity(dict(enumerate(real)), vocabulary_size=len(vocab), training=[])
+    assert found["captions_per_image"] == max(len(r) for r in real) < 3

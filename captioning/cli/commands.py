@@ -223,7 +223,9 @@ def run_evaluate(args) -> int:
         rows["baseline"] = result.baseline
     which = (f"an ensemble of {len(result.members)} models" if result.members
              else f"checkpoint step {result.checkpoint_step}")
-    print(f"{args.split}: {result.num_images} images, {which}, beam {result.beam_size}, "
+    method = (result.decode or {}).get("method", "beam")  # what ran: greedy is beam 1, sampling has no beam
+    decoding = {"greedy": "greedy", "sample": "sampling"}.get(method, f"beam {result.beam_size}")
+    print(f"{args.split}: {result.num_images} images, {which}, {decoding}, "
           f"perplexity {result.perplexity:.3f}")
     print(format_table(rows))
     if result.diversity:

@@ -19,7 +19,12 @@ vocabulary match this one's). The metrics file holds ``{"metrics": {Bleu_1 … C
 "checkpoint_step", "num_images", "all_images", "beam_size", "max_length", "length_normalization",
 "loss", "perplexity", "dataset", "data_dir", "checkpoint", "decode"}`` (plus ``"baseline"`` with
 ``--baseline``); decoding settings beyond beam, length and normalisation (``--set decode.KEY=VALUE``) add
-``-<method>-<hash>`` to the key;
+``-<method>-<hash>`` to the key. The key and the document hold the decoding that ran
+(:func:`used_decoding`): greedy decoding is a beam of 1 whatever ``--beam-size`` says (``beam1``,
+``"beam_size": 1``), and sampling runs no beam search (``sample`` in place of ``beam<B>``, ``"beam_size"``
+null, in ``"decode"`` too). The predictions file holds, beside each image's best caption (``"caption"``),
+all its real captions best first (``"captions"``: several with ``decode.top_k`` > 1), so the diversity among
+them can be recomputed from it;
 a stored result is reused only when its ``dataset`` and ``checkpoint`` are those of this evaluation. Evaluating with other settings or on fewer images never replaces a
 full-split result; evaluating the same key again is a no-op that prints the stored result. TensorBoard
 gets each result once, under ``logs/eval_<split>`` at the checkpoint's step, its scalars tagged with the
@@ -75,7 +80,7 @@ from captioning.data.pipeline import make_dataset
 from captioning.data.reading import eval_images, references
 from captioning.data.region_input import eval_regions, store_of
 from captioning.data.integrity import ShardReader
-from captioning.model.decode import ids_to_text
+from captioning.model.decode import _DEAD, ids_to_text
 from captioning.model.ensemble import check_same_input, model_dirs
 from captioning.model.folder import ModelDir
 from captioning.text import tokenize_caption
@@ -100,6 +105,8 @@ def result_name(split: str, step: int, beam_size: int, max_length: int, length_n
 
     >>> result_name("test", 8000, 3, 20, 0.0, None, "1a2b3c4d"), result_name("val", 10, 1, 16, 0.7, 5)
     ('test-step8000-beam3-len20-norm0-all-data1a2b3c4d', 'val-step10-beam1-len16-norm0.7-first5')
+    >>> result_name("val", 10, None, 16, 0.0, 5)  # sampling: no beam
+    'val-step10-sample-len16-norm0-first5'
     """
     images = "all" if num_images is None else f"first{num_images}"
     extra = (f"-data{data}" if data else "") + (f"-from{checkpoint}" if checkpoint else "")
@@ -107,8 +114,40 @@ def result_name(split: str, step: int, beam_size: int, max_length: int, length_n
     return f"{split}-step{step}-{label}-{images}{extra}"
 
 
-def settings_label(beam_size: int, max_length: int, length_normalization: float) -> str:
-    return f"beam{beam_size}-len{max_length}-norm{length_normalization:g}"
+def settings_label(beam_size: int | None, max_length: int, length_normalization: float) -> str:
+    """``beam<B>-len<L>-norm<A>``; ``sample-…`` without a beam (``beam_size`` None: sampling)."""
+    beam = "sample" if beam_size is None else f"beam{beam_size}"
+    return f"{beam}-len{max_length}-norm{length_normalization:g}"
+
+
+def used_decoding(decode):
+    """``decode`` (a checked :class:`captioning.config.DecodeConfig`) as it runs, and the beam size that runs
+    (None: sampling, no beam search). Greedy decoding is a beam of 1 whatever ``beam_size`` says, so its
+    result is keyed and recorded as beam 1.
+
+    >>> from captioning.config import DecodeConfig
+    >>> used_decoding(DecodeConfig(beam_size=7, method="greedy"))[1], used_decoding(DecodeConfig(beam_size=7))[1]
+    (1, 7)
+    >>> used_decoding(DecodeConfig(beam_size=7, method="sample", top_k=2))[1] is None
+    True
+    """
+    if decode.method == "greedy":
+        decode = dataclasses.replace(decode, beam_size=1)
+    return decode, (None if decode.method == "sample" else decode.beam_size)
+
+
+def real_captions(texts, log_probs) -> list[list[str]]:
+    """Each image's real captions, best first: ``texts`` (:func:`captioning.model.decode.ids_to_text` of a
+    batch) without the placeholders beam search returns when it found fewer complete captions than
+    ``top_k`` (an empty caption whose log-probability is :data:`captioning.model.decode._DEAD`, -1e9;
+    ``log_probs [B, top_k]``).
+
+    >>> real_captions([["a red circle", "", ""]], [[-3.5, -1e9, -1e9]])
+    [['a red circle']]
+    """
+    log_probs = getattr(log_probs, "numpy", lambda: log_probs)()
+    return [[text for text, log_p in zip(image_texts, image_log_probs) if log_p > _DEAD / 2]
+            for image_texts, image_log_probs in zip(texts, log_probs)]
 
 
 def options_label(decode) -> str:
@@ -157,7 +196,7 @@ class EvaluationResult(dict):
     checkpoint_step: int = _key("checkpoint_step")
     num_images: int = _key("num_images")
     all_images: bool = _key("all_images")
-    beam_size: int = _key("beam_size")
+    beam_size: int | None = _key("beam_size")  # the beam that ran: 1 for greedy, None for sampling
     max_length: int = _key("max_length")
     length_normalization: float = _key("length_normalization")
     loss: float = _key("loss")
@@ -197,7 +236,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     check_same_input(members)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization).with_overrides(decode_overrides)
-    beam_size, max_length, length_normalization = decode.beam_size, decode.max_length, decode.length_normalization
+    decode, beam_size = used_decoding(decode)  # what runs: greedy is beam 1, sampling has no beam
+    max_length, length_normalization = decode.max_length, decode.length_normalization
     # one pass over the split: nothing to cache; --data-dir points at the records if they moved
     dataset = _prepared_dataset(trained, folder, data_dir)
     cfg = dataclasses.replace(trained.config.data, cache="none", dir=dataset.path)
@@ -240,7 +280,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
         all_images=partial is None, beam_size=beam_size, max_length=max_length,
         length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
         dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
-        checkpoint=os.path.realpath(trained.checkpoint), decode=dataclasses.asdict(decode))
+        checkpoint=os.path.realpath(trained.checkpoint),
+        decode={**dataclasses.asdict(decode), "beam_size": beam_size})  # sampling: no beam
     if len(members) > 1:
         result["members"] = checkpoints
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
@@ -263,7 +304,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
 
     try:
         atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
-                          [{"image_id": i, "caption": c} for i, c in sorted(candidates.items())])
+                          [{"image_id": i, "caption": c, "captions": every[i]}  # the k captions: mBLEU-4 again
+                           for i, c in sorted(candidates.items())])
         atomic_write_json(path, result)  # last: a metrics file means the evaluation is complete
         if output:
             atomic_write_json(output, result)
@@ -290,7 +332,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     """Captions for every image, the references' cross-entropy (perplexity), for an attention decoder each
     caption's words with their weights (image id → (words, [words, cells or regions])), and for a model
     reading regions each image's region boxes (image id → [n, 4]; None otherwise), and every caption of each
-    image, best first (several with ``decode.top_k`` > 1). A model reading regions
+    image, best first (its real ones, :func:`real_captions`: up to ``decode.top_k``). A model reading regions
     captions the split's images that have regions in its features store."""
     regions = cfg.features == "regions"
     if regions:
@@ -303,10 +345,10 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
     for batch in batches:
         out = decode({key: value for key, value in batch.items() if key in IMAGE_INPUTS + ("image_id",)})
-        texts = ids_to_text(vocab, out["ids"], out["lengths"])
-        for row, (image_id, (text, *_)) in enumerate(zip(batch["image_id"].numpy(), texts)):  # the best caption
+        texts = real_captions(ids_to_text(vocab, out["ids"], out["lengths"]), out["log_probs"])
+        for row, image_id in enumerate(batch["image_id"].numpy()):
             image_id = int(image_id)
-            candidates[image_id] = text
+            text = candidates[image_id] = texts[row][0] if texts[row] else ""  # the best caption
             every[image_id] = texts[row]
             real = int(batch["region_mask"][row].numpy().sum()) if regions else None
             if regions:
@@ -354,6 +396,7 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str
         return None
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
             (grounded and "relations" not in stored.get("grounding", {})) or \
-            "diversity" not in stored:  # (results of before relations, or diversity, were measured)
+            "distinct_2_per_bigram" not in stored.get("diversity", {}):
+        # (results of before relations or diversity were measured, or of distinct_2 per bigram)
         return None
     return stored
