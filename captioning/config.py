@@ -59,6 +59,13 @@ from captioning.fileio import atomic_write_text
 FORMAT_VERSION = 5  # of a saved config.yaml (see MIGRATIONS)
 _INT64 = range(-2**63, 2**63)  # what TensorFlow can hold; a larger int is refused here, not deep in a run
 SEED = range(0, 2**31)  # seeds reach int32 ops (stateless sampling) and numpy's generator
+# The largest decoding sizes (decode:, and the flags --beam-size, --max-length, --top-k): what one decoding
+# holds grows with images x beams x words, and a Transformer keeps ~1.4 MB a row for 20 words (measured: d_model
+# 512, 6 layers, a 10,000-word vocabulary), so 32 images (evaluate's batch) x 50 beams x 100 words stays within a
+# few GiB; beam 100,000 was killed for memory with no message. Papers decode with beams of 3 to 20.
+MAX_BEAM = 50  # decode.beam_size, decode.beam_groups, decode.top_k (captions per image, sampled ones too)
+MAX_WORDS = 100  # decode.max_length, decode.block_ngrams
+MAX_SAMPLE_TOP_K = 100_000  # decode.sample_top_k (beyond the vocabulary it keeps every word)
 
 
 def choices(*values: str) -> dict:
@@ -81,12 +88,25 @@ def between(low: float, high: float, high_open: bool = False, low_open: bool = F
     return {"range": (low, low_open, high, high_open)}
 
 
+def _bound(x) -> str:
+    """A bound as it is written: an integral one as an integer (``2147483647``, never ``2.14748e+09``).
+
+    >>> _bound(2**31 - 1), _bound(0.0), _bound(0.5), _bound(1e-4)
+    ('2147483647', '0', '0.5', '0.0001')
+    """
+    return str(int(x)) if float(x).is_integer() and abs(x) < 2**63 else f"{x:g}"
+
+
 def describe_range(bounds) -> str:
-    """``at least 1``, ``more than 0`` or ``in [0, 1)``."""
+    """``at least 1``, ``more than 0`` or ``in [0, 1)``; integral bounds as integers.
+
+    >>> describe_range(between(0, 2**31 - 1)["range"]), describe_range(more_than(0.0)["range"])
+    ('in [0, 2147483647]', 'more than 0')
+    """
     low, low_open, high, high_open = bounds
     if high is None:
-        return f"{'more than' if low_open else 'at least'} {low:g}"
-    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"{'more than' if low_open else 'at least'} {_bound(low)}"
+    return f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}{')' if high_open else ']'}"
 
 
 def _in_range(value: float, bounds) -> bool:
@@ -340,13 +360,15 @@ class DecodeConfig(Section):
     """How captions are generated (``evaluate``, ``caption``, ``export``, ``benchmark decode``, and the
     sample captions of training). Stored in the model folder's config.yaml like every section, so a model
     decodes the way it was set up; the commands' flags (``--beam-size``, ``--max-length``,
-    ``--length-normalization``, ``--top-k``) override it for one call. These are the only defaults."""
+    ``--length-normalization``, ``--top-k``) override it for one call. These are the only defaults. Every size
+    has an upper bound (:data:`MAX_BEAM`, :data:`MAX_WORDS`, :data:`MAX_SAMPLE_TOP_K`), checked before a model
+    loads; :meth:`ineffective` names the settings that would do nothing."""
 
-    beam_size: int = field(default=3, metadata=at_least(1))
-    max_length: int = field(default=20, metadata=at_least(1))  # words, <end> excluded
+    beam_size: int = field(default=3, metadata=between(1, MAX_BEAM))
+    max_length: int = field(default=20, metadata=between(1, MAX_WORDS))  # words, <end> excluded
     # rank beams by log p / length ** this (0: plain log p)
     length_normalization: float = field(default=0.0, metadata=at_least(0.0))
-    top_k: int = field(default=1, metadata=at_least(1))  # captions returned per image, best first (caption, export)
+    top_k: int = field(default=1, metadata=between(1, MAX_BEAM))  # captions returned per image, best first
     # beam: beam search; greedy: the most likely word each step (a beam of 1); sample: top_k captions per image
     # drawn from the model (temperature, sample_top_k, sample_top_p, seed), most likely first
     method: str = field(default="beam", metadata=choices("beam", "greedy", "sample"))
@@ -354,15 +376,18 @@ class DecodeConfig(Section):
     # ((5 + length) / 6) ** length_normalization; none, 1
     length_penalty: str = field(default="avg", metadata=choices("none", "avg", "gnmt"))
     # diverse beam search (Vijayakumar et al. 2018): the beam in this many groups (they must divide beam_size),
-    # each word's log p lowered, for choosing, by diversity x the earlier groups' live captions that chose it
-    beam_groups: int = field(default=1, metadata=at_least(1))
+    # each word's log p lowered by diversity x the earlier groups' captions that chose it at this step, that
+    # penalised score carried forward; the top_k captions come one per group in turn
+    beam_groups: int = field(default=1, metadata=between(1, MAX_BEAM))
     diversity: float = field(default=0.0, metadata=at_least(0.0))
     # n >= 1: no word twice in a row and (n >= 2) no n-gram twice in a caption, inside the search; 0: off
-    block_ngrams: int = field(default=0, metadata=at_least(0))
-    # words a caption may not end with ("english": a list for English, captioning.model.decode.ENGLISH_BAD_ENDINGS)
+    block_ngrams: int = field(default=0, metadata=between(0, MAX_WORDS))
+    # words a caption may not end with ("english": a list for English, captioning.model.word_rules.ENGLISH_BAD_ENDINGS;
+    # a word the model's vocabulary lacks is refused)
     bad_endings: list[str] = field(default_factory=list)
     temperature: float = field(default=1.0, metadata=more_than(0.0))  # sample: logits divided by this
-    sample_top_k: int = field(default=0, metadata=at_least(0))  # sample: only the k most likely words (0: all)
+    # sample: only the k most likely words (0: all)
+    sample_top_k: int = field(default=0, metadata=between(0, MAX_SAMPLE_TOP_K))
     # sample: only the fewest most likely words whose probability reaches this (nucleus sampling; 1: all)
     sample_top_p: float = field(default=1.0, metadata=between(0.0, 1.0, low_open=True))
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))  # sample: the same seed, the same captions
@@ -374,9 +399,7 @@ class DecodeConfig(Section):
         names = ("beam_size", "max_length", "top_k", "length_normalization")
         b, n, k, a = (prefix + name if prefix else f"`{name}`" for name in names)
         params = () if prefix else names
-        if self.beam_size < 1 or self.max_length < 1:
-            raise InputError(f"{b} and {n} must be at least 1, got {self.beam_size} and {self.max_length}",
-                             params=params)
+        self.check_ranges(prefix)
         if not math.isfinite(self.length_normalization) or self.length_normalization < 0:
             raise InputError(f"{a} must be a finite number >= 0, got {self.length_normalization}", params=params)
         if self.method == "greedy" and self.top_k != 1:
@@ -389,6 +412,60 @@ class DecodeConfig(Section):
         if self.method == "beam" and not 1 <= self.top_k <= self.beam_size:
             raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=params)
         return self
+
+    def check_ranges(self, prefix: str = "") -> None:
+        """An InputError naming the first setting outside its range (the sizes' upper bounds among them), as
+        loading a config checks them; settings given as flags (:meth:`override`) are checked here too."""
+        for name, f in _fields(DecodeConfig).items():
+            bounds = f.metadata.get("range")
+            value = getattr(self, name)
+            if bounds and not _in_range(value, bounds):
+                where = prefix + name if prefix else f"`{name}`"
+                raise InputError(f"{where} must be {describe_range(bounds)}, got {value!r}",
+                                 params=() if prefix else (name,))
+
+    @staticmethod
+    def check_given(overrides: typing.Sequence[str] = (), **values) -> None:
+        """An InputError when a value a command was given (its flags' ``values``, None: not given; its
+        ``decode.KEY=VALUE`` ``overrides``) is unusable on its own (a wrong type, outside its range), before
+        a model loads: each key alone, not against the model's other settings."""
+        given = {name: value for name, value in values.items() if value is not None}
+        DecodeConfig(**given).check_ranges()
+        scratch = Config()
+        for override in overrides:
+            key, eq, value = override.partition("=")
+            if not eq or not key.strip().startswith("decode."):
+                raise InputError(f"`overrides` {excerpt(override)} must look like decode.KEY=VALUE (only the decode: "
+                                 "section can change here)", params=("overrides",))
+            _set(scratch, key.strip(), value, from_text=True)
+
+    def ineffective(self) -> list[str]:
+        """One line for each setting that does nothing with the others (a warning, not an error: a model
+        folder's config may hold it).
+
+        >>> DecodeConfig(temperature=0.5, length_normalization=0.7, length_penalty="none").ineffective()[0]
+        'decode.temperature 0.5 does nothing: it applies to decode.method: sample, not beam'
+        """
+        out = []
+        if self.method != "sample":
+            defaults = DecodeConfig()
+            for name in ("temperature", "sample_top_k", "sample_top_p", "seed"):
+                if getattr(self, name) != getattr(defaults, name):
+                    out.append(f"decode.{name} {getattr(self, name)} does nothing: it applies to decode.method: "
+                               f"sample, not {self.method}")
+        if self.diversity and (self.beam_groups == 1 or self.method != "beam"):
+            out.append(f"decode.diversity {self.diversity:g} does nothing: it needs decode.beam_groups above 1 (and "
+                       f"decode.method: beam), got {self.beam_groups} group(s) and {self.method}")
+        if self.beam_groups > 1 and self.method != "beam":
+            out.append(f"decode.beam_groups {self.beam_groups} does nothing: it applies to decode.method: beam, not "
+                       f"{self.method}")
+        if self.length_normalization and self.length_penalty == "none":
+            out.append(f"decode.length_normalization (--length-normalization) {self.length_normalization:g} does "
+                       "nothing with decode.length_penalty: none (use avg or gnmt)")
+        elif self.length_normalization and self.method == "sample":
+            out.append(f"decode.length_normalization (--length-normalization) {self.length_normalization:g} does "
+                       "nothing with decode.method: sample (samples are ranked by their log-probability)")
+        return out
 
     def with_overrides(self, overrides: typing.Sequence[str] = ()) -> "DecodeConfig":
         """A copy with ``decode.KEY=VALUE`` overrides (a command's ``--set``) applied and checked; an

@@ -666,3 +666,50 @@ def test_a_key_added_by_a_later_format_gets_the_behaviour_of_its_time(tmp_path, 
     with pytest.raises(InputError, match=r"lacks 1 of its keys"):
         load_config(write(tmp_path / "now.yaml", yaml.safe_dump({"format_version": CONFIG_FORMAT, **data})),
                     complete=True)
+
+
+@pytest.mark.parametrize("key, too_big, bound", [
+    ("beam_size", 100000, "[1, 50]"), ("top_k", 51, "[1, 50]"), ("beam_groups", 51, "[1, 50]"),
+    ("max_length", 101, "[1, 100]"), ("block_ngrams", 101, "[0, 100]"), ("sample_top_k", 100001, "[0, 100000]")])
+def test_every_decoding_size_has_an_upper_bound_checked_however_it_is_given(key, too_big, bound, tmp_path):
+    """A config file or --set, a command's flag (DecodeConfig.override), and the check a command makes before
+    its model loads (check_given): one line naming the key and its bound."""
+    from captioning.config import DecodeConfig
+
+    assert load_error(tmp_path, f"decode:\n  {key}: {too_big}\n") == \
+        f"config key decode.{key} must be in {bound}, got {too_big}"
+    with pytest.raises(InputError, match=rf"^config key decode.{key} must be in \{bound[:-1]}\], got {too_big}$"):
+        DecodeConfig.check_given([f"decode.{key}={too_big}"])
+    with pytest.raises(InputError) as info:
+        DecodeConfig().override(**{key: too_big})
+    assert str(info.value) == f"`{key}` must be in {bound}, got {too_big}" and info.value.params == (key,)
+    with pytest.raises(InputError, match=rf"`{key}` must be in"):
+        DecodeConfig.check_given(**{key: too_big})
+    DecodeConfig.check_given([f"decode.{key}={1 if key != 'top_k' else 2}"], beam_size=None)  # fine alone
+
+
+def test_integer_bounds_are_printed_as_integers(tmp_path):
+    assert load_error(tmp_path, "decode:\n  seed: -1\n") == "config key decode.seed must be in [0, 2147483647], got -1"
+    assert load_error(tmp_path, "train:\n  seed: 2147483648\n") == \
+        "config key train.seed must be in [0, 2147483647], got 2147483648"
+    assert describe_range((0.0, False, 1.0, True)) == "in [0, 1)" and describe_range((0.5, True, None, False)) == \
+        "more than 0.5"
+
+
+def test_decoding_settings_that_do_nothing_are_named_one_line_each():
+    from captioning.config import DecodeConfig
+
+    assert DecodeConfig().ineffective() == [] and DecodeConfig(method="sample", temperature=0.5, top_k=3,
+                                                                sample_top_p=0.9, seed=3).ineffective() == []
+    assert DecodeConfig(beam_size=6, beam_groups=3, diversity=0.5, length_penalty="gnmt",
+                        length_normalization=0.7).ineffective() == []
+    lines = DecodeConfig(temperature=0.5, diversity=0.5, length_normalization=0.7, length_penalty="none").ineffective()
+    assert lines == [
+        "decode.temperature 0.5 does nothing: it applies to decode.method: sample, not beam",
+        "decode.diversity 0.5 does nothing: it needs decode.beam_groups above 1 (and decode.method: beam), got 1 "
+        "group(s) and beam",
+        "decode.length_normalization (--length-normalization) 0.7 does nothing with decode.length_penalty: none "
+        "(use avg or gnmt)"]
+    assert all("\n" not in line for line in lines)
+    assert DecodeConfig(method="greedy", sample_top_k=5).ineffective() == [
+        "decode.sample_top_k 5 does nothing: it applies to decode.method: sample, not greedy"]

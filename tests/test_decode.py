@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.model.decode import beam_search, ids_to_text, sample_search
+from captioning.model.decode import beam_search, ids_to_text
+from captioning.model.sampling import sample_search
 from captioning.model import ShowAndTell
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 from tests.helpers import model_config
@@ -332,7 +333,7 @@ def test_the_diversity_penalty_at_a_step_counts_earlier_groups_ends_and_is_carri
 
 
 def test_top_k_then_top_p_measures_the_nucleus_in_the_renormalised_top_k():
-    from captioning.model.decode import filtered
+    from captioning.model.sampling import filtered
 
     p = tf.exp(filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_k=2, top_p=0.6)).numpy()[0]
     np.testing.assert_allclose(p, [1.0, 0.0, 0.0, 0.0], atol=1e-6)  # 0.5 / 0.8 = 0.625 reaches 0.6: one word

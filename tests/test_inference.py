@@ -343,3 +343,32 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
     assert beams.metrics == plain.metrics and beams.diversity["captions_per_image"] == 3 and "mbleu_4" in beams.diversity
     assert len([n for n in os.listdir(model_dir / "eval")
                 if n.startswith("test-") and n.endswith("first2-data" + plain.dataset[:8] + ".json")]) == 3
+
+
+def test_a_decoding_size_beyond_its_bound_is_refused_before_anything_loads(tmp_path):
+    """caption --set decode.beam_size=100000 was killed for memory: one line, exit 2, before the model folder
+    (here, not even a model folder) or the images are read; the flags too (argparse, exit 2)."""
+    for args in (["--set", "decode.beam_size=100000"], ["--beam-size", "51"], ["--max-length", "101"],
+                 ["--set", "decode.top_k=51"]):
+        for command in (["caption", str(tmp_path / "nope.jpg")], ["evaluate"], ["export", "--output", tmp_path / "x"]):
+            result = run_cli(*command, "--model-dir", tmp_path / "nothing", *args)
+            assert result.returncode == 2, (command, args, result.stderr)
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and ("in [1, 50]" in lines[0] or "in [1, 100]" in lines[0]), lines
+            assert "does not exist" not in lines[0]
+
+
+def test_a_misspelt_bad_ending_is_refused_and_settings_that_do_nothing_warn(trained_model_dir, user_images):
+    photo = str(user_images / "photo0.jpg")
+    refused = run_cli("caption", "--model-dir", trained_model_dir, photo, "--set", "decode.bad_endings=[englsh]")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "captioning caption: error: decode.bad_endings: 'englsh' is not a word of the model's vocabulary nor a list "
+        "(english); did you mean english?")
+    result = run_cli("caption", "--model-dir", trained_model_dir, photo, "--length-normalization", "0.7",
+                     "--set", "decode.length_penalty=none", "--set", "decode.temperature=0.5",
+                     "--set", "decode.diversity=0.5", "--set", "decode.bad_endings=[english,circle]")
+    assert result.returncode == 0 and result.stdout.splitlines()[1].strip()
+    warned = [line.split(" ", 1)[1] for line in result.stderr.splitlines() if "does nothing" in line]
+    assert [line.split(" ")[0] for line in warned] == ["decode.temperature", "decode.diversity",
+                                                       "decode.length_normalization"]

@@ -170,14 +170,23 @@ def add_model_dirs(p) -> None:
     p.add_argument("--model-dir", required=True, action="append", metavar="MODEL_DIR", help=MODEL_DIRS_HELP)
 
 
+def _decoding_given(args) -> dict:
+    """The decoding flags given (None: not given), every value checked on its own with the ``--set decode.KEY``
+    overrides (a type, a range, the sizes' upper bounds): one line before a model loads."""
+    from captioning.config import DecodeConfig
+
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(DecodeConfig)}
+    DecodeConfig.check_given(getattr(args, "decode_overrides", ()), **flags)
+    return flags
+
+
 def _captioner(args):
     """The trained model of --model-dir (of several, their ensemble), decoding as its (the first's)
     ``decode:`` config says, the decoding flags given overriding it."""
     from captioning import inference
-    from captioning.config import DecodeConfig
 
+    flags = _decoding_given(args)
     trained = inference.load(args.model_dir)
-    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(DecodeConfig)}
     decode = trained.config.decode.override(**flags).with_overrides(getattr(args, "decode_overrides", ()))
     return inference.Captioner(trained, decode)
 
@@ -217,6 +226,7 @@ def run_evaluate(args) -> int:
     from captioning.evaluation.evaluate import evaluate
     from captioning.evaluation.metrics import format_table
 
+    _decoding_given(args)  # before the model loads
     result = call(evaluate, args, progress=not args.quiet)
     rows = {"model": result.metrics}
     if result.baseline is not None:
@@ -312,6 +322,7 @@ def run_caption(args) -> int:
     from captioning.inference.captioner import check_boxes
     from captioning.model.folder import ModelDir
 
+    _decoding_given(args)  # before anything is read
     files = caption.collect_paths(args.paths)
     folders = [ModelDir(path) for path in args.model_dir]
     if args.html:  # before the model loads, not after captioning; never over an image or the models' files
@@ -353,6 +364,7 @@ def add_export(sub) -> None:
 def run_export(args) -> int:
     from captioning.inference.export import check_output, export
 
+    _decoding_given(args)
     check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
     print(f"exported to {call(export, args, captioner=_captioner(args))}")
     return 0

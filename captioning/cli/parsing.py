@@ -86,6 +86,24 @@ def at_least(low, kind=int):
 POSITIVE, NATURAL = at_least(1), at_least(0)
 
 
+def within(low, high, kind=int):
+    """An argparse type: an integer (or, with ``kind=float``, a finite number) in ``[low, high]``, the
+    documented bounds of a size a user types (checked before any work starts)."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {what} in [{low:,}, {high:,}], got {text}")
+        return value
+
+    parse.__name__ = f"{what} in [{low:g}, {high:g}]"
+    return parse
+
+
 def key_int(text: str) -> tuple[str, int]:
     """``NAME=INTEGER`` (``--shards train=256``)."""
     name, eq, value = text.partition("=")
@@ -116,16 +134,19 @@ def config_flags(p, required: bool = True, help: str | None = None) -> None:
 
 def decoding_flags(p, top_k: bool = False, sets: bool = True) -> None:
     """The flags that override the model's ``decode:`` config for one call (default None: the config's
-    value; the defaults themselves live in :class:`captioning.config.DecodeConfig` alone)."""
-    p.add_argument("--beam-size", type=POSITIVE, default=None,
-                   help="beam width; 1 is greedy decoding (default: the model's decode.beam_size, 3)")
-    p.add_argument("--max-length", type=POSITIVE, default=None,
-                   help="longest caption in words (default: the model's decode.max_length, 20)")
+    value; the defaults themselves live in :class:`captioning.config.DecodeConfig` alone, and so do the sizes'
+    upper bounds)."""
+    from captioning.config import MAX_BEAM, MAX_WORDS
+
+    p.add_argument("--beam-size", type=within(1, MAX_BEAM), default=None,
+                   help=f"beam width, at most {MAX_BEAM}; 1 is greedy decoding (default: the model's decode.beam_size, 3)")
+    p.add_argument("--max-length", type=within(1, MAX_WORDS), default=None,
+                   help=f"longest caption in words, at most {MAX_WORDS} (default: the model's decode.max_length, 20)")
     p.add_argument("--length-normalization", type=at_least(0.0, float), default=None, metavar="ALPHA",
                    help="rank complete captions by log_prob / length^ALPHA (default: the model's "
                         "decode.length_normalization, 0: by log_prob)")
     if top_k:
-        p.add_argument("--top-k", type=POSITIVE, default=None,
+        p.add_argument("--top-k", type=within(1, MAX_BEAM), default=None,
                        help="captions per image, best first, at most --beam-size (default: decode.top_k, 1)")
     if sets:
         p.add_argument("--set", action="append", default=[], metavar="decode.KEY=VALUE", dest="decode_overrides",

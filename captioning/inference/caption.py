@@ -20,9 +20,12 @@ The budget bounds what one file can cost on a shared machine; ``captioning.image
 A model reading **regions** (``data.features: regions``) takes each image's boxes: ``--detections FILE``
 (repeatable), COCO detection results (``[{"image_id", "bbox", "score"}]``, what Detectron2, MMDetection
 and the TF Object Detection API write; boxes scoring at least 0.2, the best 36 an image) or COCO instances
-files. An image file is matched to its detections by an instances file's ``images`` list (its
-``file_name``), or else by the number its name ends with (``COCO_val2014_000000000042.jpg`` and ``42.png``
-are image 42); an image without detections is read as its whole image alone. Its regions are pooled from
+files (an empty one is refused). An image file is matched to its detections by an instances file's
+``images`` list (its ``file_name``), or else by the number its name ends with
+(``COCO_val2014_000000000042.jpg`` and ``42.png`` are image 42); an image without detections is read as
+its whole image alone, and named in a warning line. Boxes follow the one rule of
+:func:`captioning.data.features_store.clean_boxes` (clipped to the image, degenerate ones dropped), and
+what was dropped or clipped is counted in a warning line. Its regions are pooled from
 the model's encoder as ``captioning features extract`` pooled those it was trained on. The gallery then
 shows, per word, the region the model attended to most, outlined on the image (its picture's ``data-region``
 attribute is that region's index in ``--json``'s ``regions``), and ``--json`` gives ``regions`` (each region's
@@ -41,6 +44,7 @@ import base64
 import html
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -49,10 +53,13 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from captioning.data.features_store import clean_boxes
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes
 from captioning.images import ImageError, process_image, read_image_file
 from captioning.model.pictures import outlined, spotlight
+
+log = logging.getLogger("captioning.caption")
 
 MAX_SIDE = 4096
 MAX_DECODE_BYTES = 1 << 30  # memory one image's decode may take (see the module docstring)
@@ -67,6 +74,8 @@ class Result:
     data: bytes | None = None  # the bytes the model saw, for the gallery's thumbnail
     grid: tuple[int, int] | None = None  # the attention grid, for an attention decoder
     boxes: object = None  # a model reading regions: the image's detected boxes [n, 4] (x, y, width, height)
+    boxes_dropped: int = 0  # of them, dropped (not finite, no area inside the image) and clipped to the image
+    boxes_clipped: int = 0
 
 
 def collect_paths(paths: list[str]) -> list[str]:
@@ -100,9 +109,19 @@ def read_for_model(path: str) -> bytes:
     return encoded
 
 
-def detections_for(paths: list[str], detections: list[str]) -> list:
+class BoxesPerFile(list):
+    """Each file's boxes, and (``unusable``) how many of each file's detections were not boxes at all (a
+    coordinate not finite, no width or no height: dropped by :func:`read_detections`)."""
+
+    def __init__(self, boxes, unusable):
+        super().__init__(boxes)
+        self.unusable = list(unusable)
+
+
+def detections_for(paths: list[str], detections: list[str]) -> BoxesPerFile:
     """Each image file's boxes ``[n, 4]`` (x, y, width, height) from COCO detection results or instances files
-    (module docstring: matched by an instances file's ``file_name``, else by the number a file name ends with)."""
+    (module docstring: matched by an instances file's ``file_name``, else by the number a file name ends with).
+    An empty detections file is an InputError."""
     import numpy as np
 
     from captioning.inference.regions import read_detections
@@ -115,13 +134,50 @@ def detections_for(paths: list[str], detections: list[str]) -> list:
         for image in data.get("images", []) if isinstance(data, dict) else []:
             if isinstance(image, dict) and "file_name" in image and "id" in image:
                 ids[os.path.basename(str(image["file_name"]))] = int(image["id"])
-    out = []
+    out, unusable = [], []
     for path in paths:
         name = os.path.basename(path)
         number = re.search(r"(\d+)$", os.path.splitext(name)[0])
         image_id = ids.get(name, int(number.group(1)) if number else None)
         out.append(found.get(image_id, np.zeros((0, 4), np.float32)))
-    return out
+        unusable.append(found.dropped.get(image_id, 0))
+    return BoxesPerFile(out, unusable)
+
+
+def clean_file_boxes(result: Result, unusable: int = 0) -> None:
+    """``result``'s boxes (x, y, width, height pixels) by the one rule for boxes
+    (:func:`captioning.data.features_store.clean_boxes`) in the pixels of the image the model is given:
+    clipped to it, degenerate ones dropped, both counted on ``result``."""
+    with Image.open(io.BytesIO(result.data)) as image:
+        width, height = image.size
+    x, y, w, h = np.asarray(result.boxes, np.float32).reshape(-1, 4).T
+    clean = clean_boxes(np.stack([x, y, x + w, y + h], 1), width, height)
+    x1, y1, x2, y2 = clean.boxes.T
+    result.boxes = np.stack([x1, y1, x2 - x1, y2 - y1], 1).astype(np.float32)
+    result.boxes_dropped, result.boxes_clipped = clean.dropped + unusable, clean.clipped
+
+
+def boxes_report(results: list[Result]) -> list[str]:
+    """One line each: the images (read) that have no box, so are captioned from their whole image alone;
+    the boxes dropped; the boxes clipped.
+
+    >>> r = [Result("a.jpg", boxes=np.zeros((0, 4))), Result("b.jpg", boxes=np.ones((2, 4)), boxes_dropped=1)]
+    >>> boxes_report(r)
+    ['detections: 1 of 2 images have no box, each captioned from its whole image alone: a.jpg', 'detections: 1 boxes dropped (a coordinate not finite, or no area inside the image; e.g. b.jpg: 1)']
+    """
+    read = [r for r in results if r.error is None and r.boxes is not None]
+    lines = []
+    without = [r.path for r in read if not len(r.boxes)]
+    if without:
+        lines.append(f"detections: {len(without)} of {len(read)} images have no box, each captioned from its whole "
+                     f"image alone: {', '.join(without[:5])}" + (", ..." if len(without) > 5 else ""))
+    for kind, what in (("boxes_dropped", "dropped (a coordinate not finite, or no area inside the image; e.g."),
+                       ("boxes_clipped", "clipped to the image (e.g.")):
+        hit = [(r.path, getattr(r, kind)) for r in read if getattr(r, kind)]
+        if hit:
+            examples = "; ".join(f"{path}: {n}" for path, n in hit[:3])
+            lines.append(f"detections: {sum(n for _, n in hit)} boxes {what} {examples})")
+    return lines
 
 
 def caption_files(captioner, paths: list[str], progress: bool = True, boxes: list | None = None) -> list[Result]:
@@ -130,12 +186,16 @@ def caption_files(captioner, paths: list[str], progress: bool = True, boxes: lis
 
     results = [Result(p, boxes=boxes[i] if boxes is not None else None) for i, p in enumerate(paths)]
     ready = []
-    for result in results:
+    for i, result in enumerate(results):
         try:
             result.data = read_for_model(result.path)
+            if boxes is not None:
+                clean_file_boxes(result, getattr(boxes, "unusable", [0] * len(paths))[i])
             ready.append(result)
         except ImageError as e:
             result.error = str(e)
+    for line in boxes_report(results) if boxes is not None else []:
+        log.warning("%s", line)
     for start in tqdm(range(0, len(ready), BATCH), desc="caption", unit="batch", disable=None if progress else True):
         batch = ready[start:start + BATCH]
         try:
@@ -153,6 +213,11 @@ def caption_files(captioner, paths: list[str], progress: bool = True, boxes: lis
             r.grid = captioner.grid_shape if c and c[0].attention is not None else None
             if c and c[0].boxes is not None and c[0].attention is not None:
                 r.grid = (1, len(c[0].boxes))  # regions: one row of them
+    from captioning.model.decode import empty_captions_warning
+
+    warning = empty_captions_warning([r.captions[0].text for r in results if r.captions])
+    if warning:  # never silent (decoding gives every caption a word: an old export, a changed decoder)
+        log.warning("%s", warning)
     return results
 
 

@@ -15,6 +15,7 @@ as ``captioning features extract`` pooled the regions the model was trained on.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import tensorflow as tf
@@ -27,6 +28,8 @@ from captioning.errors import InputError
 from captioning.model.base import IMAGE_INPUTS
 from captioning.model.ensemble import TrainedEnsemble, load_ensemble, model_dirs
 from captioning.model.folder import ModelDir, TrainedModel
+
+log = logging.getLogger(__name__)
 
 
 def load(model_dir, checkpoint: str | None = None) -> TrainedModel | TrainedEnsemble:
@@ -63,11 +66,15 @@ class Captioner:
     or an ensemble of them (:class:`captioning.model.ensemble.TrainedEnsemble`)."""
 
     def __init__(self, trained: TrainedModel, decode: DecodeConfig | None = None):
-        """``decode``: the beam search's settings (default: the (first) model's ``decode:`` config)."""
+        """``decode``: the beam search's settings (default: the (first) model's ``decode:`` config). A setting
+        that does nothing with the others gets one warning line each; a ``decode.bad_endings`` word the
+        vocabulary lacks is an InputError."""
         self.trained = trained
         self.settings = (decode or trained.config.decode).check()
         self.options = dataclasses.asdict(self.settings)  # what an export records
         self.bad_endings = bad_ending_ids(self.settings.bad_endings, trained.vocab)
+        for line in self.settings.ineffective():
+            log.warning("%s", line)
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
         self.decode_boxes = tf.function(self.decode_with_boxes, input_signature=[
             tf.TensorSpec([None], tf.string), tf.TensorSpec([None, None, 4], tf.float32)])

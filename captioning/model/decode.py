@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from captioning.model.word_rules import DEAD as _DEAD
+from captioning.model.word_rules import bad_ending_ids, blocked_words, end_banned
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
-_DEAD = -1e9  # the score of an empty beam slot (finite, so arithmetic never makes NaN)
 
 
 def length_penalty(length, form: str, alpha: float):
@@ -57,43 +58,6 @@ def length_penalty(length, form: str, alpha: float):
     raise ValueError(f"length_penalty must be none, avg or gnmt, got {form!r}")
 
 
-def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
-    """``[..., V]`` 1.0 where a word may not follow the ``t`` words of each caption ``ids [..., S]`` (int32):
-    with ``block_ngrams`` n ≥ 1 the last word itself and (n ≥ 2) every word that would complete an n-gram
-    the caption has already; with ``bad_endings`` (ids), ``<end>`` after one of them.
-
-    >>> ids = tf.constant([[5, 6, 5, 0, 0]])  # "x y x": with bigrams blocked, "y" may not follow "x" again
-    >>> blocked = blocked_words(ids, tf.constant(3), 8, block_ngrams=2).numpy()[0]
-    >>> [w for w in range(8) if blocked[w]]
-    [5, 6]
-    """
-    lead = tf.shape(ids)[:-1]
-    steps = ids.shape[-1]
-    out = tf.zeros(tf.concat([lead, [vocab]], 0))
-    last = tf.gather(ids, tf.maximum(t - 1, 0), axis=-1)
-    if block_ngrams >= 1:
-        out = tf.maximum(out, tf.one_hot(last, vocab) * tf.cast(t >= 1, tf.float32))
-    if block_ngrams >= 2 and steps >= block_ngrams:
-        n = block_ngrams
-        starts = steps - n + 1  # windows ids[j : j + n], j < starts
-        match = tf.range(starts) + n - 1 < t  # the window's last word is among the t words
-        for o in range(n - 1):  # its first n - 1 words equal the caption's last n - 1
-            word = tf.gather(ids, tf.maximum(t - n + 1 + o, 0), axis=-1)
-            match = match & tf.equal(ids[..., o:starts + o], word[..., None])
-        match = match & (t >= n - 1)
-        follower = ids[..., n - 1:]  # the word each matching window goes on with: banned now
-        flat = tf.reshape(follower, [-1, starts])
-        rows = tf.repeat(tf.range(tf.shape(flat)[0]), starts)
-        index = tf.stack([rows, tf.reshape(flat, [-1])], axis=1)
-        hits = tf.scatter_nd(index, tf.reshape(tf.cast(match, tf.float32), [-1]),
-                             tf.stack([tf.shape(flat)[0], vocab]))
-        out = tf.maximum(out, tf.reshape(tf.minimum(hits, 1.0), tf.shape(out)))
-    if bad_endings:
-        bad = tf.reduce_any(tf.equal(last[..., None], tf.constant(list(bad_endings), last.dtype)), axis=-1)
-        out = tf.maximum(out, tf.one_hot(END_ID, vocab) * tf.cast(bad & (t >= 1), tf.float32)[..., None])
-    return out
-
-
 def _merge(best, candidates, n: int):
     """Keeps the ``n`` best of two sets of complete captions (dicts of [B, M, ...] tensors) by their ``scores``;
     a placeholder (``log_probs`` at the dead score) ranks below every real caption, whatever its score."""
@@ -101,11 +65,6 @@ def _merge(best, candidates, n: int):
     key = tf.where(joined["log_probs"] > _DEAD / 2, joined["scores"], -float("inf"))
     _, index = tf.math.top_k(key, k=n)
     return {k: tf.gather(v, index, batch_dims=1) for k, v in joined.items()}
-
-
-def _end_banned(vocab: int, t, min_length: int):
-    """``[V]``: the dead score on ``<end>`` while fewer than ``min_length`` words are chosen (``t`` of them)."""
-    return tf.one_hot(END_ID, vocab) * _DEAD * tf.cast(t < min_length, tf.float32)
 
 
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
@@ -180,7 +139,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             alive_attention = alive_attention + weights * tf.one_hot(t, steps)[None, None, :, None]
         logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
         if min_length:
-            logp += _end_banned(vocab, t, min_length)
+            logp += end_banned(vocab, t, min_length)
         logp = tf.reshape(logp, [batch, k, vocab])
         if shaping:
             logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
@@ -262,139 +221,32 @@ def ids_to_text(vocab, ids, lengths) -> list[list[str]]:
             for image_ids, image_lengths in zip(ids, lengths)]
 
 
-def _uniform(seed: int, keys, t):
-    """A uniform number in (0, 1) per row from ``seed``, the row's ``keys [N]`` (int64: its image's key and
-    its sample's number) and the step ``t``: a hash of the four, so a row's draws never depend on which other
-    rows share its batch."""
-    text = tf.strings.join([tf.strings.as_string(tf.constant(seed, tf.int64)), tf.strings.as_string(keys[:, 0]),
-                            tf.strings.as_string(keys[:, 1]), tf.strings.as_string(tf.cast(t, tf.int64))], "/")
-    buckets = 2 ** 31 - 1
-    return (tf.cast(tf.strings.to_hash_bucket_fast(text, buckets), tf.float32) + 0.5) / buckets
+def empty_captions_warning(best) -> str | None:
+    """One line saying how many of the best captions ``best`` (strings, one per image) are empty, or None.
+    :func:`generate` gives every caption a word; an empty one means something else went wrong, and is never
+    silent (``caption`` and ``evaluate`` print this).
 
-
-def filtered(logp, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
-    """Log-probabilities ``[N, V]`` → the sampling distribution's log-probabilities: divided by ``temperature``,
-    only the ``top_k`` most likely words kept (0: all) and renormalised over them, then the fewest most likely
-    words whose probability (in that renormalised distribution, as Hugging Face's top-k then top-p order
-    measures it) reaches ``top_p`` (nucleus sampling; the most likely word always stays), renormalised.
-
-    >>> p = filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_p=0.75)
-    >>> [round(float(x), 3) for x in tf.exp(p)[0]]
-    [0.625, 0.375, 0.0, 0.0]
-    >>> p = filtered(tf.math.log([[0.5, 0.3, 0.15, 0.05]]), top_k=2, top_p=0.6)  # 0.5 / 0.8 = 0.625 >= 0.6
-    >>> [round(float(x), 3) for x in tf.exp(p)[0]]
-    [1.0, 0.0, 0.0, 0.0]
+    >>> empty_captions_warning(["a red circle", "", " "])
+    '2 of 3 best captions are empty (the model ended them before any word): their images are described by nothing'
     """
-    logp = tf.nn.log_softmax(logp / temperature)
-    vocab = logp.shape[-1]
-    if top_k and top_k < vocab:
-        kth = tf.math.top_k(logp, k=top_k).values[:, -1:]
-        logp = tf.nn.log_softmax(tf.where(logp < kth, _DEAD, logp))  # renormalised over the top k
-    if top_p < 1.0:
-        order = tf.argsort(logp, direction="DESCENDING", stable=True)
-        sorted_p = tf.exp(tf.gather(logp, order, batch_dims=1))
-        before = tf.cumsum(sorted_p, axis=1, exclusive=True)  # probability of the more likely words
-        keep_sorted = before < top_p
-        keep = tf.scatter_nd(tf.stack([tf.repeat(tf.range(tf.shape(order)[0]), vocab), tf.reshape(order, [-1])], 1),
-                             tf.reshape(keep_sorted, [-1]), tf.shape(order))
-        logp = tf.where(keep, logp, _DEAD)
-    return tf.nn.log_softmax(logp)
-
-
-def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, temperature: float = 1.0,
-                  sample_top_k: int = 0, sample_top_p: float = 1.0, seed: int = 0, keys=None, block_ngrams: int = 0,
-                  bad_endings=(), min_length: int = 0) -> dict:
-    """``samples`` captions per image drawn from the model (:func:`filtered`: temperature, top-k, top-p; the
-    blocking rules and ``min_length`` of :func:`beam_search` apply too), as :func:`beam_search` returns them, most
-    likely first:
-    ``log_probs`` and ``scores`` are the captions' log-probabilities under the model itself (temperature 1,
-    unfiltered). Seeded: ``keys [B]`` (int64, e.g. image ids or a hash of the image's bytes) name the images, and
-    the same ``seed`` and keys give the same captions under any batch size and order."""
-    steps, n = max_length, samples
-    state = model.reserve(initial_state, steps)
-    batch = tf.shape(tf.nest.flatten(state)[0])[0]
-    keys = tf.zeros([batch], tf.int64) if keys is None else tf.cast(keys, tf.int64)
-    rows = batch * n
-    state = tf.nest.map_structure(lambda s: tf.repeat(s, n, axis=0), state)
-    shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
-    row_keys = tf.stack([tf.repeat(keys, n), tf.tile(tf.range(n, dtype=tf.int64), [batch])], axis=1)
-    vocab = model.vocab_size
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD
-    tokens = tf.fill([rows], tf.constant(START_ID, tf.int32))
-    ids = tf.zeros([rows, steps], tf.int32)
-    going = tf.ones([rows], tf.bool)
-    lengths = tf.zeros([rows], tf.int32)
-    log_prob = tf.zeros([rows])
-    attends = model.attends
-    attention = tf.zeros([rows, steps, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])
-    for t in tf.range(steps):
-        tf.autograph.experimental.set_loop_options(
-            shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(shapes))))
-        logits, state = model.step(tokens, state)
-        model_logp = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-        logp = model_logp + never
-        if min_length:
-            logp += _end_banned(vocab, t, min_length)
-        if block_ngrams or bad_endings:
-            logp += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
-        cdf = tf.cumsum(tf.exp(filtered(logp, temperature, sample_top_k, sample_top_p)), axis=1)
-        u = _uniform(seed, row_keys, t)
-        word = tf.minimum(tf.reduce_sum(tf.cast(cdf < u[:, None] * cdf[:, -1:], tf.int32), axis=1), vocab - 1)
-        log_prob += tf.where(going, tf.gather(model_logp, word, batch_dims=1), 0.0)  # as beam search reports it
-        is_word = going & tf.not_equal(word, END_ID)
-        ids += tf.where(is_word, word, 0)[:, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, :]
-        if attends:
-            weights = tf.cast(state["attention"], tf.float32) * tf.cast(is_word, tf.float32)[:, None]
-            attention += weights[:, None, :] * tf.one_hot(t, steps)[None, :, None]
-        lengths += tf.cast(is_word, tf.int32)
-        going = is_word
-        tokens = word
-    out = {"ids": tf.reshape(ids, [batch, n, steps]), "lengths": tf.reshape(lengths, [batch, n]),
-           "log_probs": tf.reshape(log_prob, [batch, n])}
-    if attends:
-        out["attention"] = tf.reshape(attention, [batch, n, steps, -1])
-    out["scores"] = out["log_probs"]
-    _, order = tf.math.top_k(out["scores"], k=n)  # most likely first
-    return {k: tf.gather(v, order, batch_dims=1) for k, v in out.items()}
-
-
-# self-critical.pytorch's remove_bad_endings list, with "the" and "and": words an English caption does not end on
-ENGLISH_BAD_ENDINGS = ("a", "an", "the", "with", "in", "on", "of", "at", "to", "for", "this", "his", "her", "that",
-                       "and")
-
-
-# the names decode.bad_endings takes for a list of words
-BAD_ENDING_LISTS = {"english": ENGLISH_BAD_ENDINGS}
-
-
-def bad_ending_ids(words, vocab) -> tuple[int, ...]:
-    """The ids of ``words`` (``decode.bad_endings``; a name of :data:`BAD_ENDING_LISTS`, ``english``, stands for
-    its list, whose words the vocabulary lacks are left out). A word that is neither in the vocabulary nor a
-    list's name is an InputError (a misspelt word would otherwise block nothing, silently)."""
-    import difflib
-
-    from captioning.errors import InputError
-
-    special = {vocab.words[i] for i in (PAD_ID, START_ID, END_ID, UNK_ID)}
-    known = [w for w in vocab.words if w not in special]
-    for word in words:
-        if word not in BAD_ENDING_LISTS and (word in special or vocab.id(word) == UNK_ID):
-            near = difflib.get_close_matches(word, list(BAD_ENDING_LISTS) + known, n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise InputError(f"decode.bad_endings: {word!r} is not a word of the model's vocabulary nor a list "
-                             f"({', '.join(BAD_ENDING_LISTS)}){hint}")
-    wanted = [w for word in words for w in BAD_ENDING_LISTS.get(word, (word,))]
-    return tuple(sorted({vocab.id(w) for w in wanted if vocab.id(w) != UNK_ID}))
+    best = list(best)
+    empty = sum(1 for text in best if not text.strip())
+    if not empty:
+        return None
+    return (f"{empty} of {len(best)} best captions are empty (the model ended them before any word): their images "
+            "are described by nothing")
 
 
 def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
     """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`)
     say: beam search, greedy decoding (a beam of 1) or sampling, in :func:`beam_search`'s output format.
-    ``bad_endings``: word ids (:func:`bad_ending_ids`); ``keys [B]``: the images' sampling keys. Every caption
+    ``bad_endings``: word ids (:func:`captioning.model.word_rules.bad_ending_ids`); ``keys [B]``: the images' sampling keys. Every caption
     has at least one word (``<end>`` is never the first: ``min_length`` 1), whichever the method."""
     common = {"max_length": settings.max_length, "block_ngrams": settings.block_ngrams, "bad_endings": bad_endings,
               "min_length": 1}
     if settings.method == "sample":
+        from captioning.model.sampling import sample_search
+
         return sample_search(model, initial_state, samples=settings.top_k, temperature=settings.temperature,
                              sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p,
                              seed=settings.seed, keys=keys, **common)
