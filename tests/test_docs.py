@@ -57,6 +57,108 @@ def test_the_registries_and_stages_the_docs_name_exist():
     assert order and tuple(re.findall(r"`(\w+)`", order.group(0))) == captioning.STAGES
 
 
+def _doc_name(module: str) -> str:
+    """A module as the architecture page writes it: ``data/schema.py``, ``cli/__init__.py``,
+    ``data_prep/records.py``."""
+    from tests.test_architecture import MODULES
+
+    path = os.path.relpath(MODULES[module], REPO)
+    return path if module.startswith("data_prep") else os.path.relpath(path, "captioning")
+
+
+def _importers(target: str) -> set[str]:
+    """The modules (page names) that import ``target``: a module's page name, or a folder (``data_prep/``)
+    for any module in it, counting imports inside functions (tests/test_architecture.py's reading)."""
+    from tests.test_architecture import MODULES, _imports
+
+    def hit(name):
+        return name in MODULES and (_doc_name(name).startswith(target) if target.endswith("/")
+                                    else _doc_name(name) == target)
+
+    return {_doc_name(m) for m, path in MODULES.items() if not hit(m) and any(hit(i) for i in _imports(path))}
+
+
+def _imported_from_captioning(folder: str) -> set[str]:
+    """What the modules of ``folder`` (``data_prep/``) import of the ``captioning`` package (page names)."""
+    from tests.test_architecture import MODULES, _imports
+
+    return {_doc_name(i) for m, path in MODULES.items() if _doc_name(m).startswith(folder)
+            for i in _imports(path) if i.startswith("captioning") and i in MODULES}
+
+
+def import_claims(text: str) -> list[tuple[str, str, set[str]]]:
+    """The rows of the architecture page's "Who imports whom" table: (module or folder, "is imported by" or
+    "imports, of `captioning/`", the modules it names)."""
+    section = text.split("## Who imports whom", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w/.]+)` (is imported by|imports, of `captioning/`) \| (.+) \|$", section, re.M)
+    return [(subject, relation, set(re.findall(r"`([\w/.]+)`", names))) for subject, relation, names in rows]
+
+
+def test_who_imports_whom_on_the_architecture_page_is_the_source():
+    """Both ways: every module a row names imports (or is imported) as it says, and no other does."""
+    claims = import_claims(open(ARCHITECTURE, encoding="utf-8").read())
+    assert {(s, r) for s, r, _ in claims} >= {("data/schema.py", "is imported by"), ("data_prep/", "is imported by"),
+                                              ("data_prep/", "imports, of `captioning/`")}
+    for subject, relation, named in claims:
+        real = _importers(subject) if relation == "is imported by" else _imported_from_captioning(subject)
+        assert named == real, (f"docs/architecture.md: {subject} {relation}: the page names {sorted(named - real)} "
+                               f"that do not, and not {sorted(real - named)} that do")
+
+
+def test_the_claims_the_page_made_before_fail():
+    """What the page said before the table (the record schema imported by the writer and the reader alone;
+    data_prep sharing only the base and the record format), written as rows, is caught."""
+    old = ("## Who imports whom\n\n| claim | exactly these modules |\n|---|---|\n"
+           "| `data/schema.py` is imported by | `data_prep/records.py`, `data/reading.py` |\n"
+           "| `data_prep/` imports, of `captioning/` | `errors.py`, `fileio.py`, `images.py`, `text.py`, `vocab.py`, "
+           "`data/schema.py`, `data/prepared.py` |\n")
+    claims = import_claims(old)
+    assert len(claims) == 2
+    assert claims[0][2] < _importers("data/schema.py")
+    assert claims[1][2] < _imported_from_captioning("data_prep/")
+
+
+def test_the_readme_lists_every_dependency_setup_cfg_installs():
+    """The README's list of plain dependencies is setup.cfg's install_requires, by name, both ways."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(REPO, "setup.cfg"), encoding="utf-8")
+    required = {re.match(r"[A-Za-z0-9_.\-]+", line.strip()).group(0).lower()
+                for line in cfg["options"]["install_requires"].splitlines() if line.strip()
+                and not line.strip().startswith("#")}
+    text = " ".join(open(os.path.join(REPO, "README.md"), encoding="utf-8").read().split())
+    listed = re.search(r"Everything else is a plain dependency in `setup.cfg`: ([^.]+)\.", text)
+    assert listed, "README.md: the sentence that lists the dependencies"
+    assert {name.strip().lower() for name in listed.group(1).split(",")} == required
+    assert {"numpy", "grpcio", "google-crc32c"} <= required
+
+
+def test_the_demo_training_time_is_one_measured_figure():
+    """The README and experiments/shapes.yaml give the demo's training time as the same measured figure,
+    never "about N minutes"."""
+    readme = " ".join(open(os.path.join(REPO, "README.md"), encoding="utf-8").read().split())
+    shapes = open(os.path.join(REPO, "experiments", "shapes.yaml"), encoding="utf-8").read()
+    figure = re.search(r"trains `experiments/shapes.yaml` into `runs/demo/model/` \((\d+ min \d+ s) ", readme).group(1)
+    assert f"train this ({figure} " in shapes
+    assert f"its 6,000 training steps took {figure} " in readme
+    assert not re.search(r"about \d+ minutes", readme + shapes)
+
+
+def test_the_meshed_memory_ensemble_is_said_to_average_log_probabilities():
+    """The meshed-memory Transformer's TransformerEnsemble averages its members' log-softmax outputs
+    (``torch.mean`` of ``log_softmax``): every sentence of the docs and of model/ensemble.py that names it
+    says so, and none says it averages probabilities as self-critical.pytorch's AttEnsemble does."""
+    sources = DOCS + [os.path.join(REPO, "captioning", "model", "ensemble.py")]
+    sentences = [sentence for path in sources
+                 for sentence in re.split(r"(?<=[.;])\s", " ".join(open(path, encoding="utf-8").read().split()))
+                 if "TransformerEnsemble" in sentence]
+    assert len(sentences) >= 2
+    for sentence in sentences:
+        assert re.search(r"log-softmax|log-probabilities", sentence), sentence
+        assert "AttEnsemble` and the meshed-memory" not in sentence and "AttEnsemble`` and the meshed" not in sentence
+
+
 def shown_commands():
     """(file, command line) of every `captioning ...` command in a code block of the README and the docs
     (a prompt like ``data0$`` and environment assignments in front are dropped; ``\\`` continues a line)."""
