@@ -9,9 +9,10 @@ the members' averaged probabilities::
 
     log p(w) = log (1/M · Σ_m softmax(logits_m)(w))     (a logsumexp of the members' log-softmaxes − log M)
 
-which is what self-critical.pytorch's ``AttEnsemble`` and the meshed-memory Transformer's
-``TransformerEnsemble`` do (with equal weights), so log_softmax of them is p itself and every decoding
-option applies to the ensemble unchanged. Teacher-forced, the same average gives the ensemble's
+which is what self-critical.pytorch's ``AttEnsemble`` does (with equal weights), so log_softmax of them
+is p itself and every decoding option applies to the ensemble unchanged. (The meshed-memory Transformer's
+``TransformerEnsemble`` averages the members' log-softmax outputs instead, a geometric mean; on the shapes
+data that gave the same CIDEr, docs/using.md.) Teacher-forced, the same average gives the ensemble's
 cross-entropy on the references (its perplexity in ``evaluate``).
 
 An ensemble reports no attention weights (its members' grids or regions need not be alike).
