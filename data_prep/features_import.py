@@ -15,8 +15,12 @@ one line per kind, with a count and a few examples, as ``prepare`` reports skipp
 in the store's manifest: dataset images without features (*missing*), features of images the
 dataset does not have (*extra*) and rows that cannot be read (*malformed*: bad base64, a wrong
 number of values, no region, non-finite values, a feature size other than the first row's, a repeated
-image). A TSV whose last line has no line end was cut short (a download that stopped; the layout's writer
-ends every line): an error naming the line, even when what is left of it still parses.
+image, a dataset key that is an HDF5 group). Boxes follow the one rule of
+:func:`captioning.data.features_store.clean_boxes` (clipped to the image, degenerate ones dropped with their
+regions, both counted). A source with features of fewer than half the dataset's images is refused unless
+``allow_missing``. A TSV whose last line has no line end was cut short (a download that stopped; the
+layout's writer ends every line): an error naming the line, even when what is left of it still parses; a
+file that is not text (gzip, HDF5, npz) is an error saying so.
 
 The store is written by :func:`data_prep.features_writer.write_store`: in a work folder renamed into place
 when complete (an interrupted import leaves no store; with ``--overwrite`` the old one stays until then),
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import os
 from typing import Iterator
 
@@ -36,9 +41,10 @@ import numpy as np
 
 from captioning.data.features_store import FeaturesStore
 from captioning.errors import InputError
-from data_prep.features_writer import Malformed, Row, finished_store, head_of, write_store
+from data_prep.features_writer import Malformed, Row, check_sizes, finished_store, head_of, write_store
 
 TSV_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
+TEXT_BYTES = frozenset(range(32, 127)) | {9, 10, 13}  # all a TSV of base64 holds
 
 
 def _matrix(data: bytes, columns: int | None, rows: int, what: str) -> np.ndarray:
@@ -53,10 +59,12 @@ def tsv_rows(path: str, skip: int = 0) -> Iterator[Row | Malformed]:
     after the first ``skip`` of them (not parsed). A last line without its line end is an InputError naming
     it: the file was cut short (what is left of the line may still parse, as a row of fewer features)."""
     try:
-        f = open(path, encoding="ascii", errors="replace", newline="")
+        raw = open(path, "rb")
     except OSError as e:
         raise InputError(f"`tsv` {path}: cannot read it ({e.strerror or e})", params=("tsv",)) from None
-    with f:
+    with raw:
+        _check_text(raw, path)
+        f = io.TextIOWrapper(raw, encoding="ascii", errors="replace", newline="")
         rows = 0
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -79,6 +87,20 @@ def tsv_rows(path: str, skip: int = 0) -> Iterator[Row | Malformed]:
                 yield Row(image_id, features, boxes, width, height)
             except (ValueError, binascii.Error) as e:
                 yield Malformed(f"line {number}", str(e))
+
+
+def _check_text(f, path: str) -> None:
+    """An InputError when what ``f`` (binary, buffered: a pipe too) begins with is not text as a TSV of base64
+    is (printable ASCII, tabs and line ends): a gzip file, an HDF5 or npz file given as ``--tsv``. Nothing
+    is consumed."""
+    head = f.peek(1 << 16)[:1 << 16]
+    odd = next((k for k, byte in enumerate(head) if byte not in TEXT_BYTES), None)
+    if odd is not None:
+        kind = ("a gzip file (give `tsv` <(zcat FILE))" if head[:2] == b"\x1f\x8b" else
+                "an HDF5 file (give it as `hdf5`)" if head[:8] == b"\x89HDF\r\n\x1a\n" else
+                "a zip or npz file" if head[:2] == b"PK" else "not text")
+        raise InputError(f"`tsv` {path} is not a TSV of text: byte {odd} is 0x{head[odd]:02x}; it looks like {kind}",
+                         params=("tsv", "hdf5"))
 
 
 def _image_id(name: str, suffix: str) -> int | None:
@@ -119,20 +141,26 @@ def hdf5_rows(path: str, skip: int = 0) -> Iterator[Row | Malformed]:
         for key in [k for k in sorted(f.keys()) if _image_id(k, "_features") is not None][skip:]:
             image_id = _image_id(key, "_features")
             try:
+                names = [key] + ([f"{image_id}_boxes"] if f"{image_id}_boxes" in f else [])
+                for name in names:
+                    if not isinstance(f[name], h5py.Dataset):
+                        kind = "a group" if isinstance(f[name], h5py.Group) else type(f[name]).__name__
+                        raise ValueError(f"{name} is {kind}, not a dataset (an array)")
                 features = np.asarray(f[key][()], np.float32)
-                boxes = np.asarray(f[f"{image_id}_boxes"][()], np.float32) if f"{image_id}_boxes" in f else None
+                boxes = np.asarray(f[names[1]][()], np.float32) if len(names) > 1 else None
                 yield Row(image_id, features, boxes)
-            except (OSError, ValueError, KeyError) as e:
+            except (OSError, ValueError, KeyError, TypeError) as e:
                 yield Malformed(key, f"{type(e).__name__}: {e}")
 
 
 def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None = None, boxes_dir: str | None = None,
                     hdf5: str | None = None, name: str = "regions", images_per_shard: int = 1000,
                     overwrite: bool = False, progress: bool = True,
-                    checkpoint_every: int = 500) -> tuple[FeaturesStore, bool]:
+                    checkpoint_every: int = 500, allow_missing: bool = False) -> tuple[FeaturesStore, bool]:
     """Imports one source's region features into the store ``name`` of the prepared dataset ``data_dir``
     (module docstring), a checkpoint every ``checkpoint_every`` rows. Returns the store and whether it was
-    written (False: the same source was imported already)."""
+    written (False: the same source was imported already). A source with features of fewer than half the
+    dataset's images is refused unless ``allow_missing``."""
     sources = {"tsv": tsv, "npz_dir": npz_dir, "hdf5": hdf5}
     given = [k for k, v in sources.items() if v]
     if len(given) != 1:
@@ -140,8 +168,7 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
                                                                           else ""), params=("tsv", "npz_dir", "hdf5"))
     if boxes_dir and not npz_dir:
         raise InputError("`boxes_dir` goes with `npz_dir`", params=("boxes_dir", "npz_dir"))
-    if images_per_shard < 1:
-        raise InputError(f"`images_per_shard` must be at least 1, got {images_per_shard}", params=("images_per_shard",))
+    check_sizes(images_per_shard, checkpoint_every)
     kind = given[0]
     source = {"kind": kind, "path": os.path.abspath(sources[kind])}
     if boxes_dir:
@@ -155,4 +182,4 @@ def import_features(data_dir: str, tsv: str | None = None, npz_dir: str | None =
                  "hdf5": lambda skip: hdf5_rows(hdf5, skip)}[kind]
     return write_store(data_dir, rows_from, source=source, head=head_of([sources[kind]]), name=name,
                        images_per_shard=images_per_shard, progress=progress, what=f"`{kind}` {sources[kind]}",
-                       params=(kind,), checkpoint_every=checkpoint_every), True
+                       params=(kind,), checkpoint_every=checkpoint_every, allow_missing=allow_missing), True

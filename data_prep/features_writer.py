@@ -16,11 +16,19 @@ What the writing promises:
   ``head``, a fingerprint of the source's first bytes), the same dataset, the same shard size; the work of
   another plan is removed and the import starts again. A resumed run writes what an uninterrupted one
   writes (tested).
+* **Only its own work folder.** The work folder is made with a marker file (``work.json``, naming the
+  store: :mod:`data_prep.features_work`) and nothing in a folder without it is resumed or removed: a folder ``.partial-NAME`` that this
+  command did not make is refused in one line and left as it is (store names may not start with ``.``).
+  A failure a rerun could not go on from (an input error, a failure that would repeat) leaves no work
+  folder; an interrupt, a full disk or a source cut short leaves it for the rerun.
 * **One writer at a time.** The work folder is locked (``fcntl``) while a run writes; a second run on the
   same store stops at once with one line.
 * **What is left out is counted.** Dataset images without features (*missing*), features of images the
   dataset does not have (*extra*) and rows that cannot be read (*malformed*), each a count and a few
-  examples, in ``store.json`` and in the lines :func:`report` prints.
+  examples, in ``store.json`` and in the lines :func:`report` prints; so are the boxes
+  :func:`~captioning.data.features_store.clean_boxes` clipped to the image or dropped (one rule for every
+  source). A source with features of fewer than half the dataset's images (:data:`MIN_SHARE`) is refused,
+  and nothing written, unless ``allow_missing``.
 """
 
 from __future__ import annotations
@@ -28,9 +36,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import hashlib
-import json
-import logging
 import math
 import os
 import shutil
@@ -39,28 +44,34 @@ from typing import Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from captioning.data.features_store import FOLDER, FeaturesStore, Left, StoreSplit, check_name, shard_name, store_path
+from captioning.data.features_store import FeaturesStore, StoreSplit, check_name, clean_boxes, shard_name, store_path
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
-from captioning.fileio import atomic_write_json, replace_folder
+from captioning.fileio import replace_folder
+from data_prep.features_work import (LOCK, MARKER, PROGRESS, KeptWork, Progress, Tally, head_of, locked, resumable,
+                                     resumed, work_path)
 from data_prep.records import RecordWriter, encode_regions
 
-log = logging.getLogger("captioning.features")
+__all__ = ["Malformed", "Row", "check_sizes", "finished_store", "head_of", "report", "work_path", "write_store"]
 
-EXAMPLES = 5  # examples kept per kind of left-out row
-PROGRESS = "progress.json"
-LOCK = "lock"
+MIN_SHARE = 0.5  # a store holds features of at least this share of the dataset's images, unless allow_missing
+MAX_IMAGES_PER_SHARD = 100_000
+MAX_CHECKPOINT_EVERY = 1_000_000
 
 
 @dataclasses.dataclass
 class Row:
-    """One image's regions as a source gives them (``boxes`` None when it gives none; sizes 0 when unknown)."""
+    """One image's regions as a source gives them (``boxes`` None when it gives none; sizes 0 when unknown).
+    ``clipped`` and ``dropped``: boxes the source has already clipped or dropped by
+    :func:`~captioning.data.features_store.clean_boxes` (extraction must, before it pools them), for the report."""
 
     image_id: int
     features: np.ndarray
     boxes: np.ndarray | None = None
     width: int = 0
     height: int = 0
+    clipped: int = 0
+    dropped: int = 0
 
 
 class Malformed(Exception):
@@ -68,11 +79,6 @@ class Malformed(Exception):
 
     def __init__(self, where: str, reason: str):
         super().__init__(f"{where}: {reason}")
-
-
-def work_path(data_dir: str, name: str) -> str:
-    """The work folder of the store ``name`` while it is written (module docstring)."""
-    return os.path.join(data_dir, FOLDER, f".partial-{check_name(name)}")
 
 
 def check_row(row: Row, size: int | None) -> str | None:
@@ -83,57 +89,11 @@ def check_row(row: Row, size: int | None) -> str | None:
         return f"{row.features.shape[1]} features a region, where the first row had {size}"
     if row.boxes is not None and row.boxes.shape != (len(row.features), 4):
         return f"boxes of shape {row.boxes.shape} for {len(row.features)} regions"
-    if not np.isfinite(row.features).all() or (row.boxes is not None and not np.isfinite(row.boxes).all()):
-        return "values that are not finite"
+    if not np.isfinite(row.features).all():
+        return "features that are not finite"  # (boxes that are not finite: dropped by clean_boxes, counted)
     if np.abs(row.features).max() > np.finfo(np.float16).max:
         return "features too large for float16"
     return None
-
-
-@dataclasses.dataclass
-class Tally:
-    """A kind of left-out row: how many, and the first few examples."""
-
-    count: int = 0
-    ids: list = dataclasses.field(default_factory=list)
-
-    def add(self, example: str) -> None:
-        self.count += 1
-        if len(self.ids) < EXAMPLES:
-            self.ids.append(example)
-
-    def left(self) -> Left:
-        return Left(self.count, tuple(self.ids))
-
-
-@dataclasses.dataclass
-class Progress:
-    """What ``progress.json`` holds at a checkpoint: rows of the source done, each shard's records and
-    bytes, the regions held per split, the images stored, the tallies and what the first row set."""
-
-    plan: dict
-    done: int = 0
-    shard_bytes: dict = dataclasses.field(default_factory=dict)
-    shard_records: dict = dataclasses.field(default_factory=dict)
-    held: dict = dataclasses.field(default_factory=dict)
-    seen: list = dataclasses.field(default_factory=list)
-    extra: Tally = dataclasses.field(default_factory=Tally)
-    malformed: Tally = dataclasses.field(default_factory=Tally)
-    size: int | None = None
-    boxes: bool | None = None
-
-    @classmethod
-    def read(cls, path: str) -> "Progress | None":
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            data["extra"], data["malformed"] = Tally(**data["extra"]), Tally(**data["malformed"])
-            return cls(**data)
-        except (OSError, ValueError, TypeError, KeyError):
-            return None  # none, or not this format: the work starts again
-
-    def write(self, path: str) -> None:
-        atomic_write_json(path, dataclasses.asdict(self))
 
 
 def finished_store(data_dir: str, name: str, source: dict, overwrite: bool) -> FeaturesStore | None:
@@ -146,86 +106,53 @@ def finished_store(data_dir: str, name: str, source: dict, overwrite: bool) -> F
     existing = FeaturesStore.load(data_dir, name)
     if existing.get("source") == source and existing.dataset == dataset.identity:
         return existing
-    raise InputError(f"{path} holds a features store already (from {existing.get('source', {}).get('path')}); "
+    raise InputError(f"{path} holds a features store already ({describe_source(existing.get('source'))}); "
                      "pass `overwrite` to replace it, or give another `name`", params=("overwrite", "name"))
 
 
-class KeptWork(InputError):
-    """The source stopped making sense part of the way (a TSV cut short); what came before is checkpointed
-    in the work folder for a rerun."""
+def describe_source(source) -> str:
+    """Where a store's features came from, in words, for a message: a file or folder, a model or encoder
+    that extracted them, or that its store.json does not say.
 
-
-def head_of(paths) -> str:
-    """A fingerprint of what the files (or folders: their sorted names) at ``paths`` begin with: the first
-    64 KB of each, so a source replaced by another is not resumed, and one that grew (a download
-    continued) is. A pipe is not read (a rerun gets a new stream from the start, and skips what was done)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        if os.path.isdir(path):
-            digest.update("\n".join(sorted(os.listdir(path))[:1000]).encode("utf-8", "replace"))
-        elif os.path.isfile(path):
-            with open(path, "rb") as f:
-                digest.update(f.read(1 << 16))
-        else:  # a pipe (``--tsv <(zcat x.tsv.gz)``): reading it would take what the import reads
-            digest.update(b"a stream")
-    return digest.hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _locked(work: str):
-    """The work folder, made if missing and locked for this run: an InputError if another run holds it, or
-    has just renamed it into the finished store."""
-    os.makedirs(work, exist_ok=True)
-    lock = os.path.join(work, LOCK)
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except FileNotFoundError:  # renamed into the store between the two lines
-        raise InputError(f"another run has just finished writing {work}: run the command again") from None
-    try:
-        try:
-            import fcntl
-
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # no fcntl (Windows): no lock
-            pass
-        except OSError:
-            raise InputError(f"another run is writing this features store ({work} is locked): wait for it to "
-                             "finish, then run the command again") from None
-        try:
-            moved = os.stat(lock).st_ino != os.fstat(fd).st_ino
-        except FileNotFoundError:
-            moved = True
-        if moved:
-            raise InputError(f"another run has just finished writing {work}: run the command again")
-        yield work
-    finally:
-        os.close(fd)
+    >>> describe_source({"kind": "tsv", "path": "/d/a.tsv"}), describe_source({"kind": "extract", "model": "/m"})
+    ('from /d/a.tsv', 'extracted with the model in /m')
+    >>> describe_source({"kind": "extract", "encoder": {"encoder": "resnet50"}}), describe_source(None)
+    ('extracted with the encoder resnet50', 'from a source its store.json does not name')
+    """
+    source = source if isinstance(source, dict) else {}
+    if source.get("path"):
+        return f"from {source['path']}" + (f" with the boxes of {source['boxes']}" if source.get("boxes") else "")
+    if source.get("model"):
+        return f"extracted with the model in {source['model']}"
+    if isinstance(source.get("encoder"), dict) and source["encoder"].get("encoder"):
+        return f"extracted with the encoder {source['encoder']['encoder']}"
+    return "from a source its store.json does not name"
 
 
 def write_store(data_dir: str, rows_from: Callable[[int], Iterable[Row | Malformed]], *, source: dict,
                 head: str = "", name: str = "regions", images_per_shard: int = 1000, progress: bool = True,
-                what: str = "the source", params: tuple[str, ...] = (), checkpoint_every: int = 500) -> FeaturesStore:
+                what: str = "the source", params: tuple[str, ...] = (), checkpoint_every: int = 500,
+                allow_missing: bool = False) -> FeaturesStore:
     """Writes the rows of one source as the store ``name`` of the prepared dataset ``data_dir`` (module
     docstring): ``rows_from(skip)`` gives the source's rows (:class:`Row` or :class:`Malformed`, in a fixed
     order) after its first ``skip``; ``head`` fingerprints the source's content (:func:`head_of`). ``what``
-    and ``params`` name the source in errors."""
-    if images_per_shard < 1:
-        raise InputError(f"`images_per_shard` must be at least 1, got {images_per_shard}", params=("images_per_shard",))
-    if checkpoint_every < 1:
-        raise ValueError("checkpoint_every must be at least 1")
+    and ``params`` name the source in errors. A source with features of fewer than :data:`MIN_SHARE` of the
+    dataset's images is refused (nothing written) unless ``allow_missing``."""
+    check_sizes(images_per_shard, checkpoint_every)
     dataset = PreparedDataset.load(data_dir)
     path, work = store_path(data_dir, check_name(name)), work_path(data_dir, name)
     parent = os.path.dirname(path)
     made_parent = not os.path.isdir(parent)
     plan = {"source": source, "head": head, "dataset": dataset.identity, "images_per_shard": images_per_shard}
-    with _locked(work):  # (another run's lock: an error, and nothing of its work touched)
+    with locked(work, name):  # (not ours, or another run's lock: an error, and nothing of it touched)
         try:
-            _write(data_dir, dataset, work, rows_from, _resumed(work, plan), name, progress, what, params,
-                   checkpoint_every)
+            _write(data_dir, dataset, work, rows_from, resumed(work, plan), name, progress, what, params,
+                   checkpoint_every, allow_missing)
+            os.remove(os.path.join(work, MARKER))
             os.remove(os.path.join(work, LOCK))  # (still held: a run waiting for it finds it moved)
             replace_folder(work, path)
-        except BaseException as e:  # interrupted, the disk full, a source cut short: the work stays for a rerun
-            if isinstance(e, InputError) and not isinstance(e, KeptWork):  # other input errors: nothing to keep
+        except BaseException as e:
+            if not resumable(e):  # a rerun would fail alike: no work folder is left behind
                 shutil.rmtree(work, ignore_errors=True)
                 if made_parent:  # a store that failed leaves nothing behind, not even DATA/features/
                     with contextlib.suppress(OSError):
@@ -234,29 +161,16 @@ def write_store(data_dir: str, rows_from: Callable[[int], Iterable[Row | Malform
     return FeaturesStore.load(data_dir, name)
 
 
-def _resumed(work: str, plan: dict) -> Progress:
-    """The progress of an earlier run of the same plan, its shards cut back to its last checkpoint; or a
-    new start, with anything else in the work folder removed."""
-    state = Progress.read(os.path.join(work, PROGRESS))
-    resumed = state is not None and state.plan == plan
-    if resumed:
-        log.info("going on from row %d of an interrupted run (%d images stored)", state.done, len(state.seen))
-    else:
-        if state is not None:
-            log.info("an interrupted run of another source, dataset or shard size left %s: starting again", work)
-        state = Progress(plan)
-    for entry in os.listdir(work):
-        file = os.path.join(work, entry)
-        if entry in state.shard_bytes:
-            with open(file, "r+b") as f:
-                f.truncate(state.shard_bytes[entry])
-        elif entry != LOCK and not (resumed and entry == PROGRESS):
-            shutil.rmtree(file) if os.path.isdir(file) else os.remove(file)
-    return state
+def check_sizes(images_per_shard: int, checkpoint_every: int) -> None:
+    """The sizes a writer takes, each between 1 and its documented bound; an InputError naming it."""
+    for value, most, param in ((images_per_shard, MAX_IMAGES_PER_SHARD, "images_per_shard"),
+                               (checkpoint_every, MAX_CHECKPOINT_EVERY, "checkpoint_every")):
+        if not 1 <= value <= most:
+            raise InputError(f"`{param}` must be an integer in [1, {most:,}], got {value}", params=(param,))
 
 
 def _write(data_dir, dataset, work, rows_from, state: Progress, name, progress, what, params,
-           checkpoint_every) -> None:
+           checkpoint_every, allow_missing=False) -> None:
     images = dataset.image_records()  # id -> split, size, captions
     ids = sorted(images)
     per_shard = state.plan["images_per_shard"]
@@ -286,25 +200,36 @@ def _write(data_dir, dataset, work, rows_from, state: Progress, name, progress, 
             elif row.image_id not in images:
                 state.extra.add(str(row.image_id))
             else:
+                record = images[row.image_id]  # a source that does not say the image's size: the stored one's
+                width, height = (row.width, row.height) if row.width and row.height else (record.width, record.height)
                 reason = "features of this image came before" if row.image_id in seen else check_row(row, state.size)
                 if reason is None and state.boxes is not None and (row.boxes is not None) != state.boxes:
                     reason = "boxes where the first row had none, or none where it had them"
+                features, boxes, clean = row.features, row.boxes, None
+                if reason is None and boxes is not None:  # the one rule: clipped to the image, degenerate dropped
+                    clean = clean_boxes(boxes, width, height)
+                    features, boxes = features[clean.kept], clean.boxes
+                    if not len(boxes):
+                        reason = f"none of its {len(clean.kept)} boxes has an area inside its {width}x{height} image"
                 if reason:
                     state.malformed.add(f"image {row.image_id}: {reason}")
                 else:
-                    state.size, state.boxes = int(row.features.shape[1]), row.boxes is not None
+                    state.size, state.boxes = int(features.shape[1]), boxes is not None
                     seen.add(row.image_id)
+                    dropped = row.dropped + (clean.dropped if clean else 0)
+                    clipped = row.clipped + (clean.clipped if clean else 0)
+                    if dropped:
+                        state.boxes_dropped.add(f"image {row.image_id}: {dropped}", dropped)
+                    if clipped:
+                        state.boxes_clipped.add(f"image {row.image_id}: {clipped}", clipped)
                     shard = shard_of[row.image_id]
                     if shard not in writers:
                         writers[shard] = RecordWriter(os.path.join(work, shard), append=True)
-                    boxes = row.boxes if row.boxes is not None else np.zeros((len(row.features), 4), np.float32)
-                    record = images[row.image_id]  # a source that does not say the image's size: the stored one's
-                    width, height = (row.width, row.height) if row.width and row.height else \
-                        (record.width, record.height)
-                    writers[shard].write(encode_regions(image_id=row.image_id, features=row.features, boxes=boxes,
+                    boxes = boxes if boxes is not None else np.zeros((len(features), 4), np.float32)
+                    writers[shard].write(encode_regions(image_id=row.image_id, features=features, boxes=boxes,
                                                         width=width, height=height, captions=record.captions))
                     records[shard] += 1
-                    held[images[row.image_id].split] += len(row.features)
+                    held[record.split] += len(features)
                     bar.update(1)
             if state.done % checkpoint_every == 0:
                 checkpoint()
@@ -336,21 +261,34 @@ def _write(data_dir, dataset, work, rows_from, state: Progress, name, progress, 
     for image_id in ids:
         if image_id not in seen:
             missing.add(str(image_id))
+    if len(seen) < MIN_SHARE * len(ids) and not allow_missing:
+        unread = (f"; {state.malformed.count} rows could not be read (e.g. {'; '.join(state.malformed.ids[:2])})"
+                  if state.malformed.count else "")
+        raise InputError(f"{what} has features of only {len(seen)} of the {len(ids)} images of {data_dir} "
+                         f"({len(seen) / len(ids):.1%}; a store needs at least {MIN_SHARE:.0%} of them): "
+                         f"{missing.count} missing (e.g. {', '.join(missing.ids[:3])}){unread}; nothing was written: "
+                         "complete the source, or pass `allow_missing=True` to write the store anyway",
+                         params=tuple(params) + ("allow_missing",))
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(work, PROGRESS))  # a store, no longer work
     FeaturesStore.create(work, name=name, feature_size=int(state.size), boxes=bool(state.boxes), splits=splits,
                          source=state.plan["source"], dataset=dataset.identity,
                          left={"missing": missing.left(), "extra": state.extra.left(),
-                               "malformed": state.malformed.left()}).write()
+                               "malformed": state.malformed.left(), "boxes_dropped": state.boxes_dropped.left(),
+                               "boxes_clipped": state.boxes_clipped.left()}).write()
 
 
 def report(store: FeaturesStore) -> list[str]:
     """What an import wrote and left out, one line each (the command prints them)."""
     lines = [f"features store {store.name} in {store.path}: {store.images} images, {store.regions} regions of "
              f"{store.feature_size} features" + ("" if store.has_boxes else " (no boxes)")]
-    for kind, what in (("missing", "dataset images without features"), ("extra", "images not in the dataset"),
-                       ("malformed", "rows that could not be read")):
+    for kind, said in (("missing", "missing: {} dataset images without features (e.g. {})"),
+                       ("extra", "extra: {} images not in the dataset (e.g. {})"),
+                       ("malformed", "malformed: {} rows that could not be read (e.g. {})"),
+                       ("boxes_dropped", "boxes: {} dropped (a coordinate not finite, or no area inside the image; "
+                                         "e.g. {})"),
+                       ("boxes_clipped", "boxes: {} clipped to the image (e.g. {})")):
         left = store.left[kind]
         if left.count:
-            lines.append(f"{kind}: {left.count} {what} (e.g. {'; '.join(left.examples)})")
+            lines.append(said.format(left.count, "; ".join(left.examples)))
     return lines

@@ -4,6 +4,7 @@ is left out reported, files in those documented formats written here."""
 
 import base64
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from captioning.data.features_store import FeaturesStore
 from captioning.data.prepared import PreparedDataset
+from captioning.errors import InputError
 from tests.helpers import run_cli
 
 D = 8  # features a region
@@ -112,20 +114,22 @@ def test_a_tsv_cut_short_is_an_error_naming_the_line_and_the_completed_file_goes
     head = "".join(lines[:3])
     last = lines[3].rstrip("\r\n")
     path.write_text(head + (last[:-40] if cut == "inside" else last[:last.rindex("\t") + 1 + 16]))
-    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--checkpoint-every", "2")
+    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--checkpoint-every", "2",
+                   "--allow-missing")  # (6 of the 40 images)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"captioning features: error: --tsv {path} is cut short at line 4 (it has no line end"), line
     assert "the 3 images before it are kept" in line and "the rerun goes on from there" in line
     assert not os.path.exists(os.path.join(data_dir, "features", "regions"))  # no store
     path.write_text(whole)  # the download completed
-    again = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--checkpoint-every", "2")
+    again = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--checkpoint-every", "2",
+                    "--allow-missing")
     assert again.returncode == 0, again.stderr[-2000:]
     check_matches(FeaturesStore.load(data_dir, "regions"), ids[:6])
     assert os.listdir(os.path.join(data_dir, "features")) == ["regions"]  # the work folder went with it
     fresh = tmp_path / "fresh"
     shutil.copytree(os.path.join(data_dir), fresh, ignore=shutil.ignore_patterns("features"))
-    assert run_cli("features", "import", "--data-dir", fresh, "--tsv", str(path)).returncode == 0
+    assert run_cli("features", "import", "--data-dir", fresh, "--tsv", str(path), "--allow-missing").returncode == 0
     assert store_bytes(fresh, "regions") == store_bytes(data_dir, "regions")
 
 
@@ -340,3 +344,181 @@ def test_refusals_write_nothing_and_overwrite_replaces_only_when_complete(data_d
     assert failed.returncode == 2 and "has features of none of the" in failed.stderr
     check_matches(FeaturesStore.load(data_dir, "regions"), ids)  # the old store, whole
     assert sorted(os.listdir(os.path.join(data_dir, "features"))) == ["regions"]
+
+
+def test_store_names_starting_with_a_dot_are_refused_and_a_folder_the_command_did_not_make_is_never_removed(
+        data_dir, ids, tmp_path):
+    """`--name .partial-x` is refused (hidden folders beside the stores are work folders); a complete store
+    that sits where the work folder of `x` goes (named so before this rule) is refused in one line and left
+    byte for byte, not taken for an interrupted import and removed."""
+    path = tmp_path / "a.tsv"
+    path.write_text("".join(tsv_line(i, *regions(i)) for i in ids))
+    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--name", ".partial-x")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "captioning features: error: --name must be letters, digits, '_', '.' or '-', not starting with '.' (a folder "
+        "name; hidden folders in DATA/features/ are work folders), got '.partial-x'")
+    assert not os.path.exists(os.path.join(data_dir, "features"))
+    assert run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), "--name", "y").returncode == 0
+    hidden = os.path.join(data_dir, "features", ".partial-x")
+    os.rename(os.path.join(data_dir, "features", "y"), hidden)  # a complete store, as an older version allowed
+    before = store_bytes(data_dir, ".partial-x")
+    h5 = tmp_path / "f.hdf5"
+    with h5py.File(h5, "w") as f:
+        for image_id in ids:
+            f[f"{image_id}_features"] = regions(image_id)[0]
+    done = run_cli("features", "import", "--data-dir", data_dir, "--hdf5", str(h5), "--name", "x")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"captioning features: error: {hidden} is in the way: it is not a work folder this command made for the store "
+        "'x' (it has no work.json naming it), so it is left as it is; move it away, then run the command again")
+    assert store_bytes(data_dir, ".partial-x") == before
+    assert sorted(os.listdir(os.path.join(data_dir, "features"))) == [".partial-x"]
+
+
+def test_a_failure_a_rerun_cannot_go_on_from_leaves_no_work_folder(data_dir, ids):
+    """A failure that would repeat (here a ValueError after a checkpoint) leaves no work folder; an
+    interrupt leaves it for the rerun."""
+    from data_prep.features_writer import Row, work_path, write_store
+
+    rows = [Row(i, *regions(i), 320, 240) for i in ids]
+
+    def failing(error):
+        def rows_from(skip):
+            yield from rows[skip:skip + 5]
+            raise error
+        return rows_from
+
+    with pytest.raises(ValueError):
+        write_store(data_dir, failing(ValueError("a bug")), source={"kind": "test"}, progress=False,
+                    checkpoint_every=2)
+    assert not os.path.exists(work_path(data_dir, "regions"))
+    with pytest.raises(KeyboardInterrupt):
+        write_store(data_dir, failing(KeyboardInterrupt()), source={"kind": "test"}, progress=False,
+                    checkpoint_every=2)
+    assert json.load(open(os.path.join(work_path(data_dir, "regions"), "progress.json")))["done"] == 4
+
+
+def test_an_hdf5_key_that_is_a_group_is_a_malformed_row_naming_it(data_dir, ids, tmp_path):
+    path = tmp_path / "coco_detections.hdf5"
+    with h5py.File(path, "w") as f:
+        for image_id in ids[1:]:
+            f[f"{image_id}_features"] = regions(image_id)[0]
+        f.create_group(f"{ids[0]}_features")["x"] = np.zeros(3)
+    done = run_cli("features", "import", "--data-dir", data_dir, "--hdf5", str(path), "--name", "m2")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == (f"malformed: 1 rows that could not be read (e.g. {ids[0]}_features: "
+                                            f"ValueError: {ids[0]}_features is a group, not a dataset (an array))")
+    check_matches(FeaturesStore.load(data_dir, "m2"), ids[1:], sizes=None, boxes=False)
+
+
+def test_a_file_that_is_not_text_given_as_tsv_says_so(data_dir, ids, tmp_path):
+    """A gzip file, or binary bytes with a bare \\r early (which once read as a line "cut short at line 1"),
+    given as --tsv: one line saying it is not text."""
+    import gzip
+
+    zipped = tmp_path / "features.tsv.gz"
+    zipped.write_bytes(gzip.compress("".join(tsv_line(i, *regions(i)) for i in ids).encode()))
+    binary = tmp_path / "features.bin"
+    binary.write_bytes(b"\x00\x01\r\x02" + bytes(range(256)) * 4)
+    for path, kind, byte in ((zipped, "a gzip file (give --tsv <(zcat FILE))", "byte 0 is 0x1f"),
+                             (binary, "not text", "byte 0 is 0x00")):
+        done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path))
+        assert done.returncode == 2 and "Traceback" not in done.stderr and "cut short" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"captioning features: error: --tsv {path} is not a TSV of text: {byte}; it looks like {kind}")
+    assert not os.path.exists(os.path.join(data_dir, "features"))
+
+
+def test_a_store_of_a_source_without_a_path_is_named_in_the_refusal(data_dir, ids, tmp_path):
+    from data_prep.features_writer import Row, write_store
+
+    write_store(data_dir, lambda skip: [Row(i, *regions(i), 320, 240) for i in ids][skip:],
+                source={"kind": "extract", "model": "/models/m", "checkpoint": 40}, progress=False)
+    path = tmp_path / "a.tsv"
+    path.write_text("".join(tsv_line(i, *regions(i)) for i in ids))
+    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path))
+    assert done.returncode == 2 and "(from None)" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"captioning features: error: {data_dir}/features/regions holds a features store already (extracted with "
+        "the model in /models/m); pass --overwrite to replace it, or give another --name")
+
+
+def test_an_import_that_keeps_few_images_is_refused_unless_allow_missing(data_dir, ids, tmp_path):
+    """--boxes-dir missing all but one file: 1 of the 40 images kept is under half, so nothing is written
+    and the command exits 2 saying so; --allow-missing writes the store (and its report says what is missing)."""
+    att, box = tmp_path / "cocobu_att", tmp_path / "cocobu_box"
+    att.mkdir()
+    box.mkdir()
+    for image_id in ids:
+        features, boxes = regions(image_id)
+        np.savez_compressed(att / str(image_id), feat=features)
+    np.save(box / f"{ids[0]}.npy", regions(ids[0])[1])
+    args = ["features", "import", "--data-dir", data_dir, "--npz-dir", str(att), "--boxes-dir", str(box)]
+    done = run_cli(*args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"captioning features: error: --npz-dir {att} has features of only 1 of the 40 images of "
+                           f"{data_dir} (2.5%; a store needs at least 50% of them): 39 missing (e.g. {ids[1]}, ")
+    assert "39 rows could not be read" in line and line.endswith(
+        "nothing was written: complete the source, or pass --allow-missing to write the store anyway")
+    assert not os.path.exists(os.path.join(data_dir, "features"))
+    done = run_cli(*args, "--allow-missing")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[1].startswith("missing: 39 dataset images without features")
+    check_matches(FeaturesStore.load(data_dir, "regions"), ids[:1], sizes=None)
+
+
+def test_boxes_are_clipped_to_the_image_and_degenerate_ones_dropped_and_counted(data_dir, ids, tmp_path):
+    """One rule (clean_boxes) on import: a box reaching outside its 262 x 263 image is clipped to it; an
+    inverted, an empty and a non-finite box are dropped with their regions; an image left with no box is a
+    malformed row; both counts are reported and kept in store.json; no stored box has a negative size."""
+    from captioning.model.base import box_geometry
+
+    odd, nan, none = ids[:3]
+    features = np.arange(4 * D, dtype=np.float32).reshape(4, D)
+    lines = [tsv_line(odd, features, np.array([[-50, -50, 786, 789], [10, 10, 5, 5], [10, 10, 10, 10],
+                                               [1, 2, 30, 40]], np.float32), 262, 263),
+             tsv_line(nan, features[:2], np.array([[np.nan, 1, 2, 3], [1, 2, 3, 4]], np.float32)),
+             tsv_line(none, features[:1], np.array([[5, 5, 1, 9]], np.float32))]
+    lines += [tsv_line(i, *regions(i)) for i in ids[3:]]
+    path = tmp_path / "boxes.tsv"
+    path.write_text("".join(lines))
+    done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.splitlines()
+    assert out[1:] == [f"missing: 1 dataset images without features (e.g. {none})",
+                       f"malformed: 1 rows that could not be read (e.g. image {none}: none of its 1 boxes has an area "
+                       "inside its 320x240 image)",
+                       "boxes: 3 dropped (a coordinate not finite, or no area inside the image; e.g. image "
+                       f"{odd}: 2; image {nan}: 1)",
+                       f"boxes: 1 clipped to the image (e.g. image {odd}: 1)"]
+    store = FeaturesStore.load(data_dir, "regions")
+    assert (store.left["boxes_dropped"].count, store.left["boxes_clipped"].count) == (3, 1)
+    got = store.read([odd, nan])
+    np.testing.assert_array_equal(got[odd].boxes, [[0, 0, 262, 263], [1, 2, 30, 40]])
+    np.testing.assert_array_equal(got[odd].features, features[[0, 3]].astype(np.float16))
+    np.testing.assert_array_equal(got[nan].boxes, [[1, 2, 3, 4]])
+    np.testing.assert_array_equal(got[nan].features, features[1:2].astype(np.float16))
+    boxes = np.concatenate([r.boxes / [r.width, r.height, r.width, r.height] for r in store.read().values()])
+    assert (box_geometry(boxes).numpy()[:, 4] > 0).all() and (boxes[:, 2:] > boxes[:, :2]).all()
+
+
+def test_every_size_the_import_takes_has_a_bound_checked_before_any_work(data_dir, ids, tmp_path):
+    from captioning.cli import features as cli
+    from data_prep import features_writer
+    from data_prep.features_import import import_features
+
+    assert (cli.MAX_IMAGES_PER_SHARD, cli.MAX_CHECKPOINT_EVERY) == (features_writer.MAX_IMAGES_PER_SHARD,
+                                                                    features_writer.MAX_CHECKPOINT_EVERY)
+    path = tmp_path / "a.tsv"
+    path.write_text("".join(tsv_line(i, *regions(i)) for i in ids))
+    for flag, value, bound in (("--images-per-shard", "100001", "[1, 100,000]"),
+                               ("--checkpoint-every", "0", "[1, 1,000,000]")):
+        done = run_cli("features", "import", "--data-dir", data_dir, "--tsv", str(path), flag, value)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            f"captioning features: error: argument {flag}: must be an integer in {bound}, got {value} (see captioning "
+            "features import --help)"]
+    with pytest.raises(InputError, match=r"`images_per_shard` must be an integer in \[1, 100,000\], got 1000000"):
+        import_features(data_dir, tsv=str(path), images_per_shard=10**6, progress=False)
+    assert not os.path.exists(os.path.join(data_dir, "features"))

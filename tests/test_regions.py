@@ -173,3 +173,132 @@ def test_detections_that_match_few_or_none_of_the_images_are_reported(trained_at
         f"captioning features: error: --detections name none of the dataset's 40 images (e.g. image {10**7}): "
         "are they of another dataset?")
     assert sorted(os.listdir(os.path.join(data_dir, "features"))) == ["test_only"]
+
+
+def test_one_rule_for_boxes_and_box_geometry_gives_an_inverted_box_no_area():
+    from captioning.data.features_store import clean_boxes
+    from captioning.model.base import box_geometry
+
+    clean = clean_boxes([[-50, -50, 786, 789], [10, 10, 5, 5], [10, 10, 10, 10], [np.inf, 1, 2, 3], [5, 6, 7, 300],
+                         [300, 1, 400, 2]], 262, 263)
+    np.testing.assert_array_equal(clean.boxes, [[0, 0, 262, 263], [5, 6, 7, 263]])
+    assert clean.kept.tolist() == [True, False, False, False, True, False] and (clean.clipped, clean.dropped) == (2, 4)
+    assert box_geometry(tf.constant([[0.5, 0.5, 0.25, 0.75]])).numpy()[0, 4] == 0.0  # not (-0.25) x (0.25) ...
+    assert box_geometry(tf.constant([[0.75, 0.75, 0.25, 0.25]])).numpy()[0, 4] == 0.0  # ... nor (-0.5) x (-0.5)
+
+
+def test_detections_drop_what_is_not_a_box_and_refuse_a_file_with_none(tmp_path):
+    results = tmp_path / "dets.json"
+    results.write_text(json.dumps([
+        {"image_id": 1, "bbox": [1, 1, 20, 20], "score": 0.9},
+        {"image_id": 1, "bbox": [float("nan"), 1, 2, 3], "score": 0.9},  # json writes NaN, and reads it
+        {"image_id": 2, "bbox": [3, 3, 0, 4], "score": 0.9},
+        {"image_id": 2, "bbox": [3, 3, -5, 4], "score": 0.1}]))  # under min_score: not counted
+    found = read_detections([str(results)])
+    assert sorted(found) == [1] and found.dropped == {1: 1, 2: 1}
+    np.testing.assert_array_equal(found[1], [[1, 1, 20, 20]])
+    empty, instances, low = tmp_path / "empty.json", tmp_path / "instances.json", tmp_path / "low.json"
+    empty.write_text("[]")
+    instances.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": []}))
+    low.write_text(json.dumps([{"image_id": 1, "bbox": [1, 1, 2, 2], "score": 0.1}]))
+    for path in (empty, instances):
+        with pytest.raises(InputError, match=f"`detections` {path} holds no detection"):
+            read_detections([str(path)])
+    with pytest.raises(InputError, match=r"none of the 1 detections of `detections` .* scores at least `min_score` 0.2"):
+        read_detections([str(low)])
+    with pytest.raises(InputError, match=r"`max_boxes` must be an integer in \[1, 100\], got 101"):
+        read_detections([str(results)], max_boxes=101)
+
+
+def test_every_size_extract_takes_has_a_bound_checked_before_any_work(tmp_path):
+    """--grid-cells 100000 (killed for memory) and --false-boxes 1e9 (a 14.9 GiB allocation) among them: one
+    line, exit 2, before a model or dataset is read (neither exists here)."""
+    from captioning.cli import features as cli
+    from captioning.inference import regions
+
+    assert (cli.MAX_BOXES, cli.MAX_GRID_CELLS, cli.MAX_FALSE_BOXES, cli.MAX_SEED) == (
+        regions.MAX_BOXES, regions.MAX_GRID_CELLS, regions.MAX_FALSE_BOXES, regions.MAX_SEED)
+    base = ["features", "extract", "--data-dir", str(tmp_path / "none"), "--images", str(tmp_path),
+            "--model-dir", str(tmp_path / "none")]
+    for flags, said in ((["--grid-cells", "100000"], "--grid-cells: must be an integer in [1, 10], got 100000"),
+                        (["--grid-cells", "3", "--false-boxes", "1e9"],
+                         "--false-boxes: must be a number in [0, 100], got 1e9"),
+                        (["--grid-cells", "3", "--max-boxes", "1000"], "--max-boxes: must be an integer in [1, 100], got 1000"),
+                        (["--grid-cells", "3", "--seed", str(2**32)],
+                         f"--seed: must be an integer in [0, 4,294,967,295], got {2**32}")):
+        done = run_cli(*base, *flags)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            f"captioning features: error: argument {said} (see captioning features extract --help)"], done.stderr
+    with pytest.raises(InputError, match=r"`false_boxes` in \[0, 100\]"):
+        Jitter(false_boxes=1e9)
+    with pytest.raises(InputError, match=r"`grid_cells` must be an integer in \[1, 10\]"):
+        regions.grid_boxes(100, 100, 100000)
+
+
+def test_extract_clips_drops_and_counts_bad_boxes_and_refuses_an_empty_detections_file(trained_attention_dir,
+                                                                                       shapes_dir, data_dir, tmp_path):
+    """A NaN box (once a CropAndResize traceback that left features/.partial-x behind), an inverted one, one
+    of no area and one reaching outside the image: the rule of the imports (clean_boxes), counted in the
+    report; an empty detections file ([]) is refused in one line and leaves nothing."""
+    records = sorted(PreparedDataset.load(data_dir).image_records().items())
+    (a, ra), (b, rb) = records[0], records[1]
+    dets = tmp_path / "dets.json"
+    dets.write_text(json.dumps([
+        {"image_id": a, "bbox": [float("nan"), 1, 2, 3], "score": 0.9},
+        {"image_id": a, "bbox": [10, 10, -5, -5], "score": 0.9},
+        {"image_id": a, "bbox": [10, 10, 0, 0], "score": 0.9},
+        {"image_id": a, "bbox": [-20, 5, 60, 30], "score": 0.8},
+        {"image_id": b, "bbox": [ra.width + 10, 5, 20, 20], "score": 0.9},  # outside a (and b's) image
+        {"image_id": b, "bbox": [2, 3, 10, 10], "score": 0.5}]))
+    args = ["features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
+            "--model-dir", trained_attention_dir, "--name", "x3"]
+    done = run_cli(*args, "--detections", str(dets))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    out = done.stdout.splitlines()
+    assert f"boxes: 4 dropped (a coordinate not finite, or no area inside the image; e.g. image {a}: 3; image {b}: 1)" \
+        in out and f"boxes: 1 clipped to the image (e.g. image {a}: 1)" in out
+    got = FeaturesStore.load(data_dir, "x3").read([a, b])
+    np.testing.assert_array_equal(got[a].boxes, [[0, 5, 40, 35], [0, 0, got[a].width, got[a].height]])
+    np.testing.assert_array_equal(got[b].boxes, [[2, 3, 12, 13], [0, 0, got[b].width, got[b].height]])
+    assert os.listdir(os.path.join(data_dir, "features")) == ["x3"]
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    done = run_cli(*args[:-1], "empty", "--detections", str(empty))
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        f"captioning features: error: --detections {empty} holds no detection ([]): give the detector's results for "
+        "the images")
+    assert os.listdir(os.path.join(data_dir, "features")) == ["x3"]
+
+
+def test_caption_names_images_without_a_box_and_counts_boxes_dropped_or_clipped(shapes_dir, tmp_path):
+    """caption --detections' side (before the model): each file's boxes by the same rule in the pixels of
+    the image the model is given, what was dropped (a NaN box included) or clipped counted, the images left
+    without a box named; an empty detections file refused."""
+    from PIL import Image
+
+    from captioning.inference.caption import Result, boxes_report, clean_file_boxes, detections_for, read_for_model
+
+    paths = []
+    for k, size in enumerate([(100, 80), (60, 50), (70, 70)]):
+        paths.append(str(tmp_path / f"photo_{k + 1}.png"))
+        Image.new("RGB", size, "red").save(paths[-1])
+    dets = tmp_path / "dets.json"
+    dets.write_text(json.dumps([{"image_id": 1, "bbox": [float("nan"), 1, 2, 3], "score": 0.9},
+                                {"image_id": 1, "bbox": [90, 70, 20, 20], "score": 0.9},
+                                {"image_id": 1, "bbox": [200, 5, 20, 20], "score": 0.9},
+                                {"image_id": 2, "bbox": [5, 6, 7, 8], "score": 0.9}]))
+    found = detections_for(paths, [str(dets)])
+    assert [len(b) for b in found] == [2, 1, 0] and found.unusable == [1, 0, 0]
+    results = [Result(p, boxes=b, data=read_for_model(p)) for p, b in zip(paths, found)]
+    for result, unusable in zip(results, found.unusable):
+        clean_file_boxes(result, unusable)
+    np.testing.assert_array_equal(results[0].boxes, [[90, 70, 10, 10]])  # clipped to the 100 x 80 image
+    np.testing.assert_array_equal(results[1].boxes, [[5, 6, 7, 8]])
+    assert boxes_report(results) == [
+        f"detections: 1 of 3 images have no box, each captioned from its whole image alone: {paths[2]}",
+        f"detections: 2 boxes dropped (a coordinate not finite, or no area inside the image; e.g. {paths[0]}: 2)",
+        f"detections: 1 boxes clipped to the image (e.g. {paths[0]}: 1)"]
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    with pytest.raises(InputError, match="holds no detection"):
+        detections_for(paths, [str(empty)])

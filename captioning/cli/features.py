@@ -9,7 +9,27 @@ import argparse
 import dataclasses
 import os
 
-from captioning.cli.parsing import config_flags, NATURAL, POSITIVE, call
+from captioning.cli.parsing import config_flags, call, within
+
+# the bounds of the sizes these commands take (documented in docs/data.md; the library checks them too)
+MAX_IMAGES_PER_SHARD, MAX_CHECKPOINT_EVERY = 100_000, 1_000_000  # data_prep.features_writer's
+MAX_BOXES, MAX_GRID_CELLS, MAX_FALSE_BOXES, MAX_SEED = 100, 10, 100, 2**32 - 1  # captioning.inference.regions'
+
+
+def _shared(q) -> None:
+    """The flags import and extract share: the store's name, shards, overwrite, checkpoints, the share kept."""
+    q.add_argument("--name", default="regions", help="the store's name, a folder in DATA/features/ (default regions; "
+                                                     "not starting with '.')")
+    q.add_argument("--images-per-shard", type=within(1, MAX_IMAGES_PER_SHARD), default=1000,
+                   help=f"images per shard, at most {MAX_IMAGES_PER_SHARD:,} (default 1000: ~150 MB of 36 regions × "
+                        "2,048 float16 features)")
+    q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
+    q.add_argument("--checkpoint-every", type=within(1, MAX_CHECKPOINT_EVERY), default=500, metavar="ROWS",
+                   help=f"rows of the source between checkpoints a rerun goes on from (default 500, at most "
+                        f"{MAX_CHECKPOINT_EVERY:,})")
+    q.add_argument("--allow-missing", action="store_true",
+                   help="write the store even when it has features of fewer than half the dataset's images "
+                        "(refused without it)")
 
 
 def add_features(sub) -> None:
@@ -39,12 +59,7 @@ def add_features(sub) -> None:
     src.add_argument("--npz-dir", metavar="DIR", help="self-critical.pytorch's <id>.npz files (key feat)")
     src.add_argument("--boxes-dir", metavar="DIR", help="with --npz-dir: the <id>.npy boxes (x1, y1, x2, y2)")
     src.add_argument("--hdf5", metavar="FILE", help="the meshed-memory Transformer's HDF5 (<id>_features, <id>_boxes)")
-    q.add_argument("--name", default="regions", help="the store's name, a folder in DATA/features/ (default regions)")
-    q.add_argument("--images-per-shard", type=POSITIVE, default=1000,
-                   help="images per shard (default 1000: ~150 MB of 36 regions × 2,048 float16 features)")
-    q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
-    q.add_argument("--checkpoint-every", type=POSITIVE, default=500, metavar="ROWS",
-                   help="rows of the source between checkpoints a rerun goes on from (default 500)")
+    _shared(q)
     q.set_defaults(handler=run_import)
 
     q = kinds.add_parser(
@@ -71,20 +86,18 @@ def add_features(sub) -> None:
     boxes = q.add_mutually_exclusive_group(required=True)
     boxes.add_argument("--detections", action="append", metavar="FILE",
                        help="COCO detection results or instances file (repeatable)")
-    boxes.add_argument("--grid-cells", type=POSITIVE, metavar="N",
-                       help="no detector: N x N equal boxes tiling each image (the baseline of the same encoder)")
+    boxes.add_argument("--grid-cells", type=within(1, MAX_GRID_CELLS), metavar="N",
+                       help=f"no detector: N x N equal boxes tiling each image, N at most {MAX_GRID_CELLS} (the "
+                            "baseline of the same encoder)")
     q.add_argument("--min-score", type=float, default=0.2, help="keep boxes scoring at least this (default 0.2)")
-    q.add_argument("--max-boxes", type=POSITIVE, default=36, help="the best this many boxes an image (default 36)")
+    q.add_argument("--max-boxes", type=within(1, MAX_BOXES), default=36,
+                   help=f"the best this many boxes an image (default 36, at most {MAX_BOXES})")
     q.add_argument("--shift", type=float, default=0.0, help="jitter: move and scale boxes by up to this share (default 0)")
     q.add_argument("--miss", type=float, default=0.0, help="jitter: drop each box with this probability (default 0)")
-    q.add_argument("--false-boxes", type=float, default=0.0,
-                   help="jitter: add this many random boxes an image on average (default 0)")
-    q.add_argument("--seed", type=NATURAL, default=0, help="jitter's seed (default 0)")
-    q.add_argument("--name", default="regions", help="the store's name, a folder in DATA/features/ (default regions)")
-    q.add_argument("--images-per-shard", type=POSITIVE, default=1000, help="images per shard (default 1000)")
-    q.add_argument("--overwrite", action="store_true", help="replace a store of this name from another source")
-    q.add_argument("--checkpoint-every", type=POSITIVE, default=500, metavar="ROWS",
-                   help="rows of the source between checkpoints a rerun goes on from (default 500)")
+    q.add_argument("--false-boxes", type=within(0, MAX_FALSE_BOXES, float), default=0.0,
+                   help=f"jitter: add this many random boxes an image on average (default 0, at most {MAX_FALSE_BOXES})")
+    q.add_argument("--seed", type=within(0, MAX_SEED), default=0, help="jitter's seed (default 0)")
+    _shared(q)
     q.set_defaults(handler=run_extract)
 
 
@@ -94,9 +107,10 @@ def run_extract(args) -> int:
     from captioning.inference.captioner import load
     from captioning.inference.regions import (Jitter, detections_report, grid_boxes, read_detections,
                                               region_features)
-    from data_prep.features_writer import Malformed, Row, finished_store, head_of, report, write_store
+    from data_prep.features_writer import Malformed, Row, check_sizes, finished_store, head_of, report, write_store
 
-    jitter = Jitter(args.shift, args.miss, args.false_boxes, args.seed)
+    jitter = Jitter(args.shift, args.miss, args.false_boxes, args.seed)  # every size checked before work starts
+    check_sizes(args.images_per_shard, args.checkpoint_every)
     if bool(args.model_dir) == bool(args.config):
         raise InputError("give exactly one of --model-dir (a trained model's encoder) or --config (a config's)",
                          params=("model_dir", "config"))
@@ -130,14 +144,19 @@ def run_extract(args) -> int:
             matched = detections_report(detections, dataset.image_records())
 
         def rows_from(skip):
-            for i, r in region_features(encoder, dataset, args.images_dir, detections, jitter, skip=skip):
-                yield Malformed(f"image {i}", r) if isinstance(r, str) else Row(i, r.features, r.boxes, r.width,
-                                                                                r.height)
+            counts, unusable = {}, getattr(detections, "dropped", {})  # boxes clipped, dropped: for the report
+            for i, r in region_features(encoder, dataset, args.images_dir, detections, jitter, skip=skip,
+                                        box_counts=counts):
+                if isinstance(r, str):
+                    yield Malformed(f"image {i}", r)
+                else:
+                    clipped, dropped = counts.pop(i, (0, 0))
+                    yield Row(i, r.features, r.boxes, r.width, r.height, clipped, dropped + unusable.get(i, 0))
 
         store = write_store(args.data_dir, rows_from, source=source, head=head_of(args.detections or []),
                             name=args.name, images_per_shard=args.images_per_shard, progress=not args.quiet,
                             what=f"--images {args.images_dir}", params=("images_dir",),
-                            checkpoint_every=args.checkpoint_every)
+                            checkpoint_every=args.checkpoint_every, allow_missing=args.allow_missing)
     lines = report(store)
     if not written:
         lines[0] = lines[0].replace("features store", "features store (extracted already)", 1)

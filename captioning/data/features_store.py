@@ -27,7 +27,8 @@ features (in the source's order), so an image's shard is found from the split's 
 gave boxes, per split the images and regions held and each shard's records and bytes, the source (kind
 and path), the dataset it belongs to (its identity) and what the import left out: dataset images
 without features (``missing``), features of images the dataset does not have (``extra``) and rows that
-could not be read (``malformed``), each a count and a few examples.
+could not be read (``malformed``), each a count and a few examples, and the boxes :func:`clean_boxes`
+dropped (``boxes_dropped``) or clipped to the image (``boxes_clipped``): a count and a few image ids.
 
 Example::
 
@@ -58,7 +59,8 @@ IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT, CAPTION_IDS, CAPTION_LENGTH = (
     "image/id", "region/count", "region/features", "region/boxes", "image/width", "image/height", "caption/ids",
     "caption/length")
 KEYS = (IMAGE_ID, COUNT, FEATURES, BOXES, WIDTH, HEIGHT, CAPTION_IDS, CAPTION_LENGTH)
-_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+BOX_KINDS = ("boxes_dropped", "boxes_clipped")  # what clean_boxes did, counted in store.json
+_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # not starting with '.': DATA/features/.partial-* are work
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -67,11 +69,47 @@ def shard_name(split: str, index: int, count: int) -> str:
 
 
 def check_name(name: str) -> str:
-    """A store's name: letters, digits, ``_ . -`` (it is a folder name); an InputError naming ``name``."""
-    if not _NAME.match(name or "") or name in (".", ".."):
-        raise InputError(f"`name` must be letters, digits, '_', '.' or '-' (a folder name), got {name!r}",
-                         params=("name",))
+    """A store's name: letters, digits, ``_ . -``, not starting with ``.`` (it is a folder name, and the
+    hidden ``.partial-NAME`` folders beside the stores are work folders); an InputError naming ``name``."""
+    if not _NAME.match(name or ""):
+        raise InputError(f"`name` must be letters, digits, '_', '.' or '-', not starting with '.' (a folder name; "
+                         f"hidden folders in DATA/{FOLDER}/ are work folders), got {name!r}", params=("name",))
     return name
+
+
+@dataclass(frozen=True)
+class CleanBoxes:
+    """What :func:`clean_boxes` kept: the boxes (clipped), which of the given ones they are, and how many of
+    them were clipped."""
+
+    boxes: np.ndarray
+    kept: np.ndarray
+    clipped: int
+
+    @property
+    def dropped(self) -> int:
+        return int(len(self.kept) - self.kept.sum())
+
+
+def clean_boxes(boxes, width: float, height: float) -> CleanBoxes:
+    """The one rule for boxes, on every path that takes them (``features import``, ``features extract``,
+    ``caption --detections``): ``boxes [n, 4]`` (x1, y1, x2, y2 pixels of a ``width`` × ``height`` image) are
+    clipped to the image, and a box with a coordinate that is not finite, or with no area once clipped
+    (x2 ≤ x1 or y2 ≤ y1: empty, inverted or outside the image), is dropped. The callers count both in
+    their reports.
+
+    >>> c = clean_boxes([[-50, -50, 786, 789], [10, 10, 5, 5], [10, 10, 10, 10], [np.nan, 1, 2, 3], [1, 2, 3, 4]],
+    ...                 262, 263)
+    >>> c.boxes.tolist(), c.kept.tolist(), c.clipped, c.dropped
+    ([[0.0, 0.0, 262.0, 263.0], [1.0, 2.0, 3.0, 4.0]], [True, False, False, False, True], 1, 3)
+    """
+    given = np.asarray(boxes, np.float64).reshape(-1, 4)
+    finite = np.isfinite(given).all(axis=1)
+    limits = np.array([width, height, width, height], np.float64)
+    clipped = np.clip(np.where(finite[:, None], given, 0.0), 0.0, limits)
+    kept = finite & (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
+    moved = kept & (clipped != np.where(finite[:, None], given, 0.0)).any(axis=1)
+    return CleanBoxes(clipped[kept].astype(np.float32), kept, int(moved.sum()))
 
 
 def store_path(data_dir: str, name: str) -> str:
@@ -143,7 +181,9 @@ class FeaturesStore(dict):
             self.splits = {name: StoreSplit.from_json(data) for name, data in document["splits"].items()}
             self.dataset = document["dataset"]
             left = {kind: document[kind] for kind in ("missing", "extra", "malformed")}
+            left.update({kind: document[kind] for kind in BOX_KINDS if kind in document})  # (stores before them)
             self.left = {kind: Left(int(v["count"]), tuple(map(str, v["examples"]))) for kind, v in left.items()}
+            self.left.update({kind: Left() for kind in BOX_KINDS if kind not in self.left})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InputError(f"{os.path.join(path, MANIFEST)} is damaged ({type(e).__name__}: {e}): import the "
                              "features again") from None
@@ -157,7 +197,8 @@ class FeaturesStore(dict):
         return cls(path, {"format_version": FORMAT_VERSION, "name": name, "feature_size": feature_size,
                           "boxes": boxes, "splits": {n: split.to_json() for n, split in splits.items()},
                           "source": source, "dataset": dataset,
-                          **{kind: left[kind].to_json() for kind in ("missing", "extra", "malformed")}})
+                          **{kind: left[kind].to_json() for kind in ("missing", "extra", "malformed") + BOX_KINDS
+                             if kind in left}})
 
     @classmethod
     def load(cls, data_dir: str, name: str) -> "FeaturesStore":

@@ -40,11 +40,17 @@ from typing import Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from captioning.data.features_store import Regions
+from captioning.data.features_store import Regions, clean_boxes
 from captioning.data.prepared import PreparedDataset
 from captioning.data.reading import squash
-from captioning.errors import InputError
+from captioning.errors import InputError, excerpt
 from captioning.images import ImageError, read_image_file
+
+
+MAX_BOXES = 100  # boxes an image (max_boxes), as bottom-up features have 10-100
+MAX_GRID_CELLS = 10  # grid_cells: 10 x 10 = 100 regions an image
+MAX_FALSE_BOXES = 100  # false_boxes: random boxes an image, on average
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,11 @@ class Jitter:
     seed: int = 0
 
     def __post_init__(self):
-        if not (0 <= self.shift < 1 and 0 <= self.miss <= 1 and self.false_boxes >= 0):
-            raise InputError(f"jitter: shift must be in [0, 1), miss in [0, 1] and false_boxes at least 0; got "
-                             f"{self.shift}, {self.miss}, {self.false_boxes}", params=("shift", "miss", "false_boxes"))
+        if not (0 <= self.shift < 1 and 0 <= self.miss <= 1 and 0 <= self.false_boxes <= MAX_FALSE_BOXES
+                and 0 <= self.seed <= MAX_SEED):
+            raise InputError(f"jitter: `shift` must be in [0, 1), `miss` in [0, 1], `false_boxes` in [0, "
+                             f"{MAX_FALSE_BOXES}] and `seed` in [0, {MAX_SEED}]; got {self.shift}, {self.miss}, "
+                             f"{self.false_boxes}, {self.seed}", params=("shift", "miss", "false_boxes", "seed"))
 
     def apply(self, boxes: np.ndarray, image_id: int, width: int, height: int) -> np.ndarray:
         """``boxes [n, 4]`` (x, y, w, h pixels) spoiled for ``image_id``."""
@@ -81,10 +89,28 @@ class Jitter:
         return out[(out[:, 2] > 1) & (out[:, 3] > 1)].astype(np.float32)
 
 
-def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int = 36) -> dict[int, np.ndarray]:
+class Detections(dict):
+    """Image id → its boxes ``[n, 4]`` (x, y, w, h pixels), best first; ``dropped``: per image id, how many
+    boxes scoring at least the threshold were dropped for not being boxes at all (a coordinate not finite,
+    no width or no height: :func:`~captioning.data.features_store.clean_boxes`' rule, before the image's
+    size is known; clipping to the image comes when it is)."""
+
+    def __init__(self, boxes=(), dropped=None):
+        super().__init__(boxes)
+        self.dropped: dict[int, int] = dict(dropped or {})
+
+
+def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int = 36) -> Detections:
     """Each image's boxes ``[n, 4]`` (x, y, w, h pixels), best first, from COCO detection results files or
-    instances files (score 1); at most ``max_boxes`` of those scoring at least ``min_score``."""
+    instances files (score 1); at most ``max_boxes`` of those scoring at least ``min_score``. A file with no
+    detection at all, or detections none of which scores ``min_score``, is an InputError."""
+    if not 1 <= max_boxes <= MAX_BOXES:
+        raise InputError(f"`max_boxes` must be an integer in [1, {MAX_BOXES}], got {max_boxes}", params=("max_boxes",))
+    if not math.isfinite(min_score):
+        raise InputError(f"`min_score` must be a finite number, got {min_score}", params=("min_score",))
     found: dict[int, list] = collections.defaultdict(list)
+    dropped: dict[int, int] = collections.Counter()
+    rows_read = 0
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f:
@@ -96,16 +122,27 @@ def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int
             raise InputError(f"`detections` {path} is not JSON ({e})", params=("detections",)) from None
         rows = data.get("annotations") if isinstance(data, dict) else data
         try:
+            if isinstance(rows, list) and not rows:
+                raise InputError(f"`detections` {path} holds no detection ({excerpt(rows, 40)}): give the "
+                                 "detector's results for the images", params=("detections",))
             for row in rows:
                 x, y, w, h = (float(v) for v in row["bbox"])
                 score = float(row.get("score", 1.0)) if isinstance(data, list) else 1.0
-                if w > 0 and h > 0 and score >= min_score:
-                    found[int(row["image_id"])].append((score, x, y, w, h))
+                image_id = int(row["image_id"])
+                rows_read += 1
+                if score >= min_score:
+                    if clean_boxes([[x, y, x + w, y + h]], math.inf, math.inf).dropped:
+                        dropped[image_id] += 1
+                    else:
+                        found[image_id].append((score, x, y, w, h))
         except (TypeError, KeyError, ValueError) as e:
             raise InputError(f"`detections` {path} is neither COCO detection results ([{{image_id, bbox, score}}]) "
                              f"nor a COCO instances file ({type(e).__name__}: {e})", params=("detections",)) from None
-    return {image_id: np.array([b[1:] for b in sorted(boxes, key=lambda b: -b[0])[:max_boxes]], np.float32)
-            for image_id, boxes in found.items()}
+    if not found and not dropped:
+        raise InputError(f"none of the {rows_read} detections of `detections` {', '.join(paths)} scores at least "
+                         f"`min_score` {min_score:g}", params=("detections", "min_score"))
+    return Detections({image_id: np.array([b[1:] for b in sorted(boxes, key=lambda b: -b[0])[:max_boxes]],
+                                          np.float32) for image_id, boxes in found.items()}, dropped)
 
 
 class GridEncoder:
@@ -139,11 +176,15 @@ class GridEncoder:
 
 
 def grid_boxes(width: int, height: int, cells: int) -> np.ndarray:
-    """``cells × cells`` equal boxes tiling a ``width × height`` image, row by row, as ``[x, y, w, h]`` pixels.
+    """``cells × cells`` equal boxes tiling a ``width × height`` image, row by row, as ``[x, y, w, h]`` pixels
+    (``cells`` at most :data:`MAX_GRID_CELLS`).
 
     >>> grid_boxes(100, 50, 2).tolist()
     [[0.0, 0.0, 50.0, 25.0], [50.0, 0.0, 50.0, 25.0], [0.0, 25.0, 50.0, 25.0], [50.0, 25.0, 50.0, 25.0]]
     """
+    if not 1 <= cells <= MAX_GRID_CELLS:
+        raise InputError(f"`grid_cells` must be an integer in [1, {MAX_GRID_CELLS}], got {cells}",
+                         params=("grid_cells",))
     w, h = width / cells, height / cells
     return np.array([[c * w, r * h, w, h] for r in range(cells) for c in range(cells)], np.float32)
 
@@ -193,13 +234,14 @@ def boxes_to_regions(model, images: tf.Tensor, boxes: tf.Tensor, sizes: tf.Tenso
 
 
 def region_features(model, dataset: PreparedDataset, images_dir: str, detections: dict[int, np.ndarray],
-                    jitter: Jitter = Jitter(), batch_size: int = 32, skip: int = 0
+                    jitter: Jitter = Jitter(), batch_size: int = 32, skip: int = 0, box_counts: dict | None = None
                     ) -> Iterator[tuple[int, Regions | str]]:
     """``(image id, Regions)`` for every image of ``dataset`` (all splits, by id), its detected boxes and the
     whole image pooled from ``model``'s encoder grid (module docstring); ``(image id, reason)`` for an image
     whose file cannot be read. One a record, in the order of the ids, after the first ``skip`` (a resumed
     extraction). The images are read, decoded and squashed in a parallel ``tf.data`` map while the encoder
-    runs."""
+    runs. The boxes (after jitter) follow :func:`~captioning.data.features_store.clean_boxes` in the image's
+    pixels: clipped to it, degenerate ones dropped; ``box_counts[image_id]`` gets ``(clipped, dropped)``."""
     size = model.image_size
     rows, cols = model.grid_shape
     encode = tf.function(lambda images: model.encode(images, training=False), reduce_retracing=True)
@@ -209,8 +251,11 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
         corners, normal = [], []
         for image_id, width, height in zip(ids, widths, heights):
             boxes = jitter.apply(detections.get(image_id, np.zeros((0, 4), np.float32)), image_id, width, height)
-            boxes = np.concatenate([boxes, [[0, 0, width, height]]]).astype(np.float32)  # + the whole image
-            corners.append(np.stack([boxes[:, 0], boxes[:, 1], boxes[:, 0] + boxes[:, 2], boxes[:, 1] + boxes[:, 3]], 1))
+            clean = clean_boxes(np.stack([boxes[:, 0], boxes[:, 1], boxes[:, 0] + boxes[:, 2],
+                                          boxes[:, 1] + boxes[:, 3]], 1), width, height)
+            if box_counts is not None:
+                box_counts[image_id] = (clean.clipped, clean.dropped)
+            corners.append(np.concatenate([clean.boxes, [[0, 0, width, height]]]).astype(np.float32))  # + the whole
             normal.append(corners[-1][:, [1, 0, 3, 2]] / np.array([height, width, height, width], np.float32))
         padded = np.zeros((len(ids), max(len(n) for n in normal), 4), np.float32)
         for i, n in enumerate(normal):
@@ -265,9 +310,13 @@ def detections_report(detections: dict[int, np.ndarray], image_ids) -> list[str]
     ids = set(int(i) for i in image_ids)
     without = sorted(ids - set(detections))
     unknown = sorted(set(detections) - ids)
-    if detections and len(unknown) == len(detections):
-        raise InputError(f"`detections` name none of the dataset's {len(ids)} images (e.g. image "
-                         f"{unknown[0]}): are they of another dataset?", params=("detections",))
+    if not ids & set(detections):
+        if unknown:
+            raise InputError(f"`detections` name none of the dataset's {len(ids)} images (e.g. image "
+                             f"{unknown[0]}): are they of another dataset?", params=("detections",))
+        dropped = sum(getattr(detections, "dropped", {}).values())
+        raise InputError(f"`detections` give no usable box for any of the dataset's {len(ids)} images ({dropped} "
+                         "dropped: a coordinate not finite, no width or no height)", params=("detections",))
     lines = []
     if without:
         lines.append(f"detections: {len(without)} images without a box (their whole image only; e.g. "

@@ -81,13 +81,14 @@ IMAGE_INPUTS = ("image", "features", "regions", "boxes", "region_mask")  # what 
 
 def box_geometry(boxes):
     """Boxes ``[..., 4]`` (x1, y1, x2, y2 as fractions of the image) → ``[..., 5]``: the four and the box's
-    area as a fraction of the image's (self-critical.pytorch's ``use_box``).
+    area as a fraction of the image's (self-critical.pytorch's ``use_box``); an inverted box (which the
+    stores' rule, ``clean_boxes``, never keeps) has no area, not a positive one.
 
-    >>> box_geometry(tf.constant([[0.0, 0.5, 0.5, 1.0]])).numpy().tolist()
-    [[0.0, 0.5, 0.5, 1.0, 0.25]]
+    >>> box_geometry(tf.constant([[0.0, 0.5, 0.5, 1.0], [0.5, 0.5, 0.25, 0.25]])).numpy().tolist()
+    [[0.0, 0.5, 0.5, 1.0, 0.25], [0.5, 0.5, 0.25, 0.25, 0.0]]
     """
     boxes = tf.cast(boxes, tf.float32)
-    area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    area = tf.nn.relu(boxes[..., 2] - boxes[..., 0]) * tf.nn.relu(boxes[..., 3] - boxes[..., 1])
     return tf.concat([boxes, area[..., None]], axis=-1)
 
 
