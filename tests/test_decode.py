@@ -361,3 +361,11 @@ def test_a_caption_has_at_least_one_word_when_end_is_the_likeliest_first_word(me
         words = list(out["ids"][i, 0, :n].numpy())
         assert float(out["log_probs"][i, 0]) == pytest.approx(log_prob(model, f, words + [END_ID] * (n < 5)),
                                                               abs=1e-4)
+
+
+def test_empty_best_captions_are_counted_in_one_line():
+    from captioning.model.decode import empty_captions_warning
+
+    assert empty_captions_warning(["a red circle", "a blue star"]) is None
+    line = empty_captions_warning(["", "a red circle", "", ""])
+    assert line.startswith("3 of 4 best captions are empty") and "\n" not in line
