@@ -410,6 +410,38 @@ def test_caption_refusals(region_model, trained_attention_dir, shapes_dir):
         check_boxes(cfg, region_model)
 
 
+def test_caption_names_the_images_without_a_box_drops_a_nan_box_and_refuses_no_detections(region_model, shapes_dir,
+                                                                                         tmp_path):
+    """caption --detections A B with detections of A only, one of them a NaN box (which once failed A's
+    decode, "Graph execution error", blaming a valid image): both captioned, a line names B as captioned
+    from its whole image alone and one counts the box dropped; an empty detections file is refused."""
+    test = json.load(open(instances_files(shapes_dir)[2]))
+    first, second = test["images"][:2]
+    files = [os.path.join(shapes_dir, "images", image["file_name"]) for image in (first, second)]
+    dets = tmp_path / "det.json"
+    dets.write_text(json.dumps([{"image_id": first["id"], "bbox": [float("nan"), 1, 2, 3], "score": 0.9},
+                                {"image_id": first["id"], "bbox": [2, 3, 40, 30], "score": 0.9},
+                                {"image_id": 10**6, "bbox": [2, 3, 40, 30], "score": 0.9}]))
+    instances = tmp_path / "names.json"  # the files' names, as an instances file gives them
+    instances.write_text(json.dumps({"images": [{"id": i["id"], "file_name": i["file_name"]} for i in (first, second)],
+                                     "annotations": [{"image_id": 10**6, "bbox": [1, 1, 2, 2]}]}))
+    done = run_cli("caption", "--model-dir", region_model, "--detections", str(dets), "--detections", str(instances),
+                   "--json", *files)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [len(line["regions"]) for line in lines] == [2, 1]  # A's box and its whole image; B's whole image
+    said = [line.split(" ", 1)[1] for line in done.stderr.splitlines() if "detections: " in line]
+    assert said == [f"detections: 1 of 2 images have no box, each captioned from its whole image alone: {files[1]}",
+                    f"detections: 1 boxes dropped (a coordinate not finite, or no area inside the image; e.g. "
+                    f"{files[0]}: 1)"]
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    done = run_cli("caption", "--model-dir", region_model, "--detections", str(empty), *files)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"captioning caption: error: --detections {empty} holds no detection ([]): give the detector's results for "
+        "the images"]
+
+
 def test_refusals(region_data, tmp_path):
     from captioning.train import Trainer
 
