@@ -77,6 +77,8 @@ def test_a_decoder_declares_what_the_rest_of_the_code_asks(name):
     assert set(cls.incompatible_keys) <= set(fields) and set(cls.tiny_settings) <= set(fields)
     assert cls.features in ("pooled", "grid") and (not cls.attends or cls.features == "grid")
     assert isinstance(cls.fast_teacher_forcing, bool)
+    longest = cls.max_caption_length(cls.settings_class())  # a bound on the words it decodes names its setting
+    assert longest is None or (isinstance(longest, int) and longest >= 1 and cls.caption_length_setting in fields)
     model = tiny(name)
     assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()), **cls.tiny_settings})
     assert (model.grid_shape is not None) == cls.attends
@@ -99,6 +101,18 @@ def test_stepping_word_by_word_equals_the_teacher_forced_pass(name):
     stepped = np.stack(stepped, axis=1)
     assert stepped.shape == full.shape == (B, T, V) and np.abs(full).max() > 1e-3
     np.testing.assert_allclose(stepped, full, atol=1e-5, rtol=0)
+    # a teacher-forced first piece, then steps, from a state reserved before or after it: the full pass again
+    for reserved_first in (True, False):
+        state = model.initial_state(model.encode(images))
+        state = model.reserve(state, T) if reserved_first else state
+        first, state = model.teacher_forced(state, tf.constant(ids[:, :3]))
+        state = state if reserved_first else model.reserve(state, T - 3)
+        rest = []
+        for t in range(3, T):
+            logits, state = model.step(tf.constant(ids[:, t]), state)
+            rest.append(npy(logits))
+        np.testing.assert_allclose(np.concatenate([npy(first), np.stack(rest, axis=1)], axis=1), full, atol=1e-5,
+                                   rtol=0, err_msg=f"reserved {'before' if reserved_first else 'after'}")
     # cached features (data.cache: features) give what images give
     np.testing.assert_allclose(npy(model({"features": model.encode(images), "input_ids": ids})), full, atol=1e-5)
 

@@ -102,6 +102,60 @@ def test_a_step_costs_one_word_not_the_prefix():
         np.testing.assert_array_equal(history[t][:, :t], history[t - 1][:, :t])
 
 
+def test_the_caches_promises_hold_or_it_refuses():
+    """teacher_forced on a state reserve sized already writes its words where step reads them (the contract test
+    checks the logits); a step with no reserved slot left is an error, not a word left out of the cache."""
+    model = transformer()
+    images, ids = inputs(seed=4, steps=5)
+    state = model.reserve(model.initial_state(model.encode(images)), 5)
+    _, after = model.teacher_forced(state, tf.constant(ids[:, :2]))
+    _, stepped = model.step(tf.constant(ids[:, 0]), state)
+    _, stepped = model.step(tf.constant(ids[:, 1]), stepped)
+    assert after["t"].numpy().tolist() == [2, 2, 2]
+    np.testing.assert_allclose(after["k1"].numpy()[:, :5], stepped["k1"].numpy(), atol=1e-5)  # slots 0, 1; zeros
+    assert not after["k1"].numpy()[:, 2:].any()  # room for the words to come
+    state = model.reserve(model.initial_state(model.encode(images)), 2)
+    for t in range(2):
+        _, state = model.step(tf.constant(ids[:, t]), state)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no room left in the cache"):
+        model.step(tf.constant(ids[:, 2]), state)
+
+
+def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_training(tmp_path):
+    """Words past model.max_positions would all read the last position: decode.max_length and scst.max_length
+    are checked against the decoder's max_caption_length (the base class: no bound) in one line."""
+    from captioning.config import Config, DataConfig, DecodeConfig, ScstConfig, TrainConfig
+    from captioning.inference import Captioner
+    from captioning.model import DECODERS, check_caption_length
+    from captioning.model.folder import TrainedModel
+    from captioning.train import Trainer
+    from captioning.vocab import RESERVED, Vocabulary
+
+    short = ModelConfig(decoder="transformer", options={"max_positions": 12})
+    assert DECODERS["transformer"].max_caption_length(settings_of(short)) == 12
+    assert {name: cls.max_caption_length(settings_of(ModelConfig(decoder=name))) for name, cls in DECODERS.items()
+            if name != "transformer"} == {"attention": None, "show_and_tell": None, "updown": None}
+    check_caption_length(short, "decode.max_length", 12)
+    message = ("decode.max_length is 13, but model.decoder transformer decodes captions of at most 12 words "
+               "(model.max_positions): use at most 12")
+    with pytest.raises(InputError) as info:
+        check_caption_length(short, "decode.max_length", 13)
+    assert str(info.value) == message
+    model = transformer(max_positions=12)
+    trained = TrainedModel(model, Config(model=model.cfg), Vocabulary(list(RESERVED) + [f"w{i}" for i in range(V - 4)]),
+                           step=0, checkpoint="(untrained)", model_dir="")
+    assert Captioner(trained, DecodeConfig(max_length=12)).settings.max_length == 12
+    with pytest.raises(InputError, match=r"^decode.max_length \(--max-length\) is 20, but .* at most 12 words"):
+        Captioner(trained, DecodeConfig(max_length=20))
+    scst = {"scst": ScstConfig(max_length=13), "train": TrainConfig(objective="scst")}
+    for changes, key in (({"decode": DecodeConfig(max_length=20)}, "decode.max_length"), (scst, "scst.max_length")):
+        changes = {"decode": DecodeConfig(max_length=12), **changes}
+        cfg = Config(data=DataConfig(dir=str(tmp_path / "none")), model=short, **changes)
+        with pytest.raises(InputError, match=rf"^{key} is \d+, but model.decoder transformer"):
+            Trainer(cfg, str(tmp_path / "m"))  # before the data is read: there is none
+    assert not os.path.exists(tmp_path / "m")
+
+
 @pytest.mark.parametrize("options, message", [
     ({"d_model": 10, "heads": 3}, "model.d_model (10) must be a multiple of model.heads (3)"),
     ({"attention_layer": 3}, "model.attention_layer (3) names no layer: there are model.decoder_layers=2 (0: the last)"),

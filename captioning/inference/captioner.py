@@ -25,6 +25,7 @@ from captioning.config import DecodeConfig
 from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
 from captioning.errors import InputError
+from captioning.model import check_caption_length
 from captioning.model.base import IMAGE_INPUTS
 from captioning.model.ensemble import TrainedEnsemble, load_ensemble, model_dirs
 from captioning.model.folder import ModelDir, TrainedModel
@@ -71,6 +72,8 @@ class Captioner:
         vocabulary lacks is an InputError."""
         self.trained = trained
         self.settings = (decode or trained.config.decode).check()
+        for member in trained.members:  # every decoder of an ensemble can decode that many words
+            check_caption_length(member.config.model, "decode.max_length (--max-length)", self.settings.max_length)
         self.options = dataclasses.asdict(self.settings)  # what an export records
         self.bad_endings = bad_ending_ids(self.settings.bad_endings, trained.vocab)
         for line in self.settings.ineffective():

@@ -83,6 +83,18 @@ def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config
     return out
 
 
+def check_caption_length(model_cfg: ModelConfig, key: str, length: int) -> None:
+    """An InputError (one line) when ``length`` words, the value of ``key`` (``decode.max_length``,
+    ``scst.max_length``), are more than the decoder of ``model_cfg`` can decode with its settings
+    (:meth:`~captioning.model.base.CaptionModel.max_caption_length`)."""
+    cls = decoder_class(model_cfg.decoder)
+    limit = cls.max_caption_length(settings_of(model_cfg))
+    if limit is not None and length > limit:
+        why = f" (model.{cls.caption_length_setting})" if cls.caption_length_setting else ""
+        raise InputError(f"{key} is {length}, but model.decoder {model_cfg.decoder} decodes captions of at most "
+                         f"{limit} words{why}: use at most {limit}")
+
+
 def all_keys() -> list[str]:
     """Every decoder's own keys, ``model.<name>``, each once."""
     return sorted({f"model.{f.name}" for cls in DECODERS.values() for f in dataclasses.fields(cls.settings_class)})
@@ -122,4 +134,5 @@ def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 
 
 __all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
            "all_layers",
-           "architecture_diff", "build_encoder", "build_model", "decoder_class", "resolve", "settings_of"]
+           "architecture_diff", "build_encoder", "build_model", "check_caption_length", "decoder_class", "resolve",
+           "settings_of"]

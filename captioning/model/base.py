@@ -154,6 +154,10 @@ class CaptionModel(keras.Model):
       through it word by word (a Transformer's runs the words in parallel; a recurrent decoder's is a loop
       too): self-critical training then draws its samples without gradient and scores them in one
       teacher-forced pass, instead of differentiating through the sampling loop;
+    * :meth:`max_caption_length` — the most words it can decode with given settings (None: no bound; the
+      Transformer's is ``model.max_positions``, named by :attr:`caption_length_setting`): ``decode.max_length``
+      and ``scst.max_length`` are checked against it before a command starts
+      (:func:`captioning.model.check_caption_length`);
 
     and its constructor ``(vocab_size, cfg: ModelConfig, image_size, seed=0, settings=None)`` calls
     :meth:`setup` first. It sets :attr:`encoder` (a Keras model from pixels to features) and implements
@@ -167,6 +171,7 @@ class CaptionModel(keras.Model):
     fast_teacher_forcing: bool = True
     tiny_settings: dict = {}
     grid_shape: tuple[int, int] | None = None
+    caption_length_setting: str | None = None  # the setting that bounds max_caption_length (a refusal names it)
 
     vocab_size: int
     image_size: int
@@ -177,6 +182,13 @@ class CaptionModel(keras.Model):
         default to ``cfg.options`` read as that class declares them."""
         self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, image_size
         self.settings = settings if settings is not None else section_from(self.settings_class, cfg.options, "model.")
+
+    @classmethod
+    def max_caption_length(cls, settings) -> int | None:
+        """The most words a caption decoded with ``settings`` (an instance of :attr:`settings_class`) may have
+        — the steps beam search and sampling may take —, or None for no bound (the default: a recurrent
+        decoder's state is the same size at any length)."""
+        return None
 
     def encode(self, images, training=False):
         """Pixels ``[B, S, S, 3]`` → the features this decoder reads; ``[0, ...]`` for an empty batch."""

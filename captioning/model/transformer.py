@@ -16,10 +16,14 @@ change once computed, so the state caches them: per decoder layer, ``k<l>`` and 
 key_size]`` and ``t`` ``[B]``, the words cached so far. :meth:`Transformer.reserve` allocates room for
 ``S`` words (beam search and sampling call it with their ``max_length``), :meth:`Transformer.step` writes
 the new word's keys and values at ``t`` and attends over the cache (masked after ``t``): one word's
-projections per step instead of the whole prefix's. :meth:`Transformer.teacher_forced` computes any number
-of words at once from any state, appending their keys and values to the cache (from the initial state:
-ordinary causal self-attention; after a first piece of the caption: the rest of it, which is how split
-padding continues), so stepping word by word equals the teacher-forced pass (the contract tests: 1e-5).
+projections per step instead of the whole prefix's; a step with no reserved slot left is an error.
+:meth:`Transformer.teacher_forced` computes any number of words at once from any state, writing their keys
+and values at slots ``t`` on (from the initial state: ordinary causal self-attention; after a first piece of
+the caption: the rest of it, which is how split padding continues; on a state :meth:`Transformer.reserve`
+sized: into the reserved slots), so slot ``i`` always holds word ``i`` and stepping word by word, or on from
+a teacher-forced piece, equals the teacher-forced pass (the contract tests: 1e-5). Positions go up to
+``max_positions − 1``: :meth:`Transformer.max_caption_length` is ``max_positions`` words, and
+``decode.max_length`` and ``scst.max_length`` above it are refused before a command starts.
 The memory's keys and values for cross-attention are projected once, in the initial state (``mk<l>``,
 ``mv<l>``).
 
@@ -67,7 +71,8 @@ class TransformerSettings:
     # pre: layer norm before each block (and one at the end: stable without warm-up tricks); post: after
     norm: str = field(default="pre", metadata=choices("pre", "post"))
     positions: str = field(default="sinusoidal", metadata=choices("sinusoidal", "learned"))
-    max_positions: int = field(default=64, metadata=at_least(2))  # the longest caption read, in words
+    # the longest caption decoded, in words (decode.max_length and scst.max_length may not be more)
+    max_positions: int = field(default=64, metadata=at_least(2))
     # the decoder layer whose cross-attention is shown (caption, export, pictures, grounding): 1 is the
     # first, 0 the last
     attention_layer: int = field(default=0, metadata=at_least(0))
@@ -145,6 +150,12 @@ class Transformer(CaptionModel):
     features = "grid"
     attends = True
     tiny_settings = {"d_model": 16, "heads": 2, "ff_size": 24, "encoder_layers": 1, "decoder_layers": 2}
+    caption_length_setting = "max_positions"
+
+    @classmethod
+    def max_caption_length(cls, settings) -> int:
+        """``max_positions``: decoding ``n`` words reads positions 0 (``<start>``) to ``n − 1``."""
+        return settings.max_positions
 
     def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
                  settings: TransformerSettings | None = None, **kwargs):
@@ -280,9 +291,12 @@ class Transformer(CaptionModel):
 
     def step(self, token_ids, state):
         """One word: its keys and values written into the reserved cache at ``t``, attention over the cache up
-        to ``t`` (:meth:`reserve` first)."""
+        to ``t`` (:meth:`reserve` first: a step with no reserved slot left is an error, not a word silently
+        left out of the cache)."""
         t = state["t"]
         slots = tf.shape(state["k0"])[1]
+        tf.debugging.assert_less(tf.reduce_max(t), slots, message="Transformer.step: no room left in the cache for "
+                                 "the word (reserve(state, steps) first, for every step taken)")
         at = tf.one_hot(t, slots, dtype=self.compute_dtype)[:, :, None, None]  # [B, S, 1, 1]
 
         def write(cache, new):  # new: [B, 1, heads, key_size] at slot t
@@ -294,17 +308,25 @@ class Transformer(CaptionModel):
         return logits[:, 0], {**state, "t": t + 1}
 
     def teacher_forced(self, state, input_ids, training=False):
-        """All of ``input_ids [B, T]`` at once after the ``t`` words cached: their keys and values appended,
-        each word seeing the cached ones and the new ones up to itself."""
+        """All of ``input_ids [B, T]`` at once after the ``t`` words cached: their keys and values written at
+        slots ``t … t + T − 1`` (the cache grows by ``T`` slots; the slots after ``t + T`` are zeros, room a
+        later :meth:`step` writes into), each word seeing the cached ones and the new ones up to itself. The
+        state it returns is the one :meth:`step` would have left, so stepping on from it equals a full pass,
+        whether or not :meth:`reserve` sized the cache before."""
         t = state["t"]
         cached, steps = tf.shape(state["k0"])[1], tf.shape(input_ids)[1]
+        slot = tf.range(cached + steps)[None, :]  # [1, S + T]
+        offset = slot - t[:, None]  # [B, S + T]: which new word slot t + offset holds
+        # where each slot's keys come from in [cache ; new]: the cached words before t, the new words after them
+        index = tf.minimum(tf.where(offset >= 0, cached + offset, slot), cached + steps - 1)
+        used = tf.cast(offset < steps, self.compute_dtype)[:, :, None, None]  # after t + T: zeros
 
         def write(cache, new):
-            return tf.concat([cache, tf.cast(new, cache.dtype)], axis=1)
+            joined = tf.concat([cache, tf.cast(new, cache.dtype)], axis=1)
+            return tf.gather(joined, index, batch_dims=1) * tf.cast(used, cache.dtype)
 
-        slot = tf.range(cached + steps)[None, None, :]  # [1, 1, S + T]
         word = t[:, None, None] + tf.range(steps)[None, :, None]  # [B, T, 1]: each word's position
-        visible = (slot < t[:, None, None]) | ((slot >= cached) & (slot - cached + t[:, None, None] <= word))
+        visible = slot[:, None, :] <= word  # [B, T, S + T]
         x = self._embed(input_ids, t, training)
         logits, state = self._decode(x, state, visible, write, training)
         return logits, {**state, "t": t + steps}

@@ -32,7 +32,7 @@ from captioning.data.region_input import eval_regions, store_of
 from captioning.data.service import service_error
 from captioning.train.regions import regions_fitted, start_encoder_from
 from captioning.data.integrity import ShardReader
-from captioning.model import build_model, resolve
+from captioning.model import build_model, check_caption_length, resolve
 from captioning.model.folder import ModelDir
 from captioning.train import distribute
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
@@ -57,6 +57,10 @@ class Trainer:
         (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
         cfg = fit_config(resolve(cfg))  # the decoder's settings typed; the batches the objective needs
         config_lib.validate(cfg)
+        # what evaluate will decode, and what the objective decodes itself (SCST's samples)
+        lengths = objective_class(cfg.train.objective).caption_lengths(cfg)
+        for key, words in {"decode.max_length": cfg.decode.max_length, **lengths}.items():
+            check_caption_length(cfg.model, key, words)
         self.dataset = PreparedDataset.load(cfg.data.dir)
         cfg, self.extractor = regions_fitted(cfg, self.dataset)
         self.cfg, self.model_dir = cfg, model_dir

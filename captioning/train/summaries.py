@@ -89,7 +89,8 @@ def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
     :meth:`~captioning.train.objectives.Objective.sample_notes`), a note each."""
     from captioning.model.decode import beam_search, ids_to_text
 
-    best = beam_search(model, None, beam_size=1, initial_state=model.image_state(batch))
+    longest = min(20, model.max_caption_length(model.settings) or 20)  # the decoder's bound, if it has one
+    best = beam_search(model, None, beam_size=1, max_length=longest, initial_state=model.image_state(batch))
     captions = ids_to_text(vocab, best["ids"], best["lengths"])
     grid = model.grid_shape if model.attends else None
     noted = notes(best, batch["captions"]) if notes else None

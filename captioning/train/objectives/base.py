@@ -72,6 +72,12 @@ class Objective:
         """InputError when ``cfg`` cannot train with this objective (beyond ``needs``)."""
 
     @classmethod
+    def caption_lengths(cls, cfg) -> dict[str, int]:
+        """The captions it decodes itself while training, as ``{config key: words}`` (SCST's samples:
+        ``scst.max_length``): checked against the decoder's bound before the run starts. None by default."""
+        return {}
+
+    @classmethod
     def for_run(cls, context: RunContext) -> "Objective":
         raise NotImplementedError
 

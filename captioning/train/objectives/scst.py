@@ -78,6 +78,10 @@ class SelfCritical(Objective):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
 
     @classmethod
+    def caption_lengths(cls, cfg) -> dict[str, int]:
+        return {"scst.max_length": cfg.scst.max_length}  # the samples' and the greedy baseline's words
+
+    @classmethod
     def for_run(cls, context: RunContext) -> "SelfCritical":
         """The objective of a training run: document frequencies of the training split's references (with
         ``<end>`` when ``scst.end_in_reward``) from the model folder's file, counted and saved there (by
