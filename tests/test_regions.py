@@ -235,6 +235,7 @@ def test_every_size_extract_takes_has_a_bound_checked_before_any_work(tmp_path):
         regions.grid_boxes(100, 100, 100000)
 
 
+@pytest.mark.slow
 def test_extract_clips_drops_and_counts_bad_boxes_and_refuses_an_empty_detections_file(trained_attention_dir,
                                                                                        shapes_dir, data_dir, tmp_path):
     """A NaN box (once a CropAndResize traceback that left features/.partial-x behind), an inverted one, one
