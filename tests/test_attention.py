@@ -121,3 +121,45 @@ def test_penalty_is_the_doubly_stochastic_regulariser():
     assert float(caption_loss_sum(off, batch, penalty=True)) == pytest.approx(float(caption_loss_sum(off, batch)))
 
 
+
+
+def test_up_down_wires_its_two_lstms_as_the_paper_does():
+    """Up-Down (Anderson et al. 2018, eq. 2-7): the attention LSTM reads [h² of the last step ; the mean
+    feature v̄ ; the word], the language LSTM [the attended feature v̂ ; h¹]. Checked by hand from a state
+    whose LSTMs are not at zero, and by perturbing one input at a time: h² and v̄ change h¹; the features
+    attended over (their scores' projection held) change h² but not h¹."""
+    from tests.test_decoders import inputs as small_inputs
+    from tests.test_decoders import tiny
+
+    model = tiny("updown", seed=1)  # small_cnn at 32 px: a 2 x 2 grid
+    images, ids = small_inputs(seed=6)
+    features = model.encode(images)
+    state = model.initial_state(features)
+    np.testing.assert_allclose(npy(state["mean"]), npy(tf.reduce_mean(model.feature_embedding(features), 1)),
+                               atol=1e-6)  # v̄: the mean of the embedded features
+    rng = np.random.default_rng(0)
+    units = model.settings.lstm_units
+    state = {**state, **{k: tf.constant(rng.normal(0, 0.5, (B, units)), tf.float32) for k in ("h1", "c1", "h2", "c2")}}
+    token = tf.constant(ids[:, 0])
+    logits, after = model.step(token, state)
+    # by hand
+    h1, (_, c1) = model.attention_lstm(tf.concat([state["h2"], state["mean"], model.word_embedding(token)], -1),
+                                       [state["h1"], state["c1"]])
+    scores = model.attention_score(tf.tanh(model.attention_features(state["features"])
+                                           + model.attention_state(h1)[:, None]))[..., 0]
+    alpha = tf.nn.softmax(scores, axis=-1)
+    attended = tf.reduce_sum(alpha[..., None] * state["features"], axis=1)
+    h2, (_, c2) = model.language_lstm(tf.concat([attended, h1], -1), [state["h2"], state["c2"]])
+    for name, value in (("h1", h1), ("c1", c1), ("attention", alpha), ("h2", h2), ("c2", c2)):
+        np.testing.assert_allclose(npy(after[name]), npy(value), atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(npy(logits), npy(model.logits(h2)), atol=1e-5)
+
+    def changed(key, value):
+        """How much h¹ and h² of the step move when the state's ``key`` is ``value``."""
+        _, moved = model.step(token, {**state, key: value})
+        return [float(np.abs(npy(moved[h]) - npy(after[h])).max()) for h in ("h1", "h2")]
+
+    for key in ("h2", "mean"):  # into the attention LSTM (and through h¹ into the language LSTM)
+        assert min(changed(key, state[key] + 0.5)) > 1e-3, key
+    h1_moved, h2_moved = changed("features", state["features"] * 2.0)  # v̂ alone: into the language LSTM only
+    assert h1_moved == 0.0 and h2_moved > 1e-3
