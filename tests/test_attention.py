@@ -1,6 +1,6 @@
 """The soft-attention decoder (Show, Attend and Tell): exact sizes, attention weights, step-by-step
 decoding against teacher forcing, the doubly stochastic penalty, split padding and beam search keeping
-each word's weights. No data needed: random uint8 images."""
+each word's weights; Up-Down's wiring of its two LSTMs. No data needed: random uint8 images."""
 
 import numpy as np
 import pytest

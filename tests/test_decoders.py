@@ -14,6 +14,7 @@ computes."""
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -500,19 +501,26 @@ def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_r
 @pytest.mark.slow
 def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path):
     """A decoder from a file outside the project (tests/data/toy_decoder.py), registered as one entry:
-    the contract tests run on it and pass; the same decoder with a subtle bug fails them."""
+    every contract test pytest collects for a registered decoder runs on it and passes; the same decoder with
+    a subtle bug fails them."""
     toy = str(tmp_path / "toy_decoder.py")  # a file outside the project, as a user would write one
     shutil.copy(os.path.join(REPO, "tests", "data", "toy_decoder.py"), toy)
-    args = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "test_decoders.py"), "-q",
-            "-p", "no:cacheprovider", "--decoder", f"{toy}:toy", "-k", "toy and not mirrored",
+    here = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "test_decoders.py"), "-p", "no:cacheprovider",
             "-m", "not slow"]
+    args = [*here, "-v", "--decoder", f"{toy}:toy", "-k", "toy and not mirrored"]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("BROKEN", None)
+    # the contract as pytest collects it for a decoder of the project, its name put in the toy's place
+    listed = subprocess.run([*here, "-q", "--collect-only", "-k", "show_and_tell and not mirrored"],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert listed.returncode == 0, listed.stdout[-3000:]
+    contract = {re.sub(r"\[show_and_tell(?=[-\]])", "[toy", line.split("::", 1)[1])
+                for line in listed.stdout.splitlines() if "::" in line}
+    assert len(contract) >= 16 and all("[toy" in test for test in contract), sorted(contract)
     done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
-    summary = done.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "failed" not in summary
-    assert int(summary.split()[0]) == 16, summary  # the 11 fast tests, split padding over its 6 lengths
+    passed = {m.group(1) for m in re.finditer(r"^tests/test_decoders\.py::(\S+) PASSED", done.stdout, re.M)}
+    assert passed == contract, (sorted(contract - passed), sorted(passed - contract))
     broken = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=dict(env, BROKEN="1"), timeout=600)
     assert broken.returncode == 1, broken.stdout[-3000:]
     assert "FAILED tests/test_decoders.py::test_stepping_word_by_word_equals_the_teacher_forced_pass[toy]" in \
