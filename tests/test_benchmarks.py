@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.helpers import run_cli
 
@@ -140,6 +141,23 @@ def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
                      done.stdout)
 
 
+def test_the_cacheless_decoders_the_cache_is_measured_against_step_as_the_model_does():
+    """benchmark decode's two decoders without a cache (re-reading the caption padded to max_length, or only the
+    words so far) give the model's own logits at every step, so beam search makes the same captions with each."""
+    from captioning.benchmarks.decode import GrowingPrefix, PrefixRecomputer
+    from tests.test_decoders import inputs, tiny
+
+    model = tiny("transformer", seed=2)
+    images, ids = inputs(seed=3, steps=5)
+    features = model.encode(images)
+    full = model({"features": features, "input_ids": ids}).numpy()
+    for decoder in (PrefixRecomputer(model, 5), GrowingPrefix(model, 5)):
+        state = decoder.initial_state(features)
+        for t in range(5):
+            logits, state = decoder.step(tf.constant(ids[:, t], tf.int32), state)
+            np.testing.assert_allclose(logits.numpy(), full[:, t], atol=1e-5, err_msg=f"{type(decoder).__name__} {t}")
+
+
 def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
     transformer = ["--set", "model.decoder=transformer", "--set", "model.d_model=16", "--set", "model.heads=2",
                    "--set", "model.ff_size=16", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
@@ -156,6 +174,9 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
         assert result["settings"]["decoder"] == decoder and positive(result["cache_speedup"])
         assert result["cache_speedup"] == pytest.approx(result["cached_captions_per_s"] /
                                                         result["recomputed_captions_per_s"])
+        assert result["cache_speedup_prefix"] == pytest.approx(result["cached_captions_per_s"] /
+                                                               result["prefix_captions_per_s"])
+        assert re.search(r"padded to max_length [\d.]+: [\d.]+x; the words so far only [\d.]+: [\d.]+x", done.stdout)
         assert positive(result["saved_model_captions_per_s"]) and result["saved_model_vs_captioner"] == \
             pytest.approx(result["saved_model_captions_per_s"] / result["captioner_captions_per_s"])
         assert "the exported SavedModel in plain TensorFlow: " in done.stdout
