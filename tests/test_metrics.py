@@ -169,7 +169,7 @@ def test_beam_search_placeholders_are_not_counted_as_captions():
     import keras
 
     from captioning.evaluation.diversity import diversity
-    from captioning.evaluation.evaluate import real_captions
+    from captioning.evaluation.results import real_captions
     from captioning.model import ShowAndTell
     from captioning.model.decode import beam_search, ids_to_text
     from captioning.vocab import RESERVED, Vocabulary

@@ -23,7 +23,7 @@ averaged over the images (diverse-captioning papers' numbers, lower mBLEU is mor
 
 An image's captions are its real ones only: a beam search that found fewer complete captions than
 ``decode.top_k`` fills the rest with placeholders that ``evaluate`` leaves out
-(:func:`captioning.evaluation.evaluate.real_captions`); ``captions_per_image`` is the most any image has.
+(:func:`captioning.evaluation.results.real_captions`); ``captions_per_image`` is the most any image has.
 
 >>> captions = {1: ["a red circle", "a red square"], 2: ["a red circle", "a blue star"]}
 >>> d = diversity(captions, vocabulary_size=10, training=["a red circle"])

@@ -20,7 +20,7 @@ vocabulary match this one's). The metrics file holds ``{"metrics": {Bleu_1 … C
 "loss", "perplexity", "dataset", "data_dir", "checkpoint", "decode"}`` (plus ``"baseline"`` with
 ``--baseline``); decoding settings beyond beam, length and normalisation (``--set decode.KEY=VALUE``) add
 ``-<method>-<hash>`` to the key. The key and the document hold the decoding that ran
-(:func:`used_decoding`): greedy decoding is a beam of 1 whatever ``--beam-size`` says (``beam1``,
+(:func:`captioning.evaluation.results.used_decoding`): greedy decoding is a beam of 1 whatever ``--beam-size`` says (``beam1``,
 ``"beam_size": 1``), and sampling runs no beam search (``sample`` in place of ``beam<B>``, ``"beam_size"``
 null, in ``"decode"`` too). The predictions file holds, beside each image's best caption (``"caption"``),
 all its real captions best first (``"captions"``: several with ``decode.top_k`` > 1), so the diversity among
@@ -73,6 +73,8 @@ from captioning import inference
 from captioning.model.base import IMAGE_INPUTS
 from captioning.evaluation import grounding, metrics, relations
 from captioning.evaluation.diversity import diversity
+from captioning.evaluation.results import (EvaluationResult, options_label, real_captions, result_name,
+                                           settings_label, used_decoding)
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
@@ -80,7 +82,7 @@ from captioning.data.pipeline import make_dataset
 from captioning.data.reading import eval_images, references
 from captioning.data.region_input import eval_regions, store_of
 from captioning.data.integrity import ShardReader
-from captioning.model.decode import _DEAD, ids_to_text
+from captioning.model.decode import ids_to_text
 from captioning.model.ensemble import check_same_input, model_dirs
 from captioning.model.folder import ModelDir
 from captioning.text import tokenize_caption
@@ -96,78 +98,6 @@ def most_frequent_caption(texts) -> str:
     return min(counts, key=lambda c: (-counts[c], c))
 
 
-def result_name(split: str, step: int, beam_size: int, max_length: int, length_normalization: float,
-                num_images: int | None, data: str = "", checkpoint: str = "", options: str = "") -> str:
-    """The key of one evaluation, as a file name stem: the split, the checkpoint's step, the decoding, the
-    images, the dataset (``data``: its identity's first 8 characters) and, for a checkpoint of another
-    model folder, a hash of its path (``checkpoint``); ``options``: :func:`options_label` of the other
-    decoding settings.
-
-    >>> result_name("test", 8000, 3, 20, 0.0, None, "1a2b3c4d"), result_name("val", 10, 1, 16, 0.7, 5)
-    ('test-step8000-beam3-len20-norm0-all-data1a2b3c4d', 'val-step10-beam1-len16-norm0.7-first5')
-    >>> result_name("val", 10, None, 16, 0.0, 5)  # sampling: no beam
-    'val-step10-sample-len16-norm0-first5'
-    """
-    images = "all" if num_images is None else f"first{num_images}"
-    extra = (f"-data{data}" if data else "") + (f"-from{checkpoint}" if checkpoint else "")
-    label = settings_label(beam_size, max_length, length_normalization) + options
-    return f"{split}-step{step}-{label}-{images}{extra}"
-
-
-def settings_label(beam_size: int | None, max_length: int, length_normalization: float) -> str:
-    """``beam<B>-len<L>-norm<A>``; ``sample-…`` without a beam (``beam_size`` None: sampling)."""
-    beam = "sample" if beam_size is None else f"beam{beam_size}"
-    return f"{beam}-len{max_length}-norm{length_normalization:g}"
-
-
-def used_decoding(decode):
-    """``decode`` (a checked :class:`captioning.config.DecodeConfig`) as it runs, and the beam size that runs
-    (None: sampling, no beam search). Greedy decoding is a beam of 1 whatever ``beam_size`` says, so its
-    result is keyed and recorded as beam 1.
-
-    >>> from captioning.config import DecodeConfig
-    >>> used_decoding(DecodeConfig(beam_size=7, method="greedy"))[1], used_decoding(DecodeConfig(beam_size=7))[1]
-    (1, 7)
-    >>> used_decoding(DecodeConfig(beam_size=7, method="sample", top_k=2))[1] is None
-    True
-    """
-    if decode.method == "greedy":
-        decode = dataclasses.replace(decode, beam_size=1)
-    return decode, (None if decode.method == "sample" else decode.beam_size)
-
-
-def real_captions(texts, log_probs) -> list[list[str]]:
-    """Each image's real captions, best first: ``texts`` (:func:`captioning.model.decode.ids_to_text` of a
-    batch) without the placeholders beam search returns when it found fewer complete captions than
-    ``top_k`` (an empty caption whose log-probability is :data:`captioning.model.decode._DEAD`, -1e9;
-    ``log_probs [B, top_k]``).
-
-    >>> real_captions([["a red circle", "", ""]], [[-3.5, -1e9, -1e9]])
-    [['a red circle']]
-    """
-    log_probs = getattr(log_probs, "numpy", lambda: log_probs)()
-    return [[text for text, log_p in zip(image_texts, image_log_probs) if log_p > _DEAD / 2]
-            for image_texts, image_log_probs in zip(texts, log_probs)]
-
-
-def options_label(decode) -> str:
-    """``""`` when the decoding settings beyond beam, length and normalisation are the defaults (plain beam
-    search, one caption per image), else ``-`` and the method and a hash of them (and of ``top_k``: several
-    captions per image add their diversity to the result): another decoding is another evaluation.
-
-    >>> from captioning.config import DecodeConfig
-    >>> options_label(DecodeConfig()), options_label(DecodeConfig(method="sample", top_k=5))[:8]
-    ('', '-sample-')
-    """
-    plain = {"beam_size", "max_length", "length_normalization", "top_k"}
-    defaults = {k: v for k, v in dataclasses.asdict(type(decode)()).items() if k not in plain}
-    mine = {k: v for k, v in dataclasses.asdict(decode).items() if k not in plain}
-    if mine == defaults and decode.method == "beam" and decode.top_k == 1:
-        return ""
-    digest = hashlib.sha256(json.dumps({**mine, "top_k": decode.top_k}, sort_keys=True).encode()).hexdigest()[:8]
-    return f"-{decode.method}-{digest}"
-
-
 def _prepared_dataset(trained, model_folder: ModelDir, data_dir: str | None) -> PreparedDataset:
     """The records to evaluate on, checked: prepared, and with the model's vocabulary."""
     folder = data_dir or trained.config.data.dir
@@ -180,36 +110,6 @@ def _prepared_dataset(trained, model_folder: ModelDir, data_dir: str | None) -> 
         raise InputError(f"{folder} was prepared with another vocabulary than the model in {trained.model_dir}: "
                          f"prepare it with `captioning prepare --vocab {model_folder.vocab_file}`")
     return dataset
-
-
-def _key(name: str) -> property:
-    return property(lambda self: self.get(name), doc=f"the document's {name!r}")
-
-
-class EvaluationResult(dict):
-    """One evaluation: the metrics file's document itself (this dict; the module docstring lists its
-    keys; ``json.dumps`` of it is the file), with typed attribute access on top (``result.metrics``,
-    ``result.perplexity``; ``baseline`` and ``baseline_caption`` are None without ``baseline=True``)."""
-
-    metrics: dict[str, float] = _key("metrics")
-    split: str = _key("split")
-    checkpoint_step: int = _key("checkpoint_step")
-    num_images: int = _key("num_images")
-    all_images: bool = _key("all_images")
-    beam_size: int | None = _key("beam_size")  # the beam that ran: 1 for greedy, None for sampling
-    max_length: int = _key("max_length")
-    length_normalization: float = _key("length_normalization")
-    loss: float = _key("loss")
-    perplexity: float = _key("perplexity")
-    baseline: dict[str, float] | None = _key("baseline")
-    baseline_caption: str | None = _key("baseline_caption")
-    grounding: dict | None = _key("grounding")
-    dataset: str = _key("dataset")  # the prepared dataset's identity
-    data_dir: str = _key("data_dir")
-    checkpoint: str = _key("checkpoint")  # the checkpoint's path
-    decode: dict | None = _key("decode")  # every decoding setting (results of before it: None)
-    diversity: dict | None = _key("diversity")  # captioning.evaluation.diversity
-    members: list[str] | None = _key("members")  # an ensemble: its models' checkpoints (one model: None)
 
 
 def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | None = None, max_images: int | None = None,
@@ -332,7 +232,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     """Captions for every image, the references' cross-entropy (perplexity), for an attention decoder each
     caption's words with their weights (image id → (words, [words, cells or regions])), and for a model
     reading regions each image's region boxes (image id → [n, 4]; None otherwise), and every caption of each
-    image, best first (its real ones, :func:`real_captions`: up to ``decode.top_k``). A model reading regions
+    image, best first (its real ones, :func:`captioning.evaluation.results.real_captions`: up to ``decode.top_k``). A model reading regions
     captions the split's images that have regions in its features store."""
     regions = cfg.features == "regions"
     if regions:

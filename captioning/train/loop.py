@@ -32,13 +32,13 @@ from captioning.data.region_input import eval_regions, store_of
 from captioning.data.service import service_error
 from captioning.train.regions import regions_fitted, start_encoder_from
 from captioning.data.integrity import ShardReader
-from captioning.model import build_model, check_caption_length, resolve
+from captioning.model import build_model, resolve
 from captioning.model.folder import ModelDir
 from captioning.train import distribute
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
                                         restore_run, service_watch, wait_for_service)
-from captioning.train.objectives import RunContext, fit_config, objective_class
+from captioning.train.objectives import RunContext, check_caption_lengths, fit_config, objective_class
 from captioning.train.result import NonFiniteError, TrainResult
 from captioning.train.optimizer import epoch_plan, make_optimizer
 from captioning.train.steps import (Compiled, EvaluationLoss, evaluation_loss, make_multi_step, make_train_step,
@@ -57,10 +57,7 @@ class Trainer:
         (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
         cfg = fit_config(resolve(cfg))  # the decoder's settings typed; the batches the objective needs
         config_lib.validate(cfg)
-        # what evaluate will decode, and what the objective decodes itself (SCST's samples)
-        lengths = objective_class(cfg.train.objective).caption_lengths(cfg)
-        for key, words in {"decode.max_length": cfg.decode.max_length, **lengths}.items():
-            check_caption_length(cfg.model, key, words)
+        check_caption_lengths(cfg)  # what evaluate decodes and what the objective decodes, against the decoder
         self.dataset = PreparedDataset.load(cfg.data.dir)
         cfg, self.extractor = regions_fitted(cfg, self.dataset)
         self.cfg, self.model_dir = cfg, model_dir

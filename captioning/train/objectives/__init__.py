@@ -14,6 +14,7 @@ import logging
 
 from captioning import config as config_lib
 from captioning.errors import InputError
+from captioning.model import check_caption_length
 from captioning.train.objectives.base import (Objective, ReplicaLoss, RunContext, caption_loss_sum,
                                               perplexity)
 from captioning.train.objectives.scst import SelfCritical
@@ -71,5 +72,14 @@ def fit_config(cfg: config_lib.Config) -> config_lib.Config:
     return out
 
 
+def check_caption_lengths(cfg: config_lib.Config) -> None:
+    """One line (InputError) when a run would decode captions longer than its decoder can: what evaluate
+    decodes (``decode.max_length``) and what the objective decodes itself (:meth:`Objective.caption_lengths`,
+    e.g. SCST's ``scst.max_length``), each against :func:`captioning.model.check_caption_length`."""
+    lengths = objective_class(cfg.train.objective).caption_lengths(cfg)
+    for key, words in {"decode.max_length": cfg.decode.max_length, **lengths}.items():
+        check_caption_length(cfg.model, key, words)
+
+
 __all__ = ["OBJECTIVES", "CrossEntropy", "Objective", "ReplicaLoss", "RunContext", "SelfCritical", "caption_loss_sum",
-           "fit_config", "objective_class", "perplexity"]
+           "check_caption_lengths", "fit_config", "objective_class", "perplexity"]
