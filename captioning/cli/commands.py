@@ -224,7 +224,7 @@ def add_evaluate(sub) -> None:
 def run_evaluate(args) -> int:
     from captioning.evaluation.diversity import describe_diversity
     from captioning.evaluation.evaluate import evaluate
-    from captioning.evaluation.metrics import format_table
+    from captioning.evaluation.metrics import format_table, grounding_table
 
     _decoding_given(args)  # before the model loads
     result = call(evaluate, args, progress=not args.quiet)
@@ -243,31 +243,6 @@ def run_evaluate(args) -> int:
     if result.grounding:
         print(grounding_table(result.grounding))
     return 0
-
-
-def grounding_table(found: dict) -> str:
-    """Naming accuracy, relations named correctly and attention localisation per number of shapes, as text."""
-    def cell(value, form="{:.3f}"):
-        return "-" if value is None else form.format(value)
-
-    lines = ["shapes  images  colour  kind   both   relations right of judged (mentions/image)" +
-             ("   attention in box / box area: colour, kind words" if "attention" in found else "")]
-    for group, naming in found["naming"].items():
-        line = (f"{group:>6}  {naming['images']:>6}  {cell(naming['color'])}  {cell(naming['kind'])}  "
-                f"{cell(naming['both'])}")
-        relation = found.get("relations", {}).get(group)
-        line += "   " + (f"{cell(relation['accuracy']):>5} of {relation['judged']:<4} "
-                         f"({cell(relation['mentions_per_image'], '{:.2f}')})"
-                         if relation and relation["images"] else "-").ljust(41)
-        if "attention" in found:
-            parts = []
-            for kind in ("color", "kind"):
-                g = found["attention"][kind].get(group)
-                parts.append("-" if not g or g["words"] == 0 else
-                             f"{g['mean_mass']:.2f} / {g['mean_area']:.2f} = {g['ratio_of_means']:.1f}x")
-            line += "   " + ", ".join(parts)
-        lines.append(line.rstrip())
-    return "\n".join(lines)
 
 
 def add_score(sub) -> None:

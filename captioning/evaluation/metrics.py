@@ -221,3 +221,28 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
     for metric in METRICS + (("SPICE",) if any("SPICE" in r for r in rows.values()) else ()):
         lines.append(f"{metric:<9}" + "".join(f"{rows[n].get(metric, float('nan')):>12.4f}" for n in names))
     return "\n".join(lines)
+
+
+def grounding_table(found: dict) -> str:
+    """Naming accuracy, relations named correctly and attention localisation per number of shapes, as text."""
+    def cell(value, form="{:.3f}"):
+        return "-" if value is None else form.format(value)
+
+    lines = ["shapes  images  colour  kind   both   relations right of judged (mentions/image)" +
+             ("   attention in box / box area: colour, kind words" if "attention" in found else "")]
+    for group, naming in found["naming"].items():
+        line = (f"{group:>6}  {naming['images']:>6}  {cell(naming['color'])}  {cell(naming['kind'])}  "
+                f"{cell(naming['both'])}")
+        relation = found.get("relations", {}).get(group)
+        line += "   " + (f"{cell(relation['accuracy']):>5} of {relation['judged']:<4} "
+                         f"({cell(relation['mentions_per_image'], '{:.2f}')})"
+                         if relation and relation["images"] else "-").ljust(41)
+        if "attention" in found:
+            parts = []
+            for kind in ("color", "kind"):
+                g = found["attention"][kind].get(group)
+                parts.append("-" if not g or g["words"] == 0 else
+                             f"{g['mean_mass']:.2f} / {g['mean_area']:.2f} = {g['ratio_of_means']:.1f}x")
+            line += "   " + ", ".join(parts)
+        lines.append(line.rstrip())
+    return "\n".join(lines)
