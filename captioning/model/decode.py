@@ -91,9 +91,11 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     earlier groups that chose it at this step (Hamming diversity; a caption an earlier group completed at
     this step chose ``<end>``). That penalised score is what a group's captions carry forward and are ranked
     by (``scores``); ``log_probs`` stay the model's own. Each group keeps its own complete captions, and the
-    ``top_k`` returned come one per group in turn: each group's best in group order, then each group's second,
-    and so on (so ``top_k`` <= G captions come from ``top_k`` groups, the first being the first group's
-    best, which is plain beam search of ``beam_size / G`` beams). One group is plain beam search.
+    ``top_k`` returned come one per group in turn: the groups' best captions first, then their second ones, and
+    so on, each round likeliest first by the model's own log-probability (length penalty applied, as one beam
+    search ranks its captions; the penalised scores would favour the first group). So ``top_k`` <= G captions
+    come from ``top_k`` groups, the first being the likeliest of the groups' best. One group is plain beam
+    search.
     """
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
@@ -206,8 +208,13 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
              for g in range(groups)]
     if groups == 1:
         return final[0]
-    # one per group in turn (each group's best in group order, then each one's second, ...), real captions first
+    # one per group in turn (the groups' best, then their second, ...), each round by the model's log p
     turns = {key: tf.stack([part[key] for part in final], axis=2) for key in final[0]}  # [B, keep, groups, ...]
+    counted = tf.cast(tf.where(turns["lengths"] < steps, turns["lengths"] + 1, turns["lengths"]), tf.float32)
+    likely = tf.where(turns["log_probs"] > _DEAD / 2, turns["log_probs"] / length_penalty(
+        counted, length_penalty_form, length_normalization), -float("inf"))
+    within = tf.argsort(likely, axis=2, direction="DESCENDING", stable=True)
+    turns = {key: tf.gather(value, within, batch_dims=2) for key, value in turns.items()}
     turns = {key: tf.reshape(value, tf.concat([[batch, keep * groups], tf.shape(value)[3:]], 0))
              for key, value in turns.items()}
     order = tf.argsort(tf.cast(turns["log_probs"] <= _DEAD / 2, tf.int32), axis=1, stable=True)[:, :n]
