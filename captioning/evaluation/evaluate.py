@@ -82,7 +82,7 @@ from captioning.data.pipeline import make_dataset
 from captioning.data.reading import eval_images, references
 from captioning.data.region_input import eval_regions, store_of
 from captioning.data.integrity import ShardReader
-from captioning.model.decode import ids_to_text
+from captioning.model.decode import empty_captions_warning, ids_to_text
 from captioning.model.ensemble import check_same_input, model_dirs
 from captioning.model.folder import ModelDir
 from captioning.text import tokenize_caption
@@ -258,6 +258,9 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
                 attention[image_id] = (text.split(), weights[:, :real] if regions else weights)
         bar.update(len(batch["image_id"]))
     bar.close()
+    empty = empty_captions_warning(candidates.values())  # never silent (every caption has a word: a bug if any)
+    if empty:
+        log.warning("%s", empty)
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards))
