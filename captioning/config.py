@@ -4,8 +4,8 @@ A config file sets any subset of the keys below; what it does not set keeps the 
 another config (a path relative to the file) whose values come first; chains are allowed, cycles are
 errors. ``--set section.key=value`` overrides come last and are parsed by the key's type (``true``/``no``
 for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type, a value
-outside its choices or outside its range (every number has one: ``train.warmup_steps`` at least 0,
-``model.dropout`` in [0, 1), ...) is an :class:`~captioning.errors.InputError` naming the key and what
+outside its choices or outside its range (every number has one, with an upper bound: ``train.warmup_steps``
+in [0, 10⁹], ``model.dropout`` in [0, 1), the ``MAX_*`` constants below) is an :class:`~captioning.errors.InputError` naming the key and what
 it takes; so are a number that is not finite (``nan``, ``inf``, ``1e999``), an integer beyond 64 bits
 and a config file that cannot be read (a folder, not UTF-8, nested too deeply). Whatever the file or the
 override says, loading gives a valid config or that one-line error, never another exception
@@ -66,6 +66,34 @@ SEED = range(0, 2**31)  # seeds reach int32 ops (stateless sampling) and numpy's
 MAX_BEAM = 50  # decode.beam_size, decode.beam_groups, decode.top_k (captions per image, sampled ones too)
 MAX_WORDS = 100  # decode.max_length, decode.block_ngrams
 MAX_SAMPLE_TOP_K = 100_000  # decode.sample_top_k (beyond the vocabulary it keeps every word)
+MAX_DECODE_BATCH = 1024  # images decoded together (evaluate --batch-size, benchmark decode --batch-size)
+# The upper bounds of every other size and count a config holds (docs/reliability.md, "Upper bounds of sizes"):
+# generous for research use, they stop an absurd value (a typo's extra zeros) in one line before any work.
+# Each bounds one setting; a product of settings (batch x words x width) can still exceed memory.
+MAX_IMAGE_SIZE = 1024  # data.image_size, in pixels (Inception v3 reads 299, ViTs 224 to 518)
+MAX_RESIZE_SIZE = 2048  # data.resize_size, in pixels
+MAX_BATCH = 8192  # train.batch_size (global), data.parse_batch_size
+MAX_STEPS = 10**9  # train.steps and every count of steps
+MAX_STEPS_PER_EXECUTION = 10_000  # train.steps_per_execution
+MAX_EVAL_BATCHES = 100_000  # train.eval_batches
+MAX_KEPT_CHECKPOINTS = 1000  # train.keep_checkpoints (each holds the model and its optimizer)
+MAX_EPOCHS = 1e6  # train.lr_decay_epochs
+MAX_GRADIENT_NORM = 1e6  # train.clip_gradient_norm
+MAX_SHUFFLE_BUFFER = 200_000  # data.shuffle_buffer: a whole COCO train split (113,287 images) fits
+MAX_LENGTH_WINDOW = 1024  # data.length_window, in batches
+MAX_GROUP_CAPTIONS = 100  # data.group_captions, per image (COCO has 5 to 7)
+MAX_SECONDS = 86_400  # timeouts: a day
+MAX_WIDTH = 8192  # a decoder's widths (embeddings, LSTM units, attention, d_model; a feed-forward block 4x)
+MAX_FEATURE_SIZE = 65_536  # model.region_feature_size (detectors give 2,048; training sets it from the store)
+MAX_INIT_SCALE = 10.0  # a decoder's init_scale (kernels start uniform in +-init_scale; 0.08 in the papers)
+MAX_LAYERS = 48  # a Transformer's layers, each stack
+MAX_HEADS = 64  # attention heads
+MAX_POSITIONS = 1024  # model.max_positions (a caption decodes at most MAX_WORDS words)
+MAX_CPUS = 256  # distribute.logical_cpus
+MAX_RATE = 100.0  # train.learning_rate (im2txt's SGD uses 2.0)
+MAX_FACTOR = 1000.0  # the weights of the loss's terms and penalties (weight_decay, attention_l1, diversity)
+MAX_TEMPERATURE = 100.0  # sampling temperatures
+MAX_LENGTH_NORMALIZATION = 10.0  # decode.length_normalization, an exponent (0.6 to 1 in papers)
 
 
 def choices(*values: str) -> dict:
@@ -135,9 +163,10 @@ class DataConfig(Section):
     # mask (captioning.data.region_input); the image augmentations and image sizes do not apply to them
     features: str = field(default="images", metadata=choices("images", "regions"))
     features_store: str = "regions"  # data.features: regions — the store's name (DATA/features/NAME)
-    image_size: int = field(default=299, metadata=at_least(1))  # side of the square crop the encoder sees
+    # side of the square crop the encoder sees
+    image_size: int = field(default=299, metadata=between(1, MAX_IMAGE_SIZE))
     # images are resized to this square before the crop (im2txt: 346 → 299)
-    resize_size: int = field(default=346, metadata=at_least(1))
+    resize_size: int = field(default=346, metadata=between(1, MAX_RESIZE_SIZE))
     # all: every caption is an example (its image copied into its batch); sample: one random caption per
     # image and epoch; grouped: batches of images with all their captions, each image encoded once per
     # step and its features repeated per caption on the device (captioning.data.batching)
@@ -145,13 +174,15 @@ class DataConfig(Section):
     # grouped: how many of each image's captions a batch holds: 0, all of them (every caption once per
     # epoch); k, k drawn afresh every epoch, without replacement (self-critical.pytorch's seq_per_img),
     # so every batch holds exactly images x k captions (an image with fewer gives all it has)
-    group_captions: int = field(default=0, metadata=at_least(0))
+    group_captions: int = field(default=0, metadata=between(0, MAX_GROUP_CAPTIONS))
     cache: str = field(default="none", metadata=choices("none", "memory", "disk", "features"))
     cache_dir: str = ""  # for cache: disk and features (default: <model_dir>/cache)
-    shuffle_buffer: int = field(default=2048, metadata=at_least(1))  # records (no cache) or cached images
-    parse_batch_size: int = field(default=64, metadata=at_least(1))  # records parsed per tf.io.parse_example call
+    # records (no cache) or cached images
+    shuffle_buffer: int = field(default=2048, metadata=between(1, MAX_SHUFFLE_BUFFER))
+    # records parsed per tf.io.parse_example call
+    parse_batch_size: int = field(default=64, metadata=between(1, MAX_BATCH))
     # batches' worth of captions sorted by length together (1: no grouping)
-    length_window: int = field(default=16, metadata=at_least(1))
+    length_window: int = field(default=16, metadata=between(1, MAX_LENGTH_WINDOW))
     bucket_boundaries: list[int] = field(default_factory=list)  # pad batches up to these lengths (XLA); []: to the longest
     random_crop: bool = True
     random_flip: bool = True
@@ -170,7 +201,7 @@ class DataConfig(Section):
     service_mode: str = field(default="parallel_epochs", metadata=choices("parallel_epochs", "distributed_epoch"))
     # the dispatcher must answer, and have a live worker, within this many seconds: at the start and while
     # training (a run whose service stays unreachable or without workers that long ends with one line)
-    service_timeout_s: int = field(default=60, metadata=at_least(1))
+    service_timeout_s: int = field(default=60, metadata=between(1, MAX_SECONDS))
     # how workers compress batches for the trip to the trainer: none (default: the batches are decoded
     # pixels; with auto, TF's default, one local worker gave 0.42 of the in-process pipeline's images/s
     # against 0.59 without: benchmarks/RESULTS.md), snappy, or auto
@@ -237,7 +268,7 @@ class ModelConfig(Section):
     dropout: float = field(default=0.3, metadata=between(0.0, 1.0, high_open=True))
     # the size of each region's features, for data.features: regions (the decoder reads them instead of the
     # encoder's grid; training sets it from the features store); 0: the decoder reads the encoder's output
-    region_feature_size: int = field(default=0, metadata=at_least(0))
+    region_feature_size: int = field(default=0, metadata=between(0, MAX_FEATURE_SIZE))
     # data.features: regions — each region's box as 5 more features: x1, y1, x2, y2 (fractions of the image's
     # width and height) and its area's fraction of the image (self-critical.pytorch's use_box)
     box_geometry: bool = False
@@ -252,16 +283,17 @@ class ModelConfig(Section):
 
 @dataclass
 class TrainConfig(Section):
-    steps: int = field(default=1_000_000, metadata=at_least(1))  # total, across restarts
+    steps: int = field(default=1_000_000, metadata=between(1, MAX_STEPS))  # total, across restarts
     # one of captioning.train.OBJECTIVES: xe, cross-entropy of the references (teacher forcing); scst,
     # self-critical sequence training with a CIDEr-D reward (the scst: section), usually continuing from
     # an xe checkpoint; checked by the training stage, which also brings the batches it needs
     objective: str = "xe"
-    batch_size: int = field(default=32, metadata=at_least(1))  # global: split evenly over replicas
+    batch_size: int = field(default=32, metadata=between(1, MAX_BATCH))  # global: split evenly over replicas
     # sgd, adam, or adamw (Adam with decoupled weight decay, train.weight_decay; Loshchilov & Hutter 2019)
     optimizer: str = field(default="sgd", metadata=choices("sgd", "adam", "adamw"))
-    weight_decay: float = field(default=0.01, metadata=at_least(0.0))  # adamw: decay per step × learning rate
-    learning_rate: float = field(default=2.0, metadata=more_than(0.0))
+    # adamw: decay per step × learning rate
+    weight_decay: float = field(default=0.01, metadata=between(0.0, MAX_FACTOR))
+    learning_rate: float = field(default=2.0, metadata=between(0.0, MAX_RATE, low_open=True))
     # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
     momentum: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
     # constant, step, exponential, cosine, or noam (the Transformer's: linear warm-up over train.warmup_steps
@@ -270,23 +302,23 @@ class TrainConfig(Section):
     # step / exponential schedules: the rate is multiplied by this once per lr_decay_epochs
     lr_decay_factor: float = field(default=0.5, metadata=between(0.0, 1.0, low_open=True))
     # step / exponential schedules: one decay every this many epochs
-    lr_decay_epochs: float = field(default=8.0, metadata=more_than(0.0))
-    warmup_steps: int = field(default=0, metadata=at_least(0))  # linear warm-up from 0
-    clip_gradient_norm: float = field(default=5.0, metadata=at_least(0.0))  # 0 disables clipping
+    lr_decay_epochs: float = field(default=8.0, metadata=between(0.0, MAX_EPOCHS, low_open=True))
+    warmup_steps: int = field(default=0, metadata=between(0, MAX_STEPS))  # linear warm-up from 0
+    clip_gradient_norm: float = field(default=5.0, metadata=between(0.0, MAX_GRADIENT_NORM))  # 0 disables clipping
     # cross-entropy against (1 − ε) on the reference word and ε spread evenly over the vocabulary (Szegedy et
     # al. 2016; 0.1 in the Transformer paper); evaluation's perplexity is always of the plain cross-entropy
     label_smoothing: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
     # a step whose loss or gradient norm is NaN/Inf is never applied; then stop: exit 1 naming the step,
     # the last checkpoint kept as it is; skip: drop that batch, count it and train on
     nan_policy: str = field(default="stop", metadata=choices("stop", "skip"))
-    checkpoint_every_steps: int = field(default=1000, metadata=at_least(1))
-    keep_checkpoints: int = field(default=5, metadata=at_least(1))
-    log_every_steps: int = field(default=100, metadata=at_least(1))
+    checkpoint_every_steps: int = field(default=1000, metadata=between(1, MAX_STEPS))
+    keep_checkpoints: int = field(default=5, metadata=between(1, MAX_KEPT_CHECKPOINTS))
+    log_every_steps: int = field(default=100, metadata=between(1, MAX_STEPS))
     # validation loss / perplexity; 0 disables
-    eval_every_steps: int = field(default=1000, metadata=at_least(0))
-    eval_batches: int = field(default=20, metadata=at_least(1))
+    eval_every_steps: int = field(default=1000, metadata=between(0, MAX_STEPS))
+    eval_batches: int = field(default=20, metadata=between(1, MAX_EVAL_BATCHES))
     # captions written to TensorBoard at each evaluation
-    sample_captions: int = field(default=3, metadata=at_least(0))
+    sample_captions: int = field(default=3, metadata=between(0, MAX_DECODE_BATCH))
     mixed_precision: bool = False
     # XLA for each replica's forward and backward pass (one compilation per batch shape: set
     # data.bucket_boundaries so there are few)
@@ -303,7 +335,7 @@ class TrainConfig(Section):
     # call never runs past a checkpoint, evaluation or profiled step, stops after a non-finite step under
     # nan_policy: stop, and a signal is answered at the end of the call (within k steps). The batches are
     # then read inside the call (not with data.service, whose watch needs each batch's arrival on the host)
-    steps_per_execution: int = field(default=1, metadata=at_least(1))
+    steps_per_execution: int = field(default=1, metadata=between(1, MAX_STEPS_PER_EXECUTION))
 
     def check(self, prefix: str = "train.") -> None:
         if self.lr_schedule == "noam" and self.warmup_steps < 1:
@@ -318,16 +350,16 @@ class TrainConfig(Section):
 class ScstConfig(Section):
     """Self-critical sequence training (``train.objective: scst``; captioning.train.scst)."""
 
-    samples: int = field(default=5, metadata=at_least(1))  # captions sampled per image and step
+    samples: int = field(default=5, metadata=between(1, MAX_BEAM))  # captions sampled per image and step
     # mean: the mean reward of the image's other samples (self-critical.pytorch's "new SCST");
     # greedy: the reward of the image's greedy caption (Rennie et al. 2017)
     baseline: str = field(default="mean", metadata=choices("mean", "greedy"))
     # words a sampled caption may have (self-critical.pytorch: 16, its COCO captions cut at 16 words). It
     # must hold the references: a sample cut short is rewarded cut and the model learns to leave things
     # out (training warns when more than 1% of the references are longer; shapes needs 20)
-    max_length: int = field(default=16, metadata=at_least(1))
+    max_length: int = field(default=16, metadata=between(1, MAX_WORDS))
     # sampling from softmax(logits / temperature)
-    temperature: float = field(default=1.0, metadata=more_than(0.0))
+    temperature: float = field(default=1.0, metadata=between(0.0, MAX_TEMPERATURE, low_open=True))
     # the reward's n-grams end with <end> (appended to every reference; a sample has it if it chose it),
     # as self-critical.pytorch counts its <eos>: a caption that stops mid-phrase ("... and a") or not at
     # all loses the n-grams that end the references. false: words only, pycocoevalcap's CIDEr-D exactly
@@ -347,12 +379,12 @@ class ScstConfig(Section):
 class DistributeConfig(Section):
     strategy: str = field(default="auto", metadata=choices("auto", "default", "mirrored", "multi_worker", "tpu"))
     # split the CPU into this many logical devices (0 or 1: no split)
-    logical_cpus: int = field(default=0, metadata=at_least(0))
+    logical_cpus: int = field(default=0, metadata=between(0, MAX_CPUS))
     tpu: str = ""  # TPU name or address, for strategy: tpu
     # multi_worker: a worker silent this long (no heartbeat to TF's coordination service) is lost, and the
     # others stop with an error naming it; workers wait this long for each other to start
-    peer_timeout_s: int = field(default=30, metadata=at_least(1))
-    startup_timeout_s: int = field(default=600, metadata=at_least(1))
+    peer_timeout_s: int = field(default=30, metadata=between(1, MAX_SECONDS))
+    startup_timeout_s: int = field(default=600, metadata=between(1, MAX_SECONDS))
 
 
 @dataclass
@@ -367,7 +399,7 @@ class DecodeConfig(Section):
     beam_size: int = field(default=3, metadata=between(1, MAX_BEAM))
     max_length: int = field(default=20, metadata=between(1, MAX_WORDS))  # words, <end> excluded
     # rank beams by log p / length ** this (0: plain log p)
-    length_normalization: float = field(default=0.0, metadata=at_least(0.0))
+    length_normalization: float = field(default=0.0, metadata=between(0.0, MAX_LENGTH_NORMALIZATION))
     top_k: int = field(default=1, metadata=between(1, MAX_BEAM))  # captions returned per image, best first
     # beam: beam search; greedy: the most likely word each step (a beam of 1); sample: top_k captions per image
     # drawn from the model (temperature, sample_top_k, sample_top_p, seed), most likely first
@@ -379,13 +411,14 @@ class DecodeConfig(Section):
     # each word's log p lowered by diversity x the earlier groups' captions that chose it at this step, that
     # penalised score carried forward; the top_k captions come one per group in turn
     beam_groups: int = field(default=1, metadata=between(1, MAX_BEAM))
-    diversity: float = field(default=0.0, metadata=at_least(0.0))
+    diversity: float = field(default=0.0, metadata=between(0.0, MAX_FACTOR))
     # n >= 1: no word twice in a row and (n >= 2) no n-gram twice in a caption, inside the search; 0: off
     block_ngrams: int = field(default=0, metadata=between(0, MAX_WORDS))
     # words a caption may not end with ("english": a list for English, captioning.model.word_rules.ENGLISH_BAD_ENDINGS;
     # a word the model's vocabulary lacks is refused)
     bad_endings: list[str] = field(default_factory=list)
-    temperature: float = field(default=1.0, metadata=more_than(0.0))  # sample: logits divided by this
+    # sample: logits divided by this
+    temperature: float = field(default=1.0, metadata=between(0.0, MAX_TEMPERATURE, low_open=True))
     # sample: only the k most likely words (0: all)
     sample_top_k: int = field(default=0, metadata=between(0, MAX_SAMPLE_TOP_K))
     # sample: only the fewest most likely words whose probability reaches this (nucleus sampling; 1: all)

@@ -51,7 +51,7 @@ def test_synth_then_prepare(tmp_path):
     (["prepare", "--output-dir", "x", "--split", "train=BAD.json:."], "is not valid JSON"),
     (["prepare", "--output-dir", "x"], "exactly one source"),
     (["prepare", "--output-dir", "x", "--split", "a=b:c", "--shards", "train=lots"], "NAME=INTEGER"),
-    (["synth", "--output-dir", "y", "--num-images", "1"], "at least 3"),
+    (["synth", "--output-dir", "y", "--num-images", "1"], "in [3, 1,000,000], got 1"),
     (["nonsense"], "invalid choice"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message, tmp_path):
@@ -67,7 +67,7 @@ def test_bad_input_exits_2_with_one_line(args, message, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["train", "--config", "BAD.yaml", "--model-dir", "m"], "unknown config key 'train.stepz'; did you mean train.steps"),
     (["train", "--config", "experiments/shapes.yaml", "--model-dir", "m", "--set", "train.warmup_steps=-5"],
-     "config key train.warmup_steps must be at least 0, got -5"),
+     "config key train.warmup_steps must be in [0, 1000000000], got -5"),
     (["benchmark", "train", "--config", "experiments/shapes.yaml", "--set", "data.cache=nowhere"],
      "config key data.cache must be one of"),
 ], ids=["file", "set", "benchmark"])
@@ -100,3 +100,82 @@ def test_python_dash_m_and_console_script_agree():
         pytest.skip("the console script is installed by `pip install -e .` (make test does)")
     assert subprocess.run([exe, "--version"], capture_output=True, text=True).stdout == \
         run_cli("--version").stdout
+
+
+HUGE = 10**12
+
+
+def numeric_flags():
+    """(command words, flag, form) of every option of the command line that takes a number: an option whose
+    type accepts a small number in one of the forms below (``NAME=N``, ``WxH`` included)."""
+    import argparse
+
+    from captioning.cli import build_parser
+
+    forms = ("{}", "x={}", "{}x8")
+
+    def walk(parser, words):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, words + (name,))
+            elif action.option_strings and callable(action.type):
+                for form in forms:
+                    if any(_accepts(action.type, form.format(n)) for n in (1, 8)):
+                        yield words, action.option_strings[-1], form
+                        break
+
+    return sorted(set(walk(build_parser(), ())))
+
+
+def _accepts(kind, text) -> bool:
+    import argparse
+
+    try:
+        kind(text)
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        return False
+    return True
+
+
+def test_every_number_a_flag_takes_has_an_upper_bound(capsys):
+    """docs/reliability.md, "Upper bounds of sizes": every flag that takes a number refuses 10^12 with one line
+    naming the flag (exit 2), as the command line is parsed, before any work."""
+    from captioning.cli import build_parser
+
+    flags = numeric_flags()
+    named = {(" ".join(words), flag) for words, flag, _ in flags}
+    assert {("evaluate", "--batch-size"), ("evaluate", "--max-images"), ("prepare", "--shards"),
+            ("prepare", "--workers"), ("synth", "--num-images"), ("benchmark input", "--image-size"),
+            ("caption", "--length-normalization"), ("data-service worker", "--timeout"),
+            ("features extract", "--shift")} <= named and len(flags) > 50
+    accepted = []
+    for words, flag, form in flags:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args([*words, flag, form.format(HUGE)])
+        err = capsys.readouterr().err
+        if exited.value.code != 2 or "must" not in err:
+            accepted.append(f"{' '.join(words)} {flag}")
+            continue
+        assert err.count("\n") == 1 and err.startswith(f"captioning {words[0]}: error: argument {flag}"), err
+    assert accepted == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (["train", "--config", "experiments/shapes.yaml", "--model-dir", "MODEL", "--set", "data.image_size=100000"],
+     "captioning train: error: config key data.image_size must be in [1, 1024], got 100000"),
+    (["evaluate", "--model-dir", "MODEL", "--batch-size", "100000000"],
+     "captioning evaluate: error: argument --batch-size: must be an integer in [1, 1,024], got 100000000 (see "
+     "captioning evaluate --help)"),
+    (["prepare", "--output-dir", "MODEL", "--split", "train=a.json:.", "--shards", "train=1000000"],
+     "captioning prepare: error: argument --shards: 'train=1000000': the integer must be in [1, 100,000] (see "
+     "captioning prepare --help)"),
+])
+def test_a_size_beyond_its_bound_stops_the_command_in_one_line_writing_nothing(args, said, tmp_path):
+    from tests.helpers import REPO
+
+    argv = [str(tmp_path / "m") if a == "MODEL" else os.path.join(REPO, a) if a.startswith("experiments/") else a
+            for a in args]
+    result = run_cli(*argv, cwd=str(tmp_path))
+    assert (result.returncode, result.stderr.strip().splitlines()) == (2, [said])
+    assert os.listdir(tmp_path) == []

@@ -323,6 +323,42 @@ def test_every_number_declares_its_range():
     assert [k for k, kind in kinds.items() if kind in (int, float) and k not in NUMERIC] == []
 
 
+def test_every_number_has_a_finite_upper_bound():
+    """Every int or float field of every config section and of every registered decoder's settings (asked of the
+    registry, so a new decoder is covered) that has a lower bound has a finite upper bound too: a size typed with
+    extra zeros is one line before any work, not a kill for memory (docs/reliability.md, "Upper bounds of
+    sizes")."""
+    classes = [type(getattr(Config(), section.name)) for section in dataclasses.fields(Config)]
+    classes += [cls.settings_class for cls in model_lib.DECODERS.values()]
+    assert {"DataConfig", "TrainConfig", "ScstConfig", "DistributeConfig", "DecodeConfig", "TransformerSettings"} <= \
+        {cls.__name__ for cls in classes}
+    checked, unbounded = [], []
+    for cls in classes:
+        kinds = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            bounds = f.metadata.get("range")
+            if kinds[f.name] not in (int, float) or bounds is None or bounds[0] is None:
+                continue
+            checked.append(f"{cls.__name__}.{f.name}")
+            high = bounds[2]
+            if high is None or not math.isfinite(high):
+                unbounded.append(f"{cls.__name__}.{f.name}")
+    assert unbounded == [] and len(checked) > 50, unbounded
+
+
+@pytest.mark.parametrize("key, too_big, said", [
+    ("data.image_size", 100000, "in [1, 1024]"), ("train.batch_size", 10**6, "in [1, 8192]"),
+    ("train.steps", 10**10, "in [1, 1000000000]"), ("scst.max_length", 101, "in [1, 100]"),
+    ("distribute.startup_timeout_s", 86401, "in [1, 86400]"), ("model.d_model", 8193, "in [1, 8192]"),
+    ("model.decoder_layers", 49, "in [1, 48]"), ("model.heads", 65, "in [1, 64]"),
+    ("model.max_positions", 1025, "in [2, 1024]")])
+def test_a_size_beyond_its_upper_bound_is_one_line(key, too_big, said):
+    overrides = owner(key) + [f"{key}={too_big}"]
+    with pytest.raises(InputError) as info:
+        load_config(overrides=overrides)
+    assert str(info.value) == f"config key {key} must be {said}, got {too_big}"
+
+
 @pytest.mark.parametrize("key", NUMERIC)
 def test_a_number_outside_its_range_is_one_line_naming_the_key_and_the_range(key):
     f, kind = fields_of(key)
@@ -343,7 +379,8 @@ def test_range_checks_come_before_tensorflow_starts():
             "assert 'tensorflow' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(
         os.path.dirname(os.path.abspath(__file__))))
-    assert out.returncode == 0 and out.stdout.strip() == "config key train.warmup_steps must be at least 0, got -5"
+    assert out.returncode == 0 and out.stdout.strip() == \
+        "config key train.warmup_steps must be in [0, 1000000000], got -5"
 
 
 def test_all_keys_names_every_field():
@@ -570,7 +607,7 @@ def test_any_yaml_content_gives_a_valid_config_or_one_input_error(document):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["data.group_captions=-1"], "config key data.group_captions must be at least 0, got -1"),
+    (["data.group_captions=-1"], "config key data.group_captions must be in [0, 100], got -1"),
     (["data.group_captions=3"], "data.group_captions (3) applies to data.captions_per_image: grouped, not all"),
     (["data.group_captions=3", "data.captions_per_image=sample"], "grouped, not sample"),
 ])

@@ -207,3 +207,47 @@ def test_every_code_fence_is_closed_by_a_line_of_its_own():
             assert line.lstrip().startswith("```") and (not closing or line.strip() == "```"), \
                 f"{os.path.relpath(path, REPO)}:{n}: {line.strip()!r}"
         assert len(fences) % 2 == 0, os.path.relpath(path, REPO)
+
+
+def bound_rows():
+    """(names, bound) of each row of docs/reliability.md's "Upper bounds of sizes" table."""
+    text = open(os.path.join(REPO, "docs", "reliability.md"), encoding="utf-8").read()
+    table = text.split("## Upper bounds of sizes", 1)[1].split("\n## ", 1)[0]
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and re.fullmatch(r"[\d,]+", cells[1]):
+            yield re.findall(r"`([^`]+)`", cells[0]), int(cells[1].replace(",", ""))
+
+
+def test_the_upper_bounds_table_is_the_code():
+    """Every bound docs/reliability.md gives is the code's: a config key's declared upper bound (each section's,
+    or every decoder's that declares the key), a flag's type accepts the bound and refuses the next number."""
+    import argparse
+    import dataclasses
+
+    from captioning import model as model_lib
+    from captioning.cli import build_parser
+    from captioning.config import Config
+
+    classes = {f.name: [type(getattr(Config(), f.name))] for f in dataclasses.fields(Config)}
+    classes["model"] += [cls.settings_class for cls in model_lib.DECODERS.values()]
+    rows = list(bound_rows())
+    assert len(rows) > 40
+    for names, bound in rows:
+        for name in names:
+            if re.fullmatch(r"\w+\.\w+", name):  # a config key
+                section, key = name.split(".")
+                found = [f.metadata["range"][2] for cls in classes[section] for f in dataclasses.fields(cls)
+                         if f.name == key]
+                assert found and all(high == bound for high in found), (name, found, bound)
+                continue
+            words = name.split()
+            flag = next(w for w in words if w.startswith("--"))
+            parser = build_parser()
+            for word in words[:words.index(flag)]:
+                parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+            action = next(a for a in parser._actions if flag in a.option_strings)
+            form = "x={}" if "NAME=N" in words else "{}x8" if "WxH" in words else "{}"
+            action.type(form.format(bound))
+            with pytest.raises(argparse.ArgumentTypeError):
+                action.type(form.format(bound + 1))

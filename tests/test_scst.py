@@ -247,7 +247,7 @@ def fitted(path=None, overrides=()):
     (["train.objective=scst", "data.captions_per_image=grouped", "data.group_captions=3"],
      "train.objective: scst needs data.group_captions: 0, but data.group_captions is 3"),
     (["train.objective=scst", "scst.samples=1"], "scst.samples (1) must be at least 2 with scst.baseline: mean"),
-    (["train.objective=scst", "scst.temperature=0"], "config key scst.temperature must be more than 0, got 0.0"),
+    (["train.objective=scst", "scst.temperature=0"], "config key scst.temperature must be in (0, 100], got 0.0"),
     (["train.objective=scst", "train.jit_compile=true"], "train.jit_compile does not apply to train.objective: scst"),
     (["train.objective=scts"], "config key train.objective must be one of xe, scst, got 'scts'"),
 ])

@@ -4,7 +4,11 @@ included, which is why they live with the command line)."""
 
 from __future__ import annotations
 
-from captioning.cli.parsing import NATURAL, POSITIVE, at_least, call, config_flags, decoding_flags, size
+from captioning.cli.parsing import (MAX_BENCHMARK_IMAGES, MAX_BENCHMARK_STEPS, MAX_CIDER, MAX_ROUNDS, MAX_SIDE,
+                                    MAX_WORKERS, call, config_flags, decoding_flags, size, within)
+from captioning.config import MAX_DECODE_BATCH, MAX_STEPS
+
+IMAGES, STEPS, ROUNDS = within(1, MAX_BENCHMARK_IMAGES), within(1, MAX_BENCHMARK_STEPS), within(1, MAX_ROUNDS)
 
 
 def add_benchmark(sub) -> None:
@@ -26,17 +30,17 @@ def add_benchmark(sub) -> None:
                          description="Images/s of the naive seed-style pipeline, the training input pipeline and "
                                      "bare decode + resize on the same records; padding efficiency; cache speed-ups.")
     q.add_argument("--data", metavar="DIR", dest="data_dir", help="a prepared dataset (default: COCO-like photos made in --work-dir)")
-    q.add_argument("--images", type=POSITIVE, default=1000, help="photos in the train split (default 1000)")
-    q.add_argument("--cache-images", type=POSITIVE, default=200, help="photos for the cache epochs (default 200)")
+    q.add_argument("--images", type=IMAGES, default=1000, help="photos in the train split (default 1000)")
+    q.add_argument("--cache-images", type=IMAGES, default=200, help="photos for the cache epochs (default 200)")
     q.add_argument("--image-size", type=size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
     config_flags(q, required=False, help="experiment config whose data and model sections to use (default: the "
                                          "defaults, im2txt's COCO recipe)")
-    q.add_argument("--measure-images", type=POSITIVE, default=1500,
+    q.add_argument("--measure-images", type=within(1, MAX_BENCHMARK_STEPS), default=1500,
                    help="images timed per measurement (default 1500)")
-    q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements per pipeline, best kept (default 2)")
+    q.add_argument("--rounds", type=ROUNDS, default=2, help="measurements per pipeline, best kept (default 2)")
     q.add_argument("--regions", metavar="NAME",
                    help="also the pipeline reading the dataset's features store NAME (data.features: regions)")
-    q.add_argument("--service", type=NATURAL, default=0, metavar="N",
+    q.add_argument("--service", type=within(0, MAX_WORKERS), default=0, metavar="N",
                    help="also measure the pipeline through a tf.data service dispatcher and N workers started in "
                         "this process, on the same cores (default 0: not measured)")
     common(q)
@@ -49,12 +53,12 @@ def add_benchmark(sub) -> None:
     q.add_argument("--data", metavar="DIR", dest="data_dir", help="train on these prepared records (data.dir)")
     q.add_argument("--photos", action="store_true",
                    help="train on the COCO-like benchmark photos (made once in --work-dir, as benchmark input does)")
-    q.add_argument("--steps", type=POSITIVE, default=300, help="measured steps (default 300)")
-    q.add_argument("--warmup", type=NATURAL, default=50, help="steps run first and not measured (default 50)")
+    q.add_argument("--steps", type=STEPS, default=300, help="measured steps (default 300)")
+    q.add_argument("--warmup", type=within(0, MAX_BENCHMARK_STEPS), default=50, help="steps run first and not measured (default 50)")
     q.add_argument("--compare", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="also measure with this override (repeatable) and report both side by side, e.g. "
                         "data.captions_per_image=grouped")
-    q.add_argument("--rounds", type=POSITIVE, default=2,
+    q.add_argument("--rounds", type=ROUNDS, default=2,
                    help="with --compare: runs of each, alternated, fastest kept (default 2)")
     common(q)
     q.set_defaults(handler=run_benchmark)
@@ -65,8 +69,8 @@ def add_benchmark(sub) -> None:
                                      "training time until test CIDEr first reaches --target, and the final quality.")
     config_flags(q, help="experiment config, e.g. experiments/shapes.yaml")
     q.add_argument("--data", metavar="DIR", dest="data_dir", help="train on these prepared records (data.dir)")
-    q.add_argument("--eval-every", type=POSITIVE, default=1000, help="steps between checkpoints (default 1000)")
-    q.add_argument("--target", type=at_least(0.0, float), default=3.0, help="the CIDEr to reach (default 3.0)")
+    q.add_argument("--eval-every", type=within(1, MAX_STEPS), default=1000, help="steps between checkpoints (default 1000)")
+    q.add_argument("--target", type=within(0, MAX_CIDER, float), default=3.0, help="the CIDEr to reach (default 3.0)")
     q.add_argument("--split", default="test", help="split evaluated (default test)")
     q.add_argument("--model-dir", help="train here and keep it (default: a scratch folder, removed)")
     q.add_argument("--compare", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -80,8 +84,9 @@ def add_benchmark(sub) -> None:
     q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
     config_flags(q, required=False, help="without --model-dir: an experiment config whose model and data sections "
                                          "make the untrained model (default: the shapes demo's Show and Tell)")
-    q.add_argument("--batch-size", type=POSITIVE, default=128, help="images per batched call (default 128)")
-    q.add_argument("--images", type=POSITIVE, default=256,
+    q.add_argument("--batch-size", type=within(1, MAX_DECODE_BATCH), default=128,
+                   help=f"images per batched call, at most {MAX_DECODE_BATCH:,} (default 128)")
+    q.add_argument("--images", type=IMAGES, default=256,
                    help="images captioned in the batched measurement (default 256)")
     decoding_flags(q, sets=False)  # its --set configures the untrained model
     q.add_argument("--ensemble-with", action="append", default=[], metavar="MODEL_DIR",
@@ -95,12 +100,12 @@ def add_benchmark(sub) -> None:
     q = kinds.add_parser("prepare", help="prepare with all workers vs one worker vs the one-core ceiling",
                          description="Images/s of `prepare` with one worker per core and with one worker, and the "
                                      "one-core rate of its bare per-image work (decode, resize, re-encode).")
-    q.add_argument("--images", type=POSITIVE, default=1000, help="photos to prepare (default 1000)")
+    q.add_argument("--images", type=IMAGES, default=1000, help="photos to prepare (default 1000)")
     q.add_argument("--image-size", type=size, default=(640, 480), metavar="WxH", help="photo size (default 640x480)")
-    q.add_argument("--shorter-side", type=NATURAL, default=346,
+    q.add_argument("--shorter-side", type=within(0, MAX_SIDE), default=346,
                    help="prepare's --shorter-side (default 346; 0: keep size)")
-    q.add_argument("--workers", type=POSITIVE, default=None, help="workers of the parallel run (default: the cores)")
-    q.add_argument("--rounds", type=POSITIVE, default=2, help="measurements of each, best kept (default 2)")
+    q.add_argument("--workers", type=within(1, MAX_WORKERS), default=None, help="workers of the parallel run (default: the cores)")
+    q.add_argument("--rounds", type=ROUNDS, default=2, help="measurements of each, best kept (default 2)")
     common(q)
     q.set_defaults(handler=run_benchmark)
 

@@ -13,7 +13,10 @@ import logging
 import os
 import sys
 
-from captioning.cli.parsing import NATURAL, POSITIVE, at_least, call, config_flags, decoding_flags, key_int, options
+from captioning.cli.parsing import (MAX_IMAGES_PER_SHARD, MAX_SEED, MAX_SHARDS, MAX_SIDE, MAX_SPLIT_IMAGES,
+                                    MAX_SYNTH_IMAGES, MAX_WORD_COUNT, MAX_WORKERS, call, config_flags, decoding_flags,
+                                    key_int, options, within)
+from captioning.config import MAX_DECODE_BATCH, MAX_WORDS
 from captioning.data.scenes import SCENES
 from captioning.fileio import check_output_file
 
@@ -30,9 +33,10 @@ def add_synth(sub) -> None:
                     "(annotations/dataset_shapes.json). "
                     "Splits are 80/10/10. The same seed gives byte-identical files.")
     p.add_argument("--output-dir", required=True, help="folder to write images/ and annotations/ into")
-    p.add_argument("--num-images", type=at_least(3), default=2000,
-                   help="number of images in all splits, at least 3 (default 2000)")
-    p.add_argument("--seed", type=NATURAL, default=0, help="random seed; same seed, same bytes (default 0)")
+    p.add_argument("--num-images", type=within(3, MAX_SYNTH_IMAGES), default=2000,
+                   help=f"number of images in all splits, at least 3 and at most {MAX_SYNTH_IMAGES:,} (default 2000)")
+    p.add_argument("--seed", type=within(0, MAX_SEED), default=0,
+                   help="random seed; same seed, same bytes (default 0)")
     p.add_argument("--scenes", choices=SCENES, default=SCENES[0],
                    help="shapes: one to three shapes of three kinds and six colours (the default); hard: three to "
                         "six overlapping shapes of six kinds, eight colours, three sizes and fills, clutter, and "
@@ -73,27 +77,31 @@ def add_prepare(sub) -> None:
                      help="keep Karpathy's 'restval' images as their own split instead of adding them to train")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", required=True, help="folder for the shards, vocab.txt and manifest.json")
-    out.add_argument("--shards", action="append", default=[], type=key_int, metavar="NAME=N",
-                     help="number of shards of a split; repeat per split "
+    out.add_argument("--shards", action="append", default=[], type=key_int(1, MAX_SHARDS), metavar="NAME=N",
+                     help=f"number of shards of a split, at most {MAX_SHARDS:,}; repeat per split "
                           "(default: max(4, ceil(images / --images-per-shard)))")
-    out.add_argument("--images-per-shard", type=POSITIVE, default=1000,
-                     help="images per shard when --shards does not say (default 1000, ~150 MB for COCO)")
-    out.add_argument("--shorter-side", type=at_least(8), default=None, metavar="PX",
+    out.add_argument("--images-per-shard", type=within(1, MAX_IMAGES_PER_SHARD), default=1000,
+                     help=f"images per shard when --shards does not say, at most {MAX_IMAGES_PER_SHARD:,} (default "
+                          "1000, ~150 MB for COCO)")
+    out.add_argument("--shorter-side", type=within(8, MAX_SIDE), default=None, metavar="PX",
                      help="downscale images whose shorter side is larger to PX pixels (default: keep size)")
-    out.add_argument("--jpeg-quality", type=POSITIVE, default=95,
-                     help="JPEG quality for images that must be re-encoded (default 95)")
-    out.add_argument("--seed", type=NATURAL, default=0, help="seed of the image order within shards (default 0)")
+    out.add_argument("--jpeg-quality", type=within(1, 100), default=95,
+                     help="JPEG quality for images that must be re-encoded, 1 to 100 (default 95)")
+    out.add_argument("--seed", type=within(0, MAX_SEED), default=0,
+                     help="seed of the image order within shards (default 0)")
     txt = p.add_argument_group("captions and vocabulary")
-    txt.add_argument("--min-word-count", type=POSITIVE, default=4,
+    txt.add_argument("--min-word-count", type=within(1, MAX_WORD_COUNT), default=4,
                      help="words seen fewer times in train captions become <unk> (default 4, as im2txt)")
-    txt.add_argument("--max-caption-length", type=POSITIVE, default=20,
-                     help="clip captions to this many words, <start>/<end> not counted (default 20)")
+    txt.add_argument("--max-caption-length", type=within(1, MAX_WORDS), default=20,
+                     help=f"clip captions to this many words, <start>/<end> not counted, at most {MAX_WORDS} (the "
+                          "longest caption a model decodes; default 20)")
     txt.add_argument("--keep-punctuation", action="store_true",
                      help="keep punctuation tokens (default: drop them, as Karpathy's split does)")
     txt.add_argument("--vocab", metavar="FILE", help="use this vocab.txt instead of building one from train")
     run = p.add_argument_group("running")
-    run.add_argument("--workers", type=POSITIVE, default=os.cpu_count() or 1,
-                     help=f"processes writing shards in parallel (default: the cores, here {os.cpu_count()})")
+    run.add_argument("--workers", type=within(1, MAX_WORKERS), default=min(os.cpu_count() or 1, MAX_WORKERS),
+                     help=f"processes writing shards in parallel, at most {MAX_WORKERS} (default: the cores, here "
+                          f"{os.cpu_count()})")
     run.add_argument("--strict", action="store_true", help="fail on the first image that would be skipped")
     run.add_argument("--overwrite", action="store_true", help="replace a prepared dataset in --output-dir")
     run.add_argument("--resume", action="store_true",
@@ -203,9 +211,11 @@ def add_evaluate(sub) -> None:
                     "logs/eval_<split>; --output writes the metrics JSON to a file of your choice too.")
     add_model_dirs(p)
     p.add_argument("--split", default="test", help="split of the prepared dataset (default test)")
-    p.add_argument("--max-images", type=POSITIVE, default=None, help="only the first N images of the split")
+    p.add_argument("--max-images", type=within(1, MAX_SPLIT_IMAGES), default=None,
+                   help=f"only the first N images of the split (N at most {MAX_SPLIT_IMAGES:,})")
     decoding_flags(p)
-    p.add_argument("--batch-size", type=POSITIVE, default=32, help="images decoded together (default 32)")
+    p.add_argument("--batch-size", type=within(1, MAX_DECODE_BATCH), default=32,
+                   help=f"images decoded together, at most {MAX_DECODE_BATCH:,} (default 32)")
     p.add_argument("--data-dir", help="the prepared dataset, if not where the training config says")
     p.add_argument("--spice", action="store_true",
                    help="also compute SPICE (needs Stanford CoreNLP models that its first run downloads)")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from captioning.cli.parsing import at_least, call
+from captioning.cli.parsing import call, within
+from captioning.config import MAX_SECONDS
 
 
 def _port(low: int):
@@ -63,9 +64,9 @@ def add_data_service(sub) -> None:
     q.add_argument("--host", metavar="NAME",
                    help="the name trainers reach this machine by (default: localhost when the dispatcher is on "
                         "localhost, else this machine's host name)")
-    q.add_argument("--timeout", dest="timeout_s", type=at_least(1.0, float), default=60.0, metavar="SECONDS",
+    q.add_argument("--timeout", dest="timeout_s", type=within(1, MAX_SECONDS, float), default=60.0, metavar="SECONDS",
                    help="how long to wait for the dispatcher to answer before giving up (default 60)")
-    q.add_argument("--heartbeat", dest="heartbeat_s", type=at_least(0.1, float), default=None, metavar="SECONDS",
+    q.add_argument("--heartbeat", dest="heartbeat_s", type=within(0.1, MAX_SECONDS, float), default=None, metavar="SECONDS",
                    help="how often to report its tasks and that it is alive to the dispatcher (default: "
                         "TensorFlow's, 30)")
     q.set_defaults(handler=run_worker)

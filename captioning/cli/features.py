@@ -89,11 +89,14 @@ def add_features(sub) -> None:
     boxes.add_argument("--grid-cells", type=within(1, MAX_GRID_CELLS), metavar="N",
                        help=f"no detector: N x N equal boxes tiling each image, N at most {MAX_GRID_CELLS} (the "
                             "baseline of the same encoder)")
-    q.add_argument("--min-score", type=float, default=0.2, help="keep boxes scoring at least this (default 0.2)")
+    q.add_argument("--min-score", type=within(0, 1, float), default=0.2,
+                   help="keep boxes scoring at least this, in [0, 1] as COCO results' scores (default 0.2)")
     q.add_argument("--max-boxes", type=within(1, MAX_BOXES), default=36,
                    help=f"the best this many boxes an image (default 36, at most {MAX_BOXES})")
-    q.add_argument("--shift", type=float, default=0.0, help="jitter: move and scale boxes by up to this share (default 0)")
-    q.add_argument("--miss", type=float, default=0.0, help="jitter: drop each box with this probability (default 0)")
+    q.add_argument("--shift", type=within(0, 1, float), default=0.0,
+                   help="jitter: move and scale boxes by up to this share, below 1 (default 0)")
+    q.add_argument("--miss", type=within(0, 1, float), default=0.0,
+                   help="jitter: drop each box with this probability (default 0)")
     q.add_argument("--false-boxes", type=within(0, MAX_FALSE_BOXES, float), default=0.0,
                    help=f"jitter: add this many random boxes an image on average (default 0, at most {MAX_FALSE_BOXES})")
     q.add_argument("--seed", type=within(0, MAX_SEED), default=0, help="jitter's seed (default 0)")

@@ -20,7 +20,7 @@ import math
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: ``captioning evaluate: error: argument --batch-size: must be
-    an integer of at least 1, got 0 (see captioning evaluate --help)`` and exit code 2; the line names
+    an integer in [1, 1,024], got 0 (see captioning evaluate --help)`` and exit code 2; the line names
     the command as every other error line does (``captioning benchmark: error: …`` for its subcommands).
     It records each flag's parameter name (:meth:`flag_names`)."""
 
@@ -66,29 +66,36 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{command}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
-def at_least(low, kind=int):
-    """An argparse type: an integer (or, with ``kind=float``, a finite number) of at least ``low``."""
-    what = "an integer" if kind is int else "a finite number"
+# The upper bounds of the sizes the flags take (docs/reliability.md, "Upper bounds of sizes"; the decoding sizes
+# and the config's are captioning.config's MAX_*, the features commands' captioning.cli.features'): generous for
+# research use, they stop an absurd value in one line before any work starts.
+MAX_SEED = 2**32 - 1  # numpy's seeds
+MAX_WORKERS = 256  # processes or servers started on one machine
+MAX_SIDE = 16_384  # pixels of an image's side (a decoded 16384 x 16384 image is 1 GiB)
+MAX_ROUNDS = 100  # a benchmark's repeated measurements
+MAX_SHARDS = 100_000  # shards of one split
+MAX_IMAGES_PER_SHARD = 100_000
+MAX_SYNTH_IMAGES = 1_000_000  # synth's images (about 10 KB of JPEG each)
+MAX_BENCHMARK_IMAGES = 100_000  # photos a benchmark makes and reads
+MAX_BENCHMARK_STEPS = 1_000_000  # steps a benchmark times
+MAX_SPLIT_IMAGES = 10_000_000  # evaluate --max-images (a cap: COCO's splits have 5,000 to 123,287)
+MAX_WORD_COUNT = 1_000_000  # prepare --min-word-count
+MAX_CIDER = 100.0  # benchmark quality --target
 
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        if not math.isfinite(value) or value < low:
-            raise argparse.ArgumentTypeError(f"must be {what} of at least {low:g}, got {text}")
-        return value
 
-    parse.__name__ = f"{what} >= {low:g}"
-    return parse
+def _number(x) -> str:
+    """A bound as it is written: an integral one as an integer with thousands separators (``4,294,967,295``).
 
-
-POSITIVE, NATURAL = at_least(1), at_least(0)
+    >>> _number(2**32 - 1), _number(86400.0), _number(0.1)
+    ('4,294,967,295', '86,400', '0.1')
+    """
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def within(low, high, kind=int):
     """An argparse type: an integer (or, with ``kind=float``, a finite number) in ``[low, high]``, the
-    documented bounds of a size a user types (checked before any work starts)."""
+    documented bounds of a size a user types (checked before any work starts). Every number a flag takes has
+    one (tests/test_cli.py checks each flag of the command line with a huge value)."""
     what = "an integer" if kind is int else "a number"
 
     def parse(text: str):
@@ -97,30 +104,38 @@ def within(low, high, kind=int):
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
         if not math.isfinite(value) or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be {what} in [{low:,}, {high:,}], got {text}")
+            raise argparse.ArgumentTypeError(f"must be {what} in [{_number(low)}, {_number(high)}], got {text}")
         return value
 
     parse.__name__ = f"{what} in [{low:g}, {high:g}]"
     return parse
 
 
-def key_int(text: str) -> tuple[str, int]:
-    """``NAME=INTEGER`` (``--shards train=256``)."""
-    name, eq, value = text.partition("=")
-    try:
-        number = int(value)
-    except ValueError:
-        number = None
-    if not eq or not name or number is None:
-        raise argparse.ArgumentTypeError(f"{text!r} must look like NAME=INTEGER, e.g. train=256")
-    return name, number
+def key_int(low: int, high: int):
+    """An argparse type: ``NAME=INTEGER`` (``--shards train=256``), the integer in ``[low, high]``."""
+    def parse(text: str) -> tuple[str, int]:
+        name, eq, value = text.partition("=")
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if not eq or not name or number is None:
+            raise argparse.ArgumentTypeError(f"{text!r} must look like NAME=INTEGER, e.g. train=256")
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: the integer must be in [{_number(low)}, {_number(high)}]")
+        return name, number
+
+    parse.__name__ = "NAME=INTEGER"
+    return parse
 
 
 def size(text: str) -> tuple[int, int]:
-    """``WIDTHxHEIGHT``, each at least 8."""
+    """``WIDTHxHEIGHT``, each at least 8 and at most :data:`MAX_SIDE`."""
     width, x, height = text.lower().partition("x")
-    if not x or not width.isdigit() or not height.isdigit() or int(width) < 8 or int(height) < 8:
-        raise argparse.ArgumentTypeError(f"{text!r} must look like WIDTHxHEIGHT, e.g. 640x480 (at least 8x8)")
+    if (not x or not width.isdigit() or not height.isdigit() or not 8 <= int(width) <= MAX_SIDE
+            or not 8 <= int(height) <= MAX_SIDE):
+        raise argparse.ArgumentTypeError(f"{text!r} must look like WIDTHxHEIGHT, e.g. 640x480 (each side in "
+                                         f"[8, {_number(MAX_SIDE)}])")
     return int(width), int(height)
 
 
@@ -136,15 +151,16 @@ def decoding_flags(p, top_k: bool = False, sets: bool = True) -> None:
     """The flags that override the model's ``decode:`` config for one call (default None: the config's
     value; the defaults themselves live in :class:`captioning.config.DecodeConfig` alone, and so do the sizes'
     upper bounds)."""
-    from captioning.config import MAX_BEAM, MAX_WORDS
+    from captioning.config import MAX_BEAM, MAX_LENGTH_NORMALIZATION, MAX_WORDS
 
     p.add_argument("--beam-size", type=within(1, MAX_BEAM), default=None,
                    help=f"beam width, at most {MAX_BEAM}; 1 is greedy decoding (default: the model's decode.beam_size, 3)")
     p.add_argument("--max-length", type=within(1, MAX_WORDS), default=None,
                    help=f"longest caption in words, at most {MAX_WORDS} (default: the model's decode.max_length, 20)")
-    p.add_argument("--length-normalization", type=at_least(0.0, float), default=None, metavar="ALPHA",
-                   help="rank complete captions by log_prob / length^ALPHA (default: the model's "
-                        "decode.length_normalization, 0: by log_prob)")
+    p.add_argument("--length-normalization", type=within(0, MAX_LENGTH_NORMALIZATION, float), default=None,
+                   metavar="ALPHA", help=f"rank complete captions by log_prob / length^ALPHA, ALPHA at most "
+                                         f"{MAX_LENGTH_NORMALIZATION:g} (default: the model's "
+                                         "decode.length_normalization, 0: by log_prob)")
     if top_k:
         p.add_argument("--top-k", type=within(1, MAX_BEAM), default=None,
                        help="captions per image, best first, at most --beam-size (default: decode.top_k, 1)")

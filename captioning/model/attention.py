@@ -49,7 +49,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import ModelConfig, at_least, more_than
+from captioning.config import MAX_FACTOR, MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
 from captioning.model.base import CaptionModel, masked_mean, masked_scores
 from captioning.model.encoders import build_encoder
 from captioning.vocab import PAD_ID
@@ -59,14 +59,14 @@ from captioning.vocab import PAD_ID
 class AttentionSettings:
     """``model.decoder: attention``'s own keys (``model.attention_size``, ...)."""
 
-    embedding_size: int = field(default=512, metadata=at_least(1))  # word embedding E
-    lstm_units: int = field(default=512, metadata=at_least(1))  # U
+    embedding_size: int = field(default=512, metadata=between(1, MAX_WIDTH))  # word embedding E
+    lstm_units: int = field(default=512, metadata=between(1, MAX_WIDTH))  # U
     # kernels and embeddings start uniform in [-init_scale, init_scale]
-    init_scale: float = field(default=0.08, metadata=more_than(0.0))
-    attention_size: int = field(default=512, metadata=at_least(1))  # the hidden size A of the attention MLP
+    init_scale: float = field(default=0.08, metadata=between(0.0, MAX_INIT_SCALE, low_open=True))
+    attention_size: int = field(default=512, metadata=between(1, MAX_WIDTH))  # the hidden size A of the attention MLP
     # λ of the doubly stochastic regularisation, λ Σ_cells (1 − Σ_words α)² per caption, added to the
     # caption's summed cross-entropy (Xu et al. 2015; 0 turns it off)
-    attention_l1: float = field(default=1.0, metadata=at_least(0.0))
+    attention_l1: float = field(default=1.0, metadata=between(0.0, MAX_FACTOR))
 
 
 class ShowAttendTell(CaptionModel):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import keras
 from keras import layers
 
-from captioning.config import ModelConfig, at_least, more_than
+from captioning.config import MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import build_encoder
 
@@ -39,10 +39,10 @@ from captioning.model.encoders import build_encoder
 class ShowAndTellSettings:
     """``model.decoder: show_and_tell``'s own keys (``model.embedding_size``, ...)."""
 
-    embedding_size: int = field(default=512, metadata=at_least(1))  # image and word embeddings
-    lstm_units: int = field(default=512, metadata=at_least(1))
+    embedding_size: int = field(default=512, metadata=between(1, MAX_WIDTH))  # image and word embeddings
+    lstm_units: int = field(default=512, metadata=between(1, MAX_WIDTH))
     # decoder kernels and embeddings start uniform in [-init_scale, init_scale]
-    init_scale: float = field(default=0.08, metadata=more_than(0.0))
+    init_scale: float = field(default=0.08, metadata=between(0.0, MAX_INIT_SCALE, low_open=True))
 
 
 class ShowAndTell(CaptionModel):

@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import ModelConfig, at_least, choices
+from captioning.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, ModelConfig, between, choices
 from captioning.errors import InputError
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import build_encoder
@@ -63,19 +63,20 @@ from captioning.model.encoders import build_encoder
 class TransformerSettings:
     """``model.decoder: transformer``'s own keys."""
 
-    d_model: int = field(default=512, metadata=at_least(1))  # the width of every layer
-    heads: int = field(default=8, metadata=at_least(1))  # attention heads; they must divide d_model
-    ff_size: int = field(default=2048, metadata=at_least(1))  # the feed-forward blocks' inner width
-    encoder_layers: int = field(default=6, metadata=at_least(0))  # refining the grid (0: its projection only)
-    decoder_layers: int = field(default=6, metadata=at_least(1))
+    d_model: int = field(default=512, metadata=between(1, MAX_WIDTH))  # the width of every layer
+    heads: int = field(default=8, metadata=between(1, MAX_HEADS))  # attention heads; they must divide d_model
+    ff_size: int = field(default=2048, metadata=between(1, 4 * MAX_WIDTH))  # the feed-forward blocks' inner width
+    # refining the grid (0: its projection only)
+    encoder_layers: int = field(default=6, metadata=between(0, MAX_LAYERS))
+    decoder_layers: int = field(default=6, metadata=between(1, MAX_LAYERS))
     # pre: layer norm before each block (and one at the end: stable without warm-up tricks); post: after
     norm: str = field(default="pre", metadata=choices("pre", "post"))
     positions: str = field(default="sinusoidal", metadata=choices("sinusoidal", "learned"))
     # the longest caption decoded, in words (decode.max_length and scst.max_length may not be more)
-    max_positions: int = field(default=64, metadata=at_least(2))
+    max_positions: int = field(default=64, metadata=between(2, MAX_POSITIONS))
     # the decoder layer whose cross-attention is shown (caption, export, pictures, grounding): 1 is the
     # first, 0 the last
-    attention_layer: int = field(default=0, metadata=at_least(0))
+    attention_layer: int = field(default=0, metadata=between(0, MAX_LAYERS))
 
     def check(self, prefix: str = "model.") -> None:
         if self.d_model % self.heads:

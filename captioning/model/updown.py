@@ -44,7 +44,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import ModelConfig, at_least, more_than
+from captioning.config import MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
 from captioning.model.base import CaptionModel, masked_mean, masked_scores
 from captioning.model.encoders import build_encoder
 
@@ -53,10 +53,11 @@ from captioning.model.encoders import build_encoder
 class UpDownSettings:
     """``model.decoder: updown``'s own keys."""
 
-    embedding_size: int = field(default=512, metadata=at_least(1))  # word embedding E
-    lstm_units: int = field(default=512, metadata=at_least(1))  # U: both LSTMs and the embedded features
-    init_scale: float = field(default=0.08, metadata=more_than(0.0))  # kernels start uniform in ±init_scale
-    attention_size: int = field(default=512, metadata=at_least(1))  # the hidden size A of the attention MLP
+    embedding_size: int = field(default=512, metadata=between(1, MAX_WIDTH))  # word embedding E
+    lstm_units: int = field(default=512, metadata=between(1, MAX_WIDTH))  # U: both LSTMs and the embedded features
+    # kernels start uniform in ±init_scale
+    init_scale: float = field(default=0.08, metadata=between(0.0, MAX_INIT_SCALE, low_open=True))
+    attention_size: int = field(default=512, metadata=between(1, MAX_WIDTH))  # the hidden size A of the attention MLP
 
 
 class UpDown(CaptionModel):

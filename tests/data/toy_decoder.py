@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import at_least
+from captioning.config import MAX_WIDTH, between
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import build_encoder
 
 
 @dataclass
 class ToySettings:
-    units: int = field(default=64, metadata=at_least(1))
+    units: int = field(default=64, metadata=between(1, MAX_WIDTH))
 
 
 class Toy(CaptionModel):
