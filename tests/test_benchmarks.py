@@ -167,7 +167,7 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
                            (transformer, "transformer")):
         out = tmp_path / "decode.json"
         done = run_cli("-q", "benchmark", "decode", "--batch-size", "4", "--images", "8", "--max-length", "5",
-                       "--json", str(out), *extra)
+                       "--rounds", "1", "--json", str(out), *extra)
         result = check(done, out)
         assert positive(result["batched_captions_per_s"]) and positive(result["single_captions_per_s"])
         assert result["settings"]["beam_size"] == 3 and result["settings"]["max_length"] == 5

@@ -53,7 +53,8 @@ log = logging.getLogger("captioning.benchmark")
 
 TARGET_SPEEDUP = 10.0  # the performance issue's goal for Show and Tell (the first benchmark asked 20x)
 TARGET_SAVED_MODEL = 0.9  # the SavedModel in plain TensorFlow captions at least this share of the captioner's rate
-ROUNDS = 3  # the SavedModel and the captioner are timed in turn, this many times each: the best of each counts
+ROUNDS = 3  # default rounds (--rounds): the SavedModel and the captioner, and the cache's three decoders, are timed in
+# turn, this many times each: the best of each counts
 
 
 class PrefixRecomputer:
@@ -133,7 +134,7 @@ def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:
 def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, beam_size: int | None = None,
         max_length: int | None = None, length_normalization: float | None = None, config: str | None = None,
         overrides: tuple[str, ...] = (), decode_options: tuple[str, ...] = (), ensemble_with: tuple[str, ...] = (),
-        progress: bool = True) -> dict:
+        progress: bool = True, rounds: int = ROUNDS) -> dict:
     """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config.
     Without ``model_dir``, an untrained model of ``config`` and ``overrides`` (``--set model.decoder=...``).
     ``ensemble_with``: model folders whose ensemble with ``model_dir`` is timed too, beside the options."""
@@ -187,11 +188,11 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
         rate = common.throughput(other_calls(), count, measure=images, warmup=batch_size)["per_s"]
         options[spec] = {"captions_per_s": rate, "vs_beam": rate / batched["per_s"]}
         log.info("%s: %.1f captions/s, %.2f of plain beam search", spec, rate, rate / batched["per_s"])
-    served = _saved_model_against_captioner(captioner, data, batch_size, images)
+    served = _saved_model_against_captioner(captioner, data, batch_size, images, rounds)
     log.info("the exported SavedModel in plain TensorFlow: %.1f captions/s against the captioner's %.1f: %.2f",
              served["saved_model"], served["captioner"], served["saved_model"] / served["captioner"])
-    cache = _cache_against_recomputing(captioner, data, batch_size, images)
-    parts = _batched_parts(captioner, data[:batch_size])
+    cache = _cache_against_recomputing(captioner, data, batch_size, images, rounds)
+    parts = _batched_parts(captioner, data[:batch_size], rounds)
     log.info("a batched call in parts (ms, each alone): %s",
              ", ".join(f"{name.replace('_', ' ')} {ms:.1f}" for name, ms in parts.items()))
     log.info("batched with the decoder's state: %.1f captions/s; re-reading the caption at every step: %.1f "
@@ -215,10 +216,11 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     }
 
 
-def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int, images: int) -> dict:
+def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int, images: int,
+                                   rounds: int = ROUNDS) -> dict:
     """Captions/s of the exported SavedModel (``serving_default``, loaded with plain ``tf.saved_model.load``, as a
     server would) and of the in-process captioner, on the same images and batch, timed in turn
-    (:data:`ROUNDS` rounds, the best of each: a burst of other work on the machine lowers one round, not a
+    (:data:`ROUNDS` rounds (``rounds``), the best of each: a burst of other work on the machine lowers one round, not a
     method)."""
     import tempfile
 
@@ -233,7 +235,7 @@ def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int
         batches = [tf.constant(data[start:start + batch_size]) for start in range(0, images - batch_size + 1, batch_size)]
         runs = {"saved_model": lambda b: serve(images=b)["log_probs"], "captioner": lambda b: captioner.decode(b)["ids"]}
         best = {name: 0.0 for name in runs}
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for name, run_batch in runs.items():
                 def calls(f=run_batch):
                     while True:
@@ -246,9 +248,9 @@ def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int
     return best
 
 
-def _batched_parts(captioner, data: list[bytes]) -> dict[str, float]:
+def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> dict[str, float]:
     """Where a batched call's time goes (module docstring): each part compiled alone and timed on the same
-    batch, the fastest of :data:`ROUNDS` × 3 calls after one that traces."""
+    batch, the fastest of ``rounds`` × 3 calls after one that traces."""
     import time
 
     import tensorflow as tf
@@ -284,7 +286,7 @@ def _batched_parts(captioner, data: list[bytes]) -> dict[str, float]:
     for name, (fn, arg) in parts.items():
         fn(arg).numpy()  # traces
         times = []
-        for _ in range(3 * ROUNDS):
+        for _ in range(3 * rounds):
             start = time.perf_counter()
             fn(arg).numpy()
             times.append(time.perf_counter() - start)
@@ -292,10 +294,11 @@ def _batched_parts(captioner, data: list[bytes]) -> dict[str, float]:
     return out
 
 
-def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, images: int) -> dict:
+def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, images: int,
+                               rounds: int = ROUNDS) -> dict:
     """Captions/s of batched beam search on the model (``cached``), on :class:`PrefixRecomputer` of it
     (``recomputed``) and on :class:`GrowingPrefix` of it (``prefix``): no attention weights kept by any, the
-    same images, crops computed once; timed in turn, :data:`ROUNDS` rounds, the best of each."""
+    same images, crops computed once; timed in turn, :data:`ROUNDS` rounds (``rounds``), the best of each."""
     import tensorflow as tf
 
     from captioning.data.reading import model_input
@@ -315,7 +318,7 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
         searches[name] = tf.function(lambda images, d=decoder: generate(
             d, d.initial_state(model.encode(images)), settings, captioner.bad_endings)["ids"])
     rates = {name: 0.0 for name in searches}
-    for _ in range(ROUNDS):  # in turn, the best of each: a burst of other work lowers one round, not a decoder
+    for _ in range(rounds):  # in turn, the best of each: a burst of other work lowers one round, not a decoder
         for name, search in searches.items():
             rate = common.throughput(iter(lambda s=search: s(crops), None), lambda out: int(out.shape[0]),
                                      measure=max(images // 2, batch_size), warmup=batch_size)["per_s"]

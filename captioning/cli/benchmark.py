@@ -94,6 +94,8 @@ def add_benchmark(sub) -> None:
                         "(repeatable) against its plain beam search")
     q.add_argument("--option", action="append", default=[], metavar="decode.KEY=VALUE[,...]", dest="decode_options",
                    help="also time these decoding settings against plain beam search (repeatable)")
+    q.add_argument("--rounds", type=ROUNDS, default=3, help="timings of the SavedModel, the captioner and the cache's "
+                   "decoders, in turn, best kept (default 3)")
     common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 
