@@ -124,6 +124,17 @@ def _bound(x) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 2**63 else f"{x:g}"
 
 
+def _set_decode_overrides(config: "Config", overrides: typing.Sequence[str]) -> None:
+    """``decode.KEY=VALUE`` overrides (a command's ``--set``) set on ``config``, each typed and range-checked
+    alone; an InputError for any other key."""
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if not eq or not key.strip().startswith("decode."):
+            raise InputError(f"`overrides` {excerpt(override)} must look like decode.KEY=VALUE (only the decode: "
+                             "section can change here)", params=("overrides",))
+        _set(config, key.strip(), value, from_text=True)
+
+
 def describe_range(bounds) -> str:
     """``at least 1``, ``more than 0`` or ``in [0, 1)``; integral bounds as integers.
 
@@ -464,13 +475,7 @@ class DecodeConfig(Section):
         a model loads: each key alone, not against the model's other settings."""
         given = {name: value for name, value in values.items() if value is not None}
         DecodeConfig(**given).check_ranges()
-        scratch = Config()
-        for override in overrides:
-            key, eq, value = override.partition("=")
-            if not eq or not key.strip().startswith("decode."):
-                raise InputError(f"`overrides` {excerpt(override)} must look like decode.KEY=VALUE (only the decode: "
-                                 "section can change here)", params=("overrides",))
-            _set(scratch, key.strip(), value, from_text=True)
+        _set_decode_overrides(Config(), overrides)
 
     def ineffective(self) -> list[str]:
         """One line for each setting that does nothing with the others (a warning, not an error: a model
@@ -504,12 +509,7 @@ class DecodeConfig(Section):
         """A copy with ``decode.KEY=VALUE`` overrides (a command's ``--set``) applied and checked; an
         InputError for any other key."""
         config = Config(decode=dataclasses.replace(self, bad_endings=list(self.bad_endings)))
-        for override in overrides:
-            key, eq, value = override.partition("=")
-            if not eq or not key.strip().startswith("decode."):
-                raise InputError(f"`overrides` {excerpt(override)} must look like decode.KEY=VALUE (only the decode: "
-                                 "section can change here)", params=("overrides",))
-            _set(config, key.strip(), value, from_text=True)
+        _set_decode_overrides(config, overrides)
         return config.decode.check("decode.")
 
     def override(self, **values) -> "DecodeConfig":
