@@ -17,18 +17,18 @@ def pytest_addoption(parser):
                      help="register the decoder class that FILE's module names DECODER as NAME (repeatable)")
 
 
-# Each test file's time in the full suite (seconds, 3 workers on 2 cores, measured 2026-11-25). `make test` runs
-# pytest-xdist with --dist loadfile, which hands the files to the workers in collection order: collected
-# heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing
-# time first; on these figures 651 s against 692 s in alphabetical order). A file not listed counts 4 s.
-FILE_SECONDS = {"test_decoders": 213, "test_service_training": 210, "test_data_service": 166, "test_region_training": 123,
-                "test_benchmarks": 118, "test_train": 110, "test_train_reliability": 103, "test_full_disk": 102,
-                "test_scst": 99, "test_uneven_splits": 73, "test_model_dir": 68, "test_lost_worker": 51,
-                "test_train_start": 50, "test_steps_per_execution": 50, "test_ensemble": 42, "test_attention_use": 36,
-                "test_inference": 33, "test_objectives": 29, "test_transformer": 28, "test_corrupt_shards": 26,
-                "test_input_pipeline": 26, "test_optimizer": 23, "test_features_store": 19, "test_security": 18,
-                "test_prepare": 15, "test_evaluate_identity": 14, "test_metrics": 14, "test_decode": 13, "test_cli_edges": 12,
-                "test_regions": 11, "test_outputs": 10, "test_model": 8, "test_config": 7, "test_cider": 6,
+# Each test file's time in the full suite (seconds, 3 workers on 2 cores, measured 2026-11-25 after issue 30's tests
+# were added). `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in
+# collection order: collected heaviest first, the long ones start at once and the short ones fill the gaps at the
+# end (longest processing time first). A file not listed counts 4 s.
+FILE_SECONDS = {"test_decoders": 190, "test_service_training": 190, "test_benchmarks": 150, "test_region_training": 130,
+                "test_data_service": 126, "test_train_reliability": 103, "test_train": 100, "test_scst": 100,
+                "test_full_disk": 96, "test_lost_worker": 77, "test_uneven_splits": 77, "test_model_dir": 70,
+                "test_evaluate_identity": 50, "test_steps_per_execution": 50, "test_ensemble": 40, "test_inference": 40,
+                "test_attention_use": 36, "test_train_start": 35, "test_transformer": 30, "test_objectives": 29,
+                "test_corrupt_shards": 26, "test_input_pipeline": 26, "test_features_store": 25, "test_metrics": 25,
+                "test_optimizer": 23, "test_regions": 18, "test_security": 18, "test_cli_edges": 16, "test_prepare": 15,
+                "test_decode": 13, "test_cli": 10, "test_outputs": 10, "test_model": 8, "test_config": 7, "test_cider": 6,
                 "test_attention": 6, "test_disk_cache": 5}
 
 
