@@ -197,6 +197,7 @@ print(json.dumps([{"image": p, "captions": [c.decode() for c in caps], "log_prob
 """
 
 
+@pytest.mark.slow
 def test_export_round_trip_in_a_process_without_the_project(trained_model_dir, user_images, tmp_path):
     export_dir = str(tmp_path / "export")
     result = run_cli("export", "--model-dir", trained_model_dir, "--output", export_dir, "--top-k", "2")

@@ -146,6 +146,7 @@ def test_a_store_of_another_dataset_version_or_missing_is_one_line(region_data, 
 
 @pytest.mark.parametrize("extra", [(), ("model.box_geometry=true", "data.captions_per_image=grouped")],
                          ids=["plain", "geometry-grouped"])
+@pytest.mark.slow
 def test_train_and_evaluate_an_attention_model_on_regions_with_grounding(region_data, region_model, shapes_dir,
                                                                          trained_attention_dir, tmp_path, extra):
     from captioning.evaluation.evaluate import evaluate
@@ -253,6 +254,7 @@ def test_attention_over_regions_is_judged_by_the_named_shapes_box():
         attention_localisation(shapes, {7: (words, np.ones((7, 4)) / 4)}, regions={7: boxes})
 
 
+@pytest.mark.slow
 def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(region_data, region_model, shapes_dir,
                                                                             trained_attention_dir, tmp_path):
     """caption --detections and the SavedModel pool each image's boxes from the model's encoder as extraction

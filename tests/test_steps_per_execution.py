@@ -19,6 +19,7 @@ def train(data_dir, model_dir, *extra):
     return trainer, trainer.run(progress=False)
 
 
+@pytest.mark.slow
 def test_k_steps_a_call_equal_k_single_steps(prepared_dir, tmp_path):
     common = ("data.random_crop=false", "train.steps=13", "train.checkpoint_every_steps=5", "train.log_every_steps=2", "train.optimizer=adam",
               "train.learning_rate=0.01", "train.keep_checkpoints=10")

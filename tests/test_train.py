@@ -48,6 +48,7 @@ def test_training_lowers_the_loss(data_dir, tmp_path):
     assert sorted(os.listdir(tmp_path / "model"))[:3] == ["checkpoint", "ckpt-80.data-00000-of-00001", "ckpt-80.index"]
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_latest_checkpoint(data_dir, tmp_path):
     from captioning.train import Trainer
 
@@ -93,6 +94,7 @@ def test_features_cache_needs_a_frozen_encoder_and_no_augmentation(data_dir, tmp
     assert Trainer(cfg, str(tmp_path / "m")).run(progress=False)["step"] == 5
 
 
+@pytest.mark.slow
 def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
     import keras
 
@@ -106,6 +108,7 @@ def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
     assert len(losses) == 3 and all(np.isfinite(losses))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["none", "features"])
 def test_grouped_captions_train(data_dir, tmp_path, cache):
     """data.captions_per_image: grouped trains through the whole loop (with colour jitter on the
