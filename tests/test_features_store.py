@@ -271,14 +271,22 @@ def test_two_imports_into_one_store_at_once_the_second_stops(data_dir, ids, tmp_
     check_matches(FeaturesStore.load(data_dir, "regions"), ids)
 
 
-def test_npz_files_with_boxes_beside_them(data_dir, ids, tmp_path):
+def npz_folders(tmp_path, ids, boxes_of):
+    """self-critical.pytorch's layout: ``cocobu_att/<id>.npz`` (``feat``) for every image of ``ids`` and
+    ``cocobu_box/<id>.npy`` for those of ``boxes_of``."""
     att, box = tmp_path / "cocobu_att", tmp_path / "cocobu_box"
     att.mkdir()
     box.mkdir()
     for image_id in ids:
         features, boxes = regions(image_id)
         np.savez_compressed(att / str(image_id), feat=features)
-        np.save(box / f"{image_id}.npy", boxes)
+        if image_id in boxes_of:
+            np.save(box / f"{image_id}.npy", boxes)
+    return att, box
+
+
+def test_npz_files_with_boxes_beside_them(data_dir, ids, tmp_path):
+    att, box = npz_folders(tmp_path, ids, boxes_of=ids)
     (att / "readme.txt").write_text("not features")
     (att / f"{ids[0]}.npz").write_bytes(b"broken")
     done = run_cli("features", "import", "--data-dir", data_dir, "--npz-dir", str(att), "--boxes-dir", str(box))
@@ -447,13 +455,7 @@ def test_a_store_of_a_source_without_a_path_is_named_in_the_refusal(data_dir, id
 def test_an_import_that_keeps_few_images_is_refused_unless_allow_missing(data_dir, ids, tmp_path):
     """--boxes-dir missing all but one file: 1 of the 40 images kept is under half, so nothing is written
     and the command exits 2 saying so; --allow-missing writes the store (and its report says what is missing)."""
-    att, box = tmp_path / "cocobu_att", tmp_path / "cocobu_box"
-    att.mkdir()
-    box.mkdir()
-    for image_id in ids:
-        features, boxes = regions(image_id)
-        np.savez_compressed(att / str(image_id), feat=features)
-    np.save(box / f"{ids[0]}.npy", regions(ids[0])[1])
+    att, box = npz_folders(tmp_path, ids, boxes_of=ids[:1])
     args = ["features", "import", "--data-dir", data_dir, "--npz-dir", str(att), "--boxes-dir", str(box)]
     done = run_cli(*args)
     assert done.returncode == 2 and "Traceback" not in done.stderr
