@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from captioning.config import ModelConfig
-from captioning.model import ShowAttendTell, build_model
+from captioning.model import build_model
+from captioning.model.layout import TokenLayout
 from captioning.train.objectives import caption_loss_sum
 from tests.helpers import model_config
 
@@ -23,7 +24,7 @@ def cfg(**kw):
 
 
 def model_of(seed=0, **kw):
-    return ShowAttendTell(vocab_size=V, cfg=cfg(**kw), image_size=SIZE, seed=seed).build_all()
+    return build_model(V, cfg(**kw), SIZE, seed=seed).build_all()
 
 
 def inputs(seed=0, batch=B, steps=T):
@@ -42,7 +43,7 @@ def npy(x):
 
 def test_parameter_counts_and_shapes():
     model = model_of()
-    assert (model.grid_cells, model.feature_size, model.grid_shape) == (16, 128, (4, 4))
+    assert (model.grid_cells, model.feature_size, model.token_layout) == (16, 128, TokenLayout(4, 4))
     D = 128
     expected = {
         "init_h": D * U + U, "init_c": D * U + U,
@@ -70,7 +71,7 @@ def test_parameter_counts_and_shapes():
 def test_inception_grid_parameter_counts():
     """Inception v3 at 299 px: 8 x 8 cells of 2,048; with the paper-sized decoder (512 everywhere)."""
     model = build_model(10_000, ModelConfig(decoder="attention", encoder="inception_v3"), 299).build_all()
-    assert (model.grid_cells, model.feature_size, model.grid_shape) == (64, 2048, (8, 8))
+    assert (model.grid_cells, model.feature_size, model.token_layout) == (64, 2048, TokenLayout(8, 8))
     D, U, E, A, V = 2048, 512, 512, 512, 10_000
     assert size(model.lstm.weights) == 4 * ((E + D + U) * U + U) == 6_293_504
     assert size(model.attention_features.weights) == D * A + A == 1_049_088

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.model.sampling import sample_search
-from captioning.model import ShowAndTell
+from captioning.model import build_model
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 from tests.helpers import model_config
 
@@ -22,7 +22,7 @@ def tiny_model(seed, end_bias=0.0, vocab=7, size=16):
 
     keras.utils.set_random_seed(seed)  # the encoder's own initialisers are not seeded: the same model every run
     cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0, init_scale=1.2)
-    model = ShowAndTell(vocab, cfg, size, seed=seed).build_all()
+    model = build_model(vocab, cfg, size, seed=seed).build_all()
     bias = model.logits.bias.numpy()
     bias[END_ID] += end_bias
     model.logits.bias.assign(bias)

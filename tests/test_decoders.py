@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from captioning.model.layout import TokenLayout
 from captioning.config import ModelConfig, describe_range
 from captioning.model import DECODERS, architecture_diff, build_model, resolve
 from tests.helpers import REPO, run_distributed_worker
@@ -82,7 +83,7 @@ def test_a_decoder_declares_what_the_rest_of_the_code_asks(name):
     assert longest is None or (isinstance(longest, int) and longest >= 1 and cls.caption_length_setting in fields)
     model = tiny(name)
     assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()), **cls.tiny_settings})
-    assert (model.grid_shape is not None) == cls.attends
+    assert model.token_layout == model.image_encoder.layout == TokenLayout(2, 2)  # small_cnn's map at 32 px
     for v in model.decoder_variables():
         assert any(v is w for w in model.trainable_variables), v.path  # the decoder's own, trained
     assert not {id(v) for v in model.decoder_variables()} & {id(v) for v in model.encoder.weights}
@@ -343,7 +344,7 @@ def test_beam_search_returns_its_best_captions_first_with_the_models_log_probabi
         compiled = tf.function(lambda f: beam_search(model, f, beam_size=3, max_length=6, top_k=3))(features)
         np.testing.assert_allclose(npy(compiled["attention"]), npy(best["attention"]), atol=1e-5)
         weights = npy(best["attention"])
-        assert weights.shape[:3] == (B, 3, 6) and weights.shape[3] == np.prod(model.grid_shape)
+        assert weights.shape[:3] == (B, 3, 6) and weights.shape[3] == model.token_layout.tokens == model.grid_cells
         for i in range(B):
             for k in range(3):
                 n = lengths[i, k]

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from captioning.config import load_config as load_core, validate
-from captioning.model import architecture_diff, resolve, small_cnn_grid
+from captioning.model import architecture_diff, resolve
+from captioning.model.encoders.small_cnn import SmallCnn
 from tests.helpers import REPO
 
 
@@ -64,7 +65,7 @@ def test_attention_configs():
     """The shapes comparison runs both decoders at 64 px (a 4 x 4 grid); the COCO one has the paper's decoder."""
     shapes, plain = load("shapes_attention.yaml"), load("shapes_64.yaml")
     assert shapes.model.decoder == "attention" and plain.model.decoder == "show_and_tell"
-    assert shapes.data.image_size == plain.data.image_size == 64 and small_cnn_grid(64) == 4
+    assert shapes.data.image_size == plain.data.image_size == 64 and SmallCnn.map_side(64) == 4
     assert shapes.data.dir == plain.data.dir == load("shapes.yaml").data.dir
     coco = load("show_attend_tell_coco.yaml")
     assert (coco.model.decoder, coco.model.encoder, option(coco, "lstm_units"), option(coco, "attention_size")) == \

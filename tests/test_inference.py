@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from captioning.model.layout import TokenLayout
 from captioning.inference.caption import Result, gallery_html
 from captioning.evaluation.evaluate import evaluate, most_frequent_caption
 from captioning.evaluation.metrics import METRICS
@@ -165,7 +166,7 @@ def test_the_gallery_of_a_region_model_outlines_and_names_the_region_each_word_a
     weights = np.array([[0.1, 0.6, 0.2, 0.1], [0.05, 0.05, 0.8, 0.1], [0.7, 0.1, 0.1, 0.1], [0.2, 0.1, 0.1, 0.6]],
                        np.float32)
     png = encode(gradient(size=(8, 8)), "PNG")
-    regions = Result("regions.png", [Caption("a red big circle", -2.0, weights, crop, boxes)], data=png, grid=(1, 4))
+    regions = Result("regions.png", [Caption("a red big circle", -2.0, weights, crop, boxes)], data=png, attends=True)
     page = gallery_html([regions])
     tiles = re.findall(r'<img src="data:image/png;base64,([^"]+)" alt="attention for ([^"]*)" data-region="(\d+)">',
                        page)
@@ -179,10 +180,50 @@ def test_the_gallery_of_a_region_model_outlines_and_names_the_region_each_word_a
         np.testing.assert_allclose([left, top, right, bottom], boxes[int(k)] * 71, atol=2)
     assert "the box outlined in red is the region that word attended to most" in page
     assert "lit where it looked" not in page
-    grid = Result("grid.png", [Caption("a circle", -1.0, weights[:2], crop)], data=png, grid=(2, 2))
+    grid = Result("grid.png", [Caption("a circle", -1.0, weights[:2], crop)], data=png, attends=True,
+                  layout=TokenLayout(2, 2))
     page = gallery_html([grid])
     assert page.count('alt="attention for') == 2 and "data-region" not in page
-    assert "lit where it looked" in page and "outlined" not in page
+    assert "lit where it looked" in page and "outlined" not in page and "class token" not in page
+
+
+def tiles_of(page):
+    import base64
+    import io
+    import re
+
+    return [np.asarray(Image.open(io.BytesIO(base64.b64decode(p))).convert("RGB")).astype(int)
+            for p in re.findall(r'<img src="data:image/png;base64,([^"]+)" alt="attention for', page)]
+
+
+def test_the_gallery_draws_a_class_token_apart_and_tokens_without_a_layout_as_bars():
+    """A ViT's tokens: a class token, then 2 x 2 patches. A word's picture lights the patches and shows the class
+    token's share as a bar along its foot (its width the share); tokens without a layout are a bar each."""
+    from captioning.inference.captioner import Caption
+
+    crop = np.full((32, 32, 3), 128, np.uint8)
+    png = encode(gradient(size=(8, 8)), "PNG")
+    weights = np.array([[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]], np.float32)
+    vit = Result("vit.png", [Caption("a circle", -1.0, weights, crop)], data=png, attends=True,
+                 layout=TokenLayout(2, 2, prefix=1))
+    page = gallery_html([vit])
+    first, second = tiles_of(page)
+    foot = first[-2]  # the bar's row: half of it lit (the class token had half the weight)
+    lit = np.flatnonzero((foot[:, 0] > 200) & (foot[:, 1] > 150))
+    assert 0.45 * 72 <= len(lit) <= 0.55 * 72 and lit[0] == 0
+    assert first[10, 10].mean() > first[60, 60].mean() + 20  # the top-left patch had the other half
+    assert not ((second[-2, :, 0] > 200) & (second[-2, :, 1] > 150)).any()  # no weight on the class token
+    assert second[60, 60].mean() > second[10, 10].mean() + 20  # all of it on the bottom-right patch
+    assert "no place in the image (a class token)" in page
+
+    bars = Result("bars.png", [Caption("a circle", -1.0, np.array([[0.5, 0.25, 0.25]], np.float32), crop)],
+                  data=png, attends=True, layout=None)
+    page = gallery_html([bars])
+    (picture,) = tiles_of(page)[:1]
+    lit = (picture[..., 0] > 200) & (picture[..., 1] > 150)
+    heights = [lit[:, c].sum() for c in (10, 36, 60)]  # one column in each of the three bars
+    assert heights[0] == 72 and abs(heights[1] - 36) <= 1 and abs(heights[2] - 36) <= 1
+    assert "a bar per token" in page
 
 
 LOADER = r"""

@@ -170,7 +170,7 @@ def test_beam_search_placeholders_are_not_counted_as_captions():
 
     from captioning.evaluation.diversity import diversity
     from captioning.evaluation.results import real_captions
-    from captioning.model import ShowAndTell
+    from captioning.model import build_model
     from captioning.model.decode import beam_search, ids_to_text
     from captioning.vocab import RESERVED, Vocabulary
     from tests.helpers import model_config
@@ -179,7 +179,7 @@ def test_beam_search_placeholders_are_not_counted_as_captions():
     vocab = Vocabulary(RESERVED + ("w",))  # one word: "" and "w" are the only captions of at most 1 word
     assert len(vocab) == 5
     cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0)
-    model = ShowAndTell(len(vocab), cfg, 16, seed=0).build_all()
+    model = build_model(len(vocab), cfg, 16, seed=0).build_all()
     images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3)).astype("uint8")
     out = beam_search(model, model.encode(images, training=False), beam_size=3, max_length=1, top_k=3)
     texts = ids_to_text(vocab, out["ids"], out["lengths"])

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from captioning.config import ModelConfig
 from captioning.errors import InputError
-from captioning.model import ShowAndTell, build_encoder
+from captioning.model import build_encoder, build_model
 from tests.helpers import model_config
 
 V, B, T, SIZE = 50, 3, 7, 32
@@ -21,7 +21,7 @@ def small_cfg(**kw):
 
 
 def small_model(seed=0, **kw):
-    return ShowAndTell(vocab_size=V, cfg=small_cfg(**kw), image_size=SIZE, seed=seed).build_all()
+    return build_model(V, small_cfg(**kw), SIZE, seed=seed).build_all()
 
 
 def inputs(seed=0, batch=B, steps=T):
@@ -42,8 +42,7 @@ def size(variable):
 
 @pytest.fixture(scope="module")
 def im2txt_model():
-    return ShowAndTell(vocab_size=11520, cfg=ModelConfig(encoder="inception_v3", encoder_weights="none"),
-                       image_size=299).build_all()
+    return build_model(11520, ModelConfig(encoder="inception_v3", encoder_weights="none"), 299).build_all()
 
 
 def test_im2txt_parameter_counts(im2txt_model):
@@ -114,8 +113,7 @@ def test_frozen_encoder_keeps_batch_norm_statistics():
 
 
 def test_uniform_initialisation():
-    model = ShowAndTell(vocab_size=V, cfg=small_cfg(embedding_size=64, lstm_units=64, init_scale=0.05),
-                        image_size=SIZE).build_all()
+    model = build_model(V, small_cfg(embedding_size=64, lstm_units=64, init_scale=0.05), SIZE).build_all()
     weights = {
         "image_embedding": model.image_embedding.kernel,
         "word_embedding": model.word_embedding.embeddings,
@@ -137,13 +135,12 @@ def test_uniform_initialisation():
     firsts = {name: tuple(w.ravel()[:8]) for name, w in values.items()}
     assert len(set(firsts.values())) == len(firsts)
     # The same seed gives the same decoder.
-    again = ShowAndTell(vocab_size=V, cfg=small_cfg(embedding_size=64, lstm_units=64, init_scale=0.05),
-                        image_size=SIZE).build_all()
+    again = build_model(V, small_cfg(embedding_size=64, lstm_units=64, init_scale=0.05), SIZE).build_all()
     np.testing.assert_array_equal(npy(again.logits.kernel), values["logits"])
 
 
 def test_encoder_loads_a_local_weights_file(tmp_path):
-    source = build_encoder(small_cfg(), SIZE)
+    source = build_encoder(small_cfg(), SIZE, pooled=True).model
     backbone = source.get_layer("small_cnn")
     rng = np.random.default_rng(4)
     for layer in backbone.layers:  # non-default batch-norm statistics must travel too
@@ -154,8 +151,8 @@ def test_encoder_loads_a_local_weights_file(tmp_path):
     backbone.save_weights(path)
 
     images, _ = inputs(seed=5)
-    loaded = build_encoder(small_cfg(encoder_weights=path), SIZE)
-    fresh = build_encoder(small_cfg(), SIZE)
+    loaded = build_encoder(small_cfg(encoder_weights=path), SIZE, pooled=True).model
+    fresh = build_encoder(small_cfg(), SIZE, pooled=True).model
     for a, b in zip(source.weights, loaded.weights):
         np.testing.assert_array_equal(npy(a), npy(b))
     np.testing.assert_array_equal(npy(loaded(images)), npy(source(images)))
@@ -176,7 +173,7 @@ def test_checkpoint_paths_stay_those_trained_models_have(tmp_path):
     import os
 
     expected = open(os.path.join(os.path.dirname(__file__), "data", "show_and_tell_checkpoint_keys.txt")).read().split()
-    model = ShowAndTell(vocab_size=V, cfg=small_cfg(encoder_trainable=True), image_size=SIZE).build_all()
+    model = build_model(V, small_cfg(encoder_trainable=True), SIZE).build_all()
     path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
     assert sorted(k for k, _ in tf.train.list_variables(path) if k.startswith("model/")) == sorted(expected)
 

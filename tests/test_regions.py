@@ -104,12 +104,26 @@ def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, sha
                                                                                   regions[some].boxes[:-1])
 
 
-def test_a_model_without_a_grid_is_refused(trained_model_dir, shapes_dir, data_dir):
+def test_a_show_and_tell_folder_gives_its_encoders_map(trained_model_dir, shapes_dir, data_dir):
+    """Show and Tell reads pooled features, but its encoder has a map (small_cnn's, before it is flattened):
+    extraction pools it, so each image's last region (the whole image) is the mean of that map's cells."""
+    from captioning.data.reading import squash
+    from captioning.model.folder import ModelDir
+
     done = run_cli("features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
                    "--model-dir", trained_model_dir, "--detections",
                    os.path.join(shapes_dir, "annotations", "instances_test.json"))
-    assert done.returncode == 2 and "does not read its encoder" in done.stderr and "Traceback" not in done.stderr
-    assert not os.path.exists(os.path.join(data_dir, "features"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    regions = FeaturesStore.load(data_dir, "regions").read()
+    encoder = ModelDir(trained_model_dir).load().model.image_encoder
+    assert encoder.layout.tokens == 4 and encoder.depth == 512  # a 2 x 2 map of 128 at 32 px; pooled 512
+    records = PreparedDataset.load(data_dir).image_records()
+    image_id = sorted(regions)[0]
+    pixels = tf.io.decode_image(tf.io.read_file(os.path.join(shapes_dir, "images", records[image_id].file_name)),
+                                channels=3, expand_animations=False)
+    cells = encoder.tokens_model()(squash(pixels, 32)[None], training=False).numpy()[0]
+    assert regions[image_id].features.shape[1] == 128
+    np.testing.assert_allclose(regions[image_id].features[-1], cells.mean(axis=0), rtol=2e-2, atol=2e-2)
 
 
 def test_an_image_that_cannot_be_read_is_counted_and_the_others_extracted(trained_attention_dir, shapes_dir, data_dir,

@@ -21,9 +21,9 @@ V = 40
 @pytest.fixture(scope="module")
 def model():
 
-    from captioning.model import ShowAndTell
+    from captioning.model import build_model
 
-    return ShowAndTell(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
+    return build_model(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
                        seed=3).build_all()
 
 
@@ -187,10 +187,10 @@ def test_policy_gradient_and_baselines(memorised):
 def memorised():
     """A tiny Show and Tell trained here (1.5 s) to caption the images of ``images(3, seed=5)`` "5 6 7
     <end>" (p ≈ 0.44: sampled at temperature 1, about half the samples are that caption)."""
-    from captioning.model import ShowAndTell
+    from captioning.model import build_model
     from captioning.train.objectives import caption_loss_sum
 
-    model = ShowAndTell(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
+    model = build_model(V, model_config(encoder="small_cnn", embedding_size=16, lstm_units=16, dropout=0.0), 32,
                         seed=5).build_all()
     batch = {"features": model.encode(images(3, seed=5)), "input_ids": np.array([[START_ID, 5, 6, 7]] * 3),
              "target_ids": np.array([[5, 6, 7, END_ID]] * 3), "mask": np.ones((3, 4), np.float32)}

@@ -80,7 +80,7 @@ def add_features(sub) -> None:
     q.add_argument("--data-dir", required=True, help="the prepared dataset the features belong to")
     q.add_argument("--images", required=True, metavar="DIR", dest="images_dir",
                    help="the original images (the boxes are in their pixels), found by the records' file names")
-    q.add_argument("--model-dir", help="a trained model folder whose decoder attends over its encoder's grid")
+    q.add_argument("--model-dir", help="a trained model folder: its encoder's map is pooled, whichever decoder it trained")
     config_flags(q, required=False, help="or a config's encoder instead: model.encoder with model.encoder_weights "
                                          "(imagenet or a weights file) at data.image_size (no trained decoder needed)")
     boxes = q.add_mutually_exclusive_group(required=True)
@@ -119,17 +119,20 @@ def run_extract(args) -> int:
                          params=("model_dir", "config"))
     if args.config:  # a config's encoder, with the weights it names
         from captioning.config import load_config
-        from captioning.inference.regions import GridEncoder
+        from captioning.model import build_encoder, encoder_settings_of
 
-        encoder = GridEncoder.from_config(load_config(args.config, args.overrides))
+        config = load_config(args.config, args.overrides)
+        encoder = build_encoder(config.model, config.data.image_size, settings=encoder_settings_of(config.model))
+        if encoder.layout is None:
+            raise InputError(f"--config: model.encoder {config.model.encoder} declares no layout of its tokens, so "
+                             "there is no map to pool regions from", params=("config",))
         source = {"kind": "extract", "encoder": encoder.describe()}
     else:
         trained = load(args.model_dir)
-        if trained.model.grid_shape is None:
-            raise InputError(f"--model-dir {args.model_dir}: its decoder ({trained.config.model.decoder}) does not "
-                             "read its encoder's grid (pooled features or regions), so there is no grid to pool "
-                             "regions from; use a model that attends over a grid")
-        encoder = trained.model
+        encoder = trained.model.image_encoder  # its token set, whichever decoder trained (Show and Tell's too)
+        if encoder.layout is None:
+            raise InputError(f"--model-dir {args.model_dir}: its encoder ({trained.config.model.encoder}) declares no "
+                             "layout of its tokens, so there is no map to pool regions from")
         source = {"kind": "extract", "model": os.path.abspath(args.model_dir), "checkpoint": trained.step}
     source.update({"min_score": args.min_score, "max_boxes": args.max_boxes, "jitter": dataclasses.asdict(jitter)})
     if args.grid_cells:

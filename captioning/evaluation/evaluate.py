@@ -197,10 +197,15 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
         result["grounding"] = {"instances": os.path.abspath(instances),
                                "naming": grounding.naming_accuracy(shapes, candidates).to_json(),
                                "relations": relations.relation_accuracy(shapes, candidates).to_json()}
-        if attention:
-            located = grounding.attention_localisation(shapes, attention, captioner.grid_shape, cfg.resize_size,
-                                                       cfg.image_size, regions=boxes)
+        layout = captioner.token_layout
+        if attention and (boxes is not None or layout is not None):
+            located = grounding.attention_localisation(
+                shapes, attention, None if layout is None else (layout.rows, layout.cols), cfg.resize_size,
+                cfg.image_size, regions=boxes, prefix=0 if layout is None else layout.prefix)
             result["grounding"]["attention"] = located.to_json()
+        elif attention:
+            log.info("attention on the named shapes: not measured, model.encoder %s declares no layout of its tokens",
+                     trained.config.model.encoder)
 
     try:
         atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),

@@ -273,9 +273,12 @@ def _check_geometry(grid, resize_size: int, image_size: int) -> tuple[int, int]:
     return int(grid[0]), int(grid[1])
 
 
-def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int] | None, regions: int = 0) -> np.ndarray:
+def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int] | None, regions: int = 0,
+             prefix: int = 0) -> np.ndarray:
+    """The words' weights ``[words, rows * cols]`` over the map (the ``prefix`` tokens before it, placeless, left
+    out: their share is on no shape), checked."""
     alpha = np.asarray(weights, dtype=np.float64)
-    cells = grid[0] * grid[1] if grid else regions
+    cells = grid[0] * grid[1] + prefix if grid else regions
     if grid and alpha.ndim == 3 and alpha.shape[1:] == grid:
         alpha = alpha.reshape(len(alpha), cells)
     if alpha.shape != (len(words), cells):
@@ -285,17 +288,18 @@ def _weights(image_id, words: Sequence[str], weights, grid: tuple[int, int] | No
     if not np.isfinite(alpha).all() or (alpha < 0).any() or (np.abs(alpha.sum(axis=1) - 1) > 1e-3).any():
         raise InputError(f"`attention` of image {image_id}: each word's weights must be >= 0 and sum to 1",
                          params=("attention",))
-    return alpha
+    return alpha[:, prefix:]
 
 
 def attention_localisation(instances: Instances, attention: Mapping[int, tuple[Sequence[str], object]],
                            grid: tuple[int, int] | None = None, resize_size: int = 0, image_size: int = 0,
-                           regions: Mapping[int, object] | None = None) -> Localisation:
+                           regions: Mapping[int, object] | None = None, prefix: int = 0) -> Localisation:
     """How much of each shape-naming word's attention falls on the shape it names (module docstring).
 
     ``attention``: image id → (the caption's words, their weights ``[len(words), rows * cols]``, or
     ``[len(words), rows, cols]``, or over the image's regions ``[len(words), n]``), each row summing to 1;
-    ``grid`` = (rows, cols); ``resize_size`` and ``image_size`` as the model's ``data.resize_size`` and
+    ``grid`` = (rows, cols), after ``prefix`` tokens that have no place (a ViT's class token: weights
+    ``[len(words), prefix + rows * cols]``, whose share on the prefix is on no shape); ``resize_size`` and ``image_size`` as the model's ``data.resize_size`` and
     ``data.image_size``; or, for a model reading regions, ``regions``: image id → its boxes ``[n, 4]``
     (x1, y1, x2, y2 as fractions of the image)."""
     if regions is None:
@@ -306,7 +310,7 @@ def attention_localisation(instances: Instances, attention: Mapping[int, tuple[S
     for image_id, (words, weights) in attention.items():
         images.append(image := image_of(instances, image_id, "attention"))
         if regions is None:
-            alpha = _weights(image_id, words := list(words), weights, grid)
+            alpha = _weights(image_id, words := list(words), weights, grid, prefix=prefix)
         else:
             boxes = np.asarray(regions[image_id], dtype=np.float64).reshape(-1, 4)
             alpha = _weights(image_id, words := list(words), weights, None, len(boxes))

@@ -35,7 +35,10 @@ x1, y1, x2, y2 as fractions of the image, the whole image last) and per word its
 and file name is HTML-escaped. For an attention decoder each image's best caption comes with one small
 picture per word: the crop the model saw, lit where it looked while choosing that word
 (:mod:`captioning.model.pictures`). ``--json`` then also gives, per caption, ``attention``: for each word
-its weights over the grid, row by row (``grid``: rows and columns).
+its weights over the encoder's tokens in their order, and the image's ``grid`` (rows and columns) with
+``prefix_tokens``: the tokens before the map (a ViT's class token), which the pictures show apart as a bar
+along their foot. An encoder that declares no layout gives ``tokens`` (how many) instead, and its pictures
+are a bar per token.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ class Result:
     captions: list | None = None  # captioning.inference.captioner.Caption: unpacks as (text, log_prob)
     error: str | None = None
     data: bytes | None = None  # the bytes the model saw, for the gallery's thumbnail
-    grid: tuple[int, int] | None = None  # the attention grid, for an attention decoder
+    attends: bool = False  # the captions come with attention weights (an attention decoder)
+    layout: object = None  # where the encoder's tokens sit (captioning.model.layout.TokenLayout), or None
     boxes: object = None  # a model reading regions: the image's detected boxes [n, 4] (x, y, width, height)
     boxes_dropped: int = 0  # of them, dropped (not finite, no area inside the image) and clipped to the image
     boxes_clipped: int = 0
@@ -210,9 +214,8 @@ def caption_files(captioner, paths: list[str], progress: bool = True, boxes: lis
                     r.error = f"cannot decode: {str(e).splitlines()[0][:200]}"
         for r, c in zip(batch, captions):
             r.captions = c
-            r.grid = captioner.grid_shape if c and c[0].attention is not None else None
-            if c and c[0].boxes is not None and c[0].attention is not None:
-                r.grid = (1, len(c[0].boxes))  # regions: one row of them
+            r.attends = bool(c and c[0].attention is not None)
+            r.layout = captioner.token_layout if r.attends else None  # None over regions
     from captioning.model.decode import empty_captions_warning
 
     warning = empty_captions_warning([r.captions[0].text for r in results if r.captions])
@@ -237,7 +240,7 @@ def _attention_row(result: Result, tile: int = 72) -> str:
         pictures = [outlined(best.image, best.boxes[k], tile) for k in chosen]
         marks = [f' data-region="{k}"' for k in chosen]
     else:
-        pictures = [spotlight(best.image, w, result.grid, tile) for w in best.attention]
+        pictures = [spotlight(best.image, w, result.layout, tile) for w in best.attention]
         marks = [""] * len(pictures)
     tiles = "".join(f'<span class="word"><img src="{_png(picture)}" '
                     f'alt="attention for {html.escape(word)}"{mark}><br>{html.escape(word)}</span>'
@@ -255,14 +258,20 @@ def _thumbnail(data: bytes, size: int = 256) -> str:
 
 
 def _attention_legend(results: list[Result]) -> str:
-    """What the per-word pictures of ``results`` show: a grid lit where the model looked, or the region it
-    attended to most outlined."""
-    shown = [r for r in results if not r.error and r.grid]
+    """What the per-word pictures of ``results`` show: a map lit where the model looked (prefix tokens apart), a
+    bar per token, or the region it attended to most outlined."""
+    shown = [r for r in results if not r.error and r.attends]
     over_regions = [getattr(r.captions[0], "boxes", None) is not None for r in shown]
     said = []
-    if not all(over_regions):
+    if any(r.layout is not None for r in shown):
         said.append("For a model with attention over a grid, the best caption's words follow one by one, each on "
                     "the picture the model saw, lit where it looked while choosing that word.")
+    if any(r.layout is not None and r.layout.prefix for r in shown):
+        said.append("The bar along a picture's foot is the share of that word's attention on the tokens that have "
+                    "no place in the image (a class token): full width is all of it.")
+    if any(r.layout is None and not regions for r, regions in zip(shown, over_regions)):
+        said.append("For an encoder whose tokens have no layout, each word's picture is a bar per token, as tall as "
+                    "its weight.")
     if any(over_regions):
         said.append("For a model attending over regions (boxes), the best caption's words follow one by one, each "
                     "on the picture the model saw, where the box outlined in red is the region that word attended "
@@ -280,7 +289,7 @@ def gallery_html(results: list[Result], title: str = "captioning gallery") -> st
             image = ""
         else:
             items = "".join(f"<li>{html.escape(c)} <span class=\"score\">{lp:.2f}</span></li>" for c, lp in r.captions)
-            body = f"<ol>{items}</ol>" + (_attention_row(r) if r.grid else "")
+            body = f"<ol>{items}</ol>" + (_attention_row(r) if r.attends else "")
             image = f'<img src="{_thumbnail(r.data)}" alt="{html.escape(os.path.basename(r.path))}">'
         cards.append(f'<figure>{image}<figcaption><b>{name}</b>{body}</figcaption></figure>')
     style = ("body{font-family:sans-serif;margin:2em;background:#fafafa}figure{display:inline-block;vertical-align:top;"
@@ -313,12 +322,14 @@ def print_results(results: list[Result], as_json: bool) -> int:
             captions = []
             for c in r.captions:
                 entry = {"caption": c.text, "log_prob": round(c.log_prob, 6)}
-                if r.grid:  # per word, its weights over the grid cells (row by row) or the regions
+                if r.attends:  # per word, its weights over the tokens (in their order) or the regions
                     entry["attention"] = [[round(float(x), 5) for x in word] for word in c.attention]
                 captions.append(entry)
             regions = r.captions[0].boxes if r.captions else None
             where = ({"regions": [[round(float(x), 5) for x in box] for box in regions]} if regions is not None
-                     else {"grid": list(r.grid)} if r.grid else {})
+                     else {"grid": [r.layout.rows, r.layout.cols], "prefix_tokens": r.layout.prefix} if r.layout
+                     else {"tokens": len(r.captions[0].attention[0])} if r.attends and len(r.captions[0].attention)
+                     else {})
             line = {"image": r.path, "captions": captions, **where}
             print(json.dumps(line, ensure_ascii=False))
         else:

@@ -144,10 +144,11 @@ class Captioner:
         return self._generate(model.image_state(inputs), batch.get("image_id"))
 
     @property
-    def grid_shape(self) -> tuple[int, int] | None:
-        """(rows, columns) of the attention grid, or None for a decoder without attention or reading regions."""
+    def token_layout(self):
+        """Where the tokens the decoder attends over sit (a :class:`~captioning.model.layout.TokenLayout`), or None
+        for a decoder without attention, one reading regions, or an encoder that declares no layout."""
         model = self.trained.model
-        return model.grid_shape if model.attends else None
+        return model.token_layout if model.attends else None
 
     @property
     def reads_regions(self) -> bool:

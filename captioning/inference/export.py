@@ -3,8 +3,10 @@
 The serving signature (``serving_default``) takes ``images``: a 1-D batch of JPEG/PNG (or GIF/BMP) bytes,
 and returns ``captions`` (``string [batch, top_k]``, best first) and ``log_probs``
 (``float32 [batch, top_k]``); for an attention decoder also ``attention`` (``float32 [batch, max_length,
-rows, cols]``: for each word of the best caption, its weights over the encoder's grid; zeros after the
-caption's last word). A model reading regions (``data.features: regions``) takes ``boxes`` too (``float32
+rows, cols]``: for each word of the best caption, its weights over the encoder's map, as its token layout
+declares it; zeros after the caption's last word), and for an encoder with tokens before its map (a ViT's
+class token) ``attention_prefix`` (``[batch, max_length, prefix]``: their weights; with the map's they sum to
+1). For an encoder that declares no layout, ``attention`` is ``[batch, max_length, tokens]``. A model reading regions (``data.features: regions``) takes ``boxes`` too (``float32
 [batch, n, 4]``: x, y, width, height in pixels of each image, as COCO detection results give them; a box of
 no width or height is padding) and returns ``regions`` (``[batch, n + 1, 4]``: each box as x1, y1, x2, y2
 fractions of the image, the whole image last) and ``attention`` over them (``[batch, max_length, n + 1]``).
@@ -74,10 +76,15 @@ class CaptionServer(tf.Module):
     def _serve_images(self, images):
         out = self.captioner.decode_encoded(images)
         served = self._captions(out)
-        if "attention" in out:  # the best caption's weights, per word, over the grid's rows and columns
-            rows, cols = self.captioner.grid_shape
-            batch, steps = tf.shape(out["ids"])[0], tf.shape(out["ids"])[2]
-            served["attention"] = tf.reshape(out["attention"][:, 0], [batch, steps, rows, cols])
+        if "attention" in out:  # the best caption's weights, per word, over the encoder's tokens
+            layout, weights = self.captioner.token_layout, out["attention"][:, 0]
+            if layout is None:  # tokens without places: as they are
+                served["attention"] = weights
+            else:  # the map's rows and columns; the prefix tokens (a class token) apart
+                batch, steps = tf.shape(out["ids"])[0], tf.shape(out["ids"])[2]
+                served["attention"] = tf.reshape(weights[..., layout.prefix:], [batch, steps, layout.rows, layout.cols])
+                if layout.prefix:
+                    served["attention_prefix"] = weights[..., :layout.prefix]
         return served
 
     def _serve_regions(self, images, boxes):

@@ -10,7 +10,9 @@
   ``max_boxes`` of them, in pixels of the original image;
 - **images**: the original files (``images_dir`` / the record's file name), so the boxes' pixels are the
   detector's; each is squashed to the model's ``image_size`` square as the input pipeline does, and
-  encoded by the model's encoder into its grid (``rows × cols × D``).
+  encoded by the model's encoder into its token set, whose map (``rows × cols × D``, as the encoder's layout
+  declares it; a class token left out) is pooled. Whichever decoder the model trained — Show and Tell's
+  pooled features too — the encoder's tokens are read.
 
 Each box (and always the whole image, the last region) becomes one region: ``tf.image.crop_and_resize``
 samples the grid at ``rows × cols`` points spread over the box (bilinear, as ROI align does), and their
@@ -145,34 +147,23 @@ def read_detections(paths: Sequence[str], min_score: float = 0.2, max_boxes: int
                                           np.float32) for image_id, boxes in found.items()}, dropped)
 
 
-class GridEncoder:
-    """A config's encoder alone, as extraction reads a model (``encode``, ``image_size``, ``grid_shape``):
-    ``model.encoder`` with the weights ``model.encoder_weights`` names (``imagenet``, or a weights file), its
-    grid at ``data.image_size``. A model trained on its regions with the same three keys builds the same
-    encoder, so it can pool the regions of new images too."""
+def encoder_of(model):
+    """The :class:`~captioning.model.encoders.base.ImageEncoder` regions are pooled with: a captioning model's
+    (whichever decoder it trained: its encoder's token set, of the same weights), or an encoder itself."""
+    return getattr(model, "image_encoder", model)
 
-    def __init__(self, cfg, image_size: int):
-        from captioning.model.encoders import build_encoder
 
-        self.cfg, self.image_size = cfg, image_size
-        self.encoder = build_encoder(cfg, image_size, grid=True)
-        cells = int(self.encoder.output.shape[1])
-        side = math.isqrt(cells)
-        self.grid_shape = (side, side) if side * side == cells else (1, cells)
-
-    @classmethod
-    def from_config(cls, config) -> "GridEncoder":
-        return cls(config.model, config.data.image_size)
-
-    def encode(self, images, training=False):
-        return self.encoder(images, training=False)
-
-    def describe(self) -> dict:
-        """What the store records of it (a weights file by its absolute path)."""
-        weights = self.cfg.encoder_weights or "none"
-        if weights not in ("none", "imagenet"):
-            weights = os.path.abspath(weights)
-        return {"encoder": self.cfg.encoder, "encoder_weights": weights, "image_size": self.image_size}
+def token_maps(encoder, images) -> tf.Tensor:
+    """Pixels ``[B, S, S, 3]`` → the encoder's map ``[B, rows, cols, D]`` (float32; its prefix tokens, such as a
+    ViT's class token, left out: they have no place to pool). An InputError for an encoder without a layout."""
+    layout = encoder.layout
+    if layout is None:
+        raise InputError(f"model.encoder {encoder.name} declares no layout of its tokens: there is no map to pool "
+                         "regions from", params=("model_dir",))
+    rows = tf.shape(images)[0]  # an empty batch runs one row of zeros (convolutions mis-shape none), cut away
+    images = tf.pad(images, [[0, tf.maximum(1 - rows, 0)], [0, 0], [0, 0], [0, 0]])
+    tokens = tf.cast(encoder.tokens_model()(images, training=False), tf.float32)[:rows, layout.prefix:]
+    return tf.reshape(tokens, [rows, layout.rows, layout.cols, tokens.shape[-1]])
 
 
 def grid_boxes(width: int, height: int, cells: int) -> np.ndarray:
@@ -215,10 +206,7 @@ def boxes_to_regions(model, images: tf.Tensor, boxes: tf.Tensor, sizes: tf.Tenso
     detection results give them; a box of no width or height is padding) and ``sizes [B, 2]`` (height,
     width) → ``{"regions", "boxes", "region_mask"}`` as the features store gives them: each box pooled from
     the encoder's grid, the whole image last, float16, boxes as fractions of the image."""
-    grid = model.encode(images, training=False)  # [B, cells, D], a square grid's cells row by row
-    cells, depth = model.encoder.output.shape[1:]
-    rows = math.isqrt(cells)
-    grids = tf.reshape(tf.cast(grid, tf.float32), [tf.shape(grid)[0], rows, cells // rows, depth])
+    grids = token_maps(encoder_of(model), images)
     boxes = tf.cast(boxes, tf.float32)
     height, width = (tf.cast(sizes[:, i], tf.float32)[:, None] for i in (0, 1))
     x1, y1 = boxes[..., 0] / width, boxes[..., 1] / height
@@ -242,12 +230,12 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
     extraction). The images are read, decoded and squashed in a parallel ``tf.data`` map while the encoder
     runs. The boxes (after jitter) follow :func:`~captioning.data.features_store.clean_boxes` in the image's
     pixels: clipped to it, degenerate ones dropped; ``box_counts[image_id]`` gets ``(clipped, dropped)``."""
-    size = model.image_size
-    rows, cols = model.grid_shape
-    encode = tf.function(lambda images: model.encode(images, training=False), reduce_retracing=True)
+    encoder = encoder_of(model)
+    size = encoder.image_size
+    encode = tf.function(lambda images: token_maps(encoder, images), reduce_retracing=True)
 
     def regions_of(ids, pixels, widths, heights):  # one encoder call and one pooling call for the batch
-        grids = tf.reshape(tf.cast(encode(pixels), tf.float32), [len(ids), rows, cols, -1])
+        grids = encode(pixels)
         corners, normal = [], []
         for image_id, width, height in zip(ids, widths, heights):
             boxes = jitter.apply(detections.get(image_id, np.zeros((0, 4), np.float32)), image_id, width, height)

@@ -1,6 +1,8 @@
-"""The model stage: image encoders, decoders behind one interface, and decoding (beam search).
+"""The model stage: image encoders and decoders behind one interface each, and decoding (beam search).
 
-:data:`DECODERS` is the registry of decoders: ``model.decoder`` names one of them. A decoder class
+:data:`DECODERS` is the registry of decoders: ``model.decoder`` names one of them, as ``model.encoder`` names
+one of :data:`~captioning.model.encoders.ENCODERS`. :func:`build_model` builds the encoder once and hands it
+to the decoder. A decoder class
 (:class:`~captioning.model.base.CaptionModel`) declares everything the rest of the code asks about it
 — its own settings (a dataclass, :attr:`~captioning.model.base.CaptionModel.settings_class`), which of
 them change its variables' shapes (``incompatible_keys``), whether it reads the encoder's grid or its
@@ -8,10 +10,10 @@ pooled features (``features``) — so nothing outside its module tests its name.
 module here and one entry in :data:`DECODERS`; the contract tests (tests/test_decoders.py) run over
 every entry.
 
-The decoder's settings are written in ``model:`` beside the shared keys (``model.lstm_units``). The
-config loader keeps them as given; :func:`resolve` types and checks them against the chosen decoder's
-dataclass (a key another decoder declares is not this one's business and is left out; a key no decoder
-declares is an error).
+The decoder's and the encoder's settings are written in ``model:`` beside the shared keys
+(``model.lstm_units``, ``model.vit_layers``). The config loader keeps them as given; :func:`resolve` types and
+checks them against the chosen decoder's and encoder's dataclasses (a key another component declares is not
+this one's business and is left out; a key no component declares is an error).
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ import copy
 import dataclasses
 import difflib
 import logging
-import math
+import os
 
 from captioning import config as config_lib
 from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model.attention import ShowAttendTell
 from captioning.model.base import CaptionModel
-from captioning.model.encoders import SMALL_CNN_FILTERS, all_layers, build_encoder
+from captioning.model.encoders import ENCODERS, all_layers, build_encoder, encoder_class
 from captioning.model.show_and_tell import ShowAndTell
 from captioning.model.transformer import Transformer
 from captioning.model.updown import UpDown
@@ -47,18 +49,19 @@ def decoder_class(name: str) -> type[CaptionModel]:
     return DECODERS[name]
 
 
-def _options_of(model_cfg: ModelConfig) -> dict:
-    """The decoder's own keys among ``model_cfg.options``: the others declared by another decoder are left
-    out; an undeclared one is an InputError naming the nearest keys."""
-    mine = {f.name for f in dataclasses.fields(decoder_class(model_cfg.decoder).settings_class)}
-    others = {f.name: name for name, cls in DECODERS.items() for f in dataclasses.fields(cls.settings_class)}
-    known = [f"model.{k}" for k in sorted(mine | set(others) | set(config_lib.keys_of(ModelConfig)))]
+def _options_of(model_cfg: ModelConfig, cls) -> dict:
+    """``cls``'s own keys among ``model_cfg.options`` (``cls``: the chosen decoder's or encoder's class): the keys
+    another decoder or encoder declares are left out; an undeclared one is an InputError naming the nearest."""
+    mine = {f.name for f in dataclasses.fields(cls.settings_class)}
+    components = [*DECODERS.values(), *ENCODERS.values()]
+    others = {f.name for c in components for f in dataclasses.fields(c.settings_class)}
+    known = [f"model.{k}" for k in sorted(mine | others | set(config_lib.keys_of(ModelConfig)))]
     out = {}
     for key, value in model_cfg.options.items():
         if key in mine:
             out[key] = value
         elif key in others:
-            log.debug("model.%s is a setting of other decoders, not of %s: left out", key, model_cfg.decoder)
+            log.debug("model.%s is a setting of other components, not of %s", key, cls.__name__)
         else:
             near = difflib.get_close_matches(f"model.{key}", known, n=4, cutoff=0.5)
             raise InputError(f"unknown config key 'model.{key}'" + (f"; did you mean {', '.join(near)}?" if near else
@@ -69,16 +72,30 @@ def _options_of(model_cfg: ModelConfig) -> dict:
 def settings_of(model_cfg: ModelConfig, complete: bool = False):
     """The chosen decoder's settings (an instance of its ``settings_class``), typed and checked.
     ``complete``: every one of them must be given (a saved config.yaml)."""
-    cls = decoder_class(model_cfg.decoder).settings_class
-    return config_lib.section_from(cls, _options_of(model_cfg), "model.", complete=complete,
+    cls = decoder_class(model_cfg.decoder)
+    return config_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
                                    where=f"the model section (decoder {model_cfg.decoder})")
 
 
+def encoder_settings_of(model_cfg: ModelConfig, complete: bool = False):
+    """The chosen encoder's settings (an instance of its ``settings_class``), typed and checked."""
+    cls = encoder_class(model_cfg.encoder)
+    return config_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
+                                   where=f"the model section (encoder {model_cfg.encoder})")
+
+
 def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config:
-    """A copy of ``cfg`` whose ``model.options`` are exactly the decoder's settings, typed (every one of
-    them, defaults included): what training records and compares."""
+    """A copy of ``cfg`` whose ``model.options`` are exactly the decoder's and the encoder's settings, typed
+    (every one of them, defaults included; the encoder's paths made absolute): what training records and
+    compares."""
     out = copy.copy(cfg)
-    out.model = dataclasses.replace(cfg.model, options=dataclasses.asdict(settings_of(cfg.model, complete)))
+    encoder = encoder_settings_of(cfg.model, complete)
+    for key in encoder_class(cfg.model.encoder).path_keys:  # a folder or file named relative to here, made absolute
+        value = getattr(encoder, key)
+        if value and os.path.exists(value):
+            setattr(encoder, key, os.path.abspath(value))
+    out.model = dataclasses.replace(cfg.model, options={**dataclasses.asdict(settings_of(cfg.model, complete)),
+                                                        **dataclasses.asdict(encoder)})
     object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
     return out
 
@@ -96,43 +113,46 @@ def check_caption_length(model_cfg: ModelConfig, key: str, length: int) -> None:
 
 
 def all_keys() -> list[str]:
-    """Every decoder's own keys, ``model.<name>``, each once."""
-    return sorted({f"model.{f.name}" for cls in DECODERS.values() for f in dataclasses.fields(cls.settings_class)})
-
-
-def small_cnn_grid(image_size: int) -> int:
-    """The side of small_cnn's final grid (stride-2 'same' convolutions)."""
-    return math.ceil(image_size / 2 ** len(SMALL_CNN_FILTERS))
+    """Every decoder's and encoder's own keys, ``model.<name>``, each once."""
+    return sorted({f"model.{f.name}" for cls in [*DECODERS.values(), *ENCODERS.values()]
+                   for f in dataclasses.fields(cls.settings_class)})
 
 
 def architecture_diff(old: config_lib.Config, new: config_lib.Config) -> list[str]:
     """The keys in which the models of two configs differ in their variables' shapes (a checkpoint of
-    one does not fit the other): the decoder, the encoder, the decoder's ``incompatible_keys``, and for
-    a decoder reading pooled features of small_cnn (which flattens its grid) the image size; the size of the
-    region features read and whether their boxes are added."""
+    one does not fit the other): the decoder, the encoder, their ``incompatible_keys``, the image size where
+    the encoder's shapes follow it (:meth:`~captioning.model.encoders.base.ImageEncoder.shapes_follow_image_size`);
+    the size of the region features read and whether their boxes are added."""
     diff = [f"model.{k}" for k in ("decoder", "encoder", "region_feature_size", "box_geometry")
             if getattr(old.model, k) != getattr(new.model, k)]
     if diff:
         return diff
-    cls = decoder_class(new.model.decoder)
+    cls, encoder = decoder_class(new.model.decoder), encoder_class(new.model.encoder)
     a, b = settings_of(old.model), settings_of(new.model)
     diff = [f"model.{k}" for k in cls.incompatible_keys if getattr(a, k) != getattr(b, k)]
-    if (cls.features == "pooled" and new.model.encoder == "small_cnn"
-            and small_cnn_grid(old.data.image_size) != small_cnn_grid(new.data.image_size)):
-        diff.append("data.image_size (small_cnn flattens a grid whose size depends on it)")
+    a, b = encoder_settings_of(old.model), encoder_settings_of(new.model)
+    diff += [f"model.{k}" for k in encoder.incompatible_keys if getattr(a, k) != getattr(b, k)]
+    pooled = cls.features == "pooled" and not new.model.region_feature_size
+    if old.data.image_size != new.data.image_size and encoder.shapes_follow_image_size(b, pooled):
+        diff.append(f"data.image_size (the shapes of model.encoder {new.model.encoder}'s variables follow it)")
     return diff
 
 
-def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0) -> CaptionModel:
-    """The model of ``cfg.decoder`` (not built: call ``build_all()`` to create its variables)."""
+def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+                restoring: bool = False) -> CaptionModel:
+    """The model of ``cfg.decoder`` over the encoder of ``cfg.encoder``, built here once, pooled or as tokens
+    as the decoder reads it (a model reading regions keeps the encoder's tokens: it pools the regions of new
+    images from them). Not built: call ``build_all()`` to create its variables. ``restoring``: a checkpoint
+    brings the weights (the encoder loads none: nothing downloads)."""
     cls = decoder_class(cfg.decoder)
-    model = cls(vocab_size, cfg, image_size, seed=seed, settings=settings_of(cfg))
+    pooled = cls.features == "pooled" and not cfg.region_feature_size
+    encoder = build_encoder(cfg, image_size, settings=encoder_settings_of(cfg), pooled=pooled, restoring=restoring)
+    model = cls(vocab_size, cfg, encoder, seed=seed, settings=settings_of(cfg))
     if model.reads_regions:  # training reads regions: the encoder (for new images' regions) is not trained
         model.encoder.trainable = False
     return model
 
 
-__all__ = ["CaptionModel", "DECODERS", "SMALL_CNN_FILTERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
-           "all_layers",
-           "architecture_diff", "build_encoder", "build_model", "check_caption_length", "decoder_class", "resolve",
-           "settings_of"]
+__all__ = ["CaptionModel", "DECODERS", "ENCODERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
+           "all_layers", "architecture_diff", "build_encoder", "build_model", "check_caption_length", "decoder_class",
+           "encoder_class", "encoder_settings_of", "resolve", "settings_of"]

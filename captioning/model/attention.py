@@ -42,7 +42,6 @@ forget-gate bias at 1). Scores, weights and logits are computed in float32 under
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import keras
@@ -50,8 +49,8 @@ import tensorflow as tf
 from keras import layers
 
 from captioning.config import MAX_FACTOR, MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
+from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel, masked_mean, masked_scores
-from captioning.model.encoders import build_encoder
 from captioning.vocab import PAD_ID
 
 
@@ -81,17 +80,11 @@ class ShowAttendTell(CaptionModel):
     # (measured on the shapes: 1.34x a cross-entropy step per image that way, 1.75x with a second pass)
     fast_teacher_forcing = False
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+    def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: AttentionSettings | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.setup(vocab_size, cfg, image_size, settings)
+        self.setup(vocab_size, cfg, encoder, settings)
         s = self.settings
-        self.encoder = build_encoder(cfg, image_size, grid=True)
-        self.grid_cells = int(self.encoder.output.shape[1])
-        self.feature_size = self.feature_depth(int(self.encoder.output.shape[-1]))
-        side = math.isqrt(self.grid_cells)
-        self.grid_shape = None if self.reads_regions else (side, side) if side * side == self.grid_cells else (
-            1, self.grid_cells)
 
         def init(offset):
             return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)

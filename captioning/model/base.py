@@ -1,10 +1,11 @@
 """The decoder interface: what beam search, training, evaluation and export know of a captioning model.
 
-A captioning model is an encoder (:mod:`captioning.model.encoders`) and a decoder. Everything outside
+A captioning model is an encoder (:mod:`captioning.model.encoders`, built once and handed to the decoder) and
+a decoder. Everything outside
 this package uses only these methods, so a new decoder is a new module with a :class:`CaptionModel`
-subclass, plus its name in :data:`captioning.model.DECODERS` and in ``model.decoder``'s choices::
+subclass, plus its name in :data:`captioning.model.DECODERS`::
 
-    features = model.encode(images, training)        pixels [B, S, S, 3] → features [B, ...]
+    features = model.encode(images, training)        pixels [B, S, S, 3] → features [B, D] or tokens [B, N, D]
     state = model.initial_state(features, training, mask)   a nest of batch-major tensors [B, ...]
     features, mask = model.image_features(inputs, training)  what a batch's images give: encoded pixels,
                                                      cached features, or regions and their mask
@@ -60,19 +61,14 @@ implement :meth:`CaptionModel.teacher_forced` and get this, and split padding, f
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 import numpy as np
 import tensorflow as tf
 
 from captioning.config import ModelConfig, section_from
+from captioning.model.encoders.base import ImageEncoder, NoSettings
+from captioning.model.layout import TokenLayout
 from captioning.vocab import PAD_ID
-
-
-@dataclasses.dataclass
-class NoSettings:
-    """The settings of a decoder that has none of its own."""
 
 
 GEOMETRY = 5  # features model.box_geometry adds to a region
@@ -147,9 +143,9 @@ class CaptionModel(keras.Model):
       its variables do not depend on the grid's size);
     * :attr:`tiny_settings` — settings small enough for a model that builds and steps on a CPU in a
       second (tests/test_decoders.py runs every decoder's contract with them);
-    * :attr:`attends` — whether its decoding step reports attention weights over the grid: its state is
-      then a dict whose ``attention`` entry holds the step's weights ``[B, cells]`` (or regions), and it
-      sets :attr:`grid_shape` (rows, columns) once built (None for a model reading regions);
+    * :attr:`attends` — whether its decoding step reports attention weights over the token set: its state
+      is then a dict whose ``attention`` entry holds the step's weights ``[B, tokens]`` (or regions); where
+      the tokens sit is :attr:`token_layout` (the encoder's; None for regions, or an encoder without one);
     * :attr:`fast_teacher_forcing` — whether its teacher-forced pass over a caption costs less than stepping
       through it word by word (a Transformer's runs the words in parallel; a recurrent decoder's is a loop
       too): self-critical training then draws its samples without gradient and scores them in one
@@ -159,9 +155,11 @@ class CaptionModel(keras.Model):
       and ``scst.max_length`` are checked against it before a command starts
       (:func:`captioning.model.check_caption_length`);
 
-    and its constructor ``(vocab_size, cfg: ModelConfig, image_size, seed=0, settings=None)`` calls
-    :meth:`setup` first. It sets :attr:`encoder` (a Keras model from pixels to features) and implements
-    :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`. Beam
+    and its constructor ``(vocab_size, cfg: ModelConfig, encoder: ImageEncoder, seed=0, settings=None)`` calls
+    :meth:`setup` first, which keeps the built encoder it is handed (:func:`captioning.model.build_model`
+    builds it, pooled or as tokens as :attr:`features` asks: no decoder builds one) as :attr:`encoder` (its
+    Keras model from pixels to features), and implements :meth:`initial_state`, :meth:`step`,
+    :meth:`teacher_forced` and :meth:`decoder_variables`. Beam
     search, captions, export, TensorBoard pictures and grounding show an attending decoder's weights."""
 
     settings_class: type = NoSettings
@@ -170,18 +168,25 @@ class CaptionModel(keras.Model):
     attends: bool = False
     fast_teacher_forcing: bool = True
     tiny_settings: dict = {}
-    grid_shape: tuple[int, int] | None = None
+    token_layout: TokenLayout | None = None
     caption_length_setting: str | None = None  # the setting that bounds max_caption_length (a refusal names it)
 
     vocab_size: int
     image_size: int
     cfg: ModelConfig
 
-    def setup(self, vocab_size: int, cfg: ModelConfig, image_size: int, settings=None):
-        """Records the model's sizes and config; ``settings`` (an instance of :attr:`settings_class`)
-        default to ``cfg.options`` read as that class declares them."""
-        self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, image_size
+    def setup(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, settings=None):
+        """Records the model's sizes, config and encoder; ``settings`` (an instance of :attr:`settings_class`)
+        default to ``cfg.options`` read as that class declares them. Sets :attr:`encoder` (the encoder's Keras
+        model: the checkpoints' ``model/encoder``), :attr:`grid_cells` (its tokens), :attr:`feature_size`
+        (the depth of what the decoder reads) and :attr:`token_layout`."""
+        self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, encoder.image_size
         self.settings = settings if settings is not None else section_from(self.settings_class, cfg.options, "model.")
+        self.image_encoder = encoder
+        self.encoder = encoder.model
+        self.grid_cells = encoder.tokens
+        self.feature_size = self.feature_depth(encoder.depth)
+        self.token_layout = None if self.reads_regions else encoder.layout
 
     @classmethod
     def max_caption_length(cls, settings) -> int | None:

@@ -43,7 +43,7 @@ class Ensemble(tf.Module):
     of it holds every member's variables."""
 
     attends = False  # the members' attention may be over different grids: none is reported
-    grid_shape = None
+    token_layout = None
 
     def __init__(self, models):
         super().__init__(name="ensemble")

@@ -416,10 +416,9 @@ class ModelDir:
 
     def load(self, checkpoint: str | None = None, attempts: int = 5) -> TrainedModel:
         """The trained model at ``checkpoint`` (default: the latest complete one), rebuilt from config.yaml
-        and vocab.txt. The encoder is built without ImageNet weights (the checkpoint has the trained ones),
-        so loading never downloads. While a training run writes into the folder, a latest checkpoint
+        and vocab.txt. The encoder is built without its pretrained weights (the checkpoint has the trained
+        ones), so loading never downloads. While a training run writes into the folder, a latest checkpoint
         deleted before it could be read is replaced by the new latest (up to ``attempts`` times)."""
-        import dataclasses
 
         import tensorflow as tf
 
@@ -428,8 +427,7 @@ class ModelDir:
         cfg, vocab = self.require_trained()
         if checkpoint and not self.owns_checkpoint(checkpoint):
             self.check_foreign_checkpoint(checkpoint, cfg, vocab)
-        model_cfg = dataclasses.replace(cfg.model, encoder_weights="none")
-        model = build_model(len(vocab), model_cfg, cfg.data.image_size).build_all()
+        model = build_model(len(vocab), cfg.model, cfg.data.image_size, restoring=True).build_all()
         step = tf.Variable(0, dtype=tf.int64)
         for attempt in range(attempts):
             path = checkpoint or self.latest_checkpoint()

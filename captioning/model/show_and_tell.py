@@ -31,8 +31,8 @@ import keras
 from keras import layers
 
 from captioning.config import MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
+from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel
-from captioning.model.encoders import build_encoder
 
 
 @dataclass
@@ -53,14 +53,11 @@ class ShowAndTell(CaptionModel):
     incompatible_keys = ("embedding_size", "lstm_units")
     features = "pooled"
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+    def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: ShowAndTellSettings | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.setup(vocab_size, cfg, image_size, settings)
+        self.setup(vocab_size, cfg, encoder, settings)
         s = self.settings
-        # a model reading regions keeps the grid encoder its regions are pooled from (their masked mean is read)
-        self.encoder = build_encoder(cfg, image_size, grid=self.reads_regions)
-        self.feature_size = self.feature_depth(int(self.encoder.output.shape[-1]))
 
         def init(offset):
             return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)

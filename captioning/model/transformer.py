@@ -55,8 +55,8 @@ from keras import layers
 
 from captioning.config import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, ModelConfig, between, choices
 from captioning.errors import InputError
+from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel
-from captioning.model.encoders import build_encoder
 
 
 @dataclass
@@ -158,17 +158,11 @@ class Transformer(CaptionModel):
         """``max_positions``: decoding ``n`` words reads positions 0 (``<start>``) to ``n − 1``."""
         return settings.max_positions
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+    def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: TransformerSettings | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.setup(vocab_size, cfg, image_size, settings)
+        self.setup(vocab_size, cfg, encoder, settings)
         s = self.settings
-        self.encoder = build_encoder(cfg, image_size, grid=True)
-        self.grid_cells = int(self.encoder.output.shape[1])
-        self.feature_size = self.feature_depth(int(self.encoder.output.shape[-1]))
-        side = math.isqrt(self.grid_cells)
-        self.grid_shape = None if self.reads_regions else (side, side) if side * side == self.grid_cells else (
-            1, self.grid_cells)
         d, pre, rate = s.d_model, s.norm == "pre", cfg.dropout
         self.key_size = d // s.heads
 

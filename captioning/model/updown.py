@@ -37,7 +37,6 @@ forget-gate biases at 1). Scores, weights and logits are float32 under mixed pre
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import keras
@@ -45,8 +44,8 @@ import tensorflow as tf
 from keras import layers
 
 from captioning.config import MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
+from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel, masked_mean, masked_scores
-from captioning.model.encoders import build_encoder
 
 
 @dataclass
@@ -74,16 +73,11 @@ class UpDown(CaptionModel):
     # (measured on the shapes: 1.34x a cross-entropy step per image that way, 1.75x with a second pass)
     fast_teacher_forcing = False
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
+    def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: UpDownSettings | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.setup(vocab_size, cfg, image_size, settings)
+        self.setup(vocab_size, cfg, encoder, settings)
         s = self.settings
-        self.encoder = build_encoder(cfg, image_size, grid=True)
-        self.grid_cells = int(self.encoder.output.shape[1])
-        side = math.isqrt(self.grid_cells)
-        self.grid_shape = None if self.reads_regions else (side, side) if side * side == self.grid_cells else (
-            1, self.grid_cells)
 
         def init(offset):
             return keras.initializers.RandomUniform(-s.init_scale, s.init_scale, seed=seed + offset)

@@ -21,6 +21,7 @@ from captioning import config as config_lib
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import store_of
 from captioning.errors import InputError
+from captioning.model import decoder_class, encoder_class, encoder_settings_of
 from captioning.model.folder import ModelDir
 
 log = logging.getLogger("captioning.train")
@@ -61,11 +62,9 @@ def _extractor(store, cfg: config_lib.Config) -> tuple[bool, str | None]:
         log.info("the regions of %s were imported: this model will caption new images only from such features, "
                  "not from boxes (caption --detections)", store.path)
         return False, None
-    if "encoder" in source:  # a config's encoder: the same encoder, weights and size build the same one
-        mine = {"encoder": cfg.model.encoder, "encoder_weights": cfg.model.encoder_weights or "none",
-                "image_size": cfg.data.image_size}
-        if mine["encoder_weights"] not in ("none", "imagenet"):
-            mine["encoder_weights"] = os.path.abspath(mine["encoder_weights"])
+    encoder = encoder_class(cfg.model.encoder)
+    if "encoder" in source:  # a config's encoder: the same encoder, weights, size and settings build the same one
+        mine = encoder.source(cfg.model, cfg.data.image_size, encoder_settings_of(cfg.model))
         same = source["encoder"] == mine and mine["encoder_weights"] != "none"
         if not same:
             log.warning("the regions of %s were pooled by %s, not by this model's encoder (%s; random weights are "
@@ -81,14 +80,19 @@ def _extractor(store, cfg: config_lib.Config) -> tuple[bool, str | None]:
                     "gone" if theirs is None else f"{theirs.model.encoder} at {theirs.data.image_size} px, not "
                                                   f"{cfg.model.encoder} at {cfg.data.image_size} px")
         return False, None
+    if not encoder.same_tokens(decoder_class(theirs.model.decoder).features == "pooled", False):
+        log.warning("the encoder %s pooled the regions of %s with gives other tokens when its decoder reads pooled "
+                    "features (model.decoder %s): this model will not caption new images from boxes",
+                    checkpoint, store.path, theirs.model.decoder)
+        return False, None
     return True, checkpoint
 
 
 def start_encoder_from(model, checkpoint: str) -> None:
     """Copies the encoder of the model at ``checkpoint`` (the one a features store's regions were pooled with)
     into ``model``'s, which then pools the regions of new images as the store's were pooled."""
-    theirs = ModelDir(os.path.dirname(checkpoint)).load(checkpoint).model.encoder.weights
-    mine = model.encoder.weights
+    theirs = ModelDir(os.path.dirname(checkpoint)).load(checkpoint).model.image_encoder.tokens_model().weights
+    mine = model.image_encoder.tokens_model().weights
     if [tuple(v.shape) for v in theirs] != [tuple(v.shape) for v in mine]:
         raise InputError(f"the encoder of {checkpoint} does not fit this model's ({len(theirs)} against "
                          f"{len(mine)} weights)")

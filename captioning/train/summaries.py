@@ -71,14 +71,15 @@ class Window:
 @dataclass
 class Sample:
     """A sample caption at an evaluation: the image, the greedy caption, the first reference, the crop
-    the model saw (``uint8 [S, S, 3]``) and, for an attention decoder, each word's weights and the grid."""
+    the model saw (``uint8 [S, S, 3]``) and, for an attention decoder, each word's weights and where the tokens
+    sit (the encoder's layout; None: a bar per token)."""
 
     image_id: int
     caption: str
     reference: str
     image: np.ndarray | None  # None for a model reading regions (its batches hold no pixels)
     attention: np.ndarray | None = None
-    grid: tuple[int, int] | None = None
+    layout: object = None  # captioning.model.layout.TokenLayout, or None
     note: str | None = None  # what the objective says of it (SCST: its CIDEr-D reward)
 
 
@@ -92,14 +93,14 @@ def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
     longest = min(20, model.max_caption_length(model.settings) or 20)  # the decoder's bound, if it has one
     best = beam_search(model, None, beam_size=1, max_length=longest, initial_state=model.image_state(batch))
     captions = ids_to_text(vocab, best["ids"], best["lengths"])
-    grid = model.grid_shape if model.attends else None
+    layout = model.token_layout if model.attends else None
     noted = notes(best, batch["captions"]) if notes else None
     out = []
     for i, (caption,) in enumerate(captions):
         reference = " ".join(vocab.decode(batch["captions"][i][0].numpy()))
         weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
         image = batch["image"][i].numpy() if "image" in batch else None  # regions: no picture
-        out.append(Sample(int(batch["image_id"][i]), caption, reference, image, weights, grid,
+        out.append(Sample(int(batch["image_id"][i]), caption, reference, image, weights, layout,
                           None if noted is None else noted[i]))
     return out
 
@@ -180,7 +181,7 @@ class Summaries:
                     description = f"image {s.image_id}: {s.caption} (reference: {s.reference})"
                     tf.summary.image(f"samples/{i}", s.image[None], description=description)
                     if s.attention is not None and len(s.attention):
-                        strip = word_strip(s.image, s.caption.split(), s.attention, s.grid)
+                        strip = word_strip(s.image, s.caption.split(), s.attention, s.layout)
                         tf.summary.image(f"attention/{i}", strip[None], description=description)
         log.info("step %d: validation loss %.4f, perplexity %.2f%s", step, loss.loss, loss.perplexity,
                  f"; e.g. \"{samples[0].caption}\"" if samples else "")

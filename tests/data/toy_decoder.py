@@ -11,7 +11,6 @@ from keras import layers
 
 from captioning.config import MAX_WIDTH, between
 from captioning.model.base import CaptionModel
-from captioning.model.encoders import build_encoder
 
 
 @dataclass
@@ -25,11 +24,10 @@ class Toy(CaptionModel):
     features = "pooled"
     tiny_settings = {"units": 12}
 
-    def __init__(self, vocab_size, cfg, image_size, seed=0, settings=None, **kwargs):
+    def __init__(self, vocab_size, cfg, encoder, seed=0, settings=None, **kwargs):
         super().__init__(**kwargs)
-        self.setup(vocab_size, cfg, image_size, settings)
+        self.setup(vocab_size, cfg, encoder, settings)
         units = self.settings.units
-        self.encoder = build_encoder(cfg, image_size)
         self.project = layers.Dense(units, activation="tanh", name="project")
         self.embed = layers.Embedding(vocab_size, units, name="embed")
         self.gru = layers.GRU(units, return_sequences=True, return_state=True, name="gru")

@@ -1,0 +1,66 @@
+"""Image encoders behind one registry: ``model.encoder`` names one of :data:`ENCODERS`.
+
+An encoder is a class (:class:`~captioning.model.encoders.base.ImageEncoder`, whose docstring has the interface)
+in a module of this package, plus one entry here; nothing outside its module names it. :func:`build_encoder` is
+the one place an encoder is built, for :func:`captioning.model.build_model` (which hands it to the decoder) and
+for region extraction. tests/test_encoders.py runs the contract over every entry × every decoder, and registers
+a toy encoder written in a temporary folder.
+
+======================  ==========================================================  ===================
+``model.encoder``       what it is                                                  tokens (its layout)
+======================  ==========================================================  ===================
+``small_cnn``           four strided convolutions, for CPU work                     4 × 4 at 64 px
+``inception_v3``        keras.applications (im2txt's encoder)                       8 × 8 at 299 px
+``resnet50``            keras.applications                                          7 × 7 at 224 px
+``efficientnet_b0``     keras.applications                                          7 × 7 at 224 px
+``mobilenet_v2``        keras.applications                                          7 × 7 at 224 px
+``vit``                 a Vision Transformer trained from pixels (keras-hub)        1 + 8 × 8 at 64 px
+``keras_hub``           a keras-hub preset: ViT, CLIP, SigLIP, DINOv2 vision towers 1 + 14 × 14 (B/16)
+======================  ==========================================================  ===================
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from captioning.config import ModelConfig
+from captioning.errors import InputError
+from captioning.model.encoders.applications import EfficientNetB0, InceptionV3, MobileNetV2, ResNet50
+from captioning.model.encoders.base import ImageEncoder, NoSettings, all_layers
+from captioning.model.encoders.keras_hub import KerasHub
+from captioning.model.encoders.small_cnn import SmallCnn
+from captioning.model.encoders.vit import ViT
+
+ENCODERS: dict[str, type[ImageEncoder]] = {
+    "inception_v3": InceptionV3, "resnet50": ResNet50, "efficientnet_b0": EfficientNetB0,
+    "mobilenet_v2": MobileNetV2, "small_cnn": SmallCnn, "vit": ViT, "keras_hub": KerasHub}
+
+
+def register(name: str, cls: type[ImageEncoder]) -> None:
+    """Adds encoder ``cls`` as ``model.encoder: name`` (what an entry above is; tests register a toy one)."""
+    cls.name = name
+    ENCODERS[name] = cls
+
+
+for _name, _cls in list(ENCODERS.items()):
+    register(_name, _cls)
+
+
+def encoder_class(name: str) -> type[ImageEncoder]:
+    """The registered encoder ``name``; an InputError naming ``model.encoder`` and the choices otherwise."""
+    if name not in ENCODERS:
+        near = difflib.get_close_matches(name, list(ENCODERS), n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise InputError(f"config key model.encoder must be one of {', '.join(ENCODERS)}, got {name!r}{hint}")
+    return ENCODERS[name]
+
+
+def build_encoder(cfg: ModelConfig, image_size: int, settings=None, pooled: bool = False,
+                  restoring: bool = False) -> ImageEncoder:
+    """The encoder ``cfg.encoder`` names, built: its :attr:`~ImageEncoder.model` gives pooled features
+    ``[B, D]`` with ``pooled``, else its token set ``[B, N, D]``. ``settings``: its own (default: read from
+    ``cfg.options``); ``restoring``: a checkpoint brings the weights (none are loaded)."""
+    return encoder_class(cfg.encoder)(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+
+
+__all__ = ["ENCODERS", "ImageEncoder", "NoSettings", "all_layers", "build_encoder", "encoder_class", "register"]

@@ -1,0 +1,121 @@
+"""``model.encoder: keras_hub``: a pretrained vision backbone from keras-hub — ViT, the CLIP and SigLIP vision
+towers, DINOv2 — read as patch tokens, the image side of every captioner since 2021 (CLIP-ViL, BLIP, GIT,
+CoCa, PaliGemma).
+
+``model.encoder_preset`` names a keras-hub preset (``clip_vit_base_patch16``, ``siglip_base_patch16_224``,
+``dinov2_base``, ``vit_base_patch16_224_imagenet``: downloaded by keras-hub, for users with internet) or a
+local preset folder, as ``save_to_preset`` writes it (offline; a relative path is made absolute when a run
+starts). The preset is loaded with keras-hub's own ``Backbone.from_preset``; a CLIP or SigLIP preset is the
+two-tower model, of which the vision tower is kept. The preset's image converter (``image_converter.json``)
+gives its image size and normalisation, applied inside the encoder: pixels are resized to the preset's size
+when ``data.image_size`` differs (set it to the preset's to skip that) and scaled as the preset was trained.
+A preset without one reads pixels scaled to [0, 1] at its backbone's image size.
+
+The tokens are the backbone's last hidden states: a class token (and DINOv2's registers) first, then the
+patches row by row (ViT-B/16 at 224 px: 1 + 14 × 14 = 197 tokens of 768). SigLIP has no class token, and its
+attention-pooling head is left out: its 196 patch tokens are read. Pooled (for Show and Tell): the class
+token, or the mean of the patches.
+
+Frozen by default (``model.encoder_trainable: false``: its tokens can be cached once, ``data.cache:
+features``); with ``model.encoder_trainable: true`` it is fine-tuned at ``train.encoder_lr_scale`` times the
+decoder's learning rate. Its weights are the preset's (``model.encoder_weights`` stays ``none``); a model
+folder's checkpoints hold them too, and rebuilding a folder reads only the preset's architecture.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+
+from captioning.errors import InputError
+from captioning.model.encoders.base import ImageEncoder
+from captioning.model.layout import TokenLayout
+
+log = logging.getLogger("captioning.model")
+
+
+@dataclass
+class KerasHubSettings:
+    """``model.encoder: keras_hub``'s own key."""
+
+    # a keras-hub preset name (downloads) or a local preset folder (save_to_preset's)
+    encoder_preset: str = ""
+
+
+def _is_path(preset: str) -> bool:
+    return os.sep in preset or preset.startswith(".") or os.path.exists(preset)
+
+
+class KerasHub(ImageEncoder):
+    """A keras-hub vision backbone's tokens (module docstring)."""
+
+    settings_class = KerasHubSettings
+    incompatible_keys = ("encoder_preset",)
+    path_keys = ("encoder_preset",)
+    tiny_settings = {}  # the contract tests write a tiny preset of each family into a temporary folder
+
+    def check(self) -> None:
+        preset = self.settings.encoder_preset
+        if not preset:
+            raise InputError("model.encoder: keras_hub needs model.encoder_preset: a keras-hub preset name or a "
+                             "local preset folder")
+        if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
+            raise InputError(f"model.encoder_preset: {preset} is not a keras-hub preset folder (no config.json; "
+                             "write one with save_to_preset)")
+        if (self.cfg.encoder_weights or "none") != "none":
+            raise InputError("model.encoder_weights: a keras_hub encoder's weights are its preset's "
+                             "(model.encoder_preset); leave model.encoder_weights: none")
+
+    def _load(self):
+        import keras_hub
+
+        preset = self.settings.encoder_preset
+        try:
+            backbone = keras_hub.models.Backbone.from_preset(preset, load_weights=not self.restoring)
+        except (ValueError, FileNotFoundError, OSError) as e:
+            raise InputError(f"model.encoder_preset: cannot load keras-hub preset {preset}: "
+                             f"{str(e).splitlines()[0][:200]}") from None
+        vision = getattr(backbone, "vision_encoder", backbone)  # CLIP, SigLIP: the vision tower
+        try:
+            converter = keras_hub.layers.ImageConverter.from_preset(preset)
+            size, scale, offset = converter.image_size, converter.scale, converter.offset
+        except (ValueError, FileNotFoundError, OSError):
+            size, scale, offset = None, 1.0 / 255.0, 0.0
+            log.info("model.encoder_preset %s has no image converter: pixels scaled to [0, 1]", preset)
+        shape = getattr(vision, "image_shape", None) or (None, None)
+        size = tuple(size) if size is not None else tuple(shape[:2])
+        if None in size:
+            raise InputError(f"model.encoder_preset: {preset} declares no image size")
+        return vision, size, scale, offset
+
+    def backbone(self, pooled: bool) -> keras.Model:
+        vision, self.preset_size, scale, offset = self._load()
+        self.scale = np.asarray(1.0 if scale is None else scale, np.float32)
+        self.offset = np.asarray(0.0 if offset is None else offset, np.float32)
+        patch = getattr(vision, "patch_size", None)
+        self.patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch, patch) if patch else None
+        tokens = next(layer.output for layer in reversed(vision.layers) if len(layer.output.shape) == 3)
+        if tuple(self.preset_size) != (self.image_size, self.image_size):
+            log.info("model.encoder_preset reads %s px: data.image_size %d is resized to it inside the encoder",
+                     " × ".join(map(str, self.preset_size)), self.image_size)
+        return keras.Model(vision.inputs, tokens, name="keras_hub")
+
+    def preprocess(self, pixels):
+        height, width = self.preset_size
+        if (height, width) != (self.image_size, self.image_size):
+            pixels = keras.ops.image.resize(pixels, (height, width), interpolation="bilinear")
+        return pixels * self.scale + self.offset
+
+    def layout_of(self, tokens: int) -> TokenLayout | None:
+        if self.patch is None:
+            return None
+        return TokenLayout.of(tokens, self.preset_size[0] // self.patch[0], self.preset_size[1] // self.patch[1])
+
+    def pool(self, tokens):
+        if self.layout is not None and self.layout.prefix:
+            return keras.layers.Lambda(lambda t: t[:, 0], name="class_token")(tokens)
+        return super().pool(tokens)
