@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   create .venv, install, run the main job on the embedded synthetic data
 #   make test   create .venv, install, run the whole test suite
-# GPU machines: `make demo TF_EXTRA=gpu` installs tensorflow[and-cuda] instead of tensorflow-cpu.
+# GPU machines: `make demo TF_EXTRA=gpu` adds tensorflow[and-cuda] (CUDA and cuDNN from pip) to TensorFlow.
 
 PYTHON   ?= python3
 VENV     ?= .venv
@@ -18,10 +18,18 @@ BENCH    := runs/benchmarks
 
 install: $(STAMP)
 
+# One TensorFlow in the venv (see setup.cfg): a .venv made before keras-hub came in holds tensorflow-cpu, and
+# installing `tensorflow` next to it would give two distributions writing the one `tensorflow` package. So when
+# tensorflow-cpu is there, it goes first, with any `tensorflow` beside it (removing one of two would delete files
+# the other still lists), and the install below puts `tensorflow` back. The stamp names the extra installed
+# last: switching TF_EXTRA re-runs the install (cpu after gpu leaves the CUDA wheels in place, unused without a GPU).
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	if $(BIN)/python -m pip show --quiet tensorflow-cpu >/dev/null 2>&1; then \
+	    $(BIN)/python -m pip uninstall --quiet --quiet --yes tensorflow-cpu tensorflow; fi
 	$(BIN)/python -m pip install --quiet -e '.[$(TF_EXTRA),test]'
+	rm -f $(VENV)/.installed-*
 	touch $@
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per process at a time): much of its
