@@ -306,6 +306,9 @@ class TrainConfig(Section):
     weight_decay: float = field(default=0.01, metadata=between(0.0, MAX_FACTOR))
     # a rate, not a size: finite and positive, no upper bound (the tests drive a run to NaN with 1e30)
     learning_rate: float = field(default=2.0, metadata=more_than(0.0))
+    # model.encoder_trainable: the encoder's learning rate is this times the decoder's (im2txt's second stage and
+    # BLIP's fine-tuning train a pretrained encoder slower than the decoder: 0.1 is a common choice); 1: the same
+    encoder_lr_scale: float = field(default=1.0, metadata=between(0.0, 100.0, low_open=True))
     # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
     momentum: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
     # constant, step, exponential, cosine, or noam (the Transformer's: linear warm-up over train.warmup_steps

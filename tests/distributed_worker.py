@@ -212,8 +212,22 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
                 f.write(traceback.format_exc())
 
 
+def mirrored_specs(data_dir, out_dir, *specs):
+    """``mirrored`` for each ``LABEL=KEY=VALUE;KEY=VALUE...`` of ``specs`` (an encoder and decoder with their
+    settings), into ``mirrored-LABEL.npz`` or ``mirrored-LABEL.error``, in one process."""
+    import traceback
+
+    for spec in specs:
+        label, _, overrides = spec.partition("=")
+        try:
+            mirrored(data_dir, out_dir, *overrides.split(";"), out_name=f"mirrored-{label}")
+        except Exception:  # noqa: BLE001 - reported by the test of that pair
+            with open(os.path.join(out_dir, f"mirrored-{label}.error"), "w") as f:
+                f.write(traceback.format_exc())
+
+
 if __name__ == "__main__":
-    modes = {"mirrored_decoder": mirrored_decoder, "mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
+    modes = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs, "mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
              "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
              "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
              "eval_losses": eval_losses,

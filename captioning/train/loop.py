@@ -93,7 +93,9 @@ class Trainer:
         with self.strategy.scope():
             self.model = build_model(len(self.vocab), cfg.model, cfg.data.image_size, seed=cfg.train.seed)
             self.model.build_all()
-            self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16")
+            # a fine-tuned encoder learns at train.encoder_lr_scale times the decoder's rate
+            self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16",
+                                            self.model.encoder.trainable_variables, cfg.train.encoder_lr_scale)
             # Keras 3 optimizers must create their slots inside the scope before the first
             # distributed step, or the first step fails on an unfed 'cond' placeholder.
             self.optimizer.build(self.model.trainable_variables)

@@ -65,15 +65,57 @@ class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
                 "total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
 
 
-def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float16: bool):
+class _ScaledRates:
+    """A Keras optimizer whose learning rate is multiplied by a factor for some variables (``scales``: a
+    variables at one factor; the others at 1), in its update and in AdamW's decoupled decay, which both scale
+    with the rate. Keyed as Keras keys a variable's slots (``_var_key``), so under a distribution strategy each
+    replica's copy finds its factor. The optimizer's variables are those of the class it extends: a checkpoint
+    does not tell them apart."""
+
+    def set_rate_scales(self, variables, factor: float) -> None:
+        self._rate_scales = {self._var_key(v): float(factor) for v in variables} if float(factor) != 1.0 else {}
+
+    def _scaled(self, learning_rate, variable):
+        factor = getattr(self, "_rate_scales", {}).get(self._var_key(variable))
+        return learning_rate if factor is None else learning_rate * factor
+
+    def update_step(self, gradient, variable, learning_rate):
+        return super().update_step(gradient, variable, self._scaled(learning_rate, variable))
+
+    def _apply_weight_decay(self, variables):
+        if self.weight_decay is None or not getattr(self, "_rate_scales", None):
+            return super()._apply_weight_decay(variables)
+
+        def decay(distribution, variables, **kwargs):  # Keras' own, with each variable's rate
+            def decay_one(variable):
+                if self._use_weight_decay(variable):
+                    rate = tf.cast(self._scaled(self.learning_rate, variable), variable.dtype)
+                    variable.assign_sub(variable * tf.cast(self.weight_decay, variable.dtype) * rate)
+
+            for variable in variables:
+                distribution.extended.update(getattr(variable, "value", variable), decay_one, group=False)
+
+        tf.__internal__.distribute.interim.maybe_merge_call(decay, self._distribution_strategy, variables)
+
+
+_SCALED = {name: type(name, (_ScaledRates, getattr(keras.optimizers, name)), {})  # named as Keras names it
+           for name in ("SGD", "Adam", "AdamW")}
+
+
+def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float16: bool, scaled=(),
+                   scale: float = 1.0):
+    """The optimizer of ``train.*``; the learning rate of the ``scaled`` variables is ``scale`` times the others'
+    (a fine-tuned encoder's at ``train.encoder_lr_scale``: im2txt's second stage and BLIP's fine-tuning train
+    the image encoder slower than the decoder)."""
     schedule = LearningRate(t.learning_rate, t.lr_schedule, round(t.lr_decay_epochs * steps_per_epoch),
                             t.lr_decay_factor, t.steps, t.warmup_steps)
     if t.optimizer == "sgd":
-        optimizer = keras.optimizers.SGD(learning_rate=schedule, momentum=t.momentum)
+        optimizer = _SCALED["SGD"](learning_rate=schedule, momentum=t.momentum)
     elif t.optimizer == "adamw":  # the decay scales with the learning rate, as Keras (and PyTorch) apply it
-        optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=t.weight_decay)
+        optimizer = _SCALED["AdamW"](learning_rate=schedule, weight_decay=t.weight_decay)
     else:
-        optimizer = keras.optimizers.Adam(learning_rate=schedule)
+        optimizer = _SCALED["Adam"](learning_rate=schedule)
+    optimizer.set_rate_scales(scaled, scale)
     return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_float16 else optimizer
 
 

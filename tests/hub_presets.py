@@ -1,0 +1,50 @@
+"""Tiny random keras-hub backbones of each family the ``keras_hub`` encoder reads (ViT, CLIP, SigLIP, DINOv2),
+saved as keras-hub presets with ``save_to_preset`` — the format of a real preset folder, written in a second
+instead of downloaded. Each has its image converter (image size and normalisation), as real presets do."""
+
+from __future__ import annotations
+
+import os
+
+FAMILIES = ("vit", "clip", "siglip", "dinov2")
+PATCH = 8
+
+
+def _backbone(family: str, size: int):
+    import keras_hub
+
+    m = keras_hub.models
+    shape = (size, size, 3)
+    if family == "vit":
+        return m.ViTBackbone(image_shape=shape, patch_size=PATCH, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=24)
+    if family == "clip":
+        vision = m.CLIPVisionEncoder(patch_size=PATCH, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=24,
+                                     image_shape=shape)
+        text = m.CLIPTextEncoder(vocabulary_size=20, embedding_dim=16, hidden_dim=16, num_layers=1, num_heads=2,
+                                 intermediate_dim=24, max_sequence_length=8)
+        return m.CLIPBackbone(vision, text, projection_dim=8)
+    if family == "siglip":
+        vision = m.SigLIPVisionEncoder(patch_size=PATCH, hidden_dim=16, num_layers=1, num_heads=2, intermediate_dim=24,
+                                       image_shape=shape)
+        text = m.SigLIPTextEncoder(vocabulary_size=20, embedding_dim=16, hidden_dim=16, num_layers=1, num_heads=2,
+                                   intermediate_dim=24, max_sequence_length=8)
+        return m.SigLIPBackbone(vision, text)
+    if family == "dinov2":
+        return m.DINOV2Backbone(patch_size=PATCH, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=24,
+                                image_shape=shape, position_embedding_shape=shape, num_register_tokens=2)
+    raise ValueError(family)
+
+
+def write_preset(family: str, folder: str, size: int = 32, converter: bool = True) -> str:
+    """A tiny random ``family`` backbone reading ``size`` px, saved as a keras-hub preset in ``folder``."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(FAMILIES.index(family))
+    os.makedirs(folder, exist_ok=True)
+    _backbone(family, size).save_to_preset(folder)
+    if converter:  # CLIP's normalisation: per channel, as its preset's converter gives it
+        mean, std = (0.48, 0.46, 0.41), (0.27, 0.26, 0.28)
+        keras_hub.layers.ImageConverter(image_size=(size, size), scale=[1 / (255 * s) for s in std],
+                                        offset=[-m / s for m, s in zip(mean, std)]).save_to_preset(folder)
+    return folder

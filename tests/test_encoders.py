@@ -1,0 +1,382 @@
+"""The encoder contract: what every registered encoder must do, with every decoder, run over every entry of
+``captioning.model.encoders.ENCODERS`` (``keras_hub`` once per family: tiny random ViT, CLIP, SigLIP and DINOv2
+backbones saved as keras-hub presets in a temporary folder), so a new encoder is tested with no new test code.
+
+The quick loop runs the declarations and every cheap encoder × every decoder (built once per encoder and mode:
+its token set's size and layout, the decoder's teacher-forced pass equal to stepping word by word over it, beam
+search's attention over its tokens, its variables apart from the decoder's and frozen unless trainable); the
+full suite adds the ImageNet CNNs (Inception v3 at 75 px, ResNet-50, EfficientNet-B0, MobileNet v2), two mirrored replicas, the
+SavedModel, and training, captioning, evaluating and exporting from each keras-hub family. A toy encoder written
+in a temporary folder (a 2 × 3 map after a class token: not square) is registered and passes the contract;
+broken, it fails it."""
+
+import dataclasses
+import importlib.util
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from captioning.config import ModelConfig, describe_range, keys_of
+from captioning.errors import InputError
+from captioning.model import DECODERS, build_encoder, build_model
+from captioning.model.encoders import ENCODERS, register
+from captioning.model.layout import TokenLayout
+from tests.hub_presets import FAMILIES, write_preset
+
+V, B, T = 30, 2, 5
+HEAVY = ("inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2")  # ImageNet CNNs: the full suite only
+ENTRIES = [n for n in sorted(ENCODERS) if n != "keras_hub"] + [f"keras_hub:{f}" for f in FAMILIES]
+
+
+@pytest.fixture(scope="session")
+def hub_presets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub_presets")
+    return {family: write_preset(family, str(root / family)) for family in FAMILIES}
+
+
+def entry_config(entry, presets, decoder="attention", **changes) -> tuple[ModelConfig, int]:
+    """The model config of a contract entry (its tiny settings) and its image size."""
+    name, _, family = entry.partition(":")
+    cls = ENCODERS[name]
+    options = {**cls.tiny_settings, **DECODERS[decoder].tiny_settings, **changes}
+    if family:
+        options["encoder_preset"] = presets[family]
+    return ModelConfig(decoder=decoder, encoder=name, dropout=0.0, options=options), cls.tiny_image_size
+
+
+_BUILT = {}
+
+
+def encoder_of(entry, presets, pooled):
+    """One built encoder per entry and mode for the whole module (building is the expensive part)."""
+    key = (entry, pooled)
+    if key not in _BUILT:
+        cfg, size = entry_config(entry, presets)
+        _BUILT[key] = build_encoder(cfg, size, pooled=pooled)
+    return _BUILT[key]
+
+
+def npy(x):
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_an_encoder_declares_what_the_rest_of_the_code_asks(name):
+    cls = ENCODERS[name]
+    assert dataclasses.is_dataclass(cls.settings_class) and cls.name == name
+    fields = {f.name: f for f in dataclasses.fields(cls.settings_class)}
+    for f in fields.values():
+        if f.type in (int, float, "int", "float"):
+            assert "range" in f.metadata, f"model.{f.name} declares no range"
+            describe_range(f.metadata["range"])
+    assert set(cls.incompatible_keys) | set(cls.tiny_settings) | set(cls.path_keys) <= set(fields)
+    assert isinstance(cls.can_train, bool) and 16 <= cls.tiny_image_size <= 96
+    # its keys share the model section with the decoders' and the shared ones: none may collide
+    decoders = {f.name for d in DECODERS.values() for f in dataclasses.fields(d.settings_class)}
+    assert not set(fields) & (decoders | set(keys_of(ModelConfig)))
+
+
+def check_pair(entry, decoder, encoder, seed=0):
+    """The contract of ``encoder`` (built) under ``decoder`` (a registered name)."""
+    cls = DECODERS[decoder]
+    cfg = dataclasses.replace(encoder.cfg, decoder=decoder, options={**encoder.cfg.options, **cls.tiny_settings})
+    model = cls(V, cfg, encoder, seed=seed, settings=cls.settings_class(**cls.tiny_settings)).build_all()
+    size = encoder.image_size
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (B, size, size, 3), dtype=np.uint8)
+    ids = rng.integers(4, V, (B, T), dtype=np.int64)
+    ids[:, 0] = 1
+    # what it gives: one vector an image, or its token set, whose layout (if declared) accounts for every token
+    tokens = npy(encoder.tokens_model()(images))
+    assert tokens.shape == (B, encoder.tokens, encoder.width), entry
+    if encoder.layout is not None:
+        assert encoder.layout.tokens == encoder.tokens, f"{entry} declares {encoder.layout} for {encoder.tokens}"
+    features = npy(model.encode(images))
+    assert features.shape == ((B, encoder.depth) if cls.features == "pooled" else (B, encoder.tokens, encoder.width))
+    if cls.features != "pooled":
+        np.testing.assert_allclose(features, tokens, atol=1e-5)  # the decoder reads the token set itself
+    assert model.token_layout == encoder.layout and model.grid_cells == encoder.tokens
+    # the decoder steps over it as it teacher-forces
+    full = npy(model({"image": images, "input_ids": ids}))
+    state = model.reserve(model.initial_state(model.encode(images)), T)
+    stepped = []
+    for t in range(T):
+        logits, state = model.step(tf.constant(ids[:, t]), state)
+        stepped.append(npy(logits))
+    np.testing.assert_allclose(np.stack(stepped, 1), full, atol=1e-4, rtol=0, err_msg=entry)
+    if cls.attends:  # a weight for every token, summing to 1
+        weights = npy(state["attention"])
+        assert weights.shape == (B, encoder.tokens)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    # its variables apart from the decoder's; frozen unless trainable
+    encoder_ids = {id(v) for v in model.encoder.weights}
+    assert encoder_ids and not encoder_ids & {id(v) for v in model.decoder_variables()}
+    if not encoder.trainable:
+        assert not encoder_ids & {id(v) for v in model.trainable_variables}
+    return model
+
+
+def pairs(heavy):
+    return [pytest.param(e, d, id=f"{e}-{d}") for e in ENTRIES for d in sorted(DECODERS)
+            if (e in HEAVY) == heavy]
+
+
+@pytest.mark.parametrize("entry,decoder", pairs(heavy=False))
+def test_every_encoder_with_every_decoder(entry, decoder, hub_presets):
+    encoder = encoder_of(entry, hub_presets, pooled=DECODERS[decoder].features == "pooled")
+    check_pair(entry, decoder, encoder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry,decoder", pairs(heavy=True))
+def test_every_imagenet_cnn_with_every_decoder(entry, decoder, hub_presets):
+    encoder = encoder_of(entry, hub_presets, pooled=DECODERS[decoder].features == "pooled")
+    check_pair(entry, decoder, encoder)
+    if encoder.pooled:  # pooled: the global mean of its map, whose tokens region pooling reads
+        images = np.random.default_rng(1).integers(0, 256, (1, encoder.image_size, encoder.image_size, 3), np.uint8)
+        np.testing.assert_allclose(npy(encoder.model(images)), npy(encoder.tokens_model()(images)).mean(1),
+                                   rtol=1e-4, atol=1e-4)
+
+
+TOY = '''
+"""A toy encoder that is not part of the project: a 2 x 3 map of patches (not square) after a learned class
+token. With BROKEN=1 it declares a layout that misses its class token, and the contract must fail."""
+import os
+
+import keras
+from keras import layers
+
+from captioning.model.encoders.base import ImageEncoder
+from captioning.model.layout import TokenLayout
+
+
+class ClassToken(layers.Layer):
+    def build(self, shape):
+        self.token = self.add_weight(shape=(1, 1, shape[-1]), initializer="random_normal", name="token")
+
+    def call(self, x):
+        return keras.ops.concatenate([keras.ops.tile(self.token, (keras.ops.shape(x)[0], 1, 1)), x], axis=1)
+
+
+class Toy(ImageEncoder):
+    can_train = False
+    tiny_image_size = 32
+
+    def preprocess(self, pixels):
+        return pixels / 255.0
+
+    def backbone(self, pooled):
+        inputs = keras.Input((self.image_size, self.image_size, 3))
+        x = layers.Conv2D(8, (16, 10), strides=(16, 10), name="patches")(inputs)  # 2 rows x 3 columns
+        x = ClassToken(name="class_token")(layers.Reshape((-1, 8))(x))
+        return keras.Model(inputs, x, name="toy")
+
+    def layout_of(self, tokens):
+        return TokenLayout(2, 3, prefix=0 if os.environ.get("BROKEN") else 1)
+
+
+ENCODER = Toy
+'''
+
+
+def register_toy(tmp_path):
+    path = tmp_path / "toy_encoder.py"
+    path.write_text(TOY)
+    spec = importlib.util.spec_from_file_location("toy_encoder", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    register("toy", module.ENCODER)
+
+
+def test_a_toy_encoder_written_elsewhere_passes_the_contract_and_a_broken_one_fails(tmp_path, monkeypatch):
+    register_toy(tmp_path)
+    try:
+        test_an_encoder_declares_what_the_rest_of_the_code_asks("toy")
+        for decoder in sorted(DECODERS):
+            cfg = ModelConfig(decoder=decoder, encoder="toy", dropout=0.0)
+            encoder = build_encoder(cfg, 32, pooled=DECODERS[decoder].features == "pooled")
+            assert encoder.layout == TokenLayout(2, 3, prefix=1) and encoder.tokens == 7
+            model = check_pair("toy", decoder, encoder)
+            if model.attends:  # what the gallery draws: the class token's share apart, the map lit
+                from captioning.model.pictures import spotlight
+
+                weights = np.zeros(7)
+                weights[[0, 6]] = 0.5  # half on the class token, half on the bottom-right patch
+                picture = spotlight(np.full((32, 32, 3), 128, np.uint8), weights, encoder.layout, 60).astype(int)
+                assert picture[45, 50].mean() > picture[10, 5].mean() + 20
+                assert 0.45 * 60 <= ((picture[-1, :, 0] > 200) & (picture[-1, :, 1] > 150)).sum() <= 0.55 * 60
+        with pytest.raises(InputError, match="cannot be trained"):
+            build_encoder(ModelConfig(encoder="toy", encoder_trainable=True), 32)
+        monkeypatch.setenv("BROKEN", "1")
+        with pytest.raises(AssertionError, match="declares"):
+            check_pair("toy", "attention", build_encoder(ModelConfig(decoder="attention", encoder="toy"), 32))
+    finally:
+        ENCODERS.pop("toy", None)
+
+
+def test_settings_are_checked_and_refused_in_one_line(hub_presets, tmp_path):
+    from captioning.model import resolve
+    from captioning.config import load_config
+
+    def model_error(*overrides):
+        with pytest.raises(InputError) as e:
+            cfg = load_config(None, list(overrides))
+            resolve(cfg)
+            build_model(V, cfg.model, cfg.data.image_size)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert "did you mean vit" in model_error("model.encoder=vitt")
+    assert "model.vit_layers" in model_error("model.encoder=vit", "model.vit_layers=0")
+    assert "model.vit_layers" in model_error("model.encoder=vit", "model.vit_layers=100000")
+    assert "vit_patch_size" in model_error("model.encoder=vit", "data.image_size=30", "data.resize_size=36")
+    assert "vit_heads" in model_error("model.encoder=vit", "model.vit_width=10", "model.vit_heads=3", "data.image_size=32",
+                                     "data.resize_size=36")
+    assert "encoder_preset" in model_error("model.encoder=keras_hub")
+    assert "not a keras-hub preset folder" in model_error("model.encoder=keras_hub",
+                                                          f"model.encoder_preset={tmp_path / 'nothing'}")
+    assert "75 px" in model_error("model.encoder=inception_v3", "data.image_size=32", "data.resize_size=36")
+    # a relative preset folder is made absolute as a run starts (a model folder is read from anywhere)
+    os.chdir(os.path.dirname(hub_presets["clip"]))
+    cfg = resolve(load_config(None, ["model.encoder=keras_hub", "model.encoder_preset=clip", "model.decoder=attention"]))
+    assert cfg.model.options["encoder_preset"] == hub_presets["clip"]
+
+
+def test_a_preset_reads_its_own_size_and_normalisation(hub_presets, tmp_path):
+    """A 32 px preset under data.image_size 48: resized inside the encoder, then scaled as its converter says."""
+    import keras_hub
+
+    backbone = keras_hub.models.Backbone.from_preset(hub_presets["vit"])
+    cfg, _ = entry_config("keras_hub:vit", hub_presets)
+    encoder = build_encoder(cfg, 48)
+    images = np.random.default_rng(0).integers(0, 256, (2, 48, 48, 3), np.uint8)
+    resized = tf.image.resize(tf.cast(images, tf.float32), (32, 32))
+    converter = keras_hub.layers.ImageConverter.from_preset(hub_presets["vit"])
+    expected = backbone(resized * np.array(converter.scale, np.float32) + np.array(converter.offset, np.float32))
+    np.testing.assert_allclose(npy(encoder.model(images)), npy(expected), atol=1e-4)
+    assert encoder.layout == TokenLayout(4, 4, prefix=1)
+    # a preset without a converter reads [0, 1] at its backbone's size
+    bare = write_preset("vit", str(tmp_path / "bare"), converter=False)
+    encoder = build_encoder(dataclasses.replace(cfg, options={**cfg.options, "encoder_preset": bare}), 32)
+    np.testing.assert_allclose(npy(encoder.model(images[:, :32, :32])),
+                               npy(keras_hub.models.Backbone.from_preset(bare)(images[:, :32, :32] / 255.0)), atol=1e-4)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer):
+    """train.encoder_lr_scale: the encoder's update is that share of the one it would get at the decoder's rate
+    (SGD exactly; Adam's first step is lr × sign, so the same), the decoder's unchanged; AdamW's decay too."""
+    from captioning.config import TrainConfig
+    from captioning.train.objectives import caption_loss_sum
+    from captioning.train.optimizer import make_optimizer
+
+    deltas = {}
+    for scale in (1.0, 0.25):
+        keras.utils.set_random_seed(0)
+        cfg = ModelConfig(encoder="small_cnn", encoder_trainable=True, dropout=0.0, options={"lstm_units": 8,
+                                                                                              "embedding_size": 8})
+        model = build_model(V, cfg, 32, seed=0).build_all()
+        train = TrainConfig(optimizer=optimizer, learning_rate=0.01, lr_schedule="constant", weight_decay=0.5)
+        opt = make_optimizer(train, 10, False, model.encoder.trainable_variables, scale)
+        opt.build(model.trainable_variables)
+        rng = np.random.default_rng(0)
+        ids = rng.integers(4, V, (4, 5))
+        batch = {"image": rng.integers(0, 256, (4, 32, 32, 3), np.uint8), "input_ids": ids, "target_ids": ids,
+                 "mask": np.ones((4, 5), np.float32)}
+        before = [v.numpy() for v in model.trainable_variables]
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch, training=False)
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        deltas[scale] = [v.numpy() - b for v, b in zip(model.trainable_variables, before)]
+    encoder = {id(v) for v in model.encoder.trainable_variables}
+    kinds = ["encoder" if id(v) in encoder else "decoder" for v in model.trainable_variables]
+    checked = 0
+    for kind, full, scaled in zip(kinds, deltas[1.0], deltas[0.25]):
+        if np.abs(full).max() < 1e-7:
+            continue
+        np.testing.assert_allclose(scaled, full * (0.25 if kind == "encoder" else 1.0), rtol=1e-3, atol=1e-7)
+        checked += 1
+    assert checked >= 6 and "encoder" in kinds and "decoder" in kinds
+
+
+MIRRORED = "test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder"
+MIRRORED_ENTRIES = [e for e in ENTRIES if e not in HEAVY]
+
+
+@pytest.fixture(scope="module")
+def mirrored_encoders(prepared_dir, hub_presets, tmp_path_factory):
+    """Every cheap encoder under the attention decoder (tokens) and Show and Tell (pooled), two mirrored replicas
+    against one device, in one process (TensorFlow starts once with two logical CPUs)."""
+    from tests.helpers import run_distributed_worker
+
+    specs = []
+    for entry in MIRRORED_ENTRIES:
+        for decoder in ("attention", "show_and_tell"):
+            cfg, size = entry_config(entry, hub_presets, decoder)
+            overrides = [f"model.decoder={decoder}", f"model.encoder={cfg.encoder}",
+                         *(f"model.{k}={v}" for k, v in cfg.options.items())]
+            specs.append(f"{entry.replace(':', '-')}-{decoder}=" + ";".join(overrides))
+    out = tmp_path_factory.mktemp("mirrored_encoders")
+    run_distributed_worker("mirrored_specs", prepared_dir, str(out), *specs, timeout=900)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decoder", ["attention", "show_and_tell"])
+@pytest.mark.parametrize("entry", MIRRORED_ENTRIES)
+def test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder(entry, decoder, mirrored_encoders):
+    label = f"{entry.replace(':', '-')}-{decoder}"
+    error = mirrored_encoders / f"mirrored-{label}.error"
+    if error.exists():
+        pytest.fail(error.read_text())
+    r = np.load(mirrored_encoders / f"mirrored-{label}.npz")
+    assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 10  # the encoder's weights and the decoder's
+    for key in names:
+        np.testing.assert_allclose(r["two/" + key], r["one/" + key], atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_presets, prepared_dir, shapes_dir,
+                                                                    tmp_path):
+    """A frozen keras-hub backbone of each family: its tokens cached once (float16), a Transformer trained over
+    them, captions with attention over its tokens (a class token apart), an evaluation with grounding, and a
+    SavedModel that captions as the captioner does, with its attention split as the layout says."""
+    from captioning.config import DecodeConfig
+    from captioning.evaluation.evaluate import evaluate
+    from captioning.inference import Captioner, load
+    from captioning.inference.export import export
+    from captioning.train import Trainer
+    from tests.helpers import small_train_config
+
+    model_dir = str(tmp_path / "model")
+    cfg = small_train_config(prepared_dir, "model.decoder=transformer", "model.encoder=keras_hub",
+                             f"model.encoder_preset={hub_presets[family]}", "model.encoder_trainable=false",
+                             "data.cache=features", "train.steps=6", "train.checkpoint_every_steps=6",
+                             *(f"model.{k}={v}" for k, v in DECODERS["transformer"].tiny_settings.items()))
+    Trainer(cfg, model_dir).run(progress=False)
+    captioner = Captioner(load(model_dir), DecodeConfig(beam_size=2, max_length=4))
+    layout = captioner.token_layout
+    assert layout == TokenLayout(4, 4, prefix={"vit": 1, "clip": 1, "siglip": 0, "dinov2": 3}[family])
+    files = sorted(os.listdir(os.path.join(shapes_dir, "images")))[:2]
+    encoded = [open(os.path.join(shapes_dir, "images", f), "rb").read() for f in files]
+    captions = captioner.caption(encoded)
+    assert all(np.asarray(c[0].attention).shape[-1] == layout.tokens for c in captions)
+    out = export(captioner, str(tmp_path / "export"), model_dir)
+    served = tf.saved_model.load(out).signatures["serving_default"](images=tf.constant(encoded))
+    assert [[t.decode() for t in row] for row in served["captions"].numpy()] == [[c.text for c in cs] for cs in captions]
+    assert tuple(served["attention"].shape[2:]) == (4, 4)
+    assert ("attention_prefix" in served) == bool(layout.prefix)
+    if layout.prefix:
+        total = served["attention"].numpy().sum((2, 3)) + served["attention_prefix"].numpy().sum(-1)
+        first = captions[0][0]
+        np.testing.assert_allclose(total[0, :len(first.text.split())], 1.0, atol=1e-4)
+    result = evaluate(model_dir, "test", instances=os.path.join(shapes_dir, "annotations", "instances_test.json"),
+                      progress=False, beam_size=1, max_length=4)
+    assert "CIDEr" in result["metrics"] and "attention" in result["grounding"]
