@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from captioning import config as config_lib
+from captioning.config_sections import TrainConfig
 from dataclasses import dataclass
 
 from captioning.data.batching import epoch_captions_per_image, images_per_batch
@@ -65,7 +66,7 @@ class LearningRate(keras.optimizers.schedules.LearningRateSchedule):
                 "total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
 
 
-def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float16: bool):
+def make_optimizer(t: TrainConfig, steps_per_epoch: int, mixed_float16: bool):
     schedule = LearningRate(t.learning_rate, t.lr_schedule, round(t.lr_decay_epochs * steps_per_epoch),
                             t.lr_decay_factor, t.steps, t.warmup_steps)
     if t.optimizer == "sgd":
