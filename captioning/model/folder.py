@@ -26,7 +26,9 @@ what ``config.yaml`` and ``vocab.txt`` describe.
 
 **A saved config's sections**: the model stage types the shared sections and the decoder's settings
 (``captioning.model.resolve``); an objective's section (``scst:``) stays as written
-(:class:`captioning.config.ComponentSection`) until the training stage types it.
+(:class:`captioning.config.ComponentSection`): ``evaluate``, ``caption`` and ``export`` read no objective's
+settings. Training types it too (``later`` of :meth:`ModelDir.check_fits`), so a key missing there stops
+``train`` as damage like any other.
 """
 
 from __future__ import annotations
@@ -147,15 +149,20 @@ class ModelDir(CheckpointFiles):
         return self.file(f"ckpt-{step}")
 
     # ---- reading ------------------------------------------------------------------------------------
-    def read_config(self) -> config_lib.Config | None:
-        """The folder's config.yaml (None when there is none); damaged or cut short: InputError."""
+    def read_config(self, later: tuple = ()) -> config_lib.Config | None:
+        """The folder's config.yaml (None when there is none); damaged or cut short: InputError. ``later``:
+        a later stage's functions that type the sections it owns (``captioning.train.objectives.resolve``),
+        each called with ``complete=True``, so that a key missing there is damage too."""
         path = self.file(CONFIG)
         if not os.path.exists(path):
             return None
         from captioning.model import resolve
 
         try:
-            return resolve(config_lib.load_config(path, complete=True), complete=True)
+            cfg = resolve(config_lib.load_config(path, complete=True), complete=True)
+            for typed in later:
+                cfg = typed(cfg, complete=True)
+            return cfg
         except InputError as e:
             raise InputError(f"{path} is damaged: {e}; restore it, or use a new model folder") from None
 
@@ -176,10 +183,11 @@ class ModelDir(CheckpointFiles):
         return cfg, vocab
 
     # ---- training's checks and writes ------------------------------------------------------------------
-    def check_fits(self, cfg: config_lib.Config, vocab: Vocabulary) -> config_lib.Config | None:
+    def check_fits(self, cfg: config_lib.Config, vocab: Vocabulary, later: tuple = ()) -> config_lib.Config | None:
         """Refuses (InputError) a folder made for another vocabulary or model shape, one with checkpoints but
         without the config or vocabulary they were trained with, and a path that is a file. Returns the
-        folder's config, if any. Writes nothing (:meth:`lock_for_training` creates the folder)."""
+        folder's config, if any (``later``: as :meth:`read_config`). Writes nothing (:meth:`lock_for_training`
+        creates the folder)."""
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InputError(f"model folder {self.path} is a file, not a folder")
         if os.path.exists(self.file(STATE)):
@@ -192,7 +200,7 @@ class ModelDir(CheckpointFiles):
             raise InputError(f"{self.file(VOCAB)} ({len(old_vocab)} words) is not the vocabulary of {cfg.data.dir} "
                              f"({len(vocab)} words): {self.path} was trained with another vocabulary, or that file "
                              "is damaged; use a new --model-dir")
-        old = self.read_config()
+        old = self.read_config(later)
         if old is not None:
             from captioning.model import architecture_diff
 
