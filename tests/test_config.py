@@ -707,6 +707,21 @@ def test_a_format_2_config_reads_images(tmp_path):
         load_config(path, complete=True)
 
 
+def test_there_is_one_migration_for_each_older_format_in_order():
+    """config_migrations only grows: each format N < FORMAT_VERSION has one migration to N + 1, registered in the
+    order of the file (a new one is appended), and a second one for the same format is refused at import."""
+    import inspect
+
+    from captioning import config_migrations
+
+    assert list(config_migrations.MIGRATIONS) == list(range(1, CONFIG_FORMAT))
+    lines = [inspect.getsourcelines(f)[1] for f in config_migrations.MIGRATIONS.values()]
+    assert lines == sorted(lines)
+    with pytest.raises(AssertionError):
+        config_migrations.migration(1)(lambda data: data)
+    assert config_migrations.MIGRATIONS[1].__name__ == "_from_format_1"
+
+
 @pytest.mark.parametrize("version, section, key, value", [(3, "train", "steps_per_execution", 1),
                                                           (4, "scst", "xla_sampling", True)])
 def test_a_key_added_by_a_later_format_gets_the_behaviour_of_its_time(tmp_path, version, section, key, value):
