@@ -6,7 +6,8 @@ errors. ``--set section.key=value`` overrides come last and are parsed by the ke
 for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type, a value
 outside its choices or outside its range (every number has one, with an upper bound: ``train.warmup_steps``
 in [0, 10⁹], ``model.dropout`` in [0, 1), the ``MAX_*`` constants of :mod:`captioning.settings`) is an
-:class:`~captioning.errors.InputError` naming the key and what it takes; so are a number that is not
+:class:`~captioning.errors.InputError` naming the key and what it takes (a component's key, below: when
+its stage types it); so are a number that is not
 finite (``nan``, ``inf``, ``1e999``), an integer beyond 64 bits and a config file that cannot be read (a
 folder, not UTF-8, nested too deeply). Whatever the file or the override says, loading gives a valid
 config or that one-line error, never another exception (tests/test_config.py checks this with
@@ -28,9 +29,11 @@ stage may import:
   its keys, each with its default, type, choices or range), :func:`~captioning.settings.section_from`,
   which types and checks a mapping of values against one, and the sizes' upper bounds (``MAX_*``);
 * :mod:`captioning.config_sections` — the sections every stage reads, ``data:``, ``train:``,
-  ``distribute:`` and ``decode:``. They stay in the base rather than in a stage's package because the
-  loader types them before TensorFlow loads (a stage's package brings it) and because several stages
-  read each (its docstring says which);
+  ``distribute:`` and ``decode:``. They stay in the base rather than moving into the stage that uses each
+  most: the loader types them, before TensorFlow loads, and the base imports no stage (a stage's modules
+  bring TensorFlow, and the layering forbids it); and several stages read each (its docstring says
+  which). ``model:``'s shared keys (:class:`ModelConfig`) are here, beside the loader that keeps the
+  decoder's keys in the same section;
 * :mod:`captioning.config_migrations` — the format versions of a saved config and the migrations
   between them, a module that only grows.
 
