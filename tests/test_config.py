@@ -16,31 +16,45 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from captioning import model as model_lib
-from captioning.config import (Config, ModelConfig, TrainConfig, all_keys as core_keys, describe_range, from_dict,
-                               keys_of, save_config, to_dict)
-from captioning.config import FORMAT_VERSION as CONFIG_FORMAT
+from captioning.config import Config, ModelConfig, TrainConfig, all_keys as core_keys, from_dict, save_config, to_dict
 from captioning.config import load_config as load_core
+from captioning.config_migrations import FORMAT_VERSION as CONFIG_FORMAT
 from captioning.errors import InputError
+from captioning.settings import describe_range, keys_of
+from captioning.train import objectives
 
 
 def load_config(path=None, overrides=(), complete=False):
-    """A config as the commands load it: the sections of captioning.config, and the decoder's own keys
-    typed by the model stage."""
-    return model_lib.resolve(load_core(path, overrides, complete=complete), complete=complete)
+    """A config as training loads it: the sections of captioning.config, the decoder's own keys typed by
+    the model stage and the objectives' sections (scst:) by the training stage."""
+    return objectives.resolve(model_lib.resolve(load_core(path, overrides, complete=complete), complete=complete),
+                              complete=complete)
 
 
-# the decoders' own keys, each with the first decoder that declares it
+# the decoders' own keys, each with the first decoder that declares it; the encoders' with theirs
 OWNER = {}
 for _name, _cls in model_lib.DECODERS.items():
     for _f in dataclasses.fields(_cls.settings_class):
         OWNER.setdefault(f"model.{_f.name}", _name)
+ENCODER_OWNER = {f"model.{_f.name}": _name for _name, _cls in model_lib.ENCODERS.items()
+                 for _f in dataclasses.fields(_cls.settings_class)}
+
+
+OBJECTIVE_KEYS = objectives.all_keys()  # the objectives' own sections (scst.samples, ...)
 
 
 def all_keys():
-    return core_keys() + sorted(OWNER)
+    return core_keys() + sorted(OWNER) + sorted(ENCODER_OWNER) + OBJECTIVE_KEYS
 
 
-VALID = {"data.service": "localhost:5050", "model.decoder": "attention",  # string keys whose values have a form
+def section_class(section):
+    """The dataclass of a section as training types it (an objective's: its settings_class)."""
+    if section in objectives.OBJECTIVES:
+        return objectives.OBJECTIVES[section].settings_class
+    return type(getattr(Config(), section))
+
+
+VALID = {"data.service": "localhost:5050", "model.decoder": "attention", "model.encoder": "small_cnn",  # forms
          "decode.bad_endings": ["english", "with"],
          "model.d_model": 1024, "model.heads": 16,  # and keys checked against each other (d_model % heads,
          "decode.beam_groups": 3}  # decode.beam_size % beam_groups)
@@ -49,7 +63,9 @@ COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"]}
 
 
 def owner(key):
-    """The overrides that make ``key`` apply: the decoder declaring it, or the setting it goes with."""
+    """The overrides that make ``key`` apply: the decoder or encoder declaring it, or the setting it goes with."""
+    if key in ENCODER_OWNER:
+        return [f"model.encoder={ENCODER_OWNER[key]}"]
     return [f"model.decoder={OWNER[key]}"] if key in OWNER else COMPANIONS.get(key, [])
 
 
@@ -57,13 +73,14 @@ def owner(key):
 def fields_of(key):
     """The dataclass field of ``key`` and its declared type."""
     section, name = key.split(".")
-    cls = model_lib.DECODERS[OWNER[key]].settings_class if key in OWNER else type(getattr(Config(), section))
+    cls = (model_lib.DECODERS[OWNER[key]].settings_class if key in OWNER else
+           model_lib.ENCODERS[ENCODER_OWNER[key]].settings_class if key in ENCODER_OWNER else section_class(section))
     return next(f for f in dataclasses.fields(cls) if f.name == name), typing.get_type_hints(cls)[name]
 
 
 def value_of(config, key):
     section, name = key.split(".")
-    if key in OWNER:
+    if key in OWNER or key in ENCODER_OWNER:
         return config.model.options[name]
     return getattr(getattr(config, section), name)
 
@@ -84,7 +101,7 @@ def load_error(tmp_path, text="", overrides=()):
 
 def test_defaults_without_a_file(tmp_path):
     c = load_config()
-    assert c == model_lib.resolve(Config()) == load_config(write(tmp_path / "empty.yaml", ""))
+    assert c == objectives.resolve(model_lib.resolve(Config())) == load_config(write(tmp_path / "empty.yaml", ""))
     assert (c.train.steps, c.train.learning_rate, c.data.cache) == (1_000_000, 2.0, "none")
     assert (c.model.encoder, c.distribute.strategy) == ("inception_v3", "auto")
     assert c.data.bucket_boundaries == [] and c.data.length_window == 16
@@ -242,7 +259,7 @@ def test_from_dict_inverts_to_dict():
     c = load_config(overrides=["model.encoder=mobilenet_v2", "data.bucket_boundaries=3,4", "train.seed=9"])
     d = to_dict(c)
     assert set(d) == {"data", "model", "train", "distribute", "decode", "scst"} and d["train"]["seed"] == 9
-    assert from_dict(d) == c
+    assert objectives.resolve(from_dict(d), complete=True) == c  # scst: every key, typed by the training stage
     assert from_dict(to_dict(Config())) == Config()
     with pytest.raises(InputError, match="train.stepz"):
         from_dict({"train": {"stepz": 1}})
@@ -332,9 +349,9 @@ def test_every_number_has_a_finite_upper_bound():
     registry, so a new decoder is covered) that has a lower bound has a finite upper bound too: a size typed with
     extra zeros is one line before any work, not a kill for memory (docs/reliability.md, "Upper bounds of
     sizes")."""
-    classes = [type(getattr(Config(), section.name)) for section in dataclasses.fields(Config)]
+    classes = [section_class(section.name) for section in dataclasses.fields(Config)]
     classes += [cls.settings_class for cls in model_lib.DECODERS.values()]
-    assert {"DataConfig", "TrainConfig", "ScstConfig", "DistributeConfig", "DecodeConfig", "TransformerSettings"} <= \
+    assert {"DataConfig", "TrainConfig", "ScstSettings", "DistributeConfig", "DecodeConfig", "TransformerSettings"} <= \
         {cls.__name__ for cls in classes}
     checked, unbounded = [], []
     for cls in classes:
@@ -391,8 +408,8 @@ def test_range_checks_come_before_tensorflow_starts():
 
 def test_all_keys_names_every_field():
     keys = all_keys()
-    shared = sum(len(v) for k, v in to_dict(Config()).items() if k != "model") + len(keys_of(ModelConfig))
-    assert len(keys) == len(set(keys)) == shared + len(OWNER)
+    shared = sum(len(v) for k, v in to_dict(load_config()).items() if k != "model") + len(keys_of(ModelConfig))
+    assert len(keys) == len(set(keys)) == shared + len(OWNER) + len(ENCODER_OWNER)
     assert {"data.cache", "model.encoder", "train.steps", "distribute.tpu", "model.lstm_units",
             "model.attention_size"} <= set(keys)
 
@@ -437,8 +454,9 @@ def assert_valid(config):
     take."""
     assert isinstance(config, Config)
     decoder = model_lib.DECODERS[config.model.decoder].settings_class
-    assert set(config.model.options) == {f.name for f in dataclasses.fields(decoder)}
-    for key in core_keys() + [f"model.{name}" for name in config.model.options]:
+    encoder = model_lib.ENCODERS[config.model.encoder].settings_class
+    assert set(config.model.options) == {f.name for f in dataclasses.fields(decoder) + dataclasses.fields(encoder)}
+    for key in core_keys() + OBJECTIVE_KEYS + [f"model.{name}" for name in config.model.options]:
         section, name = key.split(".")
         f, kind = fields_of(key) if key not in OWNER else (
             next(x for x in dataclasses.fields(decoder) if x.name == name), typing.get_type_hints(decoder)[name])
@@ -586,14 +604,14 @@ def yaml_values(keys):
 
 NAMES = st.one_of(st.sampled_from(sorted({k.split(".")[1] for k in all_keys()})), st.text(max_size=10),
                   st.integers(), st.none())
-SECTION_NAMES = st.one_of(st.sampled_from(["data", "model", "train", "distribute", "base"]), NAMES)
+SECTION_NAMES = st.one_of(st.sampled_from(["data", "model", "train", "distribute", "decode", "scst", "base"]), NAMES)
 YAML_DOCUMENTS = st.one_of(
     yaml_values(NAMES),  # anything at all
     st.dictionaries(SECTION_NAMES, st.one_of(yaml_values(NAMES), st.dictionaries(NAMES, yaml_values(NAMES),
                                                                                   max_size=6)), max_size=5),
     st.fixed_dictionaries({}, optional={s: st.fixed_dictionaries({}, optional={  # mostly valid: real keys
         k.split(".")[1]: yaml_values(NAMES) for k in all_keys() if k.startswith(s + ".")}) for s in
-        ["data", "model", "train", "distribute"]}),
+        ["data", "model", "train", "distribute", "decode", "scst"]}),
 )
 
 
@@ -645,14 +663,15 @@ def test_a_format_1_config_written_by_earlier_code_loads(name, decoder, options,
     folder = tmp_path / "m"
     folder.mkdir()
     shutil.copy(os.path.join(V1, f"{name}.config.yaml"), folder / "config.yaml")
-    cfg = ModelDir(str(folder)).read_config()
+    cfg = ModelDir(str(folder)).read_config()  # scst: as written, typed by the training stage
     assert (cfg.model.decoder, cfg.model.encoder, cfg.model.options) == (decoder, "small_cnn", options)
+    cfg = objectives.resolve(cfg, complete=True)
     assert (cfg.train.steps, cfg.data.image_size, cfg.scst.samples) == ((30, 32, 5) if decoder == "show_and_tell"
                                                                        else (10, 32, 5))
     save_config(cfg, str(folder / "config.yaml"))
     assert f"format_version: {CONFIG_FORMAT}" in (folder / "config.yaml").read_text()
     assert (cfg.data.features, cfg.model.region_feature_size, cfg.model.box_geometry) == ("images", 0, False)
-    assert ModelDir(str(folder)).read_config() == cfg
+    assert objectives.resolve(ModelDir(str(folder)).read_config(), complete=True) == cfg
 
 
 def test_a_format_1_file_from_before_keys_were_added_gets_their_defaults_of_then(tmp_path):
@@ -692,6 +711,21 @@ def test_a_format_2_config_reads_images(tmp_path):
     path = write(tmp_path / "v3.yaml", yaml.safe_dump({"format_version": 3, **data}))
     with pytest.raises(InputError, match=r"lacks 5 of its keys"):
         load_config(path, complete=True)
+
+
+def test_there_is_one_migration_for_each_older_format_in_order():
+    """config_migrations only grows: each format N < FORMAT_VERSION has one migration to N + 1, registered in the
+    order of the file (a new one is appended), and a second one for the same format is refused at import."""
+    import inspect
+
+    from captioning import config_migrations
+
+    assert list(config_migrations.MIGRATIONS) == list(range(1, CONFIG_FORMAT))
+    lines = [inspect.getsourcelines(f)[1] for f in config_migrations.MIGRATIONS.values()]
+    assert lines == sorted(lines)
+    with pytest.raises(AssertionError):
+        config_migrations.migration(1)(lambda data: data)
+    assert config_migrations.MIGRATIONS[1].__name__ == "_from_format_1"
 
 
 @pytest.mark.parametrize("version, section, key, value", [(3, "train", "steps_per_execution", 1),

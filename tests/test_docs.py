@@ -185,13 +185,14 @@ def test_a_command_the_docs_show_parses_and_its_config_exists(where, command):
     from captioning import model as model_lib
     from captioning.cli import build_parser
     from captioning.config import all_keys
+    from captioning.train import objectives
 
     argv = shlex.split(command)[1:]
     args = build_parser().parse_args(argv)  # argparse exits 2 on an unknown flag or a bad value
     config = getattr(args, "config", None)
     if config:
         assert os.path.exists(os.path.join(REPO, config)), f"{where}: {command}: no {config}"
-    keys = set(all_keys()) | set(model_lib.all_keys())
+    keys = set(all_keys()) | set(model_lib.all_keys()) | set(objectives.all_keys())
     for override in getattr(args, "overrides", []):
         key = override.partition("=")[0]
         assert key in keys, f"{where}: {command}: --set {key} is not a config key"
@@ -227,9 +228,12 @@ def test_the_upper_bounds_table_is_the_code():
 
     from captioning import model as model_lib
     from captioning.cli import build_parser
-    from captioning.config import Config
+    from captioning.config import COMPONENT_SECTIONS, Config
+    from captioning.train.objectives import OBJECTIVES
 
-    classes = {f.name: [type(getattr(Config(), f.name))] for f in dataclasses.fields(Config)}
+    classes = {f.name: [type(getattr(Config(), f.name))] for f in dataclasses.fields(Config)
+               if f.name not in COMPONENT_SECTIONS}
+    classes |= {name: [cls.settings_class] for name, cls in OBJECTIVES.items() if cls.settings_class}
     classes["model"] += [cls.settings_class for cls in model_lib.DECODERS.values()]
     rows = list(bound_rows())
     assert len(rows) > 40

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.config import ModelConfig, describe_range, keys_of
+from captioning.config import ModelConfig
+from captioning.settings import describe_range, keys_of
 from captioning.errors import InputError
 from captioning.model import DECODERS, build_encoder, build_model
 from captioning.model.encoders import ENCODERS, register
@@ -269,7 +270,7 @@ def test_a_preset_reads_its_own_size_and_normalisation(hub_presets, tmp_path):
 def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer):
     """train.encoder_lr_scale: the encoder's update is that share of the one it would get at the decoder's rate
     (SGD exactly; Adam's first step is lr × sign, so the same), the decoder's unchanged; AdamW's decay too."""
-    from captioning.config import TrainConfig
+    from captioning.config_sections import TrainConfig
     from captioning.train.objectives import caption_loss_sum
     from captioning.train.optimizer import make_optimizer
 
@@ -348,7 +349,7 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
     """A frozen keras-hub backbone of each family: its tokens cached once (float16), a Transformer trained over
     them, captions with attention over its tokens (a class token apart), an evaluation with grounding, and a
     SavedModel that captions as the captioner does, with its attention split as the layout says."""
-    from captioning.config import DecodeConfig
+    from captioning.config_sections import DecodeConfig
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference import Captioner, load
     from captioning.inference.export import export

@@ -8,12 +8,13 @@ import pytest
 from captioning.config import load_config as load_core, validate
 from captioning.model import architecture_diff, resolve
 from captioning.model.encoders.small_cnn import SmallCnn
+from captioning.train import objectives
 from tests.helpers import REPO
 
 
 def load_config(path):
-    """An experiment as training reads it (the decoder's settings typed)."""
-    return resolve(load_core(path))
+    """An experiment as training reads it (the decoder's settings and the objectives' sections typed)."""
+    return objectives.resolve(resolve(load_core(path)))
 
 
 def option(c, name):

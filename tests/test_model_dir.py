@@ -69,6 +69,27 @@ def test_a_damaged_file_in_the_model_folder_is_one_line_naming_it(case, model, p
     assert files() == before  # nothing rewritten, no step trained over the damaged folder
 
 
+def test_an_objectives_section_cut_short_stops_train_and_not_what_reads_the_model(model, prepared_dir, tmp_path):
+    """config.yaml ends with the scst: section, which the training stage types (the model stage keeps it as
+    written): a file cut there still gives evaluate and caption their model, and stops train as damage,
+    before anything is written."""
+    from captioning.model.folder import ModelDir
+
+    path = model / "config.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    assert lines[-1] == "  xla_sampling: true\n"
+    path.write_text("".join(lines[:-1]))
+    assert ModelDir(str(model)).read_config().model.decoder == "show_and_tell"  # what evaluate and caption read
+    before = {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()}
+    config = tmp_path / "c.yaml"
+    save_config(small_train_config(prepared_dir, "train.steps=70", "train.optimizer=adam", "model.embedding_size=32",
+                                   "model.lstm_units=32"), str(config))
+    result = run_cli("train", "--model-dir", str(model), "--config", str(config))
+    assert_one_line(result, "train", f"{path} is damaged: the scst section lacks 1 of its keys (scst.xla_sampling): "
+                                     "it is cut short or damaged")
+    assert {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()} == before
+
+
 def test_evaluate_refuses_records_of_another_vocabulary(model, shapes_dir, tmp_path):
     from data_prep.prepare import PrepareOptions, prepare
 

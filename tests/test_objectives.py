@@ -2,6 +2,7 @@
 captioning.train.objectives.OBJECTIVES (a new objective is tested by these with no new test code)."""
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -50,6 +51,65 @@ def test_choosing_it_brings_the_batches_it_needs_and_refuses_a_contradiction(nam
     else:
         with pytest.raises(InputError, match=f"train.jit_compile does not apply to train.objective: {name}"):
             fit_config(load_config(None, [f"train.objective={name}", *jit]))
+
+
+def test_each_objective_with_settings_has_its_config_section_and_no_other_does():
+    """An objective's settings are the config section named after it: the loader keeps exactly one section as
+    given (a Config field holding a ComponentSection) for each objective that declares a settings_class, and
+    each such class is a Section dataclass whose every key has a default."""
+    from captioning.config import COMPONENT_SECTIONS, ComponentSection, Config
+    from captioning.settings import Section
+
+    with_settings = {name for name, cls in OBJECTIVES.items() if cls.settings_class is not None}
+    assert set(COMPONENT_SECTIONS) == with_settings == {"scst"}
+    for name in with_settings:
+        cls = OBJECTIVES[name].settings_class
+        assert issubclass(cls, Section) and isinstance(getattr(Config(), name), ComponentSection)
+        assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                   for f in dataclasses.fields(cls))
+
+
+def test_the_loader_keeps_an_objectives_section_as_given_and_the_training_stage_types_it():
+    """``scst:`` is read by the loader without the objective's class (so the config loads before TensorFlow),
+    then typed with the same engine as every key, whichever objective the run trains with."""
+    from captioning.config import to_dict
+    from captioning.settings import Given
+    from captioning.train.objectives import resolve
+    from captioning.train.objectives.scst import ScstSettings
+
+    given = load_config(None, ["scst.samples=3", "scst.end_in_reward=no", "scst.bogus=1"])
+    assert dict(given.scst) == {"samples": Given("3"), "end_in_reward": Given("no"), "bogus": Given("1")}
+    with pytest.raises(AttributeError, match="not typed yet"):
+        given.scst.samples
+    with pytest.raises(InputError) as info:
+        fit_config(given)  # train.objective: xe, and still refused
+    assert str(info.value) == "unknown config key 'scst.bogus'; did you mean scst.baseline, scst.samples?"
+    typed = resolve(load_config(None, ["scst.samples=3", "scst.end_in_reward=no"]))
+    assert typed.scst == ScstSettings(samples=3, end_in_reward=False) and resolve(typed) is typed
+    assert to_dict(typed)["scst"] == {"samples": 3, "baseline": "mean", "max_length": 16, "temperature": 1.0,
+                                      "end_in_reward": False, "xla_sampling": True}
+    for override, message in (("scst.samplez=3", "unknown config key 'scst.samplez'; did you mean scst.samples"),
+                              ("scst.samples=three", "config key scst.samples must be an integer, got 'three'"),
+                              ("scst.samples=51", "config key scst.samples must be in [1, 50], got 51"),
+                              ("scst.baseline=best", "config key scst.baseline must be one of mean, greedy, got "
+                                                     "'best'")):
+        with pytest.raises(InputError) as info:
+            resolve(load_config(None, [override]))
+        assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("override, said", [
+    ("scst.bogus=1", "unknown config key 'scst.bogus'; did you mean scst.baseline, scst.samples?"),
+    ("scst.max_length=101", "config key scst.max_length must be in [1, 100], got 101"),
+    ("scst.temperature=warm", "config key scst.temperature must be a number, got 'warm'"),
+])
+def test_a_bad_scst_setting_stops_train_in_one_line_before_anything_is_written(override, said, tmp_path):
+    from tests.helpers import REPO, run_main
+
+    code, out, err = run_main("train", "--config", os.path.join(REPO, "experiments", "shapes_scst.yaml"),
+                              "--model-dir", tmp_path / "m", "--set", override)
+    assert code == 2 and err.strip().splitlines()[-1] == f"captioning train: error: {said}", err
+    assert not (tmp_path / "m").exists()
 
 
 def test_the_scst_switch_of_every_experiment_is_what_docs_decoders_says():

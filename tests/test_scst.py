@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.config import ScstConfig, load_config
+from captioning.config import load_config
 from captioning.errors import InputError
+from captioning.train.objectives.scst import ScstSettings
 from captioning.vocab import END_ID, PAD_ID, START_ID
 from tests.helpers import run_cli, run_distributed_worker, small_train_config, model_config
 
@@ -138,7 +139,7 @@ def test_policy_gradient_and_baselines(memorised):
         with_end = [[r + [END_ID] for r in image] for image in refs] if end else refs
         frequencies = document_frequencies(with_end, vocab_size=V, end_token=end)
         references = references_of(batch, end_token=end)
-        cfg = ScstConfig(samples=4, baseline=baseline, max_length=7, end_in_reward=end, xla_sampling=not end)
+        cfg = ScstSettings(samples=4, baseline=baseline, max_length=7, end_in_reward=end, xla_sampling=not end)
         objective = SelfCritical(CiderD(frequencies), cfg, step, seed=2)
         with tf.GradientTape() as tape:
             out = objective.replica_loss(model, batch, training=False)
@@ -218,7 +219,7 @@ def test_a_sample_identical_to_the_greedy_caption_has_no_advantage(memorised, en
              "target_ids": target, "mask": (target != 0).astype(np.float32)}
     with_end = [[r + [END_ID] for r in image] for image in refs] if end_in_reward else refs
     frequencies = document_frequencies(with_end, vocab_size=V, end_token=end_in_reward)
-    cfg = ScstConfig(samples=16, baseline="greedy", max_length=6, temperature=1.0, end_in_reward=end_in_reward,
+    cfg = ScstSettings(samples=16, baseline="greedy", max_length=6, temperature=1.0, end_in_reward=end_in_reward,
                      xla_sampling=False)
     objective = SelfCritical(CiderD(frequencies), cfg, tf.Variable(1, dtype=tf.int64))
     out = {k: v.numpy() for k, v in objective.rewards(model, batch).items()}
@@ -275,7 +276,7 @@ TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's train
 def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_path, caplog):
     """Samples cut at scst.max_length are rewarded cut: training warns when over 1% of references are longer."""
     from captioning.data.prepared import PreparedDataset
-    from captioning.train.objectives import RunContext
+    from captioning.train.objectives import RunContext, resolve
     from captioning.train.objectives.scst import SelfCritical
 
     class Folder:  # what the objective asks of the model folder
@@ -288,7 +289,7 @@ def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_pa
     try:
         for max_length, warned in ((20, False), (6, True)):  # the fixture's captions have 6 to 18 words
             caplog.clear()
-            cfg = small_train_config(prepared_dir, *SCST, f"scst.max_length={max_length}")
+            cfg = resolve(small_train_config(prepared_dir, *SCST, f"scst.max_length={max_length}"))
             SelfCritical.for_run(RunContext(cfg, step, dataset, None, Folder(str(tmp_path / "df.npz"))))
             said = re.search(rf"(\d+\.\d)% of the train references have more than scst.max_length={max_length} "
                              "words", caplog.text)

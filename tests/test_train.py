@@ -208,8 +208,10 @@ def test_train_cli_runs_and_resumes(data_dir, tmp_path):
     assert "trained to step 6" in result.stdout
     from captioning.model import resolve
     from captioning.model.folder import ModelDir
+    from captioning.train import objectives
 
-    assert ModelDir(str(tmp_path / "m")).read_config() == resolve(cfg)  # every key, the decoder's typed
+    saved = ModelDir(str(tmp_path / "m")).read_config()  # every key, the decoder's typed; scst: as written
+    assert objectives.resolve(saved, complete=True) == objectives.resolve(resolve(cfg))
     result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=9",
                      "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
     assert result.returncode == 0, result.stderr[-2000:]

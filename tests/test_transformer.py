@@ -124,11 +124,12 @@ def test_the_caches_promises_hold_or_it_refuses():
 def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_training(tmp_path):
     """Words past model.max_positions would all read the last position: decode.max_length and scst.max_length
     are checked against the decoder's max_caption_length (the base class: no bound) in one line."""
-    from captioning.config import Config, DataConfig, DecodeConfig, ScstConfig, TrainConfig
+    from captioning.config import Config, DataConfig, DecodeConfig, TrainConfig
     from captioning.inference import Captioner
     from captioning.model import DECODERS, check_caption_length
     from captioning.model.folder import TrainedModel
     from captioning.train import Trainer
+    from captioning.train.objectives.scst import ScstSettings
     from captioning.vocab import RESERVED, Vocabulary
 
     short = ModelConfig(decoder="transformer", options={"max_positions": 12})
@@ -147,7 +148,7 @@ def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_train
     assert Captioner(trained, DecodeConfig(max_length=12)).settings.max_length == 12
     with pytest.raises(InputError, match=r"^decode.max_length \(--max-length\) is 20, but .* at most 12 words"):
         Captioner(trained, DecodeConfig(max_length=20))
-    scst = {"scst": ScstConfig(max_length=13), "train": TrainConfig(objective="scst")}
+    scst = {"scst": ScstSettings(max_length=13), "train": TrainConfig(objective="scst")}
     for changes, key in (({"decode": DecodeConfig(max_length=20)}, "decode.max_length"), (scst, "scst.max_length")):
         changes = {"decode": DecodeConfig(max_length=12), **changes}
         cfg = Config(data=DataConfig(dir=str(tmp_path / "none")), model=short, **changes)
@@ -172,6 +173,7 @@ def test_settings_that_cannot_work_are_one_line(options, message):
 def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path):
     """SCST draws its samples by stepping: through the Transformer's cache, under the training loop."""
     from captioning.train import Trainer
+    from captioning.train.objectives.scst import ScstSettings
     from tests.helpers import small_train_config
 
     cfg = small_train_config(prepared_dir, "model.decoder=transformer", "model.d_model=16", "model.heads=2",
@@ -188,6 +190,7 @@ def test_cached_grid_features_and_init_from_carry_a_transformer(prepared_dir, tm
     --init-from starts another folder from the trained weights; a changed width is refused."""
     from captioning.errors import InputError
     from captioning.train import Trainer
+    from captioning.train.objectives.scst import ScstSettings
     from tests.helpers import small_train_config
 
     sizes = ["model.decoder=transformer", "model.d_model=16", "model.heads=2", "model.ff_size=24",

@@ -43,6 +43,7 @@ import time
 import tensorflow as tf
 
 from captioning import config as config_lib
+from captioning.config_sections import DataConfig
 from captioning.data import schema
 from captioning.benchmarks import common, offload
 from captioning.benchmarks.photos import cached_photos
@@ -84,7 +85,7 @@ def photo_records(work_dir: str, images: int, cache_images: int, size: tuple[int
     return records
 
 
-def naive_dataset(files: list[str], cfg: config_lib.DataConfig, batch_size: int) -> tf.data.Dataset:
+def naive_dataset(files: list[str], cfg: DataConfig, batch_size: int) -> tf.data.Dataset:
     """The seed-style pipeline (see the module docstring), doing the same work per image."""
     size, resize = cfg.image_size, cfg.resize_size
 
@@ -134,7 +135,7 @@ def images_in(batch: dict, captions_per_image: float) -> float:
     return int(tf.shape(batch["input_ids"])[0]) / captions_per_image
 
 
-def stage_cpu_ms(cfg: config_lib.DataConfig, split: str, batch_size: int, measure_images: int,
+def stage_cpu_ms(cfg: DataConfig, split: str, batch_size: int, measure_images: int,
                  captions_per_image: float) -> dict:
     """CPU ms per image of each stage of the training pipeline, from cumulative pipelines timed one after
     another (the difference of two is the stage between them): ``parse`` (read, parse and split the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from captioning.cli.parsing import (MAX_BENCHMARK_IMAGES, MAX_BENCHMARK_STEPS, MAX_CIDER, MAX_ROUNDS, MAX_SIDE,
                                     MAX_WORKERS, call, config_flags, decoding_flags, size, within)
-from captioning.config import MAX_DECODE_BATCH, MAX_STEPS
+from captioning.settings import MAX_DECODE_BATCH, MAX_STEPS
 
 IMAGES, STEPS, ROUNDS = within(1, MAX_BENCHMARK_IMAGES), within(1, MAX_BENCHMARK_STEPS), within(1, MAX_ROUNDS)
 

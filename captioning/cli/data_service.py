@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from captioning.cli.parsing import call, within
-from captioning.config import MAX_SECONDS
+from captioning.settings import MAX_SECONDS
 
 
 def _port(low: int):

@@ -67,7 +67,7 @@ class Parser(argparse.ArgumentParser):
 
 
 # The upper bounds of the sizes the flags take (docs/reliability.md, "Upper bounds of sizes"; the decoding sizes
-# and the config's are captioning.config's MAX_*, the features commands' captioning.cli.features'): generous for
+# and the config's are captioning.settings' MAX_*, the features commands' captioning.cli.features'): generous for
 # research use, they stop an absurd value in one line before any work starts.
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 256  # processes or servers started on one machine
@@ -149,9 +149,9 @@ def config_flags(p, required: bool = True, help: str | None = None) -> None:
 
 def decoding_flags(p, top_k: bool = False, sets: bool = True) -> None:
     """The flags that override the model's ``decode:`` config for one call (default None: the config's
-    value; the defaults themselves live in :class:`captioning.config.DecodeConfig` alone, and so do the sizes'
-    upper bounds)."""
-    from captioning.config import MAX_BEAM, MAX_LENGTH_NORMALIZATION, MAX_WORDS
+    value; the defaults themselves live in :class:`captioning.config_sections.DecodeConfig` alone, and so do
+    the sizes' upper bounds)."""
+    from captioning.settings import MAX_BEAM, MAX_LENGTH_NORMALIZATION, MAX_WORDS
 
     p.add_argument("--beam-size", type=within(1, MAX_BEAM), default=None,
                    help=f"beam width, at most {MAX_BEAM}; 1 is greedy decoding (default: the model's decode.beam_size, 3)")

@@ -24,7 +24,7 @@ import math
 
 import tensorflow as tf
 
-from captioning.config import DataConfig
+from captioning.config_sections import DataConfig
 from captioning.vocab import PAD_ID
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -35,7 +35,7 @@ def epoch_captions_per_image(cfg: DataConfig, stored: float) -> float:
     all of them (``all``; ``grouped``), one (``sample``), or ``data.group_captions`` (``grouped``, k ≥ 1;
     fewer for an image that has fewer).
 
-    >>> from captioning.config import DataConfig
+    >>> from captioning.config_sections import DataConfig
     >>> [epoch_captions_per_image(DataConfig(captions_per_image=c, group_captions=k), 5.2)
     ...  for c, k in (("all", 0), ("sample", 0), ("grouped", 0), ("grouped", 3), ("grouped", 7))]
     [5.2, 1.0, 5.2, 3.0, 5.2]

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from captioning.data import disk_cache
-from captioning.config import DataConfig
+from captioning.config_sections import DataConfig
 from captioning.data.prepared import PreparedDataset
 from captioning.fileio import disk_full_error
 from captioning.data.integrity import ShardReader

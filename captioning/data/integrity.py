@@ -41,10 +41,6 @@ is lost and reading continues right after it. When the header itself is damaged,
 out, the scanner looks for the next offset where 12 bytes form a valid header (length + masked
 CRC-32C, computed with numpy over every offset) whose record also reads cleanly, and continues there;
 ``tf.data.experimental.ignore_errors`` would instead drop the whole rest of the file, and count nothing.
-
-(Over 350 lines for one responsibility: the cheap check, the record-level scan and the salvage of
-damaged shards share their bookkeeping, the :class:`ShardReader`; split apart, each half would need
-the other's internals.)
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from captioning.config import DataConfig
+from captioning.config_sections import DataConfig
 from captioning.data import disk_cache
 from captioning.data.batching import epoch_captions_per_image, grouped_batches, length_grouped_batches
 from captioning.data.feature_cache import features_dataset

@@ -19,7 +19,7 @@ import functools
 
 import tensorflow as tf
 
-from captioning.config import DataConfig
+from captioning.config_sections import DataConfig
 from captioning.data import schema
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from captioning.config import DataConfig
+from captioning.config_sections import DataConfig
 from captioning.data import features_store as store_lib
 from captioning.data.features_store import FeaturesStore
 from captioning.data.prepared import PreparedDataset

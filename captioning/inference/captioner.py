@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from captioning.model.decode import bad_ending_ids, generate, ids_to_text
-from captioning.config import DecodeConfig
+from captioning.config_sections import DecodeConfig
 from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
 from captioning.errors import InputError

@@ -25,6 +25,7 @@ import logging
 import os
 
 from captioning import config as config_lib
+from captioning import settings as settings_lib
 from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model.attention import ShowAttendTell
@@ -55,7 +56,7 @@ def _options_of(model_cfg: ModelConfig, cls) -> dict:
     mine = {f.name for f in dataclasses.fields(cls.settings_class)}
     components = [*DECODERS.values(), *ENCODERS.values()]
     others = {f.name for c in components for f in dataclasses.fields(c.settings_class)}
-    known = [f"model.{k}" for k in sorted(mine | others | set(config_lib.keys_of(ModelConfig)))]
+    known = [f"model.{k}" for k in sorted(mine | others | set(settings_lib.keys_of(ModelConfig)))]
     out = {}
     for key, value in model_cfg.options.items():
         if key in mine:
@@ -73,14 +74,14 @@ def settings_of(model_cfg: ModelConfig, complete: bool = False):
     """The chosen decoder's settings (an instance of its ``settings_class``), typed and checked.
     ``complete``: every one of them must be given (a saved config.yaml)."""
     cls = decoder_class(model_cfg.decoder)
-    return config_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
+    return settings_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
                                    where=f"the model section (decoder {model_cfg.decoder})")
 
 
 def encoder_settings_of(model_cfg: ModelConfig, complete: bool = False):
     """The chosen encoder's settings (an instance of its ``settings_class``), typed and checked."""
     cls = encoder_class(model_cfg.encoder)
-    return config_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
+    return settings_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
                                    where=f"the model section (encoder {model_cfg.encoder})")
 
 

@@ -65,7 +65,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from captioning.config import ModelConfig, section_from
+from captioning.config import ModelConfig
+from captioning.settings import section_from
 from captioning.model.encoders.base import ImageEncoder, NoSettings
 from captioning.model.layout import TokenLayout
 from captioning.vocab import PAD_ID

@@ -15,22 +15,20 @@ Nobody else knows its file names or its rules; everything goes through :class:`M
                       (captioning.train.document_frequencies owns the format)
     training.lock     locked by the training run writing here (one at a time: :meth:`ModelDir.lock_for_training`)
 
-**The latest complete checkpoint** is the one the ``checkpoint`` state file names. TF writes a
-checkpoint's files first (``ckpt-N_temp/``, then renamed into place) and only then replaces the state file
-atomically, so the named checkpoint is complete even while a training run writes the next one. A state
-file that cannot be parsed, or that names missing files, is an error, never "no checkpoint" (which would
-start again from step 0 over the folder).
+The checkpoints' rules — the latest complete checkpoint, restoring with a check, removing what an
+interrupted save left, reading while training writes — are :mod:`captioning.model.checkpoints`, whose
+methods :class:`ModelDir` has.
 
 **Damaged files** are one line naming the file: a ``config.yaml`` that is not YAML, is not a config, or
 lacks keys (cut short: this project writes every key); a ``vocab.txt`` that is not UTF-8 or not a
 vocabulary; a damaged ``checkpoint`` state file; a checkpoint whose variables or shapes do not match
 what ``config.yaml`` and ``vocab.txt`` describe.
 
-**Reading while training writes**: :meth:`ModelDir.load` restores the latest checkpoint; if training
-deletes it in the meantime (``train.keep_checkpoints``), it takes the new latest one and tries again.
-
-(Over 350 lines for one responsibility: every file of the folder, the checks that a folder fits a config
-or is a source to start from, and the rules for checkpoints written and read concurrently, in one place.)
+**A saved config's sections**: the model stage types the shared sections and the decoder's settings
+(``captioning.model.resolve``); an objective's section (``scst:``) stays as written
+(:class:`captioning.config.ComponentSection`): ``evaluate``, ``caption`` and ``export`` read no objective's
+settings. Training types it too (``later`` of :meth:`ModelDir.check_fits`), so a key missing there stops
+``train`` as damage like any other.
 """
 
 from __future__ import annotations
@@ -39,14 +37,13 @@ import contextlib
 import datetime
 import logging
 import os
-import re
 import shutil
-import time
 from dataclasses import dataclass
 
 from captioning import config as config_lib
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_text, make_dirs
+from captioning.model.checkpoints import CHECKPOINT_FILE, STATE_TEMP, STATE, CheckpointFiles
 from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.model.folder")
@@ -54,27 +51,10 @@ log = logging.getLogger("captioning.model.folder")
 CONFIG = "config.yaml"
 HISTORY = "history.yaml"
 VOCAB = "vocab.txt"
-STATE = "checkpoint"  # tf.train.CheckpointManager's state file
 LOCK = "training.lock"  # held by the training run writing into the folder
 DOCUMENT_FREQUENCIES = "cider_document_frequencies.npz"  # scst's reward (captioning.train.document_frequencies)
 # what a run creates in the folder besides checkpoints (all of it removed again when the run is refused)
 OWN_NAMES = frozenset({CONFIG, HISTORY, VOCAB, LOCK, DOCUMENT_FREQUENCIES, "logs", "cache", "eval"})
-_CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
-_STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic_write_string_to_file's
-
-
-def first_line(error: BaseException | str, limit: int = 300) -> str:
-    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _hide_unrestored_values(record: logging.LogRecord) -> bool:
-    """TF's log lines that the model folder's own one-line errors replace: values a failed restore left
-    unrestored, and a state file it could not parse ("...: Checkpoint ignored", retried or reported)."""
-    message = record.getMessage()
-    return not (message.startswith("Value in checkpoint could not be found in the restored object")
-                or "is being deleted with unrestored values" in message
-                or message.endswith(": Checkpoint ignored") or message.startswith("ParseError: "))
 
 
 @dataclass
@@ -95,7 +75,7 @@ class TrainedModel:
         return [self]
 
 
-class ModelDir:
+class ModelDir(CheckpointFiles):
     """One model folder (see the module docstring). Reading methods raise :class:`InputError` naming the
     file when something is damaged."""
 
@@ -126,7 +106,7 @@ class ModelDir:
             return False
         first = os.path.relpath(real, folder).split(os.sep)[0]
         return (first in OWN_NAMES or first == STATE or first == ".preemption" or first.startswith(".tmp-")
-                or bool(_CHECKPOINT_FILE.fullmatch(first)) or bool(_STATE_TEMP.fullmatch(first)))
+                or bool(CHECKPOINT_FILE.fullmatch(first)) or bool(STATE_TEMP.fullmatch(first)))
 
     def owns_checkpoint(self, checkpoint: str) -> bool:
         """Whether ``checkpoint`` (a path prefix, ``…/ckpt-N``) lies in this folder."""
@@ -169,15 +149,20 @@ class ModelDir:
         return self.file(f"ckpt-{step}")
 
     # ---- reading ------------------------------------------------------------------------------------
-    def read_config(self) -> config_lib.Config | None:
-        """The folder's config.yaml (None when there is none); damaged or cut short: InputError."""
+    def read_config(self, later: tuple = ()) -> config_lib.Config | None:
+        """The folder's config.yaml (None when there is none); damaged or cut short: InputError. ``later``:
+        a later stage's functions that type the sections it owns (``captioning.train.objectives.resolve``),
+        each called with ``complete=True``, so that a key missing there is damage too."""
         path = self.file(CONFIG)
         if not os.path.exists(path):
             return None
         from captioning.model import resolve
 
         try:
-            return resolve(config_lib.load_config(path, complete=True), complete=True)
+            cfg = resolve(config_lib.load_config(path, complete=True), complete=True)
+            for typed in later:
+                cfg = typed(cfg, complete=True)
+            return cfg
         except InputError as e:
             raise InputError(f"{path} is damaged: {e}; restore it, or use a new model folder") from None
 
@@ -186,40 +171,6 @@ class ModelDir:
         if not os.path.exists(path):
             return None
         return Vocabulary.load(path)  # InputError naming the file when damaged
-
-    def latest_checkpoint(self) -> str | None:
-        """The path of the latest complete checkpoint, or None when the folder has none."""
-        import tensorflow as tf
-
-        path = self.file(STATE)
-        if not os.path.exists(path):
-            return None
-        logging.getLogger("tensorflow").addFilter(_hide_unrestored_values)
-        damaged = InputError(f"{path} is damaged (not a checkpoint state file); restore it, or delete it to start "
-                             "again from step 0")
-        # TF replaces the state file atomically, but reads it by the size the *path* has when the read
-        # starts: a read that races a training run's rename can come back cut short. So an unparsable read
-        # is tried again, and only one that stays unparsable is damage.
-        previous, unreadable = None, 0
-        for _ in range(20):
-            try:
-                state = tf.train.get_checkpoint_state(self.path)  # None, not an error, for an unparsable file
-            except (ValueError, UnicodeDecodeError, tf.errors.OpError):
-                state = None
-            if state is None or not state.model_checkpoint_path:
-                unreadable += 1
-                if unreadable == 5:
-                    raise damaged
-                time.sleep(0.05)
-                continue
-            latest = state.model_checkpoint_path  # made absolute by get_checkpoint_state
-            if tf.io.gfile.exists(latest + ".index"):
-                return latest
-            if latest == previous:  # missing, and not because a training run moved on meanwhile
-                break
-            previous = latest  # a training run saved a newer one and deleted this one since: read again
-        raise InputError(f"{path} names {os.path.basename(latest)}, whose files are missing; restore them, or "
-                         "delete that state file to start again from step 0")
 
     def require_trained(self) -> tuple[config_lib.Config, Vocabulary]:
         """config.yaml and vocab.txt of a folder that ``train`` wrote (InputError otherwise)."""
@@ -232,10 +183,11 @@ class ModelDir:
         return cfg, vocab
 
     # ---- training's checks and writes ------------------------------------------------------------------
-    def check_fits(self, cfg: config_lib.Config, vocab: Vocabulary) -> config_lib.Config | None:
+    def check_fits(self, cfg: config_lib.Config, vocab: Vocabulary, later: tuple = ()) -> config_lib.Config | None:
         """Refuses (InputError) a folder made for another vocabulary or model shape, one with checkpoints but
         without the config or vocabulary they were trained with, and a path that is a file. Returns the
-        folder's config, if any. Writes nothing (:meth:`lock_for_training` creates the folder)."""
+        folder's config, if any (``later``: as :meth:`read_config`). Writes nothing (:meth:`lock_for_training`
+        creates the folder)."""
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InputError(f"model folder {self.path} is a file, not a folder")
         if os.path.exists(self.file(STATE)):
@@ -248,7 +200,7 @@ class ModelDir:
             raise InputError(f"{self.file(VOCAB)} ({len(old_vocab)} words) is not the vocabulary of {cfg.data.dir} "
                              f"({len(vocab)} words): {self.path} was trained with another vocabulary, or that file "
                              "is damaged; use a new --model-dir")
-        old = self.read_config()
+        old = self.read_config(later)
         if old is not None:
             from captioning.model import architecture_diff
 
@@ -283,13 +235,14 @@ class ModelDir:
     def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
         """Records the config a training run starting at ``step`` uses (paths made absolute) and the
         vocabulary, each atomically. When config.yaml held another config, history.yaml keeps it: every
-        run that changed the config, with the step it started at."""
+        run that changed the config, with the step it started at. The configs are compared as written (an
+        objective's section is typed in ``cfg`` and as written in the folder's)."""
         import yaml
 
         cfg = config_lib.with_absolute_paths(cfg)
         try:
             old = self.read_config()
-            if old != cfg:
+            if old is None or config_lib.to_dict(old) != config_lib.to_dict(cfg):
                 history = []
                 if os.path.exists(self.file(HISTORY)):
                     with open(self.file(HISTORY), encoding="utf-8") as f:
@@ -358,62 +311,7 @@ class ModelDir:
                 os.rmdir(self.path)
             raise
 
-    def remove_partial_checkpoints(self, latest: str | None) -> list[str]:
-        """Deletes what an interrupted save left: ``ckpt-N_temp/`` folders, ``ckpt-N.*`` files that the state
-        file does not name, for N above the latest checkpoint's step, and temporary state files
-        (``checkpoint.tmp<hex>``). Returns the removed names."""
-        import tensorflow as tf
-
-        latest_step = int(latest.rsplit("-", 1)[1]) if latest else -1
-        state = tf.train.get_checkpoint_state(self.path) if latest else None
-        named = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else set()
-        removed = []
-        for name in sorted(os.listdir(self.path)):
-            if _STATE_TEMP.fullmatch(name):
-                os.remove(self.file(name))
-                removed.append(name)
-                continue
-            match = _CHECKPOINT_FILE.fullmatch(name)
-            if not match or f"ckpt-{match.group(1)}" in named:
-                continue
-            if match.group(2) == "_temp":
-                shutil.rmtree(self.file(name), ignore_errors=True)
-            elif int(match.group(1)) > latest_step:
-                os.remove(self.file(name))
-            else:
-                continue
-            removed.append(name)
-        if removed:
-            log.info("removed the leftovers of an interrupted save: %s", ", ".join(removed))
-        return removed
-
     # ---- restoring ---------------------------------------------------------------------------------------
-    @staticmethod
-    def restore(path: str, strict: dict, lenient: dict | None = None) -> None:
-        """Restores ``strict`` objects (e.g. ``{"model": model, "step": step}``) from checkpoint ``path``,
-        asserting that every variable of theirs is in it with its shape, then ``lenient`` ones (e.g. the
-        optimizer, whose slots may not match after a change) as far as they fit. InputError when the
-        checkpoint does not fit or cannot be read."""
-        import tensorflow as tf
-
-        # A failed restore's objects log every value they did not restore when they are collected (which
-        # may be before or after the error line); the one-line error says it all.
-        logging.getLogger("tensorflow").addFilter(_hide_unrestored_values)
-        error = None
-        try:
-            status = tf.train.Checkpoint(**strict).restore(path)
-            status.assert_existing_objects_matched().expect_partial()
-            if lenient:
-                tf.train.Checkpoint(**lenient).restore(path).expect_partial()
-        except (AssertionError, ValueError) as e:
-            error = InputError(f"{path} does not fit the model this config builds ({first_line(e)}); it was "
-                               f"trained with other settings ({CONFIG}, {VOCAB}): use a new `model_dir` or that "
-                               "folder's config", params=("model_dir",))
-        except tf.errors.OpError as e:
-            error = InputError(f"cannot read checkpoint {path}: {first_line(e.message)}")
-        if error is not None:
-            raise error
-
     def load(self, checkpoint: str | None = None, attempts: int = 5) -> TrainedModel:
         """The trained model at ``checkpoint`` (default: the latest complete one), rebuilt from config.yaml
         and vocab.txt. The encoder is built without its pretrained weights (the checkpoint has the trained

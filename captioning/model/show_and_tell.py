@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import keras
 from keras import layers
 
-from captioning.config import MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
+from captioning.config import ModelConfig
+from captioning.settings import MAX_INIT_SCALE, MAX_WIDTH, between
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel
 

@@ -43,7 +43,8 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from captioning.config import MAX_INIT_SCALE, MAX_WIDTH, ModelConfig, between
+from captioning.config import ModelConfig
+from captioning.settings import MAX_INIT_SCALE, MAX_WIDTH, between
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel, masked_mean, masked_scores
 

@@ -27,7 +27,7 @@ import re
 import tensorflow as tf
 
 from captioning import tf_internals
-from captioning.config import DistributeConfig
+from captioning.config_sections import DistributeConfig
 from captioning.errors import InputError, PeerLostError
 
 log = logging.getLogger("captioning.distribute")

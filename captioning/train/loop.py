@@ -39,6 +39,7 @@ from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSig
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
                                         restore_run, service_watch, wait_for_service)
 from captioning.train.objectives import RunContext, check_caption_lengths, fit_config, objective_class
+from captioning.train.objectives import resolve as resolve_objectives
 from captioning.train.result import NonFiniteError, TrainResult
 from captioning.train.optimizer import epoch_plan, make_optimizer
 from captioning.train.steps import (Compiled, EvaluationLoss, evaluation_loss, make_multi_step, make_train_step,
@@ -72,7 +73,7 @@ class Trainer:
         self.folder = ModelDir(model_dir)
         # Everything that can refuse the run comes before anything is written; what is written afterwards
         # is removed again if the run is refused after all (a checkpoint that does not fit).
-        previous = self.folder.check_fits(cfg, self.vocab)
+        previous = self.folder.check_fits(cfg, self.vocab, later=(resolve_objectives,))  # every key, scst's too
         replicas = self.strategy.num_replicas_in_sync
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from captioning import config as config_lib
+from captioning.config_sections import TrainConfig
 from dataclasses import dataclass
 
 from captioning.data.batching import epoch_captions_per_image, images_per_batch
@@ -102,7 +103,7 @@ _SCALED = {name: type(name, (_ScaledRates, getattr(keras.optimizers, name)), {})
            for name in ("SGD", "Adam", "AdamW")}
 
 
-def make_optimizer(t: config_lib.TrainConfig, steps_per_epoch: int, mixed_float16: bool, scaled=(),
+def make_optimizer(t: TrainConfig, steps_per_epoch: int, mixed_float16: bool, scaled=(),
                    scale: float = 1.0):
     """The optimizer of ``train.*``; the learning rate of the ``scaled`` variables is ``scale`` times the others'
     (a fine-tuned encoder's at ``train.encoder_lr_scale``: im2txt's second stage and BLIP's fine-tuning train

@@ -42,7 +42,8 @@ import keras
 import numpy as np
 from keras import layers
 
-from captioning.config import ModelConfig, section_from
+from captioning.config import ModelConfig
+from captioning.settings import section_from
 from captioning.errors import InputError
 from captioning.model.layout import TokenLayout
 

@@ -4,6 +4,12 @@
 of this package (:mod:`.base` has the interface: what an objective declares); a new objective is a new
 module and one entry here. :func:`fit_config` makes a config fit the chosen objective (the batches it
 needs, its own checks), :func:`objective_class` finds it.
+
+An objective's own settings are the config section named after it (``scst:``), declared by its module as
+a dataclass (:attr:`~.base.Objective.settings_class`). The config loader, which imports no stage, keeps
+such a section as given (:class:`captioning.config.ComponentSection`); :func:`resolve` types and checks
+it with the loader's own engine (:func:`captioning.settings.section_from`), for every objective that has
+settings, whichever one the run trains with — as ``captioning.model.resolve`` does a decoder's keys.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import dataclasses
 import logging
 
 from captioning import config as config_lib
+from captioning.config_sections import DataConfig
 from captioning.errors import InputError
+from captioning.settings import fields_of, section_from
 from captioning.model import check_caption_length
 from captioning.train.objectives.base import (Objective, ReplicaLoss, RunContext, caption_loss_sum,
                                               perplexity)
@@ -32,6 +40,31 @@ def objective_class(name: str) -> type[Objective]:
     return OBJECTIVES[name]
 
 
+def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config:
+    """``cfg`` with each objective's section typed: its settings dataclass in place of the section as the
+    config gave it (a copy when any changes; a section typed already stays). An unknown key (the nearest
+    ones named), a wrong type or a value out of range is an InputError naming ``<section>.<key>``.
+    ``complete``: every key must be given (a saved config.yaml)."""
+    out = cfg
+    for name, cls in OBJECTIVES.items():
+        if cls.settings_class is None or isinstance(getattr(cfg, name), cls.settings_class):
+            continue
+        given = getattr(cfg, name)
+        settings = section_from(cls.settings_class, dict(given), f"{name}.", complete=complete,
+                                where=f"the {name} section")
+        if out is cfg:
+            out = copy.copy(cfg)
+            object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
+        setattr(out, name, settings)
+    return out
+
+
+def all_keys() -> list[str]:
+    """Every objective's own keys, ``<section>.<name>``."""
+    return [f"{name}.{key}" for name, cls in OBJECTIVES.items() if cls.settings_class is not None
+            for key in fields_of(cls.settings_class)]
+
+
 def fit_config(cfg: config_lib.Config) -> config_lib.Config:
     """``cfg`` with the ``data.*`` settings its objective ``needs`` (a copy when it changes any). A
     setting that contradicts a need is brought to it when it holds its default and was not given with
@@ -39,10 +72,12 @@ def fit_config(cfg: config_lib.Config) -> config_lib.Config:
     an InputError naming both keys. ``train.jit_compile: true`` from a config file is turned off for an
     objective whose step XLA cannot compile (``xla = False``: SCST), with one log line, so that
     ``--set train.objective=scst`` switches a config that compiles cross-entropy; given with ``--set``,
-    it is refused. Then the objective's own :meth:`~Objective.check`."""
+    it is refused. Then the objective's own :meth:`~Objective.check`. The objectives' sections are typed
+    first (:func:`resolve`)."""
     cls = objective_class(cfg.train.objective)
+    cfg = resolve(cfg)
     out = cfg
-    defaults = config_lib.DataConfig()
+    defaults = DataConfig()
     for name, wanted in cls.needs.items():
         key, value = f"data.{name}", getattr(cfg.data, name)
         if value == wanted:
@@ -81,5 +116,5 @@ def check_caption_lengths(cfg: config_lib.Config) -> None:
         check_caption_length(cfg.model, key, words)
 
 
-__all__ = ["OBJECTIVES", "CrossEntropy", "Objective", "ReplicaLoss", "RunContext", "SelfCritical", "caption_loss_sum",
-           "check_caption_lengths", "fit_config", "objective_class", "perplexity"]
+__all__ = ["OBJECTIVES", "CrossEntropy", "Objective", "ReplicaLoss", "RunContext", "SelfCritical", "all_keys",
+           "caption_loss_sum", "check_caption_lengths", "fit_config", "objective_class", "perplexity", "resolve"]

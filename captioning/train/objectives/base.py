@@ -9,6 +9,9 @@ replicas (and a replica with no example contributes nothing).
 An objective class declares what the rest of the code asks about it, so that the loop, the summaries
 and the benchmarks never name one:
 
+* ``settings_class`` — its own settings, if it has any: a :class:`~captioning.settings.Section` dataclass
+  whose fields are the keys of the config section named after it (SCST's ``scst:``), typed and checked by
+  :func:`captioning.train.objectives.resolve` (the config loader keeps that section as given);
 * ``needs`` — the ``data.*`` settings its batches must have (SCST: whole images with all their
   references, ``{"captions_per_image": "grouped", "group_captions": 0}``); choosing the objective brings
   them (:func:`captioning.train.objectives.fit_config`);
@@ -63,6 +66,7 @@ class Objective:
     """The interface (see the module docstring)."""
 
     name: ClassVar[str] = ""
+    settings_class: ClassVar[type | None] = None  # its config section's dataclass (named ``name``), if any
     needs: ClassVar[dict] = {}
     parts: ClassVar[tuple[str, ...]] = ()
     xla: ClassVar[bool] = True

@@ -1,4 +1,5 @@
-"""Self-critical sequence training (Rennie et al. 2017): ``train.objective: scst``, the ``scst:`` section.
+"""Self-critical sequence training (Rennie et al. 2017): ``train.objective: scst``, and its ``scst:`` section
+(:class:`ScstSettings`).
 
 For each image of a replica's batch the model *samples* ``scst.samples`` captions with its own decoding
 step (any decoder: :meth:`captioning.model.base.CaptionModel.step`), each caption is rewarded with its
@@ -54,9 +55,12 @@ Dropout is off while sampling (the decoders' step runs in inference mode).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import tensorflow as tf
 
-from captioning.config import ScstConfig
+from captioning.errors import InputError
+from captioning.settings import MAX_BEAM, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
 from captioning.train.cider import CiderD, caption_lengths
 from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext
 from captioning.train.objectives.scst_cost import breakdown, describe
@@ -65,16 +69,48 @@ from captioning.train.objectives.scst_sampling import (as_drawn, greedy_captions
 from captioning.vocab import END_ID
 
 
+@dataclass
+class ScstSettings(Section):
+    """The ``scst:`` section: the settings of self-critical sequence training (``train.objective: scst``;
+    the module docstring). Typed by :func:`captioning.train.objectives.resolve` whichever objective a run
+    trains with, so a wrong key or value is refused even where SCST does not run."""
+
+    samples: int = field(default=5, metadata=between(1, MAX_BEAM))  # captions sampled per image and step
+    # mean: the mean reward of the image's other samples (self-critical.pytorch's "new SCST");
+    # greedy: the reward of the image's greedy caption (Rennie et al. 2017)
+    baseline: str = field(default="mean", metadata=choices("mean", "greedy"))
+    # words a sampled caption may have (self-critical.pytorch: 16, its COCO captions cut at 16 words). It
+    # must hold the references: a sample cut short is rewarded cut and the model learns to leave things
+    # out (training warns when more than 1% of the references are longer; shapes needs 20)
+    max_length: int = field(default=16, metadata=between(1, MAX_WORDS))
+    # sampling from softmax(logits / temperature)
+    temperature: float = field(default=1.0, metadata=between(0.0, MAX_TEMPERATURE, low_open=True))
+    # the reward's n-grams end with <end> (appended to every reference; a sample has it if it chose it),
+    # as self-critical.pytorch counts its <eos>: a caption that stops mid-phrase ("... and a") or not at
+    # all loses the n-grams that end the references. false: words only, pycocoevalcap's CIDEr-D exactly
+    end_in_reward: bool = True
+    # draw the samples in a loop compiled with XLA, when they are drawn without gradient (the decoder's
+    # fast_teacher_forcing): the same samples, the sampling loop ~3.5x faster for the shapes Transformer on
+    # CPU; each new batch shape compiles once (1.4 s for it). false: the loop as plain TensorFlow ops
+    xla_sampling: bool = True
+
+    def check(self, prefix: str = "scst.") -> None:
+        if self.baseline == "mean" and self.samples < 2:
+            raise InputError(f"{prefix}samples ({self.samples}) must be at least 2 with {prefix}baseline: mean (the "
+                             "baseline of a sample is the mean of the image's other samples)")
+
+
 class SelfCritical(Objective):
     """``train.objective: scst`` (see the module docstring)."""
 
     name = "scst"
+    settings_class = ScstSettings
     # every reference of an image in the batch: whole images with all their captions
     needs = {"captions_per_image": "grouped", "group_captions": 0}
     parts = ("reward", "baseline", "ended")
     xla = False  # its sampling stops captions at <end>, and the reward's lookup table runs on the host
 
-    def __init__(self, cider: CiderD, cfg: ScstConfig, step: tf.Variable, seed: int = 0):
+    def __init__(self, cider: CiderD, cfg: ScstSettings, step: tf.Variable, seed: int = 0):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
 
     @classmethod
