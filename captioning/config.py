@@ -79,8 +79,7 @@ class ModelConfig(Section):
     # Xu et al. 2015), transformer (Vaswani et al. 2017), updown (Anderson et al. 2018); checked with its
     # settings by the model stage
     decoder: str = "show_and_tell"
-    # one of captioning.model.encoders.ENCODERS (small_cnn, inception_v3, resnet50, efficientnet_b0,
-    # mobilenet_v2, vit, keras_hub); checked with its own settings by the model stage
+    # one of captioning.model.encoders.ENCODERS (docs/encoders.md); checked with its own settings by the model stage
     encoder: str = "inception_v3"
     encoder_weights: str = "none"  # none | imagenet | a path to a weights file (keras_hub: its preset's)
     encoder_trainable: bool = False

@@ -350,7 +350,7 @@ def test_every_number_has_a_finite_upper_bound():
     extra zeros is one line before any work, not a kill for memory (docs/reliability.md, "Upper bounds of
     sizes")."""
     classes = [section_class(section.name) for section in dataclasses.fields(Config)]
-    classes += [cls.settings_class for cls in model_lib.DECODERS.values()]
+    classes += [cls.settings_class for cls in [*model_lib.DECODERS.values(), *model_lib.ENCODERS.values()]]
     assert {"DataConfig", "TrainConfig", "ScstSettings", "DistributeConfig", "DecodeConfig", "TransformerSettings"} <= \
         {cls.__name__ for cls in classes}
     checked, unbounded = [], []

@@ -234,7 +234,7 @@ def test_the_upper_bounds_table_is_the_code():
     classes = {f.name: [type(getattr(Config(), f.name))] for f in dataclasses.fields(Config)
                if f.name not in COMPONENT_SECTIONS}
     classes |= {name: [cls.settings_class] for name, cls in OBJECTIVES.items() if cls.settings_class}
-    classes["model"] += [cls.settings_class for cls in model_lib.DECODERS.values()]
+    classes["model"] += [cls.settings_class for cls in [*model_lib.DECODERS.values(), *model_lib.ENCODERS.values()]]
     rows = list(bound_rows())
     assert len(rows) > 40
     for names, bound in rows:

@@ -209,6 +209,16 @@ def test_a_toy_encoder_written_elsewhere_passes_the_contract_and_a_broken_one_fa
                 picture = spotlight(np.full((32, 32, 3), 128, np.uint8), weights, encoder.layout, 60).astype(int)
                 assert picture[45, 50].mean() > picture[10, 5].mean() + 20
                 assert 0.45 * 60 <= ((picture[-1, :, 0] > 200) & (picture[-1, :, 1] > 150)).sum() <= 0.55 * 60
+        # regions are pooled from its map, the class token left out: the whole image is the mean of the patches
+        from captioning.inference.regions import boxes_to_regions
+
+        encoder = build_encoder(ModelConfig(decoder="attention", encoder="toy"), 32)
+        images = np.random.default_rng(3).integers(0, 256, (2, 32, 32, 3), np.uint8)
+        regions = boxes_to_regions(encoder, images, tf.constant([[[0, 0, 16, 16]], [[0, 0, 0, 0]]], tf.float32),
+                                   tf.constant([[32, 32], [32, 32]]))
+        patches = npy(encoder.tokens_model()(images))[:, 1:]
+        np.testing.assert_allclose(npy(regions["regions"])[:, -1], patches.mean(1), rtol=1e-2, atol=1e-2)
+        assert npy(regions["region_mask"]).tolist() == [[1, 1], [0, 1]]
         with pytest.raises(InputError, match="cannot be trained"):
             build_encoder(ModelConfig(encoder="toy", encoder_trainable=True), 32)
         monkeypatch.setenv("BROKEN", "1")
