@@ -1,8 +1,10 @@
-"""Shared fixtures: a small real shapes dataset on disk, prepared records and small trained models (one
-per test process, built once), and the ``--decoder FILE:NAME`` option that registers a decoder from a
-file before the contract tests (tests/test_decoders.py) are collected. Helpers are in tests/helpers.py."""
+"""Shared fixtures: a small real shapes dataset on disk, prepared records and small trained models (built
+once per test run, see :func:`built_once`), and the ``--decoder FILE:NAME`` option that registers a decoder
+from a file before the contract tests (tests/test_decoders.py) are collected. Helpers are in tests/helpers.py."""
 
+import fcntl
 import os
+import shutil
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -45,23 +47,48 @@ def pytest_configure(config):
         register_decoder_file(path, name)
 
 
+def built_once(tmp_path_factory, name, build, own_copy=False):
+    """The folder that ``build(path)`` makes, made once per test run. Alone (``-n 0``), in this process's
+    temporary folder. Under pytest-xdist (`make test`'s workers) the first worker that asks builds it in the
+    run's shared temporary folder while holding a lock; the others wait for it and use it: the workers do
+    not each train the same fixture models (about 12 s of CPU a worker). ``own_copy``: each worker gets a
+    copy of its own to write into (evaluations are stored in a model folder), as when it built it itself;
+    else the shared folder, read-only for tests."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        path = str(tmp_path_factory.mktemp(name))
+        build(path)
+        return path
+    root = tmp_path_factory.getbasetemp().parent / "built_once"  # the run's folder, above every worker's
+    root.mkdir(exist_ok=True)
+    shared = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # what a worker that failed left
+            shared.mkdir()
+            build(str(shared))
+            (root / f"{name}.done").touch()
+    if not own_copy:
+        return str(shared)
+    own = tmp_path_factory.mktemp(name)
+    shutil.copytree(shared, own, dirs_exist_ok=True)
+    return str(own)
+
+
 @pytest.fixture(scope="session")
 def shapes_dir(tmp_path_factory):
     """40 synthetic images (32 train, 4 val, 4 test) in COCO layout; read-only for tests."""
-    root = str(tmp_path_factory.mktemp("shapes"))
-    synthesize(root, num_images=40, seed=7, progress=False)
-    return root
+    return built_once(tmp_path_factory, "shapes", lambda root: synthesize(root, num_images=40, seed=7, progress=False))
 
 
 @pytest.fixture(scope="session")
 def prepared_dir(shapes_dir, tmp_path_factory):
-    """The shapes fixture prepared into TFRecords (min word count 1: every word in the vocabulary)."""
+    """The shapes fixture prepared into TFRecords (min word count 1: every word in the vocabulary); read-only
+    for tests."""
     from data_prep.prepare import PrepareOptions, prepare
 
-    out = str(tmp_path_factory.mktemp("records"))
-    prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1, min_word_count=1),
-            progress=False)
-    return out
+    return built_once(tmp_path_factory, "records", lambda out: prepare(
+        PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1, min_word_count=1), progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -69,11 +96,10 @@ def trained_model_dir(prepared_dir, tmp_path_factory):
     """A small model trained for 60 steps: real checkpoints, config.yaml and vocab.txt."""
     from captioning.train import Trainer
 
-    model_dir = str(tmp_path_factory.mktemp("model"))
     cfg = small_train_config(prepared_dir, "train.steps=60", "train.optimizer=adam", "train.learning_rate=0.01",
                              "model.embedding_size=32", "model.lstm_units=32", "train.checkpoint_every_steps=60")
-    Trainer(cfg, model_dir).run(progress=False)
-    return model_dir
+    return built_once(tmp_path_factory, "model", lambda model_dir: Trainer(cfg, model_dir).run(progress=False),
+                      own_copy=True)
 
 
 @pytest.fixture(scope="session")
@@ -82,10 +108,9 @@ def trained_attention_dir(prepared_dir, tmp_path_factory):
     its TensorBoard sample pictures) at the end."""
     from captioning.train import Trainer
 
-    model_dir = str(tmp_path_factory.mktemp("attention_model"))
     cfg = small_train_config(prepared_dir, "model.decoder=attention", "model.attention_size=16", "train.steps=40",
                              "train.optimizer=adam", "train.learning_rate=0.01", "model.embedding_size=32",
                              "model.lstm_units=32", "train.checkpoint_every_steps=40", "train.eval_every_steps=40",
                              "train.eval_batches=1", "train.sample_captions=2")
-    Trainer(cfg, model_dir).run(progress=False)
-    return model_dir
+    return built_once(tmp_path_factory, "attention_model",
+                      lambda model_dir: Trainer(cfg, model_dir).run(progress=False), own_copy=True)
