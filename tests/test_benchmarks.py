@@ -163,7 +163,9 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
                    "--set", "model.ff_size=16", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
     options = ["--option", "decode.method=sample,decode.top_k=2", "--option", "decode.block_ngrams=2",
                "--ensemble-with", trained_attention_dir]
-    for extra, decoder in (([], "show_and_tell"), (["--model-dir", trained_model_dir, *options], "show_and_tell"),
+    # a trained folder (Show and Tell, with the decoding options) and a model built from the config (the
+    # Transformer, with --set): each way of naming the model, each decoder family once
+    for extra, decoder in ((["--model-dir", trained_model_dir, *options], "show_and_tell"),
                            (transformer, "transformer")):
         out = tmp_path / "decode.json"
         done = run_cli("-q", "benchmark", "decode", "--batch-size", "4", "--images", "8", "--max-length", "5",
