@@ -61,6 +61,12 @@ class Compiled:
         return self._steps[key]
 
 
+def dense(grads, variables):
+    """Gradients as dense tensors (an embedding's arrive as IndexedSlices), zeros for a variable the loss does not
+    reach (None: a fine-tuned keras-hub DINOv2's mask token, used only for masked-image pretraining)."""
+    return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+
+
 def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
                     clip_gradient_norm: float, jitter: bool, jit_compile: bool = False):
     """The training step for a distributed batch: returns ``{"loss": the global mean loss, "gradient_norm":
@@ -80,7 +86,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
         with tf.GradientTape() as tape:
             out = objective.replica_loss(model, batch, training=True)
             loss_sum = optimizer.scale_loss(out.loss_sum) if scaled else out.loss_sum
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss_sum, model.trainable_variables)]
+        grads = dense(tape.gradient(loss_sum, model.trainable_variables), model.trainable_variables)
         return out.loss_sum, out.weight, grads, out.sums
 
     compiled_gradients = tf.function(replica_gradients, jit_compile=True)
@@ -103,7 +109,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
                 if scaled:
                     loss = optimizer.scale_loss(loss)
             # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
-            grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+            grads = dense(tape.gradient(loss, variables), variables)
             loss_sum, sums = out.loss_sum, out.sums
         # the global gradient, loss and reported sums, on every replica
         names = sorted(sums)
