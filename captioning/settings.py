@@ -166,6 +166,20 @@ def unknown_key(key: str, known: typing.Sequence[str]) -> InputError:
     return InputError(f"unknown config key {key!r}" + (f"; did you mean {', '.join(near)}?" if near else ""))
 
 
+def registered(registry: dict, key: str, name: str):
+    """The entry ``name`` of a registry (decoders, encoders) that config key ``key`` chooses from; an InputError
+    naming the key, the choices and the nearest one otherwise.
+
+    >>> registered({"attention": 1, "transformer": 2}, "model.decoder", "transformer")
+    2
+    """
+    if name not in registry:
+        near = difflib.get_close_matches(name, list(registry), n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise InputError(f"config key {key} must be one of {', '.join(registry)}, got {name!r}{hint}")
+    return registry[name]
+
+
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
 

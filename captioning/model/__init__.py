@@ -43,11 +43,7 @@ DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attent
 
 def decoder_class(name: str) -> type[CaptionModel]:
     """The registered decoder ``name``; an InputError naming ``model.decoder`` and the choices otherwise."""
-    if name not in DECODERS:
-        near = difflib.get_close_matches(name, list(DECODERS), n=1, cutoff=0.6)
-        hint = f" (did you mean {near[0]}?)" if near else ""
-        raise InputError(f"config key model.decoder must be one of {', '.join(DECODERS)}, got {name!r}{hint}")
-    return DECODERS[name]
+    return settings_lib.registered(DECODERS, "model.decoder", name)
 
 
 def _options_of(model_cfg: ModelConfig, cls) -> dict:

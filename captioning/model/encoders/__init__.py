@@ -21,15 +21,13 @@ a toy encoder written in a temporary folder.
 
 from __future__ import annotations
 
-import difflib
-
 from captioning.config import ModelConfig
-from captioning.errors import InputError
 from captioning.model.encoders.applications import EfficientNetB0, InceptionV3, MobileNetV2, ResNet50
 from captioning.model.encoders.base import ImageEncoder, NoSettings, all_layers
 from captioning.model.encoders.keras_hub import KerasHub
 from captioning.model.encoders.small_cnn import SmallCnn
 from captioning.model.encoders.vit import ViT
+from captioning.settings import registered
 
 ENCODERS: dict[str, type[ImageEncoder]] = {
     "inception_v3": InceptionV3, "resnet50": ResNet50, "efficientnet_b0": EfficientNetB0,
@@ -48,11 +46,7 @@ for _name, _cls in list(ENCODERS.items()):
 
 def encoder_class(name: str) -> type[ImageEncoder]:
     """The registered encoder ``name``; an InputError naming ``model.encoder`` and the choices otherwise."""
-    if name not in ENCODERS:
-        near = difflib.get_close_matches(name, list(ENCODERS), n=1, cutoff=0.6)
-        hint = f" (did you mean {near[0]}?)" if near else ""
-        raise InputError(f"config key model.encoder must be one of {', '.join(ENCODERS)}, got {name!r}{hint}")
-    return ENCODERS[name]
+    return registered(ENCODERS, "model.encoder", name)
 
 
 def build_encoder(cfg: ModelConfig, image_size: int, settings=None, pooled: bool = False,
