@@ -95,14 +95,15 @@ def check_pair(entry, decoder, encoder, seed=0):
     assert tokens.shape == (B, encoder.tokens, encoder.width), entry
     if encoder.layout is not None:
         assert encoder.layout.tokens == encoder.tokens, f"{entry} declares {encoder.layout} for {encoder.tokens}"
-    features = npy(model.encode(images))
+    encoded = model.encode(images)  # once: the encoder's forward pass is the expensive part of an ImageNet CNN
+    features = npy(encoded)
     assert features.shape == ((B, encoder.depth) if cls.features == "pooled" else (B, encoder.tokens, encoder.width))
     if cls.features != "pooled":
         np.testing.assert_allclose(features, tokens, atol=1e-5)  # the decoder reads the token set itself
     assert model.token_layout == encoder.layout and model.grid_cells == encoder.tokens
-    # the decoder steps over it as it teacher-forces
-    full = npy(model({"image": images, "input_ids": ids}))
-    state = model.reserve(model.initial_state(model.encode(images)), T)
+    # the decoder steps over it as it teacher-forces (from the features: what images give, one pass fewer)
+    full = npy(model({"features": encoded, "input_ids": ids}))
+    state = model.reserve(model.initial_state(encoded), T)
     stepped = []
     for t in range(T):
         logits, state = model.step(tf.constant(ids[:, t]), state)
