@@ -21,8 +21,9 @@ def pytest_addoption(parser):
 
 # Each test file's time in the full suite (seconds, 3 workers on 2 cores, measured 2026-11-25 after issue 30's tests
 # were added; the files whose CPU was cut for issue 31 re-measured alone, one process, on the shared machine).
-# `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order: collected heaviest first, the long ones start at once and the short ones fill the gaps at the
-# end (longest processing time first). A file not listed counts 4 s.
+# `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order:
+# collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest
+# processing time first). A file not listed counts 4 s.
 FILE_SECONDS = {"test_decoders": 190, "test_service_training": 190, "test_benchmarks": 117, "test_region_training": 130,
                 "test_data_service": 97, "test_train_reliability": 103, "test_train": 100, "test_scst": 100,
                 "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 50, "test_model_dir": 57,
