@@ -2,7 +2,9 @@
 
 TensorFlow 2.21 prints lines such as "All log messages before absl::InitializeLog() is called are
 written to STDERR" and "oneDNN custom operations are on" from C++ while it is imported, before
-``TF_CPP_MIN_LOG_LEVEL`` or any Python logging setting can apply. The command line imports it once with
+``TF_CPP_MIN_LOG_LEVEL`` or any Python logging setting can apply, and the `tensorflow` wheel's first look for
+CUDA prints "failed call to cuInit" on a machine without a GPU driver. The command line imports it once, and
+lists the devices, with
 file descriptor 2 pointed at /dev/null, so its logs say what the program is doing; ``-v`` keeps
 everything. A failing import still raises its Python exception after stderr is restored.
 """
@@ -22,7 +24,12 @@ def import_tensorflow_quietly() -> None:
     saved = os.dup(2)
     os.dup2(devnull, 2)
     try:
-        import tensorflow  # noqa: F401
+        import tensorflow
+
+        # The `tensorflow` wheel (not tensorflow-cpu) probes CUDA when it first lists devices: on a machine without
+        # a GPU driver that is one more C++ error line ("failed call to cuInit"). Listing the physical devices here
+        # does it while stderr is away; it does not start the runtime (logical devices can still be configured).
+        tensorflow.config.list_physical_devices()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
