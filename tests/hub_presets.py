@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 
+from captioning.config import ModelConfig
+from captioning.model import DECODERS
+from captioning.model.encoders import ENCODERS
+
 FAMILIES = ("vit", "clip", "siglip", "dinov2")
 PATCH = 8
 
@@ -48,3 +52,17 @@ def write_preset(family: str, folder: str, size: int = 32, converter: bool = Tru
         keras_hub.layers.ImageConverter(image_size=(size, size), scale=[1 / (255 * s) for s in std],
                                         offset=[-m / s for m, s in zip(mean, std)]).save_to_preset(folder)
     return folder
+
+
+HEAVY = ("inception_v3", "resnet50", "efficientnet_b0", "mobilenet_v2")  # ImageNet CNNs: the full suite only
+ENTRIES = [n for n in sorted(ENCODERS) if n != "keras_hub"] + [f"keras_hub:{f}" for f in FAMILIES]
+
+
+def entry_config(entry, presets, decoder="attention", **changes) -> tuple[ModelConfig, int]:
+    """The model config of a contract entry (its tiny settings) and its image size."""
+    name, _, family = entry.partition(":")
+    cls = ENCODERS[name]
+    options = {**cls.tiny_settings, **DECODERS[decoder].tiny_settings, **changes}
+    if family:
+        options["encoder_preset"] = presets[family]
+    return ModelConfig(decoder=decoder, encoder=name, dropout=0.0, options=options), cls.tiny_image_size
