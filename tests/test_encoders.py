@@ -292,3 +292,24 @@ def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer):
         np.testing.assert_allclose(scaled, full * (0.25 if kind == "encoder" else 1.0), rtol=1e-3, atol=1e-7)
         checked += 1
     assert checked >= 6 and "encoder" in kinds and "decoder" in kinds
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e not in HEAVY])
+def test_a_checkpoint_holds_every_weight_of_the_encoder(entry, hub_presets, tmp_path):
+    """keras-hub's ViT keeps its Transformer blocks in a plain list, which TensorFlow's checkpoint tracking does not
+    follow: a checkpoint of the model alone left them out, and a model folder loaded them random. Every weight
+    of the model must come back, whatever the encoder, frozen or not."""
+    from captioning.model.folder import ModelDir
+
+    for trainable in (False, True):
+        cfg, size = entry_config(entry, hub_presets)
+        cfg = dataclasses.replace(cfg, encoder_trainable=trainable)
+        keras.utils.set_random_seed(1)
+        model = build_model(V, cfg, size, seed=1).build_all()
+        path = tf.train.Checkpoint(model=model).save(str(tmp_path / f"ckpt{trainable}"))
+        keras.utils.set_random_seed(2)
+        again = build_model(V, cfg, size, seed=2, restoring=True).build_all()
+        ModelDir.restore(path, {"model": again})  # a model folder's restore, with its check
+        assert len(model.weights) == len(again.weights)
+        for a, b in zip(model.weights, again.weights):
+            np.testing.assert_array_equal(npy(a), npy(b), err_msg=f"{entry}: {a.path}")

@@ -131,6 +131,22 @@ def split_point(lengths, steps):
     return tf.cast(tf.argmin(computed), tf.int32) + 1
 
 
+class _Weights(tf.Module):
+    """Variables by their index, for a checkpoint: what it saves of an encoder whose layers keep some of their
+    sublayers where TensorFlow's checkpoint tracking does not look (keras-hub's ViT keeps its Transformer blocks
+    in a plain list), which a checkpoint of the model alone would silently leave out."""
+
+    def __init__(self, variables):
+        super().__init__(name="encoder_weights")
+        self.by_index = {f"w{i:04d}": v for i, v in enumerate(variables)}
+
+
+def untracked(model) -> list:
+    """The weights of Keras ``model`` that TensorFlow's checkpoint tracking does not reach from it."""
+    reached = {id(t) for t in tf.train.TrackableView(model).descendants()}
+    return [v for v in model.weights if id(v) not in reached and id(getattr(v, "value", v)) not in reached]
+
+
 class CaptionModel(keras.Model):
     """Base class of every captioning model (see the module docstring).
 
@@ -188,6 +204,8 @@ class CaptionModel(keras.Model):
         self.grid_cells = encoder.tokens
         self.feature_size = self.feature_depth(encoder.depth)
         self.token_layout = None if self.reads_regions else encoder.layout
+        if untracked(self.encoder):  # then the checkpoint holds all of the encoder's weights by index as well
+            self.encoder_weights = _Weights(self.encoder.weights)
 
     @classmethod
     def max_caption_length(cls, settings) -> int | None:
