@@ -209,7 +209,7 @@ def test_a_toy_encoder_written_elsewhere_passes_the_contract_and_a_broken_one_fa
         ENCODERS.pop("toy", None)
 
 
-def test_settings_are_checked_and_refused_in_one_line(hub_presets, tmp_path):
+def test_settings_are_checked_and_refused_in_one_line(hub_presets, tmp_path, monkeypatch):
     from captioning.model import resolve
     from captioning.config import load_config
 
@@ -232,7 +232,7 @@ def test_settings_are_checked_and_refused_in_one_line(hub_presets, tmp_path):
                                                           f"model.encoder_preset={tmp_path / 'nothing'}")
     assert "75 px" in model_error("model.encoder=inception_v3", "data.image_size=32", "data.resize_size=36")
     # a relative preset folder is made absolute as a run starts (a model folder is read from anywhere)
-    os.chdir(os.path.dirname(hub_presets["clip"]))
+    monkeypatch.chdir(os.path.dirname(hub_presets["clip"]))
     cfg = resolve(load_config(None, ["model.encoder=keras_hub", "model.encoder_preset=clip", "model.decoder=attention"]))
     assert cfg.model.options["encoder_preset"] == hub_presets["clip"]
 

@@ -543,7 +543,7 @@ def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_fr
     shutil.copytree(region_data[0], data_dir)
     keras.utils.set_random_seed(3)
     weights = str(tmp_path / "encoder.weights.h5")
-    build_encoder(ModelConfig(encoder="small_cnn"), 32, grid=True).get_layer("small_cnn").save_weights(weights)
+    build_encoder(ModelConfig(encoder="small_cnn"), 32).model.get_layer("small_cnn").save_weights(weights)
     config = tmp_path / "encoder.yaml"
     config.write_text(yaml.safe_dump({"model": {"encoder": "small_cnn", "encoder_weights": weights},
                                       "data": {"image_size": 32, "resize_size": 36}}))
@@ -557,7 +557,7 @@ def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_fr
     train_regions(data_dir, model_dir, "data.features_store=configured", f"model.encoder_weights={weights}",
                   "train.steps=2", "train.eval_every_steps=0")
     assert ModelDir(model_dir).read_config().model.regions_from_encoder
-    expected = build_encoder(ModelConfig(encoder="small_cnn", encoder_weights=weights), 32, grid=True).weights
+    expected = build_encoder(ModelConfig(encoder="small_cnn", encoder_weights=weights), 32).model.weights
     for a, b in zip(load(model_dir).model.encoder.weights, expected):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     train_regions(data_dir, str(tmp_path / "random"), "data.features_store=configured", "train.steps=2",
