@@ -24,7 +24,7 @@ def pytest_addoption(parser):
 # `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order:
 # collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest
 # processing time first). A file not listed counts 4 s.
-FILE_SECONDS = {"test_encoders_end_to_end": 200, "test_decoders": 190, "test_encoders": 90, "test_service_training": 190, "test_benchmarks": 117, "test_region_training": 130,
+FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_encoders": 90, "test_service_training": 190, "test_benchmarks": 117, "test_region_training": 130,
                 "test_data_service": 97, "test_train_reliability": 103, "test_train": 100, "test_scst": 100,
                 "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 50, "test_model_dir": 57,
                 "test_evaluate_identity": 50, "test_steps_per_execution": 50, "test_ensemble": 40, "test_inference": 40,
