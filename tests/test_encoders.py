@@ -123,7 +123,7 @@ def test_every_encoder_with_every_decoder(entry, decoder, hub_presets):
 def test_every_imagenet_cnn_and_the_vit_preset_with_every_decoder(entry, decoder, hub_presets):
     encoder = encoder_of(entry, hub_presets, pooled=DECODERS[decoder].features == "pooled")
     check_pair(entry, decoder, encoder)
-    if encoder.pooled:  # pooled: the global mean of its map, whose tokens region pooling reads
+    if encoder.pooled and entry in HEAVY:  # a CNN pooled: the global mean of its map, which region pooling reads
         images = np.random.default_rng(1).integers(0, 256, (1, encoder.image_size, encoder.image_size, 3), np.uint8)
         np.testing.assert_allclose(npy(encoder.model(images)), npy(encoder.tokens_model()(images)).mean(1),
                                    rtol=1e-4, atol=1e-4)
