@@ -46,6 +46,21 @@ def migration(version: int):
 # ---- the migrations, oldest first: append a new one at the end, never edit one once released ----------
 
 
+def with_defaults(data: dict, added: dict) -> dict:
+    """A copy of ``data`` (a config file's sections) with each ``section.key`` of ``added`` at its value where the
+    file does not give it (a section that is not a mapping is left for the loader to refuse).
+
+    >>> with_defaults({"train": {"steps": 5}}, {"train.steps": 1, "scst.samples": 5})
+    {'train': {'steps': 5}, 'scst': {'samples': 5}}
+    """
+    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
+    for key, default in added.items():
+        section, name = key.split(".")
+        if isinstance(out.setdefault(section, {}), dict):
+            out[section].setdefault(name, default)
+    return out
+
+
 @migration(1)
 def _from_format_1(data: dict) -> dict:
     """Format 1 (config.yaml without ``format_version``, written until November 2026): keys were added over
@@ -62,11 +77,7 @@ def _from_format_1(data: dict) -> dict:
                    "data.service_timeout_s": 60, "data.service_compression": "none",
                    # keys that came with format 2, at the values that reproduce format 1's behaviour
                    "train.label_smoothing": 0.0, "train.weight_decay": 0.01}
-    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
-    for key, default in added_later.items():
-        section, name = key.split(".")
-        if isinstance(out.setdefault(section, {}), dict):
-            out[section].setdefault(name, default)
+    out = with_defaults(data, added_later)
     model = out.get("model")
     if isinstance(model, dict) and model.get("decoder") != "attention":
         model.pop("attention_size", None)
@@ -84,36 +95,22 @@ def _from_format_2(data: dict) -> dict:
              "decode.length_penalty": "avg", "decode.beam_groups": 1, "decode.diversity": 0.0,
              "decode.block_ngrams": 0, "decode.bad_endings": [],
              "decode.temperature": 1.0, "decode.sample_top_k": 0, "decode.sample_top_p": 1.0, "decode.seed": 0}
-    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
-    for key, default in added.items():
-        section, name = key.split(".")
-        if isinstance(out.setdefault(section, {}), dict):
-            out[section].setdefault(name, default)
-    return out
+    return with_defaults(data, added)
 
 
 @migration(3)
 def _from_format_3(data: dict) -> dict:
     """Format 4 brought train.steps_per_execution; a format-3 model ran one step per call."""
-    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
-    if isinstance(out.setdefault("train", {}), dict):
-        out["train"].setdefault("steps_per_execution", 1)
-    return out
+    return with_defaults(data, {"train.steps_per_execution": 1})
 
 
 @migration(4)
 def _from_format_4(data: dict) -> dict:
     """Format 5 brought scst.xla_sampling; it draws the same samples as a format-4 model did, faster."""
-    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
-    if isinstance(out.setdefault("scst", {}), dict):
-        out["scst"].setdefault("xla_sampling", True)
-    return out
+    return with_defaults(data, {"scst.xla_sampling": True})
 
 
 @migration(5)
 def _from_format_5(data: dict) -> dict:
     """Format 6 brought train.encoder_lr_scale; a format-5 model trained its encoder at the decoder's rate (1)."""
-    out = {section: dict(values or {}) if isinstance(values, dict) else values for section, values in data.items()}
-    if isinstance(out.setdefault("train", {}), dict):
-        out["train"].setdefault("encoder_lr_scale", 1.0)
-    return out
+    return with_defaults(data, {"train.encoder_lr_scale": 1.0})
