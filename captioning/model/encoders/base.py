@@ -91,7 +91,9 @@ class ImageEncoder:
                 if isinstance(layer, layers.BatchNormalization):
                     layer.synchronized = True  # read at call time: all-reduced moments across replicas
         # the token set first: its size from one image (a static shape may not know it: keras-hub's SigLIP)
-        tokens_model = self._assemble(self._trunk(), pooled=False)
+        trunk = self._trunk()
+        self._map_shape = tuple(trunk.output.shape[1:3]) if len(trunk.output.shape) == 4 else None
+        tokens_model = self._assemble(trunk, pooled=False)
         probe = tokens_model(np.zeros((1, image_size, image_size, 3), "uint8"), training=False)
         self.tokens, self.width = int(probe.shape[1]), int(probe.shape[2])
         self.layout = self.layout_of(self.tokens)
@@ -121,7 +123,7 @@ class ImageEncoder:
 
     def layout_of(self, tokens: int) -> TokenLayout | None:
         """Where its ``tokens`` tokens sit (the default: the map the backbone gave, when it gave one)."""
-        return getattr(self, "_map_shape", None) and TokenLayout.of(tokens, *self._map_shape)
+        return self._map_shape and TokenLayout.of(tokens, *self._map_shape)
 
     def pool(self, tokens):
         """Tokens ``[B, N, D]`` → one vector ``[B, D]`` (the default: their mean; a class token's encoder
@@ -136,10 +138,8 @@ class ImageEncoder:
             x = layers.Lambda(self.preprocess, name="preprocess")(x)
         # A frozen encoder is called in inference mode, so batch norm keeps its statistics.
         features = backbone(x, training=None if self.trainable else False)
-        if len(features.shape) == 4:  # [batch, h, w, D] → [batch, h·w, D], row by row
-            self._map_shape = tuple(features.shape[1:3])
-            if not pooled:
-                features = layers.Reshape((-1, features.shape[-1]), name="cells")(features)
+        if len(features.shape) == 4 and not pooled:  # [batch, h, w, D] → [batch, h·w, D], row by row
+            features = layers.Reshape((-1, features.shape[-1]), name="cells")(features)
         if pooled and len(features.shape) == 3:
             features = self.pool(features)
         return keras.Model(inputs, features, name=f"encoder_{self.name}")
