@@ -137,10 +137,22 @@ COMPONENT_SECTIONS = tuple(name for name, kind in _ALL.items() if kind is Compon
 _SECTIONS = {name: kind for name, kind in _ALL.items() if kind is not ComponentSection}  # typed here
 
 
+def _nested(cls, name: str):
+    """The section dataclass of ``cls``'s key ``name`` when that key is a section of its own
+    (``train.scheduled_sampling``), else None."""
+    kind = typing.get_type_hints(cls).get(name) if name in fields_of(cls) else None
+    return kind if isinstance(kind, type) and issubclass(kind, Section) else None
+
+
+def _leaf_keys(prefix: str, cls) -> list[str]:
+    return [key for name in fields_of(cls) for key in (
+        _leaf_keys(f"{prefix}{name}.", _nested(cls, name)) if _nested(cls, name) else [prefix + name])]
+
+
 def all_keys() -> list[str]:
-    """Every key of the sections typed here (the decoders' own keys: ``captioning.model.all_keys``; the
-    objectives': ``captioning.train.objectives.all_keys``)."""
-    return [f"{s}.{k}" for s, cls in _SECTIONS.items() for k in fields_of(cls)]
+    """Every key of the sections typed here, a nested section's as ``train.scheduled_sampling.max`` (the
+    decoders' own keys: ``captioning.model.all_keys``; the objectives': ``captioning.train.objectives.all_keys``)."""
+    return [key for s, cls in _SECTIONS.items() for key in _leaf_keys(f"{s}.", cls)]
 
 
 def _unknown(key: str) -> InputError:
@@ -158,7 +170,9 @@ def _unknown(key: str) -> InputError:
     return unknown_key(key, all_keys())
 
 
-def _set(config: Config, key: str, value, from_text: bool) -> None:
+def _set(config: Config, key: str, value, from_text: bool) -> list[str]:
+    """Sets ``key`` (``section.key``, or ``section.sub.key`` in a nested section) to ``value``; a nested section's
+    whole mapping from a file sets each of its keys. Returns the keys set."""
     section, dot, name = key.partition(".")
     if not dot or section not in _ALL:
         raise _unknown(key)
@@ -167,12 +181,21 @@ def _set(config: Config, key: str, value, from_text: bool) -> None:
             raise _unknown(key)
         target = config.model.options if section == "model" else getattr(config, section)
         target[name] = Given(str(value)) if from_text else value
-        return
-    if name not in fields_of(_SECTIONS[section]):
+        return [key]
+    owner, cls = getattr(config, section), _SECTIONS[section]
+    name, dot, rest = name.partition(".")
+    while _nested(cls, name):
+        if not dot:  # the nested section itself: a mapping in a file
+            if from_text or not isinstance(value, dict):
+                raise InputError(f"config key {key!r} names a section: give {key}.KEY=value, e.g. "
+                                 f"{key}.{next(iter(fields_of(_nested(cls, name))))}=...")
+            return [k for sub, v in value.items() for k in _set(config, f"{key}.{sub}", v, False)]
+        owner, cls = getattr(owner, name), _nested(cls, name)
+        name, dot, rest = rest.partition(".")
+    if dot or name not in fields_of(cls):
         raise _unknown(key)
-    f = fields_of(_SECTIONS[section])[name]
-    setattr(getattr(config, section), name, convert(key, f, typing.get_type_hints(_SECTIONS[section])[name], value,
-                                                    from_text))
+    setattr(owner, name, convert(key, fields_of(cls)[name], typing.get_type_hints(cls)[name], value, from_text))
+    return [key]
 
 
 def _set_section(config: Config, section: str, values, where: str, given: dict) -> None:
@@ -181,9 +204,8 @@ def _set_section(config: Config, section: str, values, where: str, given: dict) 
     if not isinstance(values, dict):
         raise InputError(f"{where}: section {section!r} must be a mapping of keys")
     for name, value in values.items():
-        key = f"{section}.{name}"
-        _set(config, key, value, from_text=False)
-        given[key] = "file"
+        for key in _set(config, f"{section}.{name}", value, from_text=False):
+            given[key] = "file"
 
 
 def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
@@ -246,8 +268,8 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
         key, eq, value = override.partition("=")
         if not eq:
             raise InputError(f"`overrides` {excerpt(override)} must look like section.key=value", params=("overrides",))
-        _set(config, key.strip(), value, from_text=True)
-        given[key.strip()] = "set"
+        for set_key in _set(config, key.strip(), value, from_text=True):
+            given[set_key] = "set"
     for name in _SECTIONS:
         getattr(config, name).check(f"{name}.")
     object.__setattr__(config, "_given", given)
@@ -267,6 +289,8 @@ def with_absolute_paths(config: Config) -> Config:
 
 
 def _plain(value):
+    if isinstance(value, Section):  # a nested section (train.scheduled_sampling): its keys
+        return {k: _plain(getattr(value, k)) for k in fields_of(type(value))}
     return value.literal() if isinstance(value, Given) else list(value) if isinstance(value, list) else value
 
 

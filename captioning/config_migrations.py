@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 6  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 7  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -114,3 +114,14 @@ def _from_format_4(data: dict) -> dict:
 def _from_format_5(data: dict) -> dict:
     """Format 6 brought train.encoder_lr_scale; a format-5 model trained its encoder at the decoder's rate (1)."""
     return with_defaults(data, {"train.encoder_lr_scale": 1.0})
+
+
+@migration(6)
+def _from_format_6(data: dict) -> dict:
+    """Format 7 brought train.ema_decay, train.accumulate_steps, train.scheduled_sampling and scst.xe_weight; a
+    format-6 model kept no average, took a step per batch, was always teacher-forced and mixed no cross-entropy
+    into SCST."""
+    return with_defaults(data, {"train.ema_decay": 0.0, "train.accumulate_steps": 1,
+                                "train.scheduled_sampling": {"start": 0.0, "increase": 0.05, "increase_every": 5000,
+                                                             "max": 0.0},
+                                "scst.xe_weight": 0.0})

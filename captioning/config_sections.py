@@ -21,8 +21,8 @@ import typing
 from dataclasses import dataclass, field
 
 from captioning.errors import InputError, excerpt
-from captioning.settings import (MAX_BATCH, MAX_BEAM, MAX_CPUS, MAX_DECODE_BATCH, MAX_EPOCHS, MAX_EVAL_BATCHES,
-                                 MAX_FACTOR, MAX_GRADIENT_NORM, MAX_GROUP_CAPTIONS, MAX_IMAGE_SIZE, MAX_KEPT_CHECKPOINTS,
+from captioning.settings import (MAX_ACCUMULATE_STEPS, MAX_BATCH, MAX_BEAM, MAX_CPUS, MAX_DECODE_BATCH, MAX_EPOCHS,
+                                 MAX_EVAL_BATCHES, MAX_FACTOR, MAX_GRADIENT_NORM, MAX_GROUP_CAPTIONS, MAX_IMAGE_SIZE, MAX_KEPT_CHECKPOINTS,
                                  MAX_LENGTH_NORMALIZATION, MAX_LENGTH_WINDOW, MAX_RESIZE_SIZE, MAX_SAMPLE_TOP_K,
                                  MAX_SECONDS, MAX_SHUFFLE_BUFFER, MAX_STEPS, MAX_STEPS_PER_EXECUTION, MAX_TEMPERATURE,
                                  MAX_WORDS, SEED, Section, between, choices, convert, describe_range, fields_of,
@@ -128,6 +128,40 @@ class DataConfig(Section):
 
 
 @dataclass
+class ScheduledSamplingConfig(Section):
+    """``train.scheduled_sampling``: teacher forcing feeds the decoder its own sampled previous word instead of the
+    reference's with probability p (Bengio et al. 2015), rising with the optimizer steps ``s`` as in
+    self-critical.pytorch: ``p = min(start + increase × floor(s / increase_every), max)``. self-critical.pytorch
+    counts epochs and starts at 0 from an epoch it names; here the schedule counts optimizer steps from the first
+    and ``start`` is its first probability. ``max: 0`` (the default) turns it off; only a decoder whose
+    teacher-forced pass runs word by word takes it (the recurrent ones), another is refused in one line.
+
+    >>> ScheduledSamplingConfig(start=0.0, increase=0.05, increase_every=500, max=0.25).probability(1200)
+    0.1
+    """
+
+    start: float = field(default=0.0, metadata=between(0.0, 1.0))
+    increase: float = field(default=0.05, metadata=between(0.0, 1.0))  # self-critical.pytorch's increase_prob
+    increase_every: int = field(default=5000, metadata=between(1, MAX_STEPS))  # optimizer steps
+    max: float = field(default=0.0, metadata=between(0.0, 1.0))  # self-critical.pytorch's max_prob (0.25 there)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max > 0
+
+    def probability(self, step: int) -> float:
+        """The probability at optimizer step ``step`` (0 when off)."""
+        if not self.enabled:
+            return 0.0
+        return round(min(self.start + self.increase * (step // self.increase_every), self.max), 12)
+
+    def check(self, prefix: str = "train.scheduled_sampling.") -> None:
+        if self.start > self.max and (self.max > 0 or self.start > 0):
+            raise InputError(f"{prefix}start ({self.start}) is above {prefix}max ({self.max}): the probability "
+                             f"rises from start to max (max: 0 turns scheduled sampling off)")
+
+
+@dataclass
 class TrainConfig(Section):
     steps: int = field(default=1_000_000, metadata=between(1, MAX_STEPS))  # total, across restarts
     # one of captioning.train.OBJECTIVES: xe, cross-entropy of the references (teacher forcing); scst,
@@ -186,8 +220,19 @@ class TrainConfig(Section):
     # nan_policy: stop, and a signal is answered at the end of the call (within k steps). The batches are
     # then read inside the call (not with data.service, whose watch needs each batch's arrival on the host)
     steps_per_execution: int = field(default=1, metadata=between(1, MAX_STEPS_PER_EXECUTION))
+    # an exponential moving average of the trainable weights, as Keras' use_ema/ema_momentum: after each optimizer
+    # step ema = decay × ema + (1 − decay) × weight (starting from the weights); kept in the checkpoint beside
+    # them and used by evaluate, caption and export unless they are given --weights raw; 0: none
+    ema_decay: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
+    # micro-batches per optimizer step: each of train.batch_size (global) images, their gradients summed and the
+    # update that of one batch this many times larger; train.steps, the logs and the learning-rate schedule count
+    # optimizer steps
+    accumulate_steps: int = field(default=1, metadata=between(1, MAX_ACCUMULATE_STEPS))
+    # the decoder fed its own samples while teacher-forced (ScheduledSamplingConfig)
+    scheduled_sampling: ScheduledSamplingConfig = field(default_factory=ScheduledSamplingConfig)
 
     def check(self, prefix: str = "train.") -> None:
+        self.scheduled_sampling.check(f"{prefix}scheduled_sampling.")
         if self.lr_schedule == "noam" and self.warmup_steps < 1:
             raise InputError(f"{prefix}lr_schedule: noam rises over {prefix}warmup_steps, which must be at least 1, "
                              f"got {self.warmup_steps}")

@@ -47,6 +47,7 @@ MAX_RESIZE_SIZE = 2048  # data.resize_size, in pixels
 MAX_BATCH = 8192  # train.batch_size (global), data.parse_batch_size
 MAX_STEPS = 10**9  # train.steps and every count of steps
 MAX_STEPS_PER_EXECUTION = 10_000  # train.steps_per_execution
+MAX_ACCUMULATE_STEPS = 1024  # train.accumulate_steps (micro-batches per optimizer step)
 MAX_EVAL_BATCHES = 100_000  # train.eval_batches
 MAX_KEPT_CHECKPOINTS = 1000  # train.keep_checkpoints (each holds the model and its optimizer)
 MAX_EPOCHS = 1e6  # train.lr_decay_epochs

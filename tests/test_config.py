@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from captioning import model as model_lib
 from captioning.config import Config, ModelConfig, TrainConfig, all_keys as core_keys, from_dict, save_config, to_dict
+from captioning.config_sections import ScheduledSamplingConfig
 from captioning.config import load_config as load_core
 from captioning.config_migrations import FORMAT_VERSION as CONFIG_FORMAT
 from captioning.errors import InputError
@@ -59,7 +60,8 @@ VALID = {"data.service": "localhost:5050", "model.decoder": "attention", "model.
          "model.d_model": 1024, "model.heads": 16,  # and keys checked against each other (d_model % heads,
          "decode.beam_groups": 3}  # decode.beam_size % beam_groups)
 # keys that apply only beside another setting of their section
-COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"]}
+COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"],
+              "train.scheduled_sampling.start": ["train.scheduled_sampling.max=1.0"]}
 
 
 def owner(key):
@@ -72,17 +74,22 @@ def owner(key):
 @functools.cache
 def fields_of(key):
     """The dataclass field of ``key`` and its declared type."""
-    section, name = key.split(".")
+    section, *path, name = key.split(".")  # a nested section's key: train.scheduled_sampling.max
     cls = (model_lib.DECODERS[OWNER[key]].settings_class if key in OWNER else
            model_lib.ENCODERS[ENCODER_OWNER[key]].settings_class if key in ENCODER_OWNER else section_class(section))
+    for part in path:
+        cls = typing.get_type_hints(cls)[part]
     return next(f for f in dataclasses.fields(cls) if f.name == name), typing.get_type_hints(cls)[name]
 
 
 def value_of(config, key):
-    section, name = key.split(".")
+    section, *path, name = key.split(".")
     if key in OWNER or key in ENCODER_OWNER:
         return config.model.options[name]
-    return getattr(getattr(config, section), name)
+    owner = getattr(config, section)
+    for part in path:
+        owner = getattr(owner, part)
+    return getattr(owner, name)
 
 
 def write(path, text):
@@ -350,6 +357,8 @@ def test_every_number_has_a_finite_upper_bound():
     extra zeros is one line before any work, not a kill for memory (docs/reliability.md, "Upper bounds of
     sizes")."""
     classes = [section_class(section.name) for section in dataclasses.fields(Config)]
+    classes += [kind for cls in list(classes) for kind in typing.get_type_hints(cls).values()
+                if isinstance(kind, type) and dataclasses.is_dataclass(kind)]  # nested: train.scheduled_sampling
     classes += [cls.settings_class for cls in [*model_lib.DECODERS.values(), *model_lib.ENCODERS.values()]]
     assert {"DataConfig", "TrainConfig", "ScstSettings", "DistributeConfig", "DecodeConfig", "TransformerSettings"} <= \
         {cls.__name__ for cls in classes}
@@ -408,10 +417,13 @@ def test_range_checks_come_before_tensorflow_starts():
 
 def test_all_keys_names_every_field():
     keys = all_keys()
-    shared = sum(len(v) for k, v in to_dict(load_config()).items() if k != "model") + len(keys_of(ModelConfig))
+    def count(values):  # a nested section's keys count one by one
+        return sum(count(v) if isinstance(v, dict) else 1 for v in values.values())
+
+    shared = sum(count(v) for k, v in to_dict(load_config()).items() if k != "model") + len(keys_of(ModelConfig))
     assert len(keys) == len(set(keys)) == shared + len(OWNER) + len(ENCODER_OWNER)
     assert {"data.cache", "model.encoder", "train.steps", "distribute.tpu", "model.lstm_units",
-            "model.attention_size"} <= set(keys)
+            "model.attention_size", "train.scheduled_sampling.max"} <= set(keys)
 
 
 def test_scientific_notation_float_in_yaml(tmp_path):
@@ -457,7 +469,7 @@ def assert_valid(config):
     encoder = model_lib.ENCODERS[config.model.encoder].settings_class
     assert set(config.model.options) == {f.name for f in dataclasses.fields(decoder) + dataclasses.fields(encoder)}
     for key in core_keys() + OBJECTIVE_KEYS + [f"model.{name}" for name in config.model.options]:
-        section, name = key.split(".")
+        name = key.rsplit(".", 1)[1]
         f, kind = fields_of(key) if key not in OWNER else (
             next(x for x in dataclasses.fields(decoder) if x.name == name), typing.get_type_hints(decoder)[name])
         value = value_of(config, key)
@@ -728,19 +740,22 @@ def test_there_is_one_migration_for_each_older_format_in_order():
     assert config_migrations.MIGRATIONS[1].__name__ == "_from_format_1"
 
 
-@pytest.mark.parametrize("version, section, key, value", [(3, "train", "steps_per_execution", 1),
-                                                          (4, "scst", "xla_sampling", True)])
+@pytest.mark.parametrize("version, section, key, value", [
+    (3, "train", "steps_per_execution", 1), (4, "scst", "xla_sampling", True), (6, "train", "ema_decay", 0.0),
+    (6, "train", "accumulate_steps", 1), (6, "scst", "xe_weight", 0.0),
+    (6, "train", "scheduled_sampling", ScheduledSamplingConfig(start=0.0, increase=0.05, increase_every=5000, max=0.0))])
 def test_a_key_added_by_a_later_format_gets_the_behaviour_of_its_time(tmp_path, version, section, key, value):
     """Format 4 brought train.steps_per_execution (a format-3 model ran one step a call), format 5
-    scst.xla_sampling (the same samples, drawn faster): an older file without the key loads with that value;
-    a file of the current format without it is damage."""
+    scst.xla_sampling (the same samples, drawn faster), format 7 the EMA, accumulation, scheduled sampling (a
+    nested section: all its keys) and SCST's cross-entropy term, all off: an older file without the key loads
+    with that value; a file of the current format without it is damage."""
     cfg = load_config(os.path.join(V1, "show_and_tell.config.yaml"), complete=True)
     data = to_dict(cfg)
     del data[section][key]
     loaded = load_config(write(tmp_path / "old.yaml", yaml.safe_dump({"format_version": version, **data})),
                          complete=True)
     assert getattr(getattr(loaded, section), key) == value and loaded == cfg
-    with pytest.raises(InputError, match=r"lacks 1 of its keys"):
+    with pytest.raises(InputError, match=r"lacks (1|4) of its keys"):
         load_config(write(tmp_path / "now.yaml", yaml.safe_dump({"format_version": CONFIG_FORMAT, **data})),
                     complete=True)
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from captioning.errors import InputError
-from captioning.settings import MAX_BEAM, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
+from captioning.settings import MAX_BEAM, MAX_FACTOR, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
 from captioning.train.cider import CiderD, caption_lengths
 from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext
 from captioning.train.objectives.scst_cost import breakdown, describe
@@ -93,6 +93,9 @@ class ScstSettings(Section):
     # fast_teacher_forcing): the same samples, the sampling loop ~3.5x faster for the shapes Transformer on
     # CPU; each new batch shape compiles once (1.4 s for it). false: the loop as plain TensorFlow ops
     xla_sampling: bool = True
+    # a cross-entropy term of the image's references added to the SCST loss with this weight (several SCST
+    # follow-ups mix it in to keep the captions fluent); 0: SCST alone, as self-critical.pytorch
+    xe_weight: float = field(default=0.0, metadata=between(0.0, MAX_FACTOR))
 
     def check(self, prefix: str = "scst.") -> None:
         if self.baseline == "mean" and self.samples < 2:
