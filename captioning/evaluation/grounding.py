@@ -105,20 +105,31 @@ class Instances:
 def load_instances(instances: str) -> Instances:
     """Reads a COCO instances file with ``attributes`` ``{"color", "size"}`` per annotation, as
     ``captioning synth`` writes it. A missing, unreadable or garbled file is an :class:`InputError`
-    naming ``instances``."""
+    naming ``instances``. (:func:`captioning.evaluation.hallucination.load_objects` also takes COCO's own.)"""
+    return parse_shapes(read_instances_file(instances), instances)
+
+
+def read_instances_file(instances: str):
+    """The JSON document of the file ``instances``; an :class:`InputError` naming ``instances`` if it cannot
+    be read or is not JSON."""
     try:
         with open(instances, encoding="utf-8") as f:
-            data = json.load(f)
+            return json.load(f)
     except OSError as e:
         raise InputError(f"`instances` {instances}: cannot read it ({e.strerror or e})",
                          params=("instances",)) from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise InputError(f"`instances` {instances} is not JSON ({e})", params=("instances",)) from None
+
+
+def parse_shapes(data, instances: str, also: str = "") -> Instances:
+    """``data``, the document of the file ``instances``, read as a shapes instances file; an
+    :class:`InputError` naming ``instances`` if it is not one (``also``: words added to its reason)."""
     try:
         return _parse_instances(data)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         reason = f"no {e}" if isinstance(e, KeyError) else str(e)
-        raise InputError(f"`instances` {instances} is not a shapes instances file: {reason}",
+        raise InputError(f"`instances` {instances} is not a shapes instances file: {reason}{also}",
                          params=("instances",)) from None
 
 
