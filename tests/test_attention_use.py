@@ -118,7 +118,7 @@ def test_export_returns_the_best_captions_weights(trained_attention_dir, photos,
         assert not attention[i, n:].any()
 
 
-def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shapes_dir):
+def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shapes_dir, tmp_path):
     """evaluate --instances: the naming accuracy of the captions by number of shapes, and where each colour
     or kind word looked; stored with the result (and computed again when a stored result lacks it)."""
     from captioning.evaluation.evaluate import evaluate
@@ -152,6 +152,56 @@ def test_evaluate_an_attention_model_with_grounding(trained_attention_dir, shape
         if group["words"]:
             assert 0 < group["mean_area"] <= 1 and 0 <= group["mean_mass"] <= 1
     assert stored.metrics == plain.metrics  # the same captions
+    check_hallucination_and_bad_endings(trained_attention_dir, shapes_dir, stored, done.stdout, predictions, tmp_path)
+
+
+def check_hallucination_and_bad_endings(model_dir, shapes_dir, stored, stdout, predictions, tmp_path):
+    """CHAIR and the bad-ending rate of evaluate --instances: in the stored result, as recomputed from the stored
+    captions, in the printed summary and in TensorBoard; then with a COCO instances file of the same images
+    (CHAIR over COCO's 80 categories, the shapes' grounding left out)."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from captioning.evaluation.endings import bad_endings
+    from captioning.evaluation.evaluate import evaluate
+    from captioning.evaluation.hallucination import chair, load_objects
+    from data_prep.synth import load_split
+
+    captions = {p["image_id"]: p["caption"] for p in json.load(open(predictions))}
+    shapes_file = stored.hallucination["instances"]
+    again = chair(load_objects(shapes_file), captions)
+    assert (stored.chair_i, stored.chair_s, stored.object_recall) == (again.chair_i, again.chair_s,
+                                                                       again.object_recall)
+    assert stored.hallucination["captions"] == 4 and stored.hallucination["objects"] == "shapes"
+    assert all(0 <= v <= 1 for v in (stored.chair_s, stored.object_recall) + ((stored.chair_i,) if again.mentions
+                                                                               else ()))
+    assert stored.bad_ending_rate == bad_endings(captions.values())["bad_ending_rate"] and 0 <= stored.bad_ending_rate <= 1
+    assert "hallucination (shapes by kind and colour): CHAIRi" in stdout and "bad endings: " in stdout
+    logs = event_accumulator.EventAccumulator(os.path.join(model_dir, "logs", "eval_test"), size_guidance={"tensors": 0})
+    logs.Reload()
+    import tensorflow as tf
+
+    logged = {tag.rsplit("/", 1)[1]: float(tf.make_ndarray(logs.Tensors(tag)[-1].tensor_proto))
+              for tag in logs.Tags()["tensors"] if tag.startswith("beam2-")}
+    for key in ("chair_s", "object_recall", "bad_ending_rate") + (("chair_i",) if again.mentions else ()):
+        assert logged[key] == pytest.approx(stored[key], abs=1e-6) and 0 <= logged[key] <= 1
+    # the same images with COCO's categories: a person in each; the references' words ("orange") are objects too
+    shapes = json.load(open(shapes_file))
+    coco = {"images": shapes["images"], "categories": [{"id": 1, "name": "person"}, {"id": 55, "name": "orange"}],
+            "annotations": [{"id": n, "image_id": image["id"], "category_id": 1, "bbox": [0, 0, 5, 5]}
+                            for n, image in enumerate(shapes["images"])]}
+    coco_file = str(tmp_path / "instances_coco.json")
+    json.dump(coco, open(coco_file, "w"))
+    result = evaluate(model_dir, split="test", beam_size=2, max_images=2, progress=False, instances=coco_file)
+    refs = {}
+    for ann in load_split(shapes_dir, "test")["annotations"]:
+        refs.setdefault(ann["image_id"], []).append(ann["caption"])
+    [two] = glob.glob(os.path.join(model_dir, "eval", "test-*-beam2-*-first2-data*.predictions.json"))
+    expected = chair(load_objects(coco_file), {p["image_id"]: p["caption"] for p in json.load(open(two))}, refs)
+    assert result.hallucination["objects"] == "coco" and result.grounding is None
+    assert "not measured" in result.hallucination["note"] and result.hallucination["captions"] == 2
+    assert (result.chair_i, result.chair_s, result.object_recall) == (expected.chair_i, expected.chair_s,
+                                                                       expected.object_recall)
+    assert expected.objects_present >= 2 and 0 <= result.chair_s <= 1 and 0 <= result.object_recall <= 1
 
 
 def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path):

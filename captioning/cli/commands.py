@@ -225,13 +225,15 @@ def add_evaluate(sub) -> None:
     p.add_argument("--checkpoint", metavar="PATH", help="evaluate this checkpoint (MODEL_DIR/ckpt-N; default: "
                                                        "the latest complete one)")
     p.add_argument("--instances", metavar="FILE",
-                   help="a COCO instances file of the split (captioning synth writes instances_<split>.json): "
-                        "also report which shapes the captions name, by number of shapes, and for an attention "
-                        "model how much attention each colour or kind word put inside the named shape's box")
+                   help="an instances file of the split (captioning synth writes instances_<split>.json; or COCO's "
+                        "instances_val2014.json): also report object hallucination (CHAIRi, CHAIRs, object recall), "
+                        "and on the synthetic shapes which shapes the captions name, by number of shapes, and for an "
+                        "attention model how much attention each colour or kind word put inside the named shape's box")
     p.set_defaults(handler=run_evaluate)
 
 
 def run_evaluate(args) -> int:
+    from captioning.evaluation import endings, hallucination
     from captioning.evaluation.diversity import describe_diversity
     from captioning.evaluation.evaluate import evaluate
     from captioning.evaluation.metrics import format_table, grounding_table
@@ -250,6 +252,9 @@ def run_evaluate(args) -> int:
     print(format_table(rows))
     if result.diversity:
         print(describe_diversity(result.diversity))
+    for line in (endings.describe(result), hallucination.describe(result)):  # "" when not measured
+        if line:
+            print(line)
     if result.grounding:
         print(grounding_table(result.grounding))
     return 0

@@ -17,9 +17,11 @@ split of the same name is another evaluation, never the stored one. ``-from<C>``
 another model folder (``--checkpoint OTHER/ckpt-N``, accepted only when that folder's config and
 vocabulary match this one's). The metrics file holds ``{"metrics": {Bleu_1 … CIDEr}, "split",
 "checkpoint_step", "num_images", "all_images", "beam_size", "max_length", "length_normalization",
-"loss", "perplexity", "dataset", "data_dir", "checkpoint", "decode"}`` (plus ``"baseline"`` with
-``--baseline``); decoding settings beyond beam, length and normalisation (``--set decode.KEY=VALUE``) add
-``-<method>-<hash>`` to the key. The key and the document hold the decoding that ran
+"loss", "perplexity", "dataset", "data_dir", "checkpoint", "decode", "diversity", "bad_ending_rate",
+"bad_endings"}`` (plus ``"baseline"`` with
+``--baseline``; ``"chair_i"``, ``"chair_s"``, ``"object_recall"``, ``"hallucination"`` and for the shapes
+``"grounding"`` with ``--instances``: below); decoding settings beyond beam, length and normalisation
+(``--set decode.KEY=VALUE``) add ``-<method>-<hash>`` to the key. The key and the document hold the decoding that ran
 (:func:`captioning.evaluation.results.used_decoding`): greedy decoding is a beam of 1 whatever ``--beam-size`` says (``beam1``,
 ``"beam_size": 1``), and sampling runs no beam search (``sample`` in place of ``beam<B>``, ``"beam_size"``
 null, in ``"decode"`` too). The predictions file holds, beside each image's best caption (``"caption"``),
@@ -29,7 +31,8 @@ a stored result is reused only when its ``dataset`` and ``checkpoint`` are those
 full-split result; evaluating the same key again is a no-op that prints the stored result. TensorBoard
 gets each result once, under ``logs/eval_<split>`` at the checkpoint's step, its scalars tagged with the
 settings (``beam3-len20-norm0/CIDEr``; ``…-first5/CIDEr`` for a partial result), so points of different
-settings never pile up on one curve.
+settings never pile up on one curve: the COCO metrics, ``perplexity``, ``bad_ending_rate`` and, with
+``--instances``, ``chair_i``, ``chair_s`` and ``object_recall``.
 
 **Ensembles.** Several model folders (``--model-dir A --model-dir B``; :mod:`captioning.model.ensemble`) are
 evaluated as one model: each step averages their word probabilities, and the perplexity is the averaged
@@ -43,15 +46,19 @@ points at the records when the config's ``data.dir`` is not where they are on th
 
 Every result also holds ``"diversity"`` (:mod:`captioning.evaluation.diversity`): distinct-1 and -2,
 vocabulary usage and the share of novel captions over the best captions, and with ``decode.top_k`` > 1
-mBLEU-4 and distinct-n among each image's captions.
+mBLEU-4 and distinct-n among each image's captions; and ``"bad_ending_rate"``, the share of the best
+captions whose last word is in ``decode.bad_endings``' English list, with ``"bad_endings"`` (each such word:
+the captions it ended; :mod:`captioning.evaluation.endings`).
 
 ``--baseline`` also scores a constant caption, the most frequent (normalised) caption of the training
 split, given for every image: the floor any model must clear.
 
-``--instances FILE`` (a COCO instances file of the split, e.g. the shapes' ``instances_test.json``; it
-must list every image of the split, checked before any decoding) adds
-``"grounding"``: the share of the images' shapes whose colour and kind the captions name, by number of
-shapes, the share of the relations they name between two shapes that hold
+``--instances FILE`` (an instances file of the split: the shapes' ``instances_test.json`` or COCO's own
+``instances_val2014.json``, told apart by their content; it must list every image of the split, checked
+before any decoding) adds object hallucination (:mod:`captioning.evaluation.hallucination`): ``"chair_i"``
+(CHAIRi), ``"chair_s"`` (CHAIRs) and ``"object_recall"``, with their counts under ``"hallucination"``;
+and for the shapes' file ``"grounding"``: the share of the images' shapes whose colour and kind the
+captions name, by number of shapes, the share of the relations they name between two shapes that hold
 (:mod:`captioning.evaluation.relations`), and for an attention decoder how much of each colour or kind
 word's attention fell inside the box of the shape it names, against the box's share of the image
 (:mod:`captioning.evaluation.grounding`).
@@ -71,7 +78,8 @@ from tqdm import tqdm
 
 from captioning import inference
 from captioning.model.base import IMAGE_INPUTS
-from captioning.evaluation import grounding, metrics, relations
+from captioning.evaluation import grounding, hallucination, metrics, relations
+from captioning.evaluation.endings import bad_endings
 from captioning.evaluation.diversity import diversity
 from captioning.evaluation.results import (EvaluationResult, options_label, real_captions, result_name,
                                            settings_label, used_decoding)
@@ -119,8 +127,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
              instances: str | None = None, decode_overrides: tuple[str, ...] = ()) -> EvaluationResult:
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
-    ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: a COCO instances file
-    of the split, for grounding. Several folders in ``model_dir`` (a list): their ensemble, kept in the first's
+    ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: an instances file
+    of the split (the shapes' or COCO's), for CHAIR and, on the shapes, grounding. Several folders in ``model_dir`` (a list): their ensemble, kept in the first's
     folder (see the module docstring)."""
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
@@ -130,7 +138,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
             ModelDir(path).refuse_output(output, "`output`", params=("output",))
         check_output_file(output, "`output`", params=("output",), inputs=(instances,) if instances else (),
                           kind="json")
-    shapes = grounding.load_instances(instances) if instances else None
+    objects = hallucination.load_objects(instances) if instances else None  # the synthetic shapes' or COCO's
+    shapes = hallucination.shapes_of(objects)  # what grounding reads (None for COCO's)
     trained = inference.load(dirs, checkpoint)
     members = trained.members
     check_same_input(members)
@@ -150,8 +159,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial,
                        dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "",
                        options_label(decode) + ensemble)
-    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, instances is not None,
-                     dataset.identity, checkpoints)
+    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, shapes is not None,
+                     os.path.abspath(instances) if instances else None, dataset.identity, checkpoints)
     if stored is not None:
         log.info("%s is evaluated already (checkpoint step %d, these settings): the stored result, unchanged",
                  split, trained.step)
@@ -167,8 +176,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
         refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
-        if shapes is not None:  # the instances file is checked before the hour of decoding, not after
-            grounding.check_covers(shapes, refs, split, instances)
+        if objects is not None:  # the instances file is checked before the hour of decoding, not after
+            grounding.check_covers(objects, refs, split, instances)
         candidates, loss, attention, boxes, every = _read_and_caption(
             captioner, cfg, dataset, shards, split, max_images, batch_size, partial or split_images, progress)
         refs = {image_id: refs[image_id] for image_id in candidates}
@@ -188,6 +197,9 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
         train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
     train_texts = [t for texts in train_refs.values() for t in texts]
     result["diversity"] = diversity(every, len(trained.vocab), train_texts)
+    result.update(bad_endings(candidates.values()))
+    if objects is not None:
+        result.update(hallucination.chair(objects, candidates, refs).to_result(os.path.abspath(instances)))
     if baseline:
         constant = most_frequent_caption(train_texts)
         log.info("baseline: the most frequent training caption for every image: %r", constant)
@@ -221,6 +233,9 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
             for metric, value in scores.items():
                 tf.summary.scalar(f"{tag}/{metric}", value)
             tf.summary.scalar(f"{tag}/perplexity", result.perplexity)
+            for key in ("bad_ending_rate",) + hallucination.SCALARS:
+                if result.get(key) is not None:
+                    tf.summary.scalar(f"{tag}/{key}", result[key])
     except (OSError, tf.errors.OpError) as e:
         full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
         if full is None and not isinstance(e, OSError):
@@ -289,10 +304,10 @@ def _ensemble_label(checkpoints: list[str]) -> str:
     return f"-ensemble{len(checkpoints)}-{digest}"
 
 
-def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str,
+def _stored(path: str, baseline: bool, spice: bool, grounded: bool, instances: str | None, dataset: str,
             checkpoints: list[str]) -> dict | None:
     """The result already stored under this key, if it is of the same dataset and checkpoint (the key says
-    so; the document is checked too) and holds everything asked for."""
+    so; the document is checked too) and holds everything asked for (CHAIR: of the same ``instances`` file)."""
     try:
         with open(path, encoding="utf-8") as f:
             stored = json.load(f)
@@ -302,9 +317,10 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, dataset: str
     if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoints[0] \
             or stored.get("members") != members:
         return None
+    chair = (stored.get("hallucination") or {}).get("instances")
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
-            (grounded and "relations" not in stored.get("grounding", {})) or \
-            "distinct_2_per_bigram" not in stored.get("diversity", {}):
-        # (results of before relations or diversity were measured, or of distinct_2 per bigram)
+            (grounded and "relations" not in stored.get("grounding", {})) or (instances and chair != instances) or \
+            "distinct_2_per_bigram" not in stored.get("diversity", {}) or "bad_ending_rate" not in stored:
+        # (results of before relations, diversity, CHAIR or bad endings were measured, or of distinct_2 per bigram)
         return None
     return stored

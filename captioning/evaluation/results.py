@@ -111,3 +111,8 @@ class EvaluationResult(dict):
     decode: dict | None = _key("decode")  # every decoding setting (results of before it: None)
     diversity: dict | None = _key("diversity")  # captioning.evaluation.diversity
     members: list[str] | None = _key("members")  # an ensemble: its models' checkpoints (one model: None)
+    bad_ending_rate: float | None = _key("bad_ending_rate")  # captioning.evaluation.endings
+    chair_i: float | None = _key("chair_i")  # with an instances file (captioning.evaluation.hallucination)
+    chair_s: float | None = _key("chair_s")
+    object_recall: float | None = _key("object_recall")
+    hallucination: dict | None = _key("hallucination")  # CHAIR's counts
