@@ -174,9 +174,11 @@ def check_hallucination_and_bad_endings(model_dir, shapes_dir, stored, stdout, p
     assert stored.hallucination["captions"] == 4 and stored.hallucination["objects"] == "shapes"
     assert all(0 <= v <= 1 for v in (stored.chair_s, stored.object_recall) + ((stored.chair_i,) if again.mentions
                                                                                else ()))
-    assert stored.bad_ending_rate == bad_endings(captions.values())["bad_ending_rate"] and 0 <= stored.bad_ending_rate <= 1
+    assert stored.bad_ending_rate == bad_endings(captions.values())["bad_ending_rate"]
+    assert 0 <= stored.bad_ending_rate <= 1
     assert "hallucination (shapes by kind and colour): CHAIRi" in stdout and "bad endings: " in stdout
-    logs = event_accumulator.EventAccumulator(os.path.join(model_dir, "logs", "eval_test"), size_guidance={"tensors": 0})
+    logs = event_accumulator.EventAccumulator(os.path.join(model_dir, "logs", "eval_test"),
+                                              size_guidance={"tensors": 0})
     logs.Reload()
     import tensorflow as tf
 

@@ -128,8 +128,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
     ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: an instances file
-    of the split (the shapes' or COCO's), for CHAIR and, on the shapes, grounding. Several folders in ``model_dir`` (a list): their ensemble, kept in the first's
-    folder (see the module docstring)."""
+    of the split (the shapes' or COCO's), for CHAIR and, on the shapes, grounding. Several folders in
+    ``model_dir`` (a list): their ensemble, kept in the first's folder (see the module docstring)."""
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
     folder = ModelDir(dirs[0])
