@@ -80,6 +80,7 @@ class ShowAttendTell(CaptionModel):
     # its teacher-forced pass steps word by word as decoding does: SCST differentiates through its sampling
     # (measured on the shapes: 1.34x a cross-entropy step per image that way, 1.75x with a second pass)
     fast_teacher_forcing = False
+    scheduled_sampling = True  # stepping in training mode is its teacher-forced pass one word at a time
 
     def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: AttentionSettings | None = None, **kwargs):
@@ -145,11 +146,11 @@ class ShowAttendTell(CaptionModel):
         deep = words + self.output_state(h) + self.output_context(tf.cast(context, h.dtype))
         return self.logits(self.output_dropout(deep, training=training))
 
-    def step(self, token_ids, state):
+    def step(self, token_ids, state, training=False):
         """One decoding step; the new state's ``attention`` holds the weights the word was chosen with."""
         words = self.word_embedding(token_ids)
-        state, context = self._recur(words, token_ids, state, training=False)
-        return self._output(words, state["h"], context, training=False), state
+        state, context = self._recur(words, token_ids, state, training=training)
+        return self._output(words, state["h"], context, training=training), state
 
     def teacher_forced(self, state, input_ids, training=False):
         """The caption word by word (a ``tf.while_loop`` over its steps); the output layer runs once over

@@ -69,6 +69,7 @@ from captioning.config import ModelConfig
 from captioning.settings import section_from
 from captioning.model.encoders.base import ImageEncoder, NoSettings
 from captioning.model.layout import TokenLayout
+from captioning.model.scheduled_sampling import mixed_teacher_forced
 from captioning.vocab import PAD_ID
 
 
@@ -167,6 +168,10 @@ class CaptionModel(keras.Model):
       through it word by word (a Transformer's runs the words in parallel; a recurrent decoder's is a loop
       too): self-critical training then draws its samples without gradient and scores them in one
       teacher-forced pass, instead of differentiating through the sampling loop;
+    * :attr:`scheduled_sampling` — whether its teacher-forced pass can feed it its own sampled previous words
+      (``train.scheduled_sampling``, :mod:`captioning.model.scheduled_sampling`): true for a decoder whose
+      :meth:`step` in training mode is its teacher-forced pass one word at a time (the recurrent ones); a
+      Transformer's reads every word at once and is refused the setting before a run starts;
     * :meth:`max_caption_length` — the most words it can decode with given settings (None: no bound; the
       Transformer's is ``model.max_positions``, named by :attr:`caption_length_setting`): ``decode.max_length``
       and ``scst.max_length`` are checked against it before a command starts
@@ -184,6 +189,7 @@ class CaptionModel(keras.Model):
     features: str = "pooled"
     attends: bool = False
     fast_teacher_forcing: bool = True
+    scheduled_sampling: bool = False
     tiny_settings: dict = {}
     token_layout: TokenLayout | None = None
     caption_length_setting: str | None = None  # the setting that bounds max_caption_length (a refusal names it)
@@ -262,8 +268,10 @@ class CaptionModel(keras.Model):
         The default returns the state as it is."""
         return state
 
-    def step(self, token_ids, state):
-        """One decoding step: ``token_ids [B]`` and the state → ``logits [B, V]`` (float32) and the new state."""
+    def step(self, token_ids, state, training=False):
+        """One decoding step: ``token_ids [B]`` and the state → ``logits [B, V]`` (float32) and the new state.
+        ``training``: with the dropout of the teacher-forced pass (scheduled sampling's steps, asked only of a
+        decoder whose :attr:`scheduled_sampling` is true; decoding: never)."""
         raise NotImplementedError
 
     def teacher_forced(self, state, input_ids, training=False):
@@ -317,9 +325,11 @@ class CaptionModel(keras.Model):
         features, mask = self.image_features(inputs, training)
         return self.initial_state(features, training, mask=mask)
 
-    def logits_and_penalty(self, inputs, training=False, split_padding=False):
+    def logits_and_penalty(self, inputs, training=False, split_padding=False, sampling=None):
         """Teacher-forced logits ``[N, T, V]`` and :meth:`penalty` per caption ``[N]`` (zeros for a
-        decoder without one) for ``inputs`` as :meth:`call` takes them."""
+        decoder without one) for ``inputs`` as :meth:`call` takes them. ``sampling``: ``(probability, seed)``
+        of scheduled sampling (:func:`~captioning.model.scheduled_sampling.mixed_teacher_forced`, word by word:
+        split padding does not shorten it; a decoder whose :attr:`scheduled_sampling` is false refuses it)."""
         features, mask = self.image_features(inputs, training)
         # each image's state once (at least one row: a decoder never sees an empty batch) ...
         state = self.initial_state(pad_rows(features, 1), training,
@@ -330,8 +340,13 @@ class CaptionModel(keras.Model):
         rows, steps = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         state = tf.nest.map_structure(lambda s: pad_rows(s, tf.maximum(rows, 1))[:tf.maximum(rows, 1)], state)
         input_ids = tf.pad(input_ids, [[0, tf.maximum(1 - rows, 0)], [0, tf.maximum(1 - steps, 0)]])
-        forward = self.split_teacher_forced if split_padding else self.teacher_forced
-        logits, state = forward(state, input_ids, training=training)
+        if sampling is not None:
+            if not self.scheduled_sampling:
+                raise ValueError(f"{type(self).__name__} does not take scheduled sampling")
+            logits, state = mixed_teacher_forced(self, state, input_ids, *sampling, training=training)[:2]
+        else:
+            forward = self.split_teacher_forced if split_padding else self.teacher_forced
+            logits, state = forward(state, input_ids, training=training)
         penalty = self.penalty(state)
         penalty = tf.zeros([rows]) if penalty is None else tf.cast(penalty, tf.float32)[:rows]
         return logits[:rows, :steps], penalty

@@ -53,6 +53,9 @@ class ShowAndTell(CaptionModel):
     tiny_settings = {"embedding_size": 16, "lstm_units": 24}
     incompatible_keys = ("embedding_size", "lstm_units")
     features = "pooled"
+    # stepping in training mode is its teacher-forced pass one word at a time: it takes scheduled sampling (whose
+    # pass runs word by word instead of the LSTM layer's loop over the caption: cuDNN's kernel on a GPU)
+    scheduled_sampling = True
 
     def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: ShowAndTellSettings | None = None, **kwargs):
@@ -81,11 +84,11 @@ class ShowAndTell(CaptionModel):
         _, h, c = self.lstm(self.input_dropout(embedded, training=training), training=training)
         return [h, c]
 
-    def step(self, token_ids, state):
+    def step(self, token_ids, state, training=False):
         """One decoding step: ``token_ids [batch]``, ``state [h, c]`` → ``logits [batch, vocab]``, new state."""
-        embedded = self.word_embedding(token_ids)
-        output, new_state = self.lstm.cell(embedded, state, training=False)
-        return self.logits(output), list(new_state)
+        embedded = self.input_dropout(self.word_embedding(token_ids), training=training)
+        output, new_state = self.lstm.cell(embedded, state, training=training)
+        return self.logits(self.output_dropout(output, training=training)), list(new_state)
 
     def teacher_forced(self, state, input_ids, training=False):
         words = self.input_dropout(self.word_embedding(input_ids), training=training)

@@ -73,6 +73,7 @@ class UpDown(CaptionModel):
     # its teacher-forced pass steps word by word as decoding does: SCST differentiates through its sampling
     # (measured on the shapes: 1.34x a cross-entropy step per image that way, 1.75x with a second pass)
     fast_teacher_forcing = False
+    scheduled_sampling = True  # stepping in training mode is its teacher-forced pass one word at a time
 
     def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: UpDownSettings | None = None, **kwargs):
@@ -128,10 +129,10 @@ class UpDown(CaptionModel):
                                           [state["h2"], state["c2"]], training=training)
         return {**state, "h1": h1, "c1": c1, "h2": h2, "c2": c2, "attention": alpha}
 
-    def step(self, token_ids, state):
+    def step(self, token_ids, state, training=False):
         """One decoding step; the new state's ``attention`` holds the weights the word was chosen with."""
-        state = self._recur(self.word_embedding(token_ids), state, training=False)
-        return self.logits(state["h2"]), state
+        state = self._recur(self.word_embedding(token_ids), state, training=training)
+        return self.logits(self.output_dropout(state["h2"], training=training)), state
 
     def teacher_forced(self, state, input_ids, training=False):
         """The caption word by word (a ``tf.while_loop``); the logits once over all steps afterwards."""

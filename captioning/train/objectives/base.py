@@ -112,7 +112,7 @@ class Objective:
 
 
 def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: bool = False,
-                     penalty: bool = False, parts: bool = False, label_smoothing: float = 0.0):
+                     penalty: bool = False, parts: bool = False, label_smoothing: float = 0.0, sampling=None):
     """Cross-entropy summed over the real (unmasked) target words of ``batch``; training divides it by
     the global batch's word count, evaluation by the split's (perplexity = exp(mean)). ``split_padding``:
     the decoder skips most padded steps (:mod:`captioning.model.base`; the same value). ``penalty``: plus
@@ -122,9 +122,11 @@ def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: 
     as in the papers that average both per caption. ``parts``: returns ``(cross-entropy sum, penalty
     sum, smoothed cross-entropy sum)`` instead of one number. ``label_smoothing`` ε: the loss against (1 −
     ε) on the reference word and ε spread evenly over the vocabulary, ``(1 − ε) CE + ε · mean_w −log p(w)``
-    (the plain cross-entropy is what ``parts`` reports first, for perplexity)."""
+    (the plain cross-entropy is what ``parts`` reports first, for perplexity). ``sampling``: scheduled
+    sampling's ``(probability, seed)`` (:meth:`~captioning.model.base.CaptionModel.logits_and_penalty`)."""
     inputs = {k: batch[k] for k in IMAGE_INPUTS + ("image_index", "input_ids") if k in batch}
-    logits, extra = model.logits_and_penalty(inputs, training=training, split_padding=split_padding)
+    logits, extra = model.logits_and_penalty(inputs, training=training, split_padding=split_padding,
+                                             sampling=sampling)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["target_ids"], logits=logits)
     total = tf.reduce_sum(ce * batch["mask"])
     smoothed = total
