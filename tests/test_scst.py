@@ -184,6 +184,74 @@ def test_policy_gradient_and_baselines(memorised):
         assert float(out.sums["ended"]) == drawn["ended"].numpy().sum()
 
 
+def references_batch():
+    """3 images with 2 references each, of different lengths (tokens != captions), and their frequencies."""
+    from captioning.train.cider import document_frequencies
+
+    rng = np.random.default_rng(6)
+    lengths = [3, 5, 4, 6, 2, 5]  # 2 references per image, of different lengths: tokens != captions
+    ids = [[1] + list(rng.integers(4, V, n)) + [END_ID] for n in lengths]
+    width = max(map(len, ids)) - 1
+    target = np.array([(r[1:] + [0] * width)[:width] for r in ids])
+    batch = {"image": images(3, seed=5), "image_index": np.repeat(np.arange(3), 2).astype(np.int32),
+             "input_ids": np.array([(r[:-1] + [0] * width)[:width] for r in ids]), "target_ids": target,
+             "mask": (target != 0).astype(np.float32)}
+    return batch, document_frequencies([[r[1:-1] for r in ids[i:i + 2]] for i in (0, 2, 4)], vocab_size=V)
+
+
+def test_xe_weight_adds_the_references_cross_entropy_per_token(memorised):
+    """scst.xe_weight w: loss = SCST's mean per sample + w × the references' cross-entropy mean per real token,
+    its gradient SCST's + w × the cross-entropy's, each computed alone on the same samples (the seed and step);
+    w = 0 leaves the loss and the parts as they were; the term is reported as the part ``xe``."""
+    from captioning.train.cider import CiderD
+    from captioning.train.objectives import caption_loss_sum
+    from captioning.train.objectives.scst import SelfCritical
+
+    batch, frequencies = references_batch()
+    tokens = float(batch["mask"].sum())
+    step, model, weights = tf.Variable(11, dtype=tf.int64), memorised, memorised.trainable_variables
+
+    def loss_and_gradient(fn):
+        with tf.GradientTape() as tape:
+            loss = fn()
+        return float(loss), [tf.convert_to_tensor(g).numpy() if g is not None else 0.0
+                             for g in tape.gradient(loss, weights)]
+
+    outs = {}
+
+    def scst(w):
+        objective = SelfCritical(CiderD(frequencies), ScstSettings(samples=4, max_length=7, xe_weight=w), step, seed=2)
+        outs[w] = objective, objective.replica_loss(model, batch, training=False)
+        return outs[w][1].loss_sum / outs[w][1].weight
+
+    plain, plain_grads = loss_and_gradient(lambda: scst(0.0))
+    mixed, mixed_grads = loss_and_gradient(lambda: scst(0.5))
+    xe, xe_grads = loss_and_gradient(lambda: caption_loss_sum(model, batch) / tokens)
+    assert outs[0.0][0].parts == ("reward", "baseline", "ended") and set(outs[0.0][1].sums) == set(outs[0.0][0].parts)
+    assert outs[0.5][0].parts == ("reward", "baseline", "ended", "xe")
+    assert float(outs[0.5][1].sums["xe"]) / 12 == pytest.approx(xe, rel=1e-6)  # reported per sample: the mean
+    assert float(outs[0.5][1].sums["reward"]) == pytest.approx(float(outs[0.0][1].sums["reward"]))  # same samples
+    assert xe > 1.0 and mixed == pytest.approx(plain + 0.5 * xe, rel=1e-5)
+    for a, b, c in zip(mixed_grads, plain_grads, xe_grads):
+        np.testing.assert_allclose(a, np.asarray(b) + 0.5 * np.asarray(c), rtol=1e-4, atol=1e-6)
+    assert max(np.abs(np.asarray(c)).max() for c in xe_grads) > 1e-3  # the term moves the gradient
+
+
+def test_each_micro_batch_of_an_accumulated_step_draws_its_own_samples(memorised):
+    """train.accumulate_steps: the batch's micro-batch index is folded into the step's seed from the second
+    micro-batch on; the first draws what a single step draws."""
+    from captioning.train.cider import CiderD
+    from captioning.train.objectives.base import MICRO_BATCH
+    from captioning.train.objectives.scst import SelfCritical
+
+    batch, frequencies = references_batch()
+    settings = ScstSettings(samples=4, max_length=7, xla_sampling=False)
+    objective = SelfCritical(CiderD(frequencies), settings, tf.Variable(11), seed=2)
+    drawn = {i: objective.rewards(memorised, batch if i is None else {**batch, MICRO_BATCH: tf.constant(i)})["ids"]
+             for i in (None, 0, 1)}
+    assert np.array_equal(drawn[0], drawn[None]) and not np.array_equal(drawn[1], drawn[None])
+
+
 @pytest.fixture(scope="module")
 def memorised():
     """A tiny Show and Tell trained here (1.5 s) to caption the images of ``images(3, seed=5)`` "5 6 7

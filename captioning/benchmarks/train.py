@@ -139,17 +139,20 @@ def _parts(trainer) -> dict:
 
 
 def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -> tuple[float, float]:
-    """(captions, distinct images) in one global batch (see the module docstring).
+    """(captions, distinct images) in one optimizer step: one global batch, or ``train.accumulate_steps``
+    of them (see the module docstring).
 
     >>> cfg = config_lib.load_config(None, ["train.batch_size=32", "data.captions_per_image=grouped"])
     >>> per_step(cfg, 5.0, 1), per_step(cfg, 5.0, 2)
     ((30.0, 6), (30.0, 6))
+    >>> per_step(config_lib.load_config(None, ["train.batch_size=32", "train.accumulate_steps=4"]), 5.0, 1)
+    (128.0, 128.0)
     """
-    batch = cfg.train.batch_size
+    batch, k = cfg.train.batch_size, cfg.train.accumulate_steps
     if cfg.data.captions_per_image != "grouped":
-        return float(batch), float(batch)  # nearly all distinct: a caption's image, once per caption
+        return float(batch * k), float(batch * k)  # nearly all distinct: a caption's image, once per caption
     images = replicas * max(1, round(batch / replicas / captions_per_image))
-    return images * captions_per_image, images
+    return images * captions_per_image * k, images * k
 
 
 def summary(result: dict) -> str:

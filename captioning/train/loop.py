@@ -35,6 +35,7 @@ from captioning.data.integrity import ShardReader
 from captioning.model import build_model, resolve
 from captioning.model.folder import ModelDir
 from captioning.train import distribute
+from captioning.train.accumulate import Accumulation
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
                                         restore_run, service_watch, wait_for_service)
@@ -106,6 +107,7 @@ class Trainer:
         with self.folder.undo_on_refusal():
             self._start(cfg, previous, source)
         self._compiled = Compiled()
+        self.accumulation = self._accumulation()  # train.accumulate_steps > 1, else None
 
     def _start(self, cfg, previous, source) -> None:
         """Takes the folder (the chief writes it: one training run at a time; the other workers write scratch
@@ -179,7 +181,7 @@ class Trainer:
                     profiler.before(self.current_step() + 1)
                     t0 = time.perf_counter()
                     if multi_step is None:
-                        batch = gate.next(batches)
+                        batch = self.step_batches(gate, batches)  # train.accumulate_steps > 1: a list
                         t1 = time.perf_counter()
                         # Under multi-worker, the handler first checks whether any worker was signalled; if
                         # so, every worker saves at one common step and Preempted ends the loop.
@@ -278,14 +280,34 @@ class Trainer:
         return make_train_step(self.model, self.optimizer, self.strategy, self.objective, self.step,
                                self.cfg.train.clip_gradient_norm, jitter, self.cfg.train.jit_compile)
 
+    def _accumulation(self) -> Accumulation | None:
+        """``train.accumulate_steps`` > 1: each optimizer step takes that many micro-batches
+        (:mod:`captioning.train.accumulate`)."""
+        t, jitter = self.cfg.train, self.cfg.data.color_jitter and self.cfg.data.cache != "features"
+        return Accumulation(self.model, self.optimizer, self.strategy, self.objective, self.step, t.clip_gradient_norm,
+                            jitter, t.jit_compile, t.accumulate_steps) \
+            if t.accumulate_steps > 1 else None
+
     def train_step_for(self, dataset):
-        """The training step compiled for batches of ``dataset`` (a distributed dataset)."""
+        """The training step compiled for batches of ``dataset`` (a distributed dataset); with
+        ``train.accumulate_steps`` > 1 it takes a list of that many micro-batches (:meth:`step_batches`)."""
+        if self.accumulation is not None:
+            return self.accumulation.step_for(dataset)
         return self._compiled(self._train_step, dataset)
+
+    def step_batches(self, gate: Gate, batches):
+        """What one optimizer step takes from the iterator ``batches``, each batch waited for through
+        ``gate``: the next batch, or the list of ``train.accumulate_steps`` micro-batches."""
+        if self.accumulation is None:
+            return gate.next(batches)
+        return self.accumulation.read(lambda: gate.next(batches))
 
     def multi_step(self):
         """``train.steps_per_execution`` training steps in one compiled call (:func:`make_multi_step`)."""
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
-        return tf.function(make_multi_step(self._train_step(), self.cfg.train.nan_policy == "stop", scaled))
+        train_step = self._train_step() if self.accumulation is None else None  # else each reads its micro-batches
+        step_from = self.accumulation.step_from if train_step is None else lambda batches: train_step(next(batches))
+        return tf.function(make_multi_step(step_from, self.cfg.train.nan_policy == "stop", scaled))
 
     def evaluate_loss(self, max_batches: int | None = None) -> EvaluationLoss:
         """Mean cross-entropy per real token and perplexity on the eval split (all captions)."""

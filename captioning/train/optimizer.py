@@ -122,19 +122,23 @@ def make_optimizer(t: TrainConfig, steps_per_epoch: int, mixed_float16: bool, sc
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """What one training step holds and how many make an epoch (the schedule's epochs count these).
-    ``images`` is None for per-caption batches (``batch_size`` captions, each with its image)."""
+    """What one training batch holds and how many optimizer steps make an epoch (the schedule's epochs count
+    these). ``images`` is None for per-caption batches (``batch_size`` captions, each with its image).
+    ``micro_batches``: batches per optimizer step (``train.accumulate_steps``), each as described."""
 
     batch_size: int
     captions: float  # captions a global batch holds (on average)
     images: int | None  # grouped batches: whole images a global batch holds
-    steps_per_epoch: int
+    steps_per_epoch: int  # optimizer steps
+    micro_batches: int = 1
 
     def describe(self) -> str:
         if self.images is None:
-            return f"global batch {self.batch_size} captions"
-        return (f"global batch {self.images} image{'s' if self.images != 1 else ''} with all their captions "
-                f"(about {self.captions:.0f} captions; train.batch_size {self.batch_size})")
+            batch = f"global batch {self.batch_size} captions"
+        else:
+            batch = (f"global batch {self.images} image{'s' if self.images != 1 else ''} with all their captions "
+                     f"(about {self.captions:.0f} captions; train.batch_size {self.batch_size})")
+        return batch if self.micro_batches == 1 else f"{self.micro_batches} micro-batches a step, each a {batch}"
 
 
 def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1, held: int | None = None) -> EpochPlan:
@@ -156,13 +160,20 @@ def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1, held: int | N
     'global batch 1 image with all their captions (about 5 captions; train.batch_size 3)'
     >>> epoch_plan(Data(), cfg, held=60).steps_per_epoch  # regions of 60 of the 100 images
     60
+
+    With ``train.accumulate_steps`` K an epoch is its batches / K optimizer steps (the step counter, the
+    schedule and the logs count optimizer steps):
+
+    >>> cfg = config_lib.load_config(None, ["train.batch_size=10", "train.accumulate_steps=4"])
+    >>> plan = epoch_plan(Data(), cfg); (plan.steps_per_epoch, plan.describe())
+    (12, '4 micro-batches a step, each a global batch 10 captions')
     """
     split = dataset.split(cfg.data.train_split)
     per_image = epoch_captions_per_image(cfg.data, split.captions_per_image)
-    batch = cfg.train.batch_size
+    batch, k = cfg.train.batch_size, cfg.train.accumulate_steps
     read = split.images if held is None else min(held, split.images)
     if cfg.data.captions_per_image != "grouped":
         captions = round(read * split.captions_per_image) if cfg.data.captions_per_image == "all" else read
-        return EpochPlan(batch, float(batch), None, max(1, captions // batch))
+        return EpochPlan(batch, float(batch), None, max(1, captions // batch // k), k)
     images = replicas * images_per_batch(batch // replicas, per_image)
-    return EpochPlan(batch, images * per_image, images, max(1, read // images))
+    return EpochPlan(batch, images * per_image, images, max(1, read // images // k), k)

@@ -67,50 +67,35 @@ def dense(grads, variables):
     return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
 
 
-def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
-                    clip_gradient_norm: float, jitter: bool, jit_compile: bool = False):
-    """The training step for a distributed batch: returns ``{"loss": the global mean loss, "gradient_norm":
-    the global gradient norm, "weight": the global weight (real tokens for xe), and each of the
-    objective's ReplicaLoss.sums over the global weight}``; increments ``step_counter``.
-
-    ``jit_compile`` (``train.jit_compile``) compiles each replica's forward and backward pass with XLA:
-    the gradients of the replica's loss *sum*, divided by the global weight after the all-reduce of the
-    weights (the same gradient as differentiating ``loss_sum / global weight``). XLA compiles once per
-    batch shape, so fix the shapes with ``data.bucket_boundaries``; the cuDNN LSTM kernel is not used
-    under XLA."""
+def loss_sum_gradients(model, optimizer, objective: Objective):
+    """``replica_gradients(batch)``: a replica's loss sum, weight, the gradients of its (scaled, under loss
+    scaling) loss sum and the objective's sums, not divided by any weight: what ``train.jit_compile`` compiles
+    and what gradient accumulation (:mod:`captioning.train.accumulate`) adds up over micro-batches."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    moving = forward_state(model)
 
     def replica_gradients(batch):
-        """The replica's loss sum, weight and the gradients of its (scaled) loss sum."""
         with tf.GradientTape() as tape:
             out = objective.replica_loss(model, batch, training=True)
             loss_sum = optimizer.scale_loss(out.loss_sum) if scaled else out.loss_sum
         grads = dense(tape.gradient(loss_sum, model.trainable_variables), model.trainable_variables)
         return out.loss_sum, out.weight, grads, out.sums
 
-    compiled_gradients = tf.function(replica_gradients, jit_compile=True)
+    return replica_gradients
 
-    def replica_step(batch):
-        if jitter and "image" in batch:  # im2txt's colour distortions, on the device (captioning.data.augment)
-            batch = {**batch, "image": color_jitter(batch["image"])}
+
+def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_gradient_norm: float):
+    """The second half of every training step, one optimizer update: ``replica_update(grads, loss_sum,
+    global_weight, sums, before)`` in replica context (the replica's gradients already divided by the global
+    weight, still scaled under loss scaling; its loss sum and sums; the batch-norm statistics as they were
+    before the step's forward passes) all-reduces, clips the global gradient and decides whether the step is
+    finite; ``finish(per_replica)`` in cross-replica context applies the update (or not), increments
+    ``step_counter`` and returns the step's outputs (:func:`make_train_step`)."""
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    moving = forward_state(model)
+    variables = model.trainable_variables
+
+    def replica_update(grads, loss_sum, global_weight, sums, before):
         ctx = tf.distribute.get_replica_context()
-        variables = model.trainable_variables
-        before = [tf.identity(v.value) for v in moving]  # the forward pass moves these
-        if jit_compile:
-            loss_sum, weight, grads, sums = compiled_gradients(batch)
-            global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, weight)
-            grads = [g / tf.maximum(global_weight, 1.0) for g in grads]
-        else:
-            with tf.GradientTape() as tape:
-                out = objective.replica_loss(model, batch, training=True)
-                global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, out.weight)
-                loss = out.loss_sum / tf.maximum(global_weight, 1.0)
-                if scaled:
-                    loss = optimizer.scale_loss(loss)
-            # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
-            grads = dense(tape.gradient(loss, variables), variables)
-            loss_sum, sums = out.loss_sum, out.sums
         # the global gradient, loss and reported sums, on every replica
         names = sorted(sums)
         reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads + [loss_sum] + [sums[k] for k in names])
@@ -136,10 +121,10 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
         return global_loss_sum, global_weight, norm, finite, grads, global_sums
 
     def apply(grads):
-        optimizer.apply(grads, model.trainable_variables)
+        optimizer.apply(grads, variables)
 
-    def train_step(batch):
-        total, weight, norm, finite, grads, sums = strategy.run(replica_step, args=(batch,))
+    def finish(per_replica):
+        total, weight, norm, finite, grads, sums = per_replica
         if not scaled:
             # A cond in cross-replica context around strategy.run: optimizer.apply merge_calls, which a
             # cond inside the replica function cannot hold (Keras' LossScaleOptimizer does the same).
@@ -151,29 +136,76 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
         means = {k: strategy.experimental_local_results(v)[0] / tf.maximum(weight, 1.0) for k, v in sums.items()}
         return {"loss": total / tf.maximum(weight, 1.0), "gradient_norm": norm, "weight": weight, **means}
 
+    return replica_update, finish
+
+
+def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
+                    clip_gradient_norm: float, jitter: bool, jit_compile: bool = False):
+    """The training step for a distributed batch: returns ``{"loss": the global mean loss, "gradient_norm":
+    the global gradient norm, "weight": the global weight (real tokens for xe), and each of the
+    objective's ReplicaLoss.sums over the global weight}``; increments ``step_counter``.
+
+    ``jit_compile`` (``train.jit_compile``) compiles each replica's forward and backward pass with XLA:
+    the gradients of the replica's loss *sum*, divided by the global weight after the all-reduce of the
+    weights (the same gradient as differentiating ``loss_sum / global weight``). XLA compiles once per
+    batch shape, so fix the shapes with ``data.bucket_boundaries``; the cuDNN LSTM kernel is not used
+    under XLA. (``train.accumulate_steps`` > 1: :mod:`captioning.train.accumulate`'s step instead, the
+    same update over several micro-batches.)"""
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    moving = forward_state(model)
+    compiled_gradients = tf.function(loss_sum_gradients(model, optimizer, objective), jit_compile=True)
+    replica_update, finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm)
+
+    def replica_step(batch):
+        if jitter and "image" in batch:  # im2txt's colour distortions, on the device (captioning.data.augment)
+            batch = {**batch, "image": color_jitter(batch["image"])}
+        ctx = tf.distribute.get_replica_context()
+        variables = model.trainable_variables
+        before = [tf.identity(v.value) for v in moving]  # the forward pass moves these
+        if jit_compile:
+            loss_sum, weight, grads, sums = compiled_gradients(batch)
+            global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, weight)
+            grads = [g / tf.maximum(global_weight, 1.0) for g in grads]
+        else:
+            with tf.GradientTape() as tape:
+                out = objective.replica_loss(model, batch, training=True)
+                global_weight = ctx.all_reduce(tf.distribute.ReduceOp.SUM, out.weight)
+                loss = out.loss_sum / tf.maximum(global_weight, 1.0)
+                if scaled:
+                    loss = optimizer.scale_loss(loss)
+            # Dense gradients (the embedding's arrive as IndexedSlices): they are all-reduced and scaled.
+            grads = dense(tape.gradient(loss, variables), variables)
+            loss_sum, sums = out.loss_sum, out.sums
+        return replica_update(grads, loss_sum, global_weight, sums, before)
+
+    def train_step(batch):
+        return finish(strategy.run(replica_step, args=(batch,)))
+
     return train_step
 
 
-def make_multi_step(train_step, stop_at_non_finite: bool, scaled: bool):
+def make_multi_step(step_from, stop_at_non_finite: bool, scaled: bool):
     """Up to ``n`` training steps inside one call (``train.steps_per_execution``): ``multi_step(iterator, n)``
-    reads each step's batch from ``iterator`` (a distributed iterator) and runs ``train_step`` on it (the
-    function :func:`make_train_step` returns), returning each step's outputs stacked (``[steps run]`` per
-    key). With ``stop_at_non_finite`` (``train.nan_policy: stop``) the call ends after the first step whose
-    loss or gradient norm is not finite (that step applied no update), so the host finds it at its own step
-    with no step after it applied; under loss scaling only the loss counts, as on the host."""
+    runs ``step_from(iterator)`` ``n`` times, each one optimizer step reading its own batch from ``iterator``
+    (a distributed iterator; ``lambda it: train_step(next(it))`` for :func:`make_train_step`'s step, or
+    :meth:`captioning.train.accumulate.Accumulation.step_from`, which reads ``train.accumulate_steps``),
+    returning each step's outputs stacked (``[steps run]`` per key). With ``stop_at_non_finite``
+    (``train.nan_policy: stop``) the call ends after the first step whose loss or gradient norm is not finite
+    (that step applied no update), so the host finds it at its own step with no step after it applied; under
+    loss scaling only the loss counts, as on the host."""
 
     def finite(out):
         ok = tf.math.is_finite(out["loss"])
         return ok if scaled else ok & tf.math.is_finite(out["gradient_norm"])
 
     def multi_step(iterator, n):
-        first = train_step(next(iterator))
+        first = step_from(iterator)
         arrays = {k: tf.TensorArray(v.dtype, size=0, dynamic_size=True).write(0, v) for k, v in first.items()}
         going = finite(first) if stop_at_non_finite else tf.constant(True)
         for i in tf.range(1, n):
             if not going:
                 break
-            out = train_step(next(iterator))
+            out = step_from(iterator)
             arrays = {k: arrays[k].write(i, out[k]) for k in arrays}
             if stop_at_non_finite:
                 going = finite(out)

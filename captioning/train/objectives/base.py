@@ -138,6 +138,21 @@ def caption_loss_sum(model, batch: dict, training: bool = False, split_padding: 
     return smoothed + tf.reduce_sum(extra) if penalty else smoothed
 
 
+MICRO_BATCH = "micro_batch"  # the key train.accumulate_steps adds to a batch: its index in the optimizer step
+
+
+def step_seed(seed: int, step, batch: dict):
+    """The stateless seed (int32 ``[2]``) of a training step's random draws, ``(seed, step)``; with several
+    micro-batches a step (:mod:`captioning.train.accumulate`, which sets ``batch[MICRO_BATCH]``) folded with the
+    micro-batch's index from the second on, so each micro-batch draws its own numbers and the first the single
+    step's."""
+    pair = tf.stack([tf.constant(seed, tf.int32), tf.cast(step, tf.int32)])
+    if MICRO_BATCH not in batch:
+        return pair
+    index = tf.cast(batch[MICRO_BATCH], tf.int32)
+    return tf.where(index > 0, tf.random.experimental.stateless_fold_in(pair, index), pair)
+
+
 def perplexity(loss_per_token: float) -> float:
     """``exp(mean cross-entropy per token)``, capped at exp(50) so a diverged model reports a number."""
     return math.exp(min(loss_per_token, 50.0))

@@ -46,6 +46,20 @@ number of samples), so the learning rate means the same for any batch size and c
 Reported per sample (TensorBoard ``train/``): ``reward`` (mean CIDEr-D of the samples), ``baseline``,
 ``ended`` (the share of samples that chose ``<end>``).
 
+**A cross-entropy term** (``scst.xe_weight`` w, default 0: SCST alone, as self-critical.pytorch and Rennie et
+al.): several SCST follow-ups mix the references' cross-entropy back in to keep the captions fluent. The two
+terms keep their own natural means, each over the global batch::
+
+    loss = SCST's mean per sample + w × the references' cross-entropy mean per real token
+
+(the plain cross-entropy of every reference of the batch's images, teacher-forced in training mode, without
+label smoothing or the attention penalty). The step divides every replica's loss sum by the global number of
+samples S, so a replica adds ``w · CE_sum · S / T`` with T the global batch's real tokens (both all-reduced in
+:meth:`SelfCritical.replica_loss`); a replica with no reference adds nothing. Reported as ``xe`` (TensorBoard
+``train/xe``: the cross-entropy mean per token, unweighted) when w > 0. With ``train.accumulate_steps`` the term is
+each micro-batch's mean per token, weighted by its share of the step's samples. The references' forward pass
+encodes the images a second time (the samples' pass runs the encoder in its own mode).
+
 **Batches**: SCST needs every reference of an image in the batch, so it trains on grouped batches
 (``data.captions_per_image: grouped``, all captions): ``train.batch_size`` still counts captions, and a
 batch holds ``round(batch_size / captions per image)`` images, each sampled ``scst.samples`` times. The
@@ -62,7 +76,7 @@ import tensorflow as tf
 from captioning.errors import InputError
 from captioning.settings import MAX_BEAM, MAX_FACTOR, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
 from captioning.train.cider import CiderD, caption_lengths
-from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext
+from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext, caption_loss_sum, step_seed
 from captioning.train.objectives.scst_cost import breakdown, describe
 from captioning.train.objectives.scst_sampling import (as_drawn, greedy_captions, references_of, sample_captions,
                                                        sequence_log_prob)
@@ -113,8 +127,12 @@ class SelfCritical(Objective):
     parts = ("reward", "baseline", "ended")
     xla = False  # its sampling stops captions at <end>, and the reward's lookup table runs on the host
 
-    def __init__(self, cider: CiderD, cfg: ScstSettings, step: tf.Variable, seed: int = 0):
+    def __init__(self, cider: CiderD, cfg: ScstSettings, step: tf.Variable, seed: int = 0,
+                 split_padding: bool = False):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
+        self.split_padding = split_padding  # the references' teacher-forced pass (scst.xe_weight)
+        if cfg.xe_weight > 0:  # the cross-entropy term, reported apart (TensorBoard train/xe)
+            self.parts = type(self).parts + ("xe",)
 
     @classmethod
     def caption_lengths(cls, cfg) -> dict[str, int]:
@@ -150,7 +168,8 @@ class SelfCritical(Objective):
                 "%.1f%% of the %s references have more than scst.max_length=%d words: samples are cut there and "
                 "rewarded cut, which teaches the model to leave things out; raise scst.max_length",
                 100 * cut, cfg.data.train_split, cfg.scst.max_length)
-        return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed)
+        return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed,
+                   split_padding=cfg.train.split_padding)
 
     def sample_notes(self, best: dict, captions: tf.RaggedTensor) -> list[str]:
         """Each sample caption's reward (TensorBoard's sample captions under SCST)."""
@@ -213,7 +232,7 @@ class SelfCritical(Objective):
         n, s = tf.shape(features)[0], self.cfg.samples
         state = model.initial_state(features, training=False, mask=mask)
         repeated = tf.nest.map_structure(lambda x: tf.repeat(x, s, axis=0), state)
-        seed = tf.stack([tf.constant(self.seed, tf.int32), tf.cast(self.step, tf.int32)])
+        seed = step_seed(self.seed, self.step, batch)  # (train.seed, step), and the micro-batch's index
         if model.fast_teacher_forcing:  # drawn without gradient, scored in one teacher-forced pass
             drawn = sample_captions(model, tf.nest.map_structure(tf.stop_gradient, repeated), self.cfg.max_length,
                                     self.cfg.temperature, seed, xla=self.cfg.xla_sampling)
@@ -238,5 +257,19 @@ class SelfCritical(Objective):
         advantage = tf.stop_gradient(reward - baseline)
         loss_sum = -tf.reduce_sum(advantage * drawn["log_prob"])
         samples = tf.cast(tf.shape(reward)[0], tf.float32)
-        return ReplicaLoss(loss_sum, samples, {"reward": tf.reduce_sum(reward), "baseline": tf.reduce_sum(baseline),
-                                               "ended": tf.reduce_sum(tf.cast(drawn["ended"], tf.float32))})
+        sums = {"reward": tf.reduce_sum(reward), "baseline": tf.reduce_sum(baseline),
+                "ended": tf.reduce_sum(tf.cast(drawn["ended"], tf.float32))}
+        if self.cfg.xe_weight > 0:  # + w × the references' cross-entropy per real token (the module docstring)
+            sums["xe"] = self.cross_entropy_term(model, batch, training, samples)
+            loss_sum = loss_sum + self.cfg.xe_weight * sums["xe"]
+        return ReplicaLoss(loss_sum, samples, sums)
+
+    def cross_entropy_term(self, model, batch, training, samples):
+        """The replica's references' cross-entropy sum times the global batch's samples over its real tokens:
+        divided by the global samples, as the step divides every loss sum, it is the global mean per token."""
+        ce = caption_loss_sum(model, batch, training=training, split_padding=self.split_padding)
+        counts = tf.stack([samples, tf.cast(tf.reduce_sum(batch["mask"]), tf.float32)])
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            counts = ctx.all_reduce(tf.distribute.ReduceOp.SUM, counts)
+        return ce * counts[0] / tf.maximum(counts[1], 1.0)

@@ -1,0 +1,201 @@
+"""``train.accumulate_steps``: K micro-batches per optimizer step give the update of one batch K times larger (to
+float tolerance: grouped captions with split padding, SGD and Adam, 2 replicas one of which gets an empty
+micro-batch), and the step counter, the logs and the learning-rate schedule count optimizer steps.
+
+Run as a script (``python tests/test_accumulate.py mirrored DATA_DIR OUT_DIR``) it does the 2-replica check in a
+process of its own: logical CPU devices must be configured before TensorFlow starts."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.helpers import REPO, run_cli, small_train_config  # noqa: E402
+
+# a frozen encoder: batch normalisation in training mode normalises by its batch's statistics, which no
+# accumulation (here, Keras' or PyTorch's) can make those of the large batch
+GROUPED = ("data.captions_per_image=grouped", "train.split_padding=true", "model.encoder_trainable=false",
+           "train.clip_gradient_norm=0.05")  # clipping always active: it must see the whole step's gradient
+
+
+def joined(*batches):
+    """One batch holding ``batches`` (grouped: each with its images), captions padded to the longest."""
+    import tensorflow as tf
+
+    width = max(int(b["input_ids"].shape[1]) for b in batches)
+    out, images = {}, 0
+    for b in batches:
+        for k, v in b.items():
+            if k in ("input_ids", "target_ids", "mask"):
+                v = tf.pad(v, [[0, 0], [0, width - v.shape[1]]])
+            if k == "image_index":
+                v = v + images
+            out.setdefault(k, []).append(v)
+        images += int(b["image"].shape[0])
+    return {k: tf.concat(v, 0) for k, v in out.items()}
+
+
+def grouped_batches(cfg, count, images):
+    """``count`` grouped training batches of ``images`` images each, as the pipeline makes them."""
+    from captioning.data.pipeline import make_dataset
+
+    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=5 * images))
+    return [next(stream) for _ in range(count)]
+
+
+def snapshot(trainer):
+    return [v.numpy() for v in trainer.model.variables + list(trainer.optimizer.variables)] + [trainer.step.numpy()]
+
+
+def restore(trainer, values):
+    for v, value in zip(trainer.model.variables + list(trainer.optimizer.variables) + [trainer.step], values):
+        v.assign(value)
+
+
+@pytest.mark.slow
+def test_an_accumulated_step_equals_one_step_on_the_joined_batch(prepared_dir, tmp_path):
+    """From the same weights and optimizer state, 2 micro-batches of 2 images (about 10 captions of their own
+    lengths, split padding) update the weights as one step on the 4 images joined, with SGD and Adam; the
+    step counter and the optimizer's iterations advance once."""
+    import tensorflow as tf
+
+    from captioning.train import Trainer
+
+    for optimizer in ("sgd", "adam"):
+        cfg = small_train_config(prepared_dir, *GROUPED, f"train.optimizer={optimizer}", "train.learning_rate=0.05",
+                                 "train.batch_size=10", "train.accumulate_steps=2")
+        trainer = Trainer(cfg, str(tmp_path / optimizer), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+        first, second = grouped_batches(cfg, 2, images=2)
+        tokens = [float(tf.reduce_sum(b["mask"])) for b in (first, second)]
+        assert tokens[0] != tokens[1]  # a mean of the micro-batches' means would weigh their tokens wrongly
+        start, trained = snapshot(trainer), [v.numpy() for v in trainer.model.trainable_variables]
+
+        big = tf.data.Dataset.from_tensors(joined(first, second))
+        one_step = trainer._compiled(trainer._train_step, big)  # the single step, as accumulate_steps: 1 runs it
+        expected = {k: float(v) for k, v in one_step(joined(first, second)).items()}
+        after_one = [v.numpy() for v in trainer.model.trainable_variables]
+        restore(trainer, start)
+
+        micro = tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))
+        got = {k: float(v) for k, v in trainer.train_step_for(micro)([first, second]).items()}
+        assert got["weight"] == expected["weight"] == sum(tokens)
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+        assert got["gradient_norm"] == pytest.approx(expected["gradient_norm"], rel=1e-5)
+        assert got["gradient_norm"] > 0.05  # clipped
+        for v, want in zip(trainer.model.trainable_variables, after_one):
+            np.testing.assert_allclose(v.numpy(), want, rtol=1e-5, atol=1e-7, err_msg=f"{optimizer} {v.name}")
+        moved = max(float(np.max(np.abs(v.numpy() - s))) for v, s in zip(trainer.model.trainable_variables, trained))
+        assert moved > 1e-3  # the step did update the weights
+        assert int(trainer.step.numpy()) == int(trainer.optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.slow
+def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_path):
+    """An epoch of 4 micro-batches a step is a quarter of the batches; the schedule decays per optimizer steps;
+    ``train.steps`` counts optimizer steps (one TensorBoard point, one checkpoint number, one optimizer update
+    each); ``train.steps_per_execution: 2`` (each step reading its micro-batches inside the call) trains the same
+    as single calls."""
+    from captioning.train import Trainer
+    from tests.test_train_reliability import scalars
+
+    common = ("data.random_crop=false", "train.steps=2", "train.batch_size=8", "train.accumulate_steps=4",
+              "train.optimizer=adam", "train.learning_rate=0.01", "train.lr_schedule=step",
+              "train.lr_decay_epochs=2", "train.lr_decay_factor=0.5")
+    runs = {}
+    for k in (1, 2):
+        trainer = Trainer(small_train_config(prepared_dir, *common, f"train.steps_per_execution={k}"),
+                          str(tmp_path / f"k{k}"))
+        runs[k] = trainer, trainer.run(progress=False)
+    (one, single), (two, several) = runs[1], runs[2]
+    # 32 training images x 5 captions / 8 = 20 batches an epoch: 5 optimizer steps; the rate halves every 10
+    assert one.steps_per_epoch == 5 and one.optimizer._learning_rate.decay_steps == 10
+    assert "4 micro-batches a step" in one.plan.describe()
+    assert single.step == several.step == 2 and len(single.losses) == len(several.losses) == 2
+    assert int(one.optimizer.iterations.numpy()) == int(two.optimizer.iterations.numpy()) == 2
+    np.testing.assert_allclose(several.losses, single.losses, rtol=1e-5)
+    for a, b in zip(two.model.variables, one.model.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6, err_msg=a.name)
+    assert sorted(scalars(tmp_path / "k1" / "logs" / "train", "loss")) == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "k1").iterdir() if p.name.endswith(".index")) == ["ckpt-2.index"]
+
+
+@pytest.mark.slow
+def test_two_replicas_with_an_empty_micro_batch_equal_one_device(prepared_dir, tmp_path):
+    """Mirrored over 2 logical CPUs, 2 micro-batches, the second of which leaves replica 1 without an example:
+    the loss, the gradient norm and the weights after the update are one device's on the 3 batches joined."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "mirrored", prepared_dir, str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    got = np.load(tmp_path / "mirrored.npz")
+    assert got["replicas"] == 2 and got["empty_captions"] == 0
+    assert got["two_weight"] == got["one_weight"] > 0
+    assert float(got["two_loss"]) == pytest.approx(float(got["one_loss"]), rel=1e-6)
+    assert float(got["two_norm"]) == pytest.approx(float(got["one_norm"]), rel=1e-5)
+    names = [k[len("one/"):] for k in got.files if k.startswith("one/")]
+    assert names
+    for name in names:
+        np.testing.assert_allclose(got[f"two/{name}"], got[f"one/{name}"], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert int(got["two_step"]) == 1
+
+
+@pytest.mark.slow
+def test_the_issue_command_trains_with_accumulation(prepared_dir, tmp_path):
+    """``captioning train --config experiments/shapes.yaml --set train.ema_decay=0.999 --set
+    train.accumulate_steps=4 --model-dir runs/ema``, on the fixture for 2 steps."""
+    model_dir = tmp_path / "ema"
+    result = run_cli("train", "--config", os.path.join(REPO, "experiments", "shapes.yaml"), "--set",
+                     "train.ema_decay=0.999", "--set", "train.accumulate_steps=4", "--model-dir", str(model_dir),
+                     "--set", f"data.dir={prepared_dir}", "--set", "train.steps=2", "--set", "train.batch_size=8",
+                     "--set", "model.embedding_size=32", "--set", "model.lstm_units=32", "--set",
+                     "train.eval_every_steps=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # 160 captions / 8 = 20 micro-batches an epoch, 4 a step
+    assert "4 micro-batches a step" in result.stderr and "5 steps per epoch" in result.stderr, result.stderr[-2000:]
+    assert (model_dir / "ckpt-2.index").exists() and not (model_dir / "ckpt-8.index").exists()
+
+
+def mirrored(data_dir, out_dir):
+    """The 2-replica check (a process of its own): writes OUT_DIR/mirrored.npz."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from captioning.train import Trainer
+
+    extra = (*GROUPED, "train.optimizer=sgd", "train.learning_rate=0.5")
+    one = Trainer(small_train_config(data_dir, *extra, "train.batch_size=10"), os.path.join(out_dir, "one"),
+                  strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(small_train_config(data_dir, *extra, "train.batch_size=10", "train.accumulate_steps=2"),
+                  os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
+                      ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    for a, b in zip(one.model.variables, two.model.variables):
+        b.assign(a.numpy())
+    a1, b1, a2 = grouped_batches(one.cfg, 3, images=1)
+    empty = {k: v[:0] for k, v in b1.items()}
+    results = {"replicas": two.strategy.num_replicas_in_sync, "empty_captions": int(empty["mask"].shape[0])}
+    big = one.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(joined(a1, b1, a2)))
+    out = one.train_step_for(big)(next(iter(big)))
+    # distribute_datasets_from_function hands the elements to the replicas in turn: micro-batch 1 is (a1, b1),
+    # micro-batch 2 is (a2, nothing)
+    elements = tf.data.Dataset.from_tensors(a1)
+    for b in (b1, a2, empty):
+        elements = elements.concatenate(tf.data.Dataset.from_tensors(b))
+    micro = two.strategy.distribute_datasets_from_function(lambda context: elements)
+    batches = iter(micro)
+    got = two.train_step_for(micro)([next(batches), next(batches)])
+    for name, trainer, o in (("one", one, out), ("two", two, got)):
+        results[f"{name}_loss"], results[f"{name}_norm"] = float(o["loss"]), float(o["gradient_norm"])
+        results[f"{name}_weight"], results[f"{name}_step"] = float(o["weight"]), int(trainer.step.numpy())
+        for i, v in enumerate(trainer.model.trainable_variables):
+            results[f"{name}/{i:03d}_{v.name}"] = v.numpy()
+    np.savez(os.path.join(out_dir, "mirrored.npz"), **results)
+
+
+if __name__ == "__main__":
+    {"mirrored": mirrored}[sys.argv[1]](*sys.argv[2:])
