@@ -174,8 +174,12 @@ MODEL_DIRS_HELP = ("a folder written by `captioning train`; repeat it for an ens
 
 
 def add_model_dirs(p) -> None:
-    """``--model-dir``, repeatable: one model or an ensemble (``args.model_dir``: a list of folders)."""
+    """``--model-dir``, repeatable: one model or an ensemble (``args.model_dir``: a list of folders); ``--weights``:
+    which of the checkpoint's weights (:meth:`captioning.model.folder.ModelDir.use_weights`)."""
     p.add_argument("--model-dir", required=True, action="append", metavar="MODEL_DIR", help=MODEL_DIRS_HELP)
+    p.add_argument("--weights", choices=("ema", "raw"), default=None,  # captioning.model.checkpoints.WEIGHTS
+                   help="ema: the weight average train.ema_decay kept; raw: the weights as trained (default: ema "
+                        "when the checkpoint holds an average, else raw; an ensemble: each model's own default)")
 
 
 def _decoding_given(args) -> dict:
@@ -194,7 +198,7 @@ def _captioner(args):
     from captioning import inference
 
     flags = _decoding_given(args)
-    trained = inference.load(args.model_dir)
+    trained = inference.load(args.model_dir, weights=args.weights)
     decode = trained.config.decode.override(**flags).with_overrides(getattr(args, "decode_overrides", ()))
     return inference.Captioner(trained, decode)
 
@@ -245,6 +249,8 @@ def run_evaluate(args) -> int:
         rows["baseline"] = result.baseline
     which = (f"an ensemble of {len(result.members)} models" if result.members
              else f"checkpoint step {result.checkpoint_step}")
+    if "ema" in (result.get("weights") or ()):  # "ema", or an ensemble's list
+        which += ", its weight average" if not result.members else ", weight averages"
     method = (result.decode or {}).get("method", "beam")  # what ran: greedy is beam 1, sampling has no beam
     decoding = {"greedy": "greedy", "sample": "sampling"}.get(method, f"beam {result.beam_size}")
     print(f"{args.split}: {result.num_images} images, {which}, {decoding}, "

@@ -34,6 +34,13 @@ settings (``beam3-len20-norm0/CIDEr``; ``…-first5/CIDEr`` for a partial result
 settings never pile up on one curve: the COCO metrics, ``perplexity``, ``bad_ending_rate`` and, with
 ``--instances``, ``chair_i``, ``chair_s`` and ``object_recall``.
 
+**Which weights.** ``--weights ema`` evaluates the checkpoint's weight average (``train.ema_decay``;
+:mod:`captioning.train.ema`), ``--weights raw`` its weights as trained; by default the average when the
+checkpoint holds one. The average's result is another evaluation: its key gets ``-ema`` after the decoding
+(``test-step6000-beam3-len20-norm0-ema-all-…``; the raw weights' key is the one a model without an average has),
+its TensorBoard tag too, and the document says ``"weights": "ema"`` or ``"raw"`` (an ensemble: one per model,
+each model's default unless ``--weights`` is given, the hash of its key covering which).
+
 **Ensembles.** Several model folders (``--model-dir A --model-dir B``; :mod:`captioning.model.ensemble`) are
 evaluated as one model: each step averages their word probabilities, and the perplexity is the averaged
 distribution's. They must share a vocabulary and read the same input (the same image sizes, or the same
@@ -124,12 +131,14 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
              max_length: int | None = None, length_normalization: float | None = None, batch_size: int = 32,
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
              output: str | None = None, progress: bool = True, checkpoint: str | None = None,
-             instances: str | None = None, decode_overrides: tuple[str, ...] = ()) -> EvaluationResult:
+             instances: str | None = None, decode_overrides: tuple[str, ...] = (),
+             weights: str | None = None) -> EvaluationResult:
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
     ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: an instances file
     of the split (the shapes' or COCO's), for CHAIR and, on the shapes, grounding. Several folders in
-    ``model_dir`` (a list): their ensemble, kept in the first's folder (see the module docstring)."""
+    ``model_dir`` (a list): their ensemble, kept in the first's folder (see the module docstring). ``weights``:
+    ``"ema"`` (the weight average), ``"raw"``, or None (the average when the checkpoint holds one)."""
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
     folder = ModelDir(dirs[0])
@@ -140,7 +149,7 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
                           kind="json")
     objects = hallucination.load_objects(instances) if instances else None  # the synthetic shapes' or COCO's
     shapes = hallucination.shapes_of(objects)  # what grounding reads (None for COCO's)
-    trained = inference.load(dirs, checkpoint)
+    trained = inference.load(dirs, checkpoint, weights)  # weights: "ema", "raw", None (the average when there is one)
     members = trained.members
     check_same_input(members)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
@@ -155,10 +164,11 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     # the key: the same data, checkpoint and settings, or a new evaluation
     foreign = not folder.owns_checkpoint(trained.checkpoint)
     checkpoints = [os.path.realpath(m.checkpoint) for m in members]
-    ensemble = _ensemble_label(checkpoints)
+    ensemble = _ensemble_label([c + ("#ema" if m.weights == "ema" else "") for c, m in zip(checkpoints, members)])
+    averaged = "-ema" if any(m.weights == "ema" for m in members) else ""  # the weight average: another result
     name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial,
                        dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "",
-                       options_label(decode) + ensemble)
+                       options_label(decode) + averaged + ensemble)
     stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, shapes is not None,
                      os.path.abspath(instances) if instances else None, dataset.identity, checkpoints)
     if stored is not None:
@@ -191,6 +201,7 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
         dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
         checkpoint=os.path.realpath(trained.checkpoint),
         decode={**dataclasses.asdict(decode), "beam_size": beam_size})  # sampling: no beam
+    result["weights"] = [m.weights for m in members] if len(members) > 1 else members[0].weights  # "ema", "raw"
     if len(members) > 1:
         result["members"] = checkpoints
     with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
@@ -228,8 +239,8 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
             atomic_write_json(output, result)
         with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
                 step=trained.step):
-            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode) + ensemble
-                   + (f"-first{partial}" if partial else ""))
+            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode) + averaged
+                   + ensemble + (f"-first{partial}" if partial else ""))
             for metric, value in scores.items():
                 tf.summary.scalar(f"{tag}/{metric}", value)
             tf.summary.scalar(f"{tag}/perplexity", result.perplexity)

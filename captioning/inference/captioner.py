@@ -33,16 +33,18 @@ from captioning.model.folder import ModelDir, TrainedModel
 log = logging.getLogger(__name__)
 
 
-def load(model_dir, checkpoint: str | None = None) -> TrainedModel | TrainedEnsemble:
+def load(model_dir, checkpoint: str | None = None, weights: str | None = None) -> TrainedModel | TrainedEnsemble:
     """The model of ``model_dir`` at ``checkpoint`` (default: the latest complete one); with several folders
-    (a list), the ensemble of their latest complete checkpoints (:mod:`captioning.model.ensemble`)."""
+    (a list), the ensemble of their latest complete checkpoints (:mod:`captioning.model.ensemble`). ``weights``:
+    ``"ema"``, the weight average (``train.ema_decay``), or ``"raw"``; None: the average of a checkpoint that has
+    one (each model of an ensemble its own), else the raw weights."""
     dirs = model_dirs(model_dir)
     if len(dirs) == 1:
-        return ModelDir(dirs[0]).load(checkpoint)
+        return ModelDir(dirs[0]).load(checkpoint, weights=weights)
     if checkpoint:
         raise InputError("`checkpoint` names one model's checkpoint: an ensemble of several model folders uses each "
                          "one's latest complete checkpoint", params=("checkpoint",))
-    return load_ensemble(dirs)
+    return load_ensemble(dirs, weights)
 
 
 def check_boxes(cfg, model_dir: str) -> None:

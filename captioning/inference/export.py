@@ -26,8 +26,10 @@ Writing is safe for what is already on disk:
 * The export goes to a temporary folder beside ``output`` and is swapped in only when complete: the old
   export is renamed aside, the new one renamed into place, the old one deleted. Whatever fails on the
   way (a full disk), ``output`` is the old export or the new one, and the temporary folder is removed.
-* ``output`` holds ``captioning_export.json`` (:data:`MARKER`: the model folder, checkpoint, step and
-  decoding settings). ``overwrite`` replaces only a folder holding that file, written by this command
+* ``output`` holds ``captioning_export.json`` (:data:`MARKER`: the model folder, checkpoint, step, weights
+  and decoding settings). ``weights``: ``"ema"`` when the SavedModel holds the checkpoint's weight average
+  (``train.ema_decay``; the default when it has one, ``--weights raw`` for the weights as trained), else
+  ``"raw"``. ``overwrite`` replaces only a folder holding that file, written by this command
   — never the model folder, a folder above it, the working directory or a folder above that, nor a
   folder of other files (as ``prepare --overwrite`` removes only its own files).
 * Exporting the same checkpoint with the same settings into an export of them is a no-op.
@@ -160,13 +162,13 @@ def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False
     captioner.check_boxes()  # a model of imported regions cannot pool them from new images
     first = model_dirs(model_dir)[0]
     record = {"model_dir": os.path.abspath(first), "checkpoint": os.path.basename(trained.checkpoint),
-              "step": trained.step, "decode": dict(captioner.options)}
+              "step": trained.step, "weights": trained.members[0].weights, "decode": dict(captioner.options)}
     if len(trained.members) > 1:  # an ensemble: every model's
         record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
-                              "step": m.step} for m in trained.members]
+                              "step": m.step, "weights": m.weights} for m in trained.members]
     existing = check_output(output, model_dir, overwrite)
     if existing is not None:
-        if {k: v for k, v in existing.items() if k != "files"} == record:
+        if {"weights": "raw", **{k: v for k, v in existing.items() if k != "files"}} == record:  # (older: raw)
             return output  # this very export is there already
         if not overwrite:
             raise InputError(f"{output} holds another export ({existing.get('checkpoint')}, "

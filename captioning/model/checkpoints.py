@@ -9,6 +9,13 @@ file that cannot be parsed, or that names missing files, is an error, never "no 
 start again from step 0 over the folder). What a killed save left (``ckpt-N_temp/``, files of a newer
 step that the state file does not name, TF's temporary state files) is removed at the next training start.
 
+**The weight average** (``train.ema_decay``, :mod:`captioning.train.ema`) is a checkpoint item of its own,
+``ema``: for each trainable weight, its average under the key of the weight's position in ``model.variables``
+(the model's build order, the same in every process; Keras' generated layer names are not). ``evaluate``,
+``caption`` and ``export`` read the average into the model in place of the raw weights (:meth:`CheckpointFiles.
+use_weights`, ``--weights ema|raw``): by default when the checkpoint holds one, a weight without an average
+(a frozen encoder's) keeping its raw value.
+
 **Reading while training writes**: :meth:`~captioning.model.folder.ModelDir.load` restores the latest
 checkpoint; if training deletes it in the meantime (``train.keep_checkpoints``), it takes the new latest
 one and tries again. A checkpoint whose variables or shapes do not match the model is one line
@@ -30,6 +37,9 @@ log = logging.getLogger("captioning.model.folder")
 STATE = "checkpoint"  # tf.train.CheckpointManager's state file
 CHECKPOINT_FILE = re.compile(r"ckpt-(\d+)(_temp|\..+)")  # ckpt-N.index, ckpt-N.data-*, ckpt-N_temp/
 STATE_TEMP = re.compile(re.escape(STATE) + r"\.tmp[0-9a-f]{32}")  # TF's atomic_write_string_to_file's
+AVERAGE = "ema"  # the checkpoint item of the weight average (captioning.train.ema): {"averages": {"<index>": var}}
+AVERAGED = re.compile(re.escape(AVERAGE) + r"/averages/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE")  # one weight's average
+WEIGHTS = ("ema", "raw")  # --weights: the average (train.ema_decay), or the weights as trained
 
 
 def first_line(error: BaseException | str, limit: int = 300) -> str:
@@ -139,3 +149,41 @@ class CheckpointFiles:
             error = InputError(f"cannot read checkpoint {path}: {first_line(e.message)}")
         if error is not None:
             raise error
+
+    @staticmethod
+    def averaged(path: str) -> dict[int, str]:
+        """The weight average checkpoint ``path`` holds (``train.ema_decay``): each averaged weight's position in
+        ``model.variables`` → its name in the checkpoint; empty when it holds none."""
+        import tensorflow as tf
+
+        try:
+            names = [name for name, _ in tf.train.list_variables(path)]
+        except (ValueError, tf.errors.OpError) as e:
+            raise InputError(f"cannot read checkpoint {path}: {first_line(e)}") from None
+        return {int(m.group(1)): m.group(0) for m in map(AVERAGED.fullmatch, names) if m}
+
+    def use_weights(self, path: str, model, weights: str | None = None) -> str:
+        """Puts the weights ``weights`` names into ``model``, restored from checkpoint ``path``: ``"ema"`` their
+        average (``train.ema_decay``) in place of each averaged weight, ``"raw"`` leaves them as restored; None:
+        ``"ema"`` when the checkpoint holds an average, else ``"raw"``. Returns the choice. InputError (one line)
+        for ``"ema"`` and a checkpoint without an average, or an average that does not fit the model."""
+        import tensorflow as tf
+
+        averaged = self.averaged(path)
+        weights = weights or ("ema" if averaged else "raw")
+        if weights not in WEIGHTS:
+            raise InputError(f"`weights` {weights!r} is not one of {', '.join(WEIGHTS)}", params=("weights",))
+        if weights == "raw":
+            return weights
+        if not averaged:
+            raise InputError(f"{path} holds no weight average (it was trained with train.ema_decay 0): use "
+                             "`weights` raw, or train with train.ema_decay above 0", params=("weights",))
+        reader, variables = tf.train.load_checkpoint(path), model.variables
+        for index, name in sorted(averaged.items()):
+            value = reader.get_tensor(name)
+            if index >= len(variables) or tuple(variables[index].shape) != value.shape:
+                raise InputError(f"the weight average in {path} does not fit the model its folder's config builds "
+                                 f"(weight {index}); use `weights` raw", params=("weights",))
+            variables[index].assign(value)
+        log.info("using the weight average (train.ema_decay) of %s: %d weights", os.path.basename(path), len(averaged))
+        return weights

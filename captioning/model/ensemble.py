@@ -139,9 +139,11 @@ def model_dirs(model_dir) -> list[str]:
     return [model_dir] if isinstance(model_dir, (str, os.PathLike)) else list(model_dir)
 
 
-def load_ensemble(model_dirs) -> TrainedEnsemble:
+def load_ensemble(model_dirs, weights: str | None = None) -> TrainedEnsemble:
     """The latest complete checkpoint of each folder of ``model_dirs`` (at least two), as one model. A folder
-    given twice is refused, and the vocabularies are compared, before any model is built."""
+    given twice is refused, and the vocabularies are compared, before any model is built. ``weights``: each
+    model's (:meth:`captioning.model.folder.ModelDir.use_weights`; None: each one's default, its average when
+    its checkpoint has one)."""
     seen = {}
     for path in model_dirs:
         if os.path.realpath(path) in seen:
@@ -150,7 +152,7 @@ def load_ensemble(model_dirs) -> TrainedEnsemble:
         seen[os.path.realpath(path)] = path
     folders = [ModelDir(path) for path in model_dirs]
     check_vocabularies([(f.path, f.require_trained()[1]) for f in folders])
-    members = [f.load() for f in folders]
+    members = [f.load(weights=weights) for f in folders]
     return TrainedEnsemble(members, Ensemble([m.model for m in members]))
 
 

@@ -6,7 +6,7 @@ Nobody else knows its file names or its rules; everything goes through :class:`M
     history.yaml      each training run that changed config.yaml: the step it started at, its config
     vocab.txt         the dataset's vocabulary (line i is id i)
     checkpoint        TF's state file: names the latest complete checkpoint, written last, atomically
-    ckpt-<step>.*     checkpoints (model, optimizer, step)
+    ckpt-<step>.*     checkpoints (model, optimizer, step; with train.ema_decay the weights' average, ema)
     logs/             TensorBoard: train; eval, the validation during training; eval_<split>, evaluate
     eval/             evaluate's results, one file per (split, checkpoint, decoding, images)
     cache/            data.cache: disk's and features' files, unless data.cache_dir says elsewhere
@@ -67,6 +67,7 @@ class TrainedModel:
     step: int
     checkpoint: str
     model_dir: str
+    weights: str = "raw"  # "ema": the checkpoint's weight average (train.ema_decay) in place of its raw weights
 
     @property
     def members(self) -> list["TrainedModel"]:
@@ -312,11 +313,13 @@ class ModelDir(CheckpointFiles):
             raise
 
     # ---- restoring ---------------------------------------------------------------------------------------
-    def load(self, checkpoint: str | None = None, attempts: int = 5) -> TrainedModel:
+    def load(self, checkpoint: str | None = None, attempts: int = 5, weights: str | None = None) -> TrainedModel:
         """The trained model at ``checkpoint`` (default: the latest complete one), rebuilt from config.yaml
-        and vocab.txt. The encoder is built without its pretrained weights (the checkpoint has the trained
-        ones), so loading never downloads. While a training run writes into the folder, a latest checkpoint
-        deleted before it could be read is replaced by the new latest (up to ``attempts`` times)."""
+        and vocab.txt, holding the ``weights`` it names (:meth:`use_weights`: ``"ema"``, the weight average;
+        ``"raw"``; None: the average when the checkpoint has one). The encoder is built without its pretrained
+        weights (the checkpoint has the trained ones), so loading never downloads. While a training run writes
+        into the folder, a latest checkpoint deleted before it could be read is replaced by the new latest (up to
+        ``attempts`` times)."""
 
         import tensorflow as tf
 
@@ -333,10 +336,11 @@ class ModelDir(CheckpointFiles):
                 raise InputError(f"{self.path} holds no checkpoint yet (ckpt-<step>): train first")
             try:
                 self.restore(path, {"model": model, "step": step})
+                weights = self.use_weights(path, model, weights)
                 break
             except InputError:
                 if checkpoint or attempt == attempts - 1 or self.latest_checkpoint() == path:
                     raise
                 log.info("%s was replaced by a newer checkpoint while it was read; reading the newer one", path)
         log.info("restored %s (step %d)", path, int(step.numpy()))
-        return TrainedModel(model, cfg, vocab, int(step.numpy()), path, self.path)
+        return TrainedModel(model, cfg, vocab, int(step.numpy()), path, self.path, weights)
