@@ -114,7 +114,7 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
     (one, single), (two, several) = runs[1], runs[2]
     # 32 training images x 5 captions / 8 = 20 batches an epoch: 5 optimizer steps; the rate halves every 10
     assert one.steps_per_epoch == 5 and one.optimizer._learning_rate.decay_steps == 10
-    assert "4 micro-batches a step" in one.plan.describe()
+    assert "4 micro-batches a step" in one.plan.describe() and one.plan.step_captions == 32  # examples/s counts 32
     assert single.step == several.step == 2 and len(single.losses) == len(several.losses) == 2
     assert int(one.optimizer.iterations.numpy()) == int(two.optimizer.iterations.numpy()) == 2
     np.testing.assert_allclose(several.losses, single.losses, rtol=1e-5)

@@ -155,7 +155,7 @@ class Trainer:
         # under loss scaling an overflowing gradient is the scaler's business: only the loss counts
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         batches = iter(dataset)
-        summaries = Summaries(self.model_dir, self.chief, self.plan.captions, self.objective.parts)
+        summaries = Summaries(self.model_dir, self.chief, self.plan.step_captions, self.objective.parts)
         summaries.config(config_lib.to_dict(config_lib.with_absolute_paths(self.cfg)))
         profiler = StepProfiler(cfg.profile_steps, summaries.train_dir, enabled=self.chief)
         window = Window()

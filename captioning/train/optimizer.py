@@ -140,6 +140,11 @@ class EpochPlan:
                      f"(about {self.captions:.0f} captions; train.batch_size {self.batch_size})")
         return batch if self.micro_batches == 1 else f"{self.micro_batches} micro-batches a step, each a {batch}"
 
+    @property
+    def step_captions(self) -> float:
+        """Captions an optimizer step trains on: its micro-batches' (examples per second count these)."""
+        return self.captions * self.micro_batches
+
 
 def epoch_plan(dataset, cfg: config_lib.Config, replicas: int = 1, held: int | None = None) -> EpochPlan:
     """The :class:`EpochPlan` of training ``cfg`` on ``dataset``'s (a PreparedDataset) training split over
