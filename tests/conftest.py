@@ -124,3 +124,98 @@ def hub_presets(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hub_presets")
     return {family: write_preset(family, str(root / family)) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def region_data(prepared_dir, shapes_dir, trained_attention_dir, tmp_path_factory):
+    """A copy of the prepared fixture with the store "oracle": the trained attention fixture's 2 x 2 grid
+    pooled in each shape's box (and the whole image); the first training image left out. ``(data folder,
+    the image left out)``, a copy of its own for each worker (tests/test_region_training.py and the
+    2-replica scenarios of :func:`distributed_runs`)."""
+
+    def build(root):
+        from captioning.data.prepared import PreparedDataset
+        from captioning.inference.captioner import load
+        from captioning.inference.regions import read_detections, region_features
+        from data_prep.features_writer import Row, write_store
+
+        data_dir = os.path.join(root, "data")
+        shutil.copytree(prepared_dir, data_dir)
+        dataset = PreparedDataset.load(data_dir)
+        left_out = min(i for i, r in dataset.image_records().items() if r.split == "train")
+        detections = read_detections([os.path.join(shapes_dir, "annotations", f"instances_{s}.json")
+                                      for s in ("train", "val", "test")])
+        model = load(trained_attention_dir).model
+        rows = [Row(i, r.features, r.boxes, r.width, r.height) for i, r in
+                region_features(model, dataset, os.path.join(shapes_dir, "images"), detections) if i != left_out]
+        source = {"kind": "extract", "model": trained_attention_dir, "checkpoint": load(trained_attention_dir).step}
+        write_store(data_dir, lambda skip: rows[skip:], source=source, name="oracle", images_per_shard=7,
+                    progress=False)
+        with open(os.path.join(root, "left_out.txt"), "w") as f:
+            f.write(str(left_out))
+
+    root = built_once(tmp_path_factory, "region_data", build, own_copy=True)
+    with open(os.path.join(root, "left_out.txt")) as f:
+        return os.path.join(root, "data"), int(f.read())
+
+
+@pytest.fixture(scope="session")
+def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
+    """train: 8 images; val: ONE image with ONE caption (fewer captions than replicas); test: 3 images (15
+    captions). The vocabulary of ``prepared_dir``, so ``trained_model_dir``'s checkpoint fits
+    (tests/test_uneven_splits.py and :func:`distributed_runs`); read-only for tests."""
+
+    def build(root):
+        import json
+
+        from data_prep.prepare import PrepareOptions, prepare
+        from data_prep.synth import load_split
+
+        splits = []
+        for split, images, captions in (("train", 8, 5), ("val", 1, 1), ("test", 3, 5)):
+            data = load_split(shapes_dir, split if split != "val" else "train")
+            keep = [image["id"] for image in data["images"][:images]]
+            data["images"] = [image for image in data["images"] if image["id"] in keep]
+            seen = {}
+            anns = []
+            for ann in data["annotations"]:
+                if ann["image_id"] in keep and seen.get(ann["image_id"], 0) < captions:
+                    seen[ann["image_id"]] = seen.get(ann["image_id"], 0) + 1
+                    anns.append(ann)
+            data["annotations"] = anns
+            path = os.path.join(root, f"captions_{split}.json")
+            with open(path, "w") as f:
+                json.dump(data, f)
+            splits.append(f"{split}={path}:{shapes_dir}/images")
+        manifest = prepare(PrepareOptions(output_dir=os.path.join(root, "records"), split=splits, workers=1,
+                                          vocab=os.path.join(prepared_dir, "vocab.txt")), progress=False)
+        assert [manifest["splits"][s]["captions"] for s in ("train", "val", "test")] == [40, 1, 15]
+
+    return os.path.join(built_once(tmp_path_factory, "uneven", build), "records")
+
+
+@pytest.fixture(scope="session")
+def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
+    """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py and
+    test_uneven_splits.py, run once for all of them: the MirroredStrategy ones (one device against 2 logical
+    CPUs) in one process and the MultiWorkerMirroredStrategy ones in one pair of localhost workers, both
+    pairs of processes at once (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
+    with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
+    from tests.helpers import REGIONS, run_distributed_scenarios
+
+    def build(root):
+        # the evaluation scenarios restore trained_model_dir's checkpoint: a copy for each group
+        models = {}
+        for group in ("mirrored", "multi_worker"):
+            models[group] = os.path.join(root, f"model-{group}")
+            shutil.copytree(trained_model_dir, models[group])
+        data, regions = prepared_dir, region_data[0]
+        run_distributed_scenarios(root, {
+            "mirrored": [["mirrored_grouped", data, "grouped"], ["mirrored_scst", data, "scst"],
+                         ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
+                         ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"]],
+            "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
+                             ["multi_worker", regions, "regions", *REGIONS],
+                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"]]})
+
+    return built_once(tmp_path_factory, "distributed_runs", build)

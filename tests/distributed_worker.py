@@ -1,4 +1,4 @@
-"""Run by tests/test_train.py in fresh processes (logical devices must be set before TF starts).
+"""Run by the tests (tests/helpers.py) in fresh processes (logical devices must be set before TF starts).
 
     python tests/distributed_worker.py mirrored DATA_DIR OUT_DIR
         one training step from the same weights and the same global batch on one device and on a
@@ -16,6 +16,9 @@
         the evaluation loss of MODEL_DIR's checkpoint on the val and test splits for several global
         batch sizes, under STRATEGY (one, mirrored over 2 logical CPUs, or multi_worker with TF_CONFIG);
         writes OUT_DIR/eval-<strategy>[-<task>].json: {"split/batch": [loss, tokens]}
+    python tests/distributed_worker.py many SPEC.json   (TF_CONFIG set: the multi-worker scenarios)
+        the scenarios SPEC.json lists ([MODE, DATA_DIR, OUT_DIR, ARG...] each) one after another in this
+        process (tests/helpers.py's run_distributed_scenarios, for the tests of several files at once)
 """
 
 import json
@@ -87,8 +90,7 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     """captions_per_image: grouped under 2 replicas (each its own batch of whole images, as
     distribute_datasets_from_function hands them out) against one device given both batches as one;
     with split padding (train.split_padding), whose cut each replica chooses for its own batch."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    two_cpus()
     from captioning.data.pipeline import make_dataset
     from captioning.train import Trainer
 
@@ -147,8 +149,19 @@ def mirrored_scst(data_dir, out_dir):
     mirrored_grouped(data_dir, out_dir, *SCST, out_name="mirrored_scst")
 
 
+_MULTI_WORKER = []
+
+
+def multi_worker_strategy():
+    """This process's MultiWorkerMirroredStrategy (TF_CONFIG), made once: the scenarios of ``many`` share
+    the cluster, as the collectives are configured once per process."""
+    if not _MULTI_WORKER:
+        _MULTI_WORKER.append(tf.distribute.MultiWorkerMirroredStrategy())
+    return _MULTI_WORKER[0]
+
+
 def multi_worker(data_dir, out_dir, *extra):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multi_worker_strategy()
     from captioning.train import Trainer
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -167,12 +180,11 @@ TRAINED = ("train.optimizer=adam", "train.learning_rate=0.01", "model.embedding_
 def eval_losses(data_dir, out_dir, model_dir, strategy_name):
     """Every (split, global batch) evaluation loss of one checkpoint under one strategy."""
     if strategy_name == "mirrored":
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        two_cpus()
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                                   cross_device_ops=tf.distribute.ReductionToOneDevice())
     elif strategy_name == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = multi_worker_strategy()
     else:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     from captioning.train import Trainer
@@ -226,11 +238,37 @@ def mirrored_specs(data_dir, out_dir, *specs):
                 f.write(traceback.format_exc())
 
 
+def many(spec_file):
+    """The scenarios that ``spec_file`` (JSON) lists, ``[[MODE, DATA_DIR, OUT_DIR, ARG...], ...]``, one after
+    another in this process: one TensorFlow start-up (and under TF_CONFIG one cluster) for all of them. Each
+    writes its results into its OUT_DIR, and then OUT_DIR/done-TASK (TASK: the TF_CONFIG index, or "one"), or
+    its traceback into OUT_DIR/error.txt. Under multi-worker the first error ends the process (the peer would
+    wait on a collective that never comes); the scenarios not run then have neither."""
+    import traceback
+
+    with open(spec_file) as f:
+        scenarios = json.load(f)
+    for mode, *args in scenarios:
+        os.makedirs(args[1], exist_ok=True)
+        try:
+            MODES[mode](*args)
+            task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", "one")
+            open(os.path.join(args[1], f"done-{task}"), "w").close()
+        except Exception:  # noqa: BLE001 - reported by the test of that scenario
+            with open(os.path.join(args[1], "error.txt"), "w") as f:
+                f.write(traceback.format_exc())
+            if "TF_CONFIG" in os.environ:
+                raise
+
+
+MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs, "mirrored": mirrored,
+         "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker, "mirrored_scst": mirrored_scst,
+         "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
+         "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
+         "eval_losses": eval_losses,
+         "multi_worker_service": lambda d, o, service: multi_worker(
+             d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30"),
+         "many": many}
+
 if __name__ == "__main__":
-    modes = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs, "mirrored": mirrored, "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker,
-             "mirrored_scst": mirrored_scst, "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
-             "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
-             "eval_losses": eval_losses,
-             "multi_worker_service": lambda d, o, service: multi_worker(
-                 d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30")}
-    modes[sys.argv[1]](*sys.argv[2:])
+    MODES[sys.argv[1]](*sys.argv[2:])

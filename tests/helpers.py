@@ -171,6 +171,59 @@ def run_distributed_worker(mode, *args, timeout=600):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
 
+# tests/test_region_training.py's 2-replica scenarios: an attention model over the oracle store's regions
+REGIONS = ("data.features=regions", "data.features_store=oracle", "model.decoder=attention",
+           "model.attention_size=8", "model.attention_l1=1.0")
+
+
+def run_distributed_scenarios(root, groups, timeout=900):
+    """Runs each group of ``groups`` (``{"mirrored": [[MODE, DATA_DIR, NAME, ARG...], ...], "multi_worker": [...]}``)
+    with tests/distributed_worker.py's ``many``: "mirrored" in one process (2 logical CPUs), "multi_worker" in
+    the two workers of a localhost cluster (TF_CONFIG), all at once: one TensorFlow start-up a process for
+    every scenario of a group instead of one a scenario. Scenario NAME writes into ``root/GROUP/NAME``; each
+    process's output goes to ``root/GROUP[-TASK].log``. Never raises: :func:`distributed_result` asserts."""
+    import json
+
+    procs = []
+    for group, scenarios in groups.items():
+        spec = os.path.join(root, f"{group}.json")
+        with open(spec, "w") as f:
+            json.dump([[mode, data, os.path.join(root, group, name), *args] for mode, data, name, *args in scenarios], f)
+        tasks = [None] if group == "mirrored" else [0, 1]
+        ports = [free_port(), free_port()]
+        for task in tasks:
+            env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+            if task is not None:
+                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                                               "task": {"type": "worker", "index": task}})
+            log = os.path.join(root, group + ("" if task is None else f"-{task}") + ".log")
+            with open(log, "w") as out:
+                procs.append(subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"),
+                                               "many", spec], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL))
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+
+
+def distributed_result(root, group, name):
+    """The folder scenario ``name`` of ``group`` wrote (:func:`run_distributed_scenarios`), asserting that it
+    finished in every process of its group: else its traceback, or the end of the processes' output."""
+    import glob
+
+    out = os.path.join(root, group, name)
+    error = os.path.join(out, "error.txt")
+    assert not os.path.exists(error), open(error).read()[-4000:]
+    tasks = ["one"] if group == "mirrored" else ["0", "1"]
+    missing = [t for t in tasks if not os.path.exists(os.path.join(out, f"done-{t}"))]
+    logs = "\n".join(f"{log}:\n{open(log).read()[-2500:]}" for log in sorted(glob.glob(os.path.join(root, f"{group}*.log"))))
+    assert not missing, f"scenario {group}/{name} did not finish in {missing}\n{logs}"
+    return out
+
+
 def small_train_config(data_dir, *extra):
     """A config that trains in seconds on the shapes fixture (tests/distributed_worker.py defines it)."""
     sys.path.insert(0, os.path.join(REPO, "tests"))

@@ -18,7 +18,7 @@ from captioning.data.pipeline import make_dataset
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import eval_regions, store_of
 from captioning.errors import InputError
-from tests.helpers import run_cli, small_train_config
+from tests.helpers import distributed_result, run_cli, small_train_config
 
 SPLITS = ("train", "val", "test")
 
@@ -27,27 +27,7 @@ def instances_files(shapes_dir):
     return [os.path.join(shapes_dir, "annotations", f"instances_{s}.json") for s in SPLITS]
 
 
-@pytest.fixture(scope="module")
-def region_data(prepared_dir, shapes_dir, trained_attention_dir, tmp_path_factory):
-    """A copy of the prepared fixture with the store "oracle": the trained attention fixture's 2 x 2 grid
-    pooled in each shape's box (and the whole image); the first training image left out."""
-    from captioning.inference.captioner import load
-    from captioning.inference.regions import read_detections, region_features
-    from data_prep.features_writer import Row, write_store
-
-    data_dir = str(tmp_path_factory.mktemp("region_data") / "data")
-    shutil.copytree(prepared_dir, data_dir)
-    dataset = PreparedDataset.load(data_dir)
-    left_out = min(i for i, r in dataset.image_records().items() if r.split == "train")
-    detections = read_detections(instances_files(shapes_dir))
-    model = load(trained_attention_dir).model
-    rows = [Row(i, r.features, r.boxes, r.width, r.height)
-            for i, r in region_features(model, dataset, os.path.join(shapes_dir, "images"), detections) if i != left_out]
-    source = {"kind": "extract", "model": trained_attention_dir, "checkpoint": load(trained_attention_dir).step}
-    write_store(data_dir, lambda skip: rows[skip:], source=source, name="oracle", images_per_shard=7, progress=False)
-    return data_dir, left_out
-
-
+# region_data (the oracle store) is conftest's: the 2-replica scenarios over regions (distributed_runs) read it too
 ATTENTION = ("model.decoder=attention", "model.attention_size=16", "model.embedding_size=32", "model.lstm_units=32",
              "train.optimizer=adam", "train.learning_rate=0.01")
 
@@ -457,19 +437,13 @@ def test_refusals(region_data, tmp_path):
     assert not os.path.exists(tmp_path / "a") or not os.listdir(tmp_path / "a")
 
 
-REGIONS = ("data.features=regions", "data.features_store=oracle", "model.decoder=attention",
-           "model.attention_size=8", "model.attention_l1=1.0")
-
-
 @pytest.mark.slow
-def test_mirrored_scst_over_regions_equals_one_device(region_data, tmp_path):
-    """SCST (grouped batches) over regions under two replicas, each with its own batch of images and its own
-    number of regions, updates the model exactly as one device given both batches (padded to the larger)."""
-    from tests.helpers import run_distributed_worker
-
-    data_dir, _ = region_data
-    run_distributed_worker("mirrored_scst_with", data_dir, str(tmp_path), *REGIONS)
-    r = np.load(tmp_path / "mirrored_scst.npz")
+def test_mirrored_scst_over_regions_equals_one_device(distributed_runs):
+    """SCST (grouped batches) over regions (tests/helpers.py's REGIONS) under two replicas, each with its own
+    batch of images and its own number of regions, updates the model exactly as one device given both
+    batches (padded to the larger). Run with the other files' 2-replica scenarios (conftest's distributed_runs)."""
+    out = distributed_result(distributed_runs, "mirrored", "scst_regions")
+    r = np.load(os.path.join(out, "mirrored_scst.npz"))
     assert int(r["images"]) == 4 and float(r["one_tokens"]) == float(r["two_tokens"]) == 12
     assert int(r["regions_first"]) >= 2 and int(r["regions_second"]) >= 2
     assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-6)
@@ -481,12 +455,9 @@ def test_mirrored_scst_over_regions_equals_one_device(region_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_multi_worker_training_over_regions_ends_with_identical_weights(region_data, tmp_path):
-    from tests.test_train import run_two_workers
-
-    data_dir, _ = region_data
-    run_two_workers(["multi_worker", data_dir, str(tmp_path), *REGIONS])
-    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+def test_multi_worker_training_over_regions_ends_with_identical_weights(distributed_runs):
+    out = distributed_result(distributed_runs, "multi_worker", "regions")
+    a, b = np.load(os.path.join(out, "weights-0.npz")), np.load(os.path.join(out, "weights-1.npz"))
     assert int(a["replicas"]) == 2 and len(a["losses"]) == 4 and np.isfinite(a["losses"]).all()
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)

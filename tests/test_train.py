@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from captioning.errors import InputError
-from tests.helpers import REPO, free_port, run_cli, small_train_config
+from tests.helpers import REPO, distributed_result, free_port, run_cli, small_train_config
 
 WORKER = os.path.join(REPO, "tests", "distributed_worker.py")
 
@@ -137,13 +137,11 @@ def run_worker(args, env=None, timeout=600):
 
 
 @pytest.mark.slow
-def test_mirrored_grouped_captions_equal_one_device(data_dir, tmp_path):
+def test_mirrored_grouped_captions_equal_one_device(distributed_runs):
     """data.captions_per_image: grouped keeps data-parallel exactness: two replicas, each with its own
-    batch of whole images, update the model exactly as one device given both batches at once."""
-    proc = run_worker(["mirrored_grouped", data_dir, str(tmp_path)])
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-3000:]
-    r = np.load(tmp_path / "mirrored_grouped.npz")
+    batch of whole images, update the model exactly as one device given both batches at once (run with
+    the other files' 2-replica scenarios: conftest's distributed_runs)."""
+    r = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "grouped"), "mirrored_grouped.npz"))
     assert int(r["images"]) == 4 and int(r["captions"]) == 20  # 2 images and their 5 captions a replica
     assert r["tokens_first"] != r["tokens_second"] and float(r["one_norm"]) > 0.05
     assert float(r["two_tokens"]) == float(r["one_tokens"]) == r["tokens_first"] + r["tokens_second"]
@@ -173,16 +171,16 @@ def run_two_workers(args):
 
 
 @pytest.mark.slow
-def test_multi_worker_processes_end_with_identical_weights(data_dir, tmp_path):
-    run_two_workers(["multi_worker", data_dir, str(tmp_path)])
-    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+def test_multi_worker_processes_end_with_identical_weights(distributed_runs):
+    out = distributed_result(distributed_runs, "multi_worker", "xe")
+    a, b = np.load(os.path.join(out, "weights-0.npz")), np.load(os.path.join(out, "weights-1.npz"))
     assert int(a["replicas"]) == 2 and len(a["losses"]) == 4
     np.testing.assert_array_equal(a["losses"], b["losses"])
     assert a["losses"][-1] < a["losses"][0]
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    model_dir = tmp_path / "model"
-    assert (model_dir / "ckpt-4.index").exists()  # the chief wrote the checkpoint
+    model_dir = os.path.join(out, "model")
+    assert os.path.exists(os.path.join(model_dir, "ckpt-4.index"))  # the chief wrote the checkpoint
     assert not [n for n in os.listdir(model_dir) if n.startswith(".tmp-")]  # the other worker cleaned up
 
 

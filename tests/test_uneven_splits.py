@@ -8,40 +8,11 @@ import shutil
 
 import pytest
 
-from tests.helpers import REPO, run_cli, small_train_config
-from tests.distributed_worker import EVAL_BATCHES, TRAINED
-from tests.test_train import run_two_workers, run_worker
+from tests.helpers import REPO, distributed_result, run_cli, small_train_config
+from tests.distributed_worker import EVAL_BATCHES
 
 
-@pytest.fixture(scope="module")
-def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
-    """train: 8 images; val: ONE image with ONE caption (fewer captions than replicas); test: 3 images (15
-    captions). The vocabulary of ``prepared_dir``, so ``trained_model_dir``'s checkpoint fits."""
-    from data_prep.prepare import PrepareOptions, prepare
-    from data_prep.synth import load_split
-
-    root = tmp_path_factory.mktemp("uneven")
-    splits = []
-    for split, images, captions in (("train", 8, 5), ("val", 1, 1), ("test", 3, 5)):
-        data = load_split(shapes_dir, split if split != "val" else "train")
-        keep = [image["id"] for image in data["images"][:images]]
-        data["images"] = [image for image in data["images"] if image["id"] in keep]
-        seen = {}
-        anns = []
-        for ann in data["annotations"]:
-            if ann["image_id"] in keep and seen.get(ann["image_id"], 0) < captions:
-                seen[ann["image_id"]] = seen.get(ann["image_id"], 0) + 1
-                anns.append(ann)
-        data["annotations"] = anns
-        path = root / f"captions_{split}.json"
-        path.write_text(json.dumps(data))
-        splits.append(f"{split}={path}:{shapes_dir}/images")
-    out = str(root / "records")
-    manifest = prepare(PrepareOptions(output_dir=out, split=splits, workers=1, vocab=os.path.join(prepared_dir,
-                                                                                                 "vocab.txt")),
-                       progress=False)
-    assert [manifest["splits"][s]["captions"] for s in ("train", "val", "test")] == [40, 1, 15]
-    return out
+# uneven_dir (train 8 images, val ONE caption, test 3 images) is conftest's: distributed_runs evaluates on it too
 
 
 @pytest.fixture(scope="module")
@@ -70,27 +41,22 @@ def assert_same_losses(got, expected):
 
 
 @pytest.mark.slow
-def test_mirrored_evaluation_equals_one_device_for_uneven_splits(uneven_dir, trained_model_dir, one_device_losses,
-                                                                  tmp_path):
-    model_dir = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model_dir)
-    proc = run_worker(["eval_losses", uneven_dir, str(tmp_path), str(model_dir), "mirrored"])
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-3000:]
-    got = json.loads((tmp_path / "eval-mirrored.json").read_text())
+def test_mirrored_evaluation_equals_one_device_for_uneven_splits(distributed_runs, one_device_losses):
+    """trained_model_dir's checkpoint evaluated under 2 replicas (conftest's distributed_runs)."""
+    out = distributed_result(distributed_runs, "mirrored", "uneven")
+    with open(os.path.join(out, "eval-mirrored.json")) as f:
+        got = json.load(f)
     assert got["replicas"] == 2
     assert_same_losses(got, one_device_losses)
 
 
 @pytest.mark.slow
-def test_multi_worker_evaluation_equals_one_device_for_uneven_splits(uneven_dir, trained_model_dir,
-                                                                      one_device_losses, tmp_path):
+def test_multi_worker_evaluation_equals_one_device_for_uneven_splits(distributed_runs, one_device_losses):
     """Two workers, one input pipeline each: the 1-caption val split leaves worker 1 with no record at all."""
-    model_dir = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model_dir)
-    run_two_workers(["eval_losses", uneven_dir, str(tmp_path), str(model_dir), "multi_worker"])
+    out = distributed_result(distributed_runs, "multi_worker", "uneven")
     for index in range(2):
-        got = json.loads((tmp_path / f"eval-multi_worker-{index}.json").read_text())
+        with open(os.path.join(out, f"eval-multi_worker-{index}.json")) as f:
+            got = json.load(f)
         assert got["replicas"] == 2
         assert_same_losses(got, one_device_losses)
 
