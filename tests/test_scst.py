@@ -14,7 +14,7 @@ from captioning.config import load_config
 from captioning.errors import InputError
 from captioning.train.objectives.scst import ScstSettings
 from captioning.vocab import END_ID, PAD_ID, START_ID
-from tests.helpers import run_cli, run_distributed_worker, small_train_config, model_config
+from tests.helpers import distributed_result, small_train_config, model_config
 
 V = 40
 
@@ -366,54 +366,13 @@ def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_pa
         logger.removeHandler(caplog.handler)
 
 
-@pytest.mark.slow
-def test_scst_from_a_cross_entropy_model_in_a_new_folder_and_in_the_same_one(trained_model_dir, prepared_dir, tmp_path):
-    """--init-from starts a new folder from another's weights; the same folder switches to SCST from its
-    latest checkpoint with a new optimizer; both resume like any run; the document frequencies are
-    counted once and kept in the folder."""
-    import shutil
-
-    from captioning.model.folder import ModelDir
-    from captioning.train import Trainer
-
-    config = tmp_path / "scst.yaml"
-    cfg = small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=6", "train.eval_every_steps=6",
-                             "train.eval_batches=1")
-    from captioning.config import save_config
-
-    save_config(cfg, str(config))
-    new = tmp_path / "new"
-    done = run_cli("train", "--config", str(config), "--model-dir", str(new), "--init-from", trained_model_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "initialised the model from" in done.stderr and "ckpt-60" in done.stderr
-    assert "reward" in done.stderr and "ended" in done.stderr
-    assert "references have more than scst.max_length" not in done.stderr  # up to 20 words: all fit
-    assert os.path.exists(ModelDir(str(new)).document_frequencies_file)
-    again = run_cli("train", "--config", str(config), "--model-dir", str(new), "--init-from", trained_model_dir,
-                    "--set", "train.steps=8")
-    assert again.returncode == 0 and "resumed from" in again.stderr and "counting the n-grams" not in again.stderr
-    bad = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "x"), "--init-from", str(tmp_path))
-    assert bad.returncode == 2 and "--init-from" in bad.stderr.strip().splitlines()[-1]
-
-    same = tmp_path / "same"
-    shutil.copytree(trained_model_dir, same)
-    trainer = Trainer(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=63"), str(same))
-    assert trainer.current_step() == 60  # restored, with a new optimizer for the new objective
-    before = {v.path: v.numpy() for v in trainer.model.trainable_variables}
-    result = trainer.run(progress=False)
-    assert result.step == 63
-    assert any(not np.array_equal(before[v.path], v.numpy()) for v in trainer.model.trainable_variables)
-    samples = trainer.sample_captions(2)  # TensorBoard's sample captions come with their rewards
-    rewards = [float(re.fullmatch(r"reward (\d+\.\d+)", s.note).group(1)) for s in samples]
-    assert all(s.caption for s in samples) and all(0 <= r <= 10 for r in rewards)
-    history = open(same / "history.yaml").read()
-    assert "objective: scst" in history and "objective: xe" in history
+# SCST from a cross-entropy model, in a new folder (--init-from) and in the same one, resumed: one run of each
+# in tests/test_train_start.py's test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches
 
 
 @pytest.mark.slow
-def test_mirrored_scst_equals_one_device(prepared_dir, tmp_path):
-    run_distributed_worker("mirrored_scst", prepared_dir, str(tmp_path))
-    r = np.load(tmp_path / "mirrored_scst.npz")
+def test_mirrored_scst_equals_one_device(distributed_runs):
+    r = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "scst"), "mirrored_scst.npz"))
     assert int(r["images"]) == 4 and float(r["one_tokens"]) == float(r["two_tokens"]) == 12  # 4 images × 3 samples
     assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-6)
     assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
@@ -423,11 +382,9 @@ def test_mirrored_scst_equals_one_device(prepared_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_multi_worker_scst_ends_with_identical_weights(prepared_dir, tmp_path):
-    from tests.test_train import run_two_workers
-
-    run_two_workers(["multi_worker_scst", prepared_dir, str(tmp_path)])
-    a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
+def test_multi_worker_scst_ends_with_identical_weights(distributed_runs):
+    out = distributed_result(distributed_runs, "multi_worker", "scst")
+    a, b = np.load(os.path.join(out, "weights-0.npz")), np.load(os.path.join(out, "weights-1.npz"))
     assert int(a["replicas"]) == 2 and len(a["losses"]) == 4
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)

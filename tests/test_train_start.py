@@ -13,6 +13,8 @@ from captioning.config import save_config
 from tests.helpers import run_main, small_train_config
 
 TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's trained_model_dir
+SCST = ["train.objective=scst", "data.captions_per_image=grouped", "train.optimizer=adam", "train.learning_rate=0.001",
+        "scst.samples=3", "train.batch_size=10", "scst.max_length=20"]  # the shapes captions have up to 18 words
 
 
 def xe_config(path, data_dir, *overrides):
@@ -30,7 +32,14 @@ def history(model):
 def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(trained_model_dir, prepared_dir,
                                                                                tmp_path):
     """The commands the SCST issue showed, as shown: the same folder with --set train.objective=scst (and
-    more steps), and a new folder from --init-from with a cross-entropy config."""
+    more steps), and a new folder from --init-from with a cross-entropy config. --init-from starts a new
+    folder from another's weights; the same folder switches to SCST from its latest checkpoint with a new
+    optimizer; both resume like any run; the document frequencies are counted once and kept in the folder.
+    (tests/test_scst.py's SCST-from-cross-entropy runs are these: one run of each kind for both files.)"""
+    import numpy as np
+
+    from captioning.train import Trainer
+
     config = xe_config(tmp_path / "xe.yaml", prepared_dir)
     same = tmp_path / "same"
     shutil.copytree(trained_model_dir, same)
@@ -43,11 +52,35 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     assert last["started_at_step"] == 60 and last["config"]["train"]["objective"] == "scst"
     assert last["config"]["data"]["captions_per_image"] == "grouped"
     assert os.path.exists(same / "cider_document_frequencies.npz")
+    # the SCST folder resumes like any run; TensorBoard's sample captions come with their rewards
+    trainer = Trainer(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=63"), str(same))
+    assert trainer.current_step() == 62
+    before = {v.path: v.numpy() for v in trainer.model.trainable_variables}
+    assert trainer.run(progress=False).step == 63
+    assert any(not np.array_equal(before[v.path], v.numpy()) for v in trainer.model.trainable_variables)
+    samples = trainer.sample_captions(2)
+    rewards = [float(re.fullmatch(r"reward (\d+\.\d+)", s.note).group(1)) for s in samples]
+    assert all(s.caption for s in samples) and all(0 <= r <= 10 for r in rewards)
+    with open(same / "history.yaml") as f:
+        text = f.read()
+    assert "objective: scst" in text and "objective: xe" in text
+
     new = tmp_path / "new"
+    evaluated = ["--set", "train.eval_every_steps=2", "--set", "train.eval_batches=1"]
     code, out, err = run_main("train", "--config", config, "--model-dir", new, "--init-from", trained_model_dir,
-                              *scst, "--set", "train.steps=2")
+                              *scst, *evaluated, "--set", "train.steps=2")
     assert code == 0, err
     assert history(new)[-1]["config"]["data"]["captions_per_image"] == "grouped"
+    assert "initialised the model from" in err and "ckpt-60" in err
+    assert "reward" in err and "ended" in err
+    assert "references have more than scst.max_length" not in err  # up to 20 words: all fit
+    assert os.path.exists(new / "cider_document_frequencies.npz")
+    code, out, err = run_main("train", "--config", config, "--model-dir", new, "--init-from", trained_model_dir,
+                              *scst, *evaluated, "--set", "train.steps=3")
+    assert code == 0 and "resumed from" in err and "counting the n-grams" not in err, err
+    code, out, err = run_main("train", "--config", config, "--model-dir", tmp_path / "x", "--init-from", tmp_path,
+                              *scst)
+    assert code == 2 and "--init-from" in err.strip().splitlines()[-1]
     # an explicit contradicting choice is still refused, in one line, writing nothing
     code, out, err = run_main("train", "--config", config, "--model-dir", tmp_path / "no", *scst,
                               "--set", "data.captions_per_image=sample")
