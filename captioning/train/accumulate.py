@@ -42,16 +42,17 @@ class Accumulation:
     host's iterator, :meth:`step_for` gives the step that takes them (one compiled call per micro-batch and
     one for the update), and :meth:`step_from` is the step that reads its micro-batches itself inside a
     compiled call (``train.steps_per_execution``). Both return what the single step returns
-    (:func:`captioning.train.steps.make_train_step`)."""
+    (:func:`captioning.train.steps.make_train_step`); ``after_update`` as there, once per optimizer step."""
 
     def __init__(self, model, optimizer, strategy, objective, step_counter: tf.Variable, clip_gradient_norm: float,
-                 jitter: bool, jit_compile: bool, steps: int):
+                 jitter: bool, jit_compile: bool, steps: int, after_update: tuple = ()):
         self.steps, self.strategy, self.jitter = steps, strategy, jitter
         self.variables = model.trainable_variables
         self.moving = forward_state(model)
         gradients = loss_sum_gradients(model, optimizer, objective)
         self.gradients = tf.function(gradients, jit_compile=True) if jit_compile else gradients
-        self.replica_update, self.finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm)
+        self.replica_update, self.finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm,
+                                                         after_update)
         self.parts = tuple(objective.parts)
 
         def local(value, aggregation=tf.VariableAggregation.SUM):  # one copy per replica, never synchronised

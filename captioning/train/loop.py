@@ -36,6 +36,7 @@ from captioning.model import build_model, resolve
 from captioning.model.folder import ModelDir
 from captioning.train import distribute
 from captioning.train.accumulate import Accumulation
+from captioning.train.ema import WeightAverage
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
                                         restore_run, service_watch, wait_for_service)
@@ -102,8 +103,10 @@ class Trainer:
             # distributed step, or the first step fails on an unfed 'cond' placeholder.
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.average = WeightAverage(self.model, cfg.train.ema_decay, self.strategy)  # train.ema_decay (0: none)
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
+                                              **self.average.checkpoint_items)
         with self.folder.undo_on_refusal():
             self._start(cfg, previous, source)
         self._compiled = Compiled()
@@ -131,6 +134,7 @@ class Trainer:
         restore_run(self.folder, latest, previous, cfg, source, self.model, self.step, self.optimizer)
         if not latest and source is None and self.extractor:  # a new model reading regions pooled by an encoder
             start_encoder_from(self.model, self.extractor)
+        self.average.start(latest)  # the checkpoint's average, else from the weights the run starts with
         if latest:
             self._saved_step = self.current_step()  # so an interrupted run does not write it again
         if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
@@ -278,14 +282,15 @@ class Trainer:
         the global gradient norm and the global weight (tokens for ``xe``)."""
         jitter = self.cfg.data.color_jitter and self.cfg.data.cache != "features"
         return make_train_step(self.model, self.optimizer, self.strategy, self.objective, self.step,
-                               self.cfg.train.clip_gradient_norm, jitter, self.cfg.train.jit_compile)
+                               self.cfg.train.clip_gradient_norm, jitter, self.cfg.train.jit_compile,
+                               after_update=self.average.after_update)
 
     def _accumulation(self) -> Accumulation | None:
         """``train.accumulate_steps`` > 1: each optimizer step takes that many micro-batches
         (:mod:`captioning.train.accumulate`)."""
         t, jitter = self.cfg.train, self.cfg.data.color_jitter and self.cfg.data.cache != "features"
         return Accumulation(self.model, self.optimizer, self.strategy, self.objective, self.step, t.clip_gradient_norm,
-                            jitter, t.jit_compile, t.accumulate_steps) \
+                            jitter, t.jit_compile, t.accumulate_steps, self.average.after_update) \
             if t.accumulate_steps > 1 else None
 
     def train_step_for(self, dataset):

@@ -83,13 +83,16 @@ def loss_sum_gradients(model, optimizer, objective: Objective):
     return replica_gradients
 
 
-def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_gradient_norm: float):
+def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_gradient_norm: float,
+                after_update: tuple = ()):
     """The second half of every training step, one optimizer update: ``replica_update(grads, loss_sum,
     global_weight, sums, before)`` in replica context (the replica's gradients already divided by the global
     weight, still scaled under loss scaling; its loss sum and sums; the batch-norm statistics as they were
     before the step's forward passes) all-reduces, clips the global gradient and decides whether the step is
-    finite; ``finish(per_replica)`` in cross-replica context applies the update (or not), increments
-    ``step_counter`` and returns the step's outputs (:func:`make_train_step`)."""
+    finite; ``finish(per_replica)`` in cross-replica context applies the update (or not), calls each of
+    ``after_update`` (in cross-replica context, after a step that updated the weights, never a skipped one: the
+    weight average of :mod:`captioning.train.ema`), increments ``step_counter`` and returns the step's outputs
+    (:func:`make_train_step`)."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     moving = forward_state(model)
     variables = model.trainable_variables
@@ -115,21 +118,29 @@ def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_grad
         if scaled:
             share = share * optimizer.dynamic_scale
         grads = [g * share for g in grads]
+        applied = finite  # whether the weights are updated
         if scaled:  # it applies only finite gradients itself (and lowers its scale otherwise)
+            applied = optimizer.check_finite(grads)  # its own test, on what it is given
             optimizer.apply(grads, variables)
             grads = []
-        return global_loss_sum, global_weight, norm, finite, grads, global_sums
+        return global_loss_sum, global_weight, norm, finite, grads, global_sums, applied
 
     def apply(grads):
         optimizer.apply(grads, variables)
 
+    def run_after_update():
+        for hook in after_update:
+            hook()
+
     def finish(per_replica):
-        total, weight, norm, finite, grads, sums = per_replica
+        total, weight, norm, finite, grads, sums, applied = per_replica
         if not scaled:
             # A cond in cross-replica context around strategy.run: optimizer.apply merge_calls, which a
             # cond inside the replica function cannot hold (Keras' LossScaleOptimizer does the same).
             tf.cond(strategy.experimental_local_results(finite)[0],
                     lambda: strategy.run(apply, args=(grads,)), lambda: None)
+        if after_update:  # after the update above (they read the variables it wrote), only when there was one
+            tf.cond(strategy.experimental_local_results(applied)[0], run_after_update, lambda: None)
         step_counter.assign_add(1)
         # The replicas all-reduced the loss, the weight and the sums already: any replica's copy is global.
         total, weight, norm = (strategy.experimental_local_results(x)[0] for x in (total, weight, norm))
@@ -140,7 +151,7 @@ def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_grad
 
 
 def make_train_step(model, optimizer, strategy, objective: Objective, step_counter: tf.Variable,
-                    clip_gradient_norm: float, jitter: bool, jit_compile: bool = False):
+                    clip_gradient_norm: float, jitter: bool, jit_compile: bool = False, after_update: tuple = ()):
     """The training step for a distributed batch: returns ``{"loss": the global mean loss, "gradient_norm":
     the global gradient norm, "weight": the global weight (real tokens for xe), and each of the
     objective's ReplicaLoss.sums over the global weight}``; increments ``step_counter``.
@@ -150,11 +161,11 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
     weights (the same gradient as differentiating ``loss_sum / global weight``). XLA compiles once per
     batch shape, so fix the shapes with ``data.bucket_boundaries``; the cuDNN LSTM kernel is not used
     under XLA. (``train.accumulate_steps`` > 1: :mod:`captioning.train.accumulate`'s step instead, the
-    same update over several micro-batches.)"""
+    same update over several micro-batches.) ``after_update``: as :func:`make_update`'s."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     moving = forward_state(model)
     compiled_gradients = tf.function(loss_sum_gradients(model, optimizer, objective), jit_compile=True)
-    replica_update, finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm)
+    replica_update, finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm, after_update)
 
     def replica_step(batch):
         if jitter and "image" in batch:  # im2txt's colour distortions, on the device (captioning.data.augment)

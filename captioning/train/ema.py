@@ -1,0 +1,114 @@
+"""The weight average (``train.ema_decay`` d > 0): an exponential moving average of the trainable weights, kept
+in the checkpoint beside them and read by ``evaluate``, ``caption`` and ``export`` (``--weights ema|raw``,
+:meth:`captioning.model.folder.ModelDir.use_weights`).
+
+After each optimizer step that updated the weights, each weight's average becomes ::
+
+    average = d × average + (1 − d) × weight
+
+A step that applied no update (a non-finite loss or gradient skipped under ``train.nan_policy: skip``, or
+gradients Keras' loss scaling found overflowing) leaves the average as it was. With gradient accumulation
+(``train.accumulate_steps``) that is once per optimizer step, not per micro-batch; with
+``train.steps_per_execution`` once per step inside the compiled call.
+
+Worked example, d = 0.5, one weight starting at 1.0 that the optimizer moves to 3.0, then 5.0, then (a skipped
+step) leaves at 5.0, then moves to 7.0::
+
+    start        average = 1.0                      (the weight the run starts from)
+    step 1: 3.0  average = 0.5 × 1.0 + 0.5 × 3.0 = 2.0
+    step 2: 5.0  average = 0.5 × 2.0 + 0.5 × 5.0 = 3.5
+    step 3: skip average = 3.5
+    step 4: 7.0  average = 0.5 × 3.5 + 0.5 × 7.0 = 5.25
+
+**Where it starts.** A new run's average starts from the model's initial weights (the ones ``init_from`` or a
+regions encoder put there included); a resumed run restores it from the checkpoint; a run resumed from a
+checkpoint without one (``train.ema_decay`` turned on later), or a weight the checkpoint has no average of (the
+encoder fine-tuned after training frozen), starts it from the restored weights, and says so in a log line.
+Keras' ``use_ema`` (``ema_momentum``) is the same average over the trainable variables after each ``apply``,
+except that its first update copies the weights (its average starts at zero with momentum 0 on the first
+step), i.e. it starts one step later; ``tf.train.ExponentialMovingAverage`` starts from the initial values as
+here. self-critical.pytorch keeps no average. Setting ``train.ema_decay`` to 0 on a resumed run drops the
+average from the next checkpoints.
+
+**Distribution.** The averages are created inside the strategy's scope, one copy per replica (mirrored), and
+updated in cross-replica context inside the compiled step, right after the optimizer's update: each replica's
+copy from its own copy of the weights (``strategy.extended.update``, the way Keras puts an average into a
+mirrored model), with no communication. The weights are identical on every replica after the all-reduced
+update, so every replica's average is too, bit for bit, and equal to one replica's to float rounding.
+Under ``mixed_float16`` the weights, and so their averages, are float32.
+
+**Training's own validation and samples** (``train.eval_every_steps``) use the raw weights, as Keras' ``fit``
+evaluates with them (unless ``ema_overwrite_frequency`` writes the average into the model); ``captioning
+evaluate`` scores the average by default and the raw weights with ``--weights raw``, as two results.
+
+**The checkpoint** holds the averages as its item ``ema`` (:data:`captioning.model.checkpoints.AVERAGE`), each
+under its weight's position in ``model.variables``, which is how inference finds the weight it replaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import tensorflow as tf
+
+from captioning.model.checkpoints import AVERAGE, CheckpointFiles
+
+log = logging.getLogger("captioning.train")
+
+
+class WeightAverage:
+    """The exponential moving average of ``model``'s trainable weights at ``decay`` (none at 0: no variables,
+    no checkpoint item, no step hook). Made inside ``strategy.scope()``."""
+
+    def __init__(self, model, decay: float, strategy: tf.distribute.Strategy):
+        self.decay, self.strategy = float(decay), strategy
+        position = {id(v): i for i, v in enumerate(model.variables)}  # the key inference reads them back by
+        self.pairs = [] if decay <= 0 else [
+            (v, tf.Variable(tf.convert_to_tensor(v.value), trainable=False, name=f"average_{position[id(v)]}",
+                            synchronization=tf.VariableSynchronization.ON_WRITE,
+                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
+            for v in model.trainable_variables]
+        self.holder = tf.Module()  # the checkpoint item: {"averages": {"<position>": average}}
+        self.holder.averages = {str(position[id(v)]): average for v, average in self.pairs}
+
+    @property
+    def checkpoint_items(self) -> dict:
+        """What the run's ``tf.train.Checkpoint`` holds of it: ``{"ema": ...}``, or nothing when off."""
+        return {AVERAGE: self.holder} if self.pairs else {}
+
+    @property
+    def after_update(self) -> tuple:
+        """The step's hooks (:func:`captioning.train.steps.make_update`): :meth:`update`, or none when off."""
+        return (self.update,) if self.pairs else ()
+
+    def update(self) -> None:
+        """One step of the average, in cross-replica context, after the optimizer's update: each replica's
+        copy from the same replica's copy of the weight."""
+        decay = self.decay
+
+        def step(average, weight):
+            return average.assign(decay * average + (1.0 - decay) * weight)
+
+        for variable, average in self.pairs:
+            self.strategy.extended.update(average, step, args=(variable.value,), group=False)
+
+    def start(self, latest: str | None) -> None:
+        """Where the average starts, once the run's weights are in place: from the checkpoint ``latest`` the
+        run resumed from, as far as it holds one; any weight without (all of them without a checkpoint) from
+        the weight itself."""
+        if not self.pairs:
+            return
+        for variable, average in self.pairs:
+            average.assign(variable.value)
+        if not latest:
+            return
+        held = CheckpointFiles.averaged(latest)
+        name = os.path.basename(latest)
+        if not held:
+            log.info("%s holds no weight average: train.ema_decay's average starts from its weights", name)
+            return
+        tf.train.Checkpoint(**self.checkpoint_items).restore(latest).expect_partial()
+        fresh = len(set(self.holder.averages) - {str(i) for i in held})
+        log.info("resumed the weight average (train.ema_decay %g) from %s%s", self.decay, name,
+                 f"; {fresh} weights without one there start from their values" if fresh else "")

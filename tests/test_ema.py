@@ -1,0 +1,328 @@
+"""train.ema_decay: the weight average (captioning.train.ema) — its value after each applied step, skipped steps,
+loss scaling, resuming, 2 replicas, steps_per_execution, and --weights ema|raw in caption, export and evaluate."""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import REPO, run_cli, small_train_config
+
+DECAY = 0.5
+
+
+def trainable_positions(model) -> list[int]:
+    """Each trainable weight's position in ``model.variables`` (the average's key in the checkpoint)."""
+    position = {id(v): i for i, v in enumerate(model.variables)}
+    return [position[id(v)] for v in model.trainable_variables]
+
+
+def averages(trainer) -> dict[int, np.ndarray]:
+    positions = trainable_positions(trainer.model)
+    return {i: average.numpy() for i, (_, average) in zip(positions, trainer.average.pairs)}
+
+
+def raw(model, positions) -> dict[int, np.ndarray]:
+    return {i: model.variables[i].numpy() for i in positions}
+
+
+def checkpoint_averages(path) -> dict[int, np.ndarray]:
+    import tensorflow as tf
+
+    from captioning.model.checkpoints import CheckpointFiles
+
+    reader = tf.train.load_checkpoint(path)
+    return {i: reader.get_tensor(name) for i, name in CheckpointFiles.averaged(path).items()}
+
+
+def next_average(average: dict, weights: dict) -> dict:
+    """One step of the average, in numpy: d × average + (1 − d) × weight, in float32."""
+    d = np.float32(DECAY)
+    return {i: d * average[i] + (np.float32(1) - d) * weights[i] for i in average}
+
+
+def assert_same(got: dict, want: dict, rtol=1e-6):
+    assert got.keys() == want.keys()
+    for i in want:
+        np.testing.assert_allclose(got[i], want[i], rtol=rtol, atol=1e-7, err_msg=f"weight {i}")
+
+
+@pytest.fixture(scope="module")
+def averaged(prepared_dir, tmp_path_factory):
+    """A model folder trained 4 steps at train.ema_decay 0.5 (steps 1, 2 and 4 applied; step 3's batch made
+    non-finite, skipped), saved at step 4; with each step's raw weights, averages and whether it applied."""
+    from captioning.train import Trainer
+
+    folder = str(tmp_path_factory.mktemp("ema") / "m")
+    cfg = small_train_config(prepared_dir, "train.steps=4", f"train.ema_decay={DECAY}")
+    trainer = Trainer(cfg, folder)
+    positions = trainable_positions(trainer.model)
+    dataset = trainer.distributed_dataset("train", training=True)
+    step, batches = trainer.train_step_for(dataset), iter(dataset)
+    record = {"raw": [raw(trainer.model, positions)], "average": [averages(trainer)], "applied": [None]}
+    for number in range(1, 5):
+        batch = next(batches)
+        if number == 3:  # a NaN mask: a non-finite loss, so no update
+            batch = {**batch, "mask": batch["mask"] * float("nan")}
+        out = step(batch)
+        record["applied"].append(bool(np.isfinite(float(out["loss"]))))
+        record["raw"].append(raw(trainer.model, positions))
+        record["average"].append(averages(trainer))
+    trainer.save()
+    trainer.folder.release()
+    return {"folder": folder, "cfg": cfg, "positions": positions, **record}
+
+
+def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
+    assert averaged["applied"][1:] == [True, True, False, True]
+    expected = averaged["raw"][0]  # a new run's average starts from the initial weights
+    assert_same(averaged["average"][0], expected, rtol=0)
+    for number in range(1, 5):
+        if averaged["applied"][number]:
+            expected = next_average(expected, averaged["raw"][number])
+        else:  # the skipped step: neither the weights nor their average moved
+            for i in expected:
+                np.testing.assert_array_equal(averaged["raw"][number][i], averaged["raw"][number - 1][i])
+                np.testing.assert_array_equal(averaged["average"][number][i], averaged["average"][number - 1][i])
+        assert_same(averaged["average"][number], expected)
+    saved = checkpoint_averages(os.path.join(averaged["folder"], "ckpt-4"))
+    assert_same(saved, averaged["average"][4], rtol=0)  # the checkpoint holds every trainable weight's average
+    assert max(np.abs(saved[i] - averaged["raw"][4][i]).max() for i in saved) > 1e-3  # not the raw weights
+
+
+def test_a_resumed_run_restores_the_average_and_one_without_starts_it_from_its_weights(
+        averaged, trained_model_dir, tmp_path, caplog):
+    import dataclasses
+
+    from captioning.model.folder import ModelDir
+    from captioning.train import Trainer
+
+    caplog.set_level(logging.INFO, logger="captioning.train")
+    folder = str(tmp_path / "resumed")
+    shutil.copytree(averaged["folder"], folder)
+    trainer = Trainer(dataclasses.replace(averaged["cfg"], train=dataclasses.replace(averaged["cfg"].train, steps=6)),
+                      folder)
+    trainer.folder.release()
+    assert_same(averaged_of(trainer), averaged["average"][4], rtol=0)
+    assert "resumed the weight average (train.ema_decay 0.5) from ckpt-4" in caplog.text
+
+    # train.ema_decay turned on for a folder trained without it: the average starts from the restored weights
+    cfg = ModelDir(trained_model_dir).read_config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, ema_decay=0.9))
+    later = Trainer(cfg, trained_model_dir)
+    later.folder.release()
+    assert later.current_step() == 60
+    assert_same(averaged_of(later), raw(later.model, trainable_positions(later.model)), rtol=0)
+    assert "ckpt-60 holds no weight average: train.ema_decay's average starts from its weights" in caplog.text
+
+
+def averaged_of(trainer):
+    return averages(trainer)
+
+
+@pytest.mark.slow
+def test_steps_per_execution_updates_the_average_at_every_step_inside_the_call(averaged, tmp_path):
+    """Two resumed runs of 2 steps from ckpt-4: one step a call, saving each, and both steps in one call
+    (train.steps_per_execution: 2) end with the same average, the one recomputed from the saved weights."""
+    import dataclasses
+
+    from captioning.train import Trainer
+
+    ends = {}
+    for k in (1, 2):
+        folder = str(tmp_path / f"k{k}")
+        shutil.copytree(averaged["folder"], folder)
+        train = dataclasses.replace(averaged["cfg"].train, steps=6, steps_per_execution=k,
+                                    checkpoint_every_steps=1 if k == 1 else 100)
+        data = dataclasses.replace(averaged["cfg"].data, random_crop=False)  # the same crops either way
+        trainer = Trainer(dataclasses.replace(averaged["cfg"], train=train, data=data), folder)
+        assert trainer.run(progress=False)["step"] == 6
+        ends[k] = checkpoint_averages(os.path.join(folder, "ckpt-6"))
+    expected = averaged["average"][4]
+    for number in (5, 6):
+        trainer.checkpoint.restore(os.path.join(tmp_path / "k1", f"ckpt-{number}")).expect_partial()
+        expected = next_average(expected, raw(trainer.model, averaged["positions"]))
+    assert_same(ends[1], expected)
+    assert_same(ends[2], ends[1], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_dir, tmp_path):
+    """train.accumulate_steps: 2 (the issue's command with train.ema_decay): 2 optimizer steps of 2 micro-batches
+    each, the average recomputed from the weights each step saved."""
+    from captioning.train import Trainer
+
+    folder = tmp_path / "m"
+    trainer = Trainer(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
+                                         "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}"), str(folder))
+    positions, expected = trainable_positions(trainer.model), averages(trainer)
+    assert trainer.run(progress=False)["step"] == 2
+    for number in (1, 2):
+        trainer.checkpoint.restore(str(folder / f"ckpt-{number}")).expect_partial()
+        expected = next_average(expected, raw(trainer.model, positions))
+    assert_same(checkpoint_averages(str(folder / "ckpt-2")), expected)
+
+
+@pytest.mark.slow
+def test_under_loss_scaling_the_average_moves_when_the_optimizer_applied(prepared_dir, tmp_path):
+    """Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite gradients by itself: the step asks it
+    (check_finite), so the average moves exactly when its iterations do: not at a non-finite batch, whatever the
+    huge scale does at the next, and at a step of scale 1."""
+    import keras
+    import tensorflow as tf
+
+    from captioning.train import Trainer
+    from captioning.train.steps import make_train_step
+
+    trainer = Trainer(small_train_config(prepared_dir, "train.steps=3", f"train.ema_decay={DECAY}"),
+                      str(tmp_path / "m"))
+    trainer.folder.release()
+    with trainer.strategy.scope():
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=2.0 ** 127)
+        optimizer.build(trainer.model.trainable_variables)
+    step = tf.function(make_train_step(trainer.model, optimizer, trainer.strategy, trainer.objective, trainer.step,
+                                       0.0, False, after_update=trainer.average.after_update))
+    batches = iter(trainer.distributed_dataset("train", training=True))
+    positions = trainable_positions(trainer.model)
+    expected, weights, applied = averages(trainer), raw(trainer.model, positions), []
+    for number in range(3):
+        batch = next(batches)
+        if number == 0:
+            batch = {**batch, "mask": batch["mask"] * float("nan")}
+        if number == 2:
+            optimizer.dynamic_scale.assign(1.0)
+        iterations = int(optimizer.iterations.numpy())
+        step(batch)
+        applied.append(int(optimizer.iterations.numpy()) > iterations)
+        after = raw(trainer.model, positions)
+        assert applied[-1] == any(not np.array_equal(after[i], weights[i]) for i in after)
+        if applied[-1]:
+            expected = next_average(expected, after)
+        assert_same(averages(trainer), expected, rtol=0 if not applied[-1] else 1e-6)
+        weights = after
+    assert applied[0] is False and applied[2] is True
+
+
+def caption_json(folder, images, *flags):
+    result = run_cli("caption", "--model-dir", folder, *images, "--json", *flags)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [json.loads(line) for line in result.stdout.splitlines()], result.stderr
+
+
+@pytest.mark.slow
+def test_weights_ema_by_default_raw_on_request_in_load_caption_and_export(averaged, trained_model_dir, shapes_dir,
+                                                                          tmp_path):
+    import tensorflow as tf
+
+    from captioning.model.folder import ModelDir
+
+    folder, positions = averaged["folder"], averaged["positions"]
+    average, weights = averaged["average"][4], averaged["raw"][4]
+    default, as_raw = ModelDir(folder).load(), ModelDir(folder).load(weights="raw")
+    assert (default.weights, as_raw.weights) == ("ema", "raw")
+    assert_same(raw(default.model, positions), average, rtol=0)
+    assert_same(raw(as_raw.model, positions), weights, rtol=0)
+
+    images = [os.path.join(shapes_dir, "images", name) for name in sorted(os.listdir(os.path.join(shapes_dir,
+                                                                                                   "images")))[:2]]
+    by_default, logged = caption_json(folder, images)
+    assert "using the weight average (train.ema_decay) of ckpt-4" in logged
+    assert caption_json(folder, images, "--weights", "ema")[0] == by_default
+    raw_captions = caption_json(folder, images, "--weights", "raw")[0]
+    log_probs = [[c["log_prob"] for c in image["captions"]] for image in by_default]
+    raw_log_probs = [[c["log_prob"] for c in image["captions"]] for image in raw_captions]
+    assert not np.allclose(log_probs, raw_log_probs, atol=1e-3)  # other weights, other probabilities
+
+    # a folder trained without an average: --weights ema is one line, exit 2; the default is its raw weights
+    refused = run_cli("caption", "--model-dir", trained_model_dir, images[0], "--weights", "ema")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "holds no weight average" in errors[0] and "--weights raw" in errors[0], errors
+    assert ModelDir(trained_model_dir).load().weights == "raw"
+
+    # the SavedModel holds the average (and its marker says so); --weights raw exports the raw weights
+    for chosen, values, other in (("ema", average, weights), ("raw", weights, average)):
+        output = str(tmp_path / f"export-{chosen}")
+        flags = ("--weights", "raw") if chosen == "raw" else ()
+        result = run_cli("export", "--model-dir", folder, "--output", output, *flags)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert json.load(open(os.path.join(output, "captioning_export.json")))["weights"] == chosen
+        reader = tf.train.load_checkpoint(os.path.join(output, "variables", "variables"))
+        saved = [np.asarray(reader.get_tensor(name)) for name in reader.get_variable_to_shape_map()]
+        for i in positions:
+            assert any(s.shape == values[i].shape and np.array_equal(s, values[i]) for s in saved), i
+        moved = [i for i in positions if not np.array_equal(values[i], other[i])]
+        assert moved and not any(any(s.shape == other[i].shape and np.array_equal(s, other[i]) for s in saved)
+                                 for i in moved)
+
+
+@pytest.mark.slow
+def test_evaluate_keeps_the_average_and_the_raw_weights_as_two_results(averaged):
+    from captioning.evaluation.evaluate import evaluate
+
+    folder = averaged["folder"]
+    ema = evaluate(folder, split="test", beam_size=1, max_images=2, progress=False)
+    raw_result = evaluate(folder, split="test", beam_size=1, max_images=2, progress=False, weights="raw")
+    assert (ema["weights"], raw_result["weights"]) == ("ema", "raw")
+    assert ema.perplexity != pytest.approx(raw_result.perplexity, rel=1e-6)
+    stored = [name for name in os.listdir(os.path.join(folder, "eval")) if not name.endswith("predictions.json")]
+    assert sorted(name.split("-first2")[0] for name in stored) == [
+        "test-step4-beam1-len20-norm0", "test-step4-beam1-len20-norm0-ema"], stored
+    again = evaluate(folder, split="test", beam_size=1, max_images=2, progress=False, weights="ema")  # stored: as is
+    assert again.perplexity == ema.perplexity
+
+
+MIRRORED = r"""
+import os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
+from distributed_worker import small_config, two_cpus
+two_cpus()
+import numpy as np, tensorflow as tf
+from captioning.data.pipeline import make_dataset
+from captioning.train import Trainer
+
+cfg = small_config(sys.argv[2], "train.ema_decay=0.5", "train.clip_gradient_norm=0.05")
+one = Trainer(cfg, os.path.join(sys.argv[3], "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+two = Trainer(cfg, os.path.join(sys.argv[3], "two"), strategy=tf.distribute.MirroredStrategy(
+    ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+for a, b in zip(one.model.variables, two.model.variables):
+    b.assign(a.numpy())
+two.average.start(None)  # from the weights both start with
+batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
+out = {}
+for name, trainer in (("one", one), ("two", two)):
+    dataset = trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
+    step = trainer.train_step_for(dataset)
+    for _ in range(3):
+        step(next(iter(dataset)))
+    for k, (variable, average) in enumerate(trainer.average.pairs):
+        copies = [c.numpy() for c in trainer.strategy.experimental_local_results(average)]
+        out[f"{name}_copies_{k}"] = np.stack(copies)
+        out[f"{name}_weight_{k}"] = variable.numpy()
+np.savez(os.path.join(sys.argv[3], "ema.npz"), **out)
+"""
+
+
+@pytest.mark.slow
+def test_two_replicas_keep_identical_averages_equal_to_one_replicas(prepared_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", MIRRORED, REPO, prepared_dir, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = np.load(tmp_path / "ema.npz")
+    count = len([k for k in out.files if k.startswith("two_copies_")])
+    assert count > 5
+    moved = 0
+    for k in range(count):
+        copies, single = out[f"two_copies_{k}"], out[f"one_copies_{k}"]
+        assert copies.shape[0] == 2 and single.shape[0] == 1
+        np.testing.assert_array_equal(copies[0], copies[1])  # every replica's copy, bit for bit
+        np.testing.assert_allclose(copies[0], single[0], rtol=1e-5, atol=1e-6)  # one replica's, to float rounding
+        moved += not np.allclose(copies[0], out[f"two_weight_{k}"])
+    assert moved > count // 2  # an average, not the weights
