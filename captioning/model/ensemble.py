@@ -78,8 +78,11 @@ class Ensemble(tf.Module):
         steps = [m.step(token_ids, s) for m, s in zip(self.members, state)]
         return self._average([logits for logits, _ in steps]), tuple(s for _, s in steps)
 
-    def logits_and_penalty(self, inputs, training=False, split_padding=False):
-        """Teacher-forced: the averaged distribution's log ``[N, T, V]`` and no penalty (zeros ``[N]``)."""
+    def logits_and_penalty(self, inputs, training=False, split_padding=False, sampling=None):
+        """Teacher-forced: the averaged distribution's log ``[N, T, V]`` and no penalty (zeros ``[N]``).
+        ``sampling`` (scheduled sampling's, which the evaluation loss passes as None): an ensemble never trains."""
+        if sampling is not None:
+            raise ValueError("an ensemble is not trained: no scheduled sampling")
         logits = [m.logits_and_penalty(inputs, training=training, split_padding=split_padding)[0]
                   for m in self.members]
         return self._average(logits), tf.zeros([tf.shape(inputs["input_ids"])[0]])
