@@ -266,6 +266,7 @@ MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs,
          "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
          "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
          "eval_losses": eval_losses,
+         "accumulate": lambda d, o: __import__("tests.test_accumulate", fromlist=["mirrored"]).mirrored(d, o),
          "multi_worker_service": lambda d, o, service: multi_worker(
              d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30"),
          "many": many}

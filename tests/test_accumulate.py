@@ -2,20 +2,15 @@
 float tolerance: grouped captions with split padding, SGD and Adam, 2 replicas one of which gets an empty
 micro-batch), and the step counter, the logs and the learning-rate schedule count optimizer steps.
 
-Run as a script (``python tests/test_accumulate.py mirrored DATA_DIR OUT_DIR``) it does the 2-replica check in a
-process of its own: logical CPU devices must be configured before TensorFlow starts."""
+The 2-replica check (:func:`mirrored`) runs in the process of conftest's ``distributed_runs`` (logical CPU
+devices must be configured before TensorFlow starts), as the scenario ``mirrored/accumulate``."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.helpers import REPO, run_cli, small_train_config  # noqa: E402
+from tests.helpers import REPO, distributed_result, run_cli, small_train_config
 
 # a frozen encoder: batch normalisation in training mode normalises by its batch's statistics, which no
 # accumulation (here, Keras' or PyTorch's) can make those of the large batch
@@ -125,14 +120,10 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
 
 
 @pytest.mark.slow
-def test_two_replicas_with_an_empty_micro_batch_equal_one_device(prepared_dir, tmp_path):
+def test_two_replicas_with_an_empty_micro_batch_equal_one_device(distributed_runs):
     """Mirrored over 2 logical CPUs, 2 micro-batches, the second of which leaves replica 1 without an example:
     the loss, the gradient norm and the weights after the update are one device's on the 3 batches joined."""
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "mirrored", prepared_dir, str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    got = np.load(tmp_path / "mirrored.npz")
+    got = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "accumulate"), "mirrored.npz"))
     assert got["replicas"] == 2 and got["empty_captions"] == 0
     assert got["two_weight"] == got["one_weight"] > 0
     assert float(got["two_loss"]) == pytest.approx(float(got["one_loss"]), rel=1e-6)
@@ -161,13 +152,13 @@ def test_the_issue_command_trains_with_accumulation(prepared_dir, tmp_path):
 
 
 def mirrored(data_dir, out_dir):
-    """The 2-replica check (a process of its own): writes OUT_DIR/mirrored.npz."""
+    """The 2-replica check (tests/distributed_worker.py's scenario ``accumulate``): writes OUT_DIR/mirrored.npz."""
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from captioning.train import Trainer
+    from tests.distributed_worker import two_cpus
 
+    two_cpus()
     extra = (*GROUPED, "train.optimizer=sgd", "train.learning_rate=0.5")
     one = Trainer(small_train_config(data_dir, *extra, "train.batch_size=10"), os.path.join(out_dir, "one"),
                   strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
@@ -195,7 +186,3 @@ def mirrored(data_dir, out_dir):
         for i, v in enumerate(trainer.model.trainable_variables):
             results[f"{name}/{i:03d}_{v.name}"] = v.numpy()
     np.savez(os.path.join(out_dir, "mirrored.npz"), **results)
-
-
-if __name__ == "__main__":
-    {"mirrored": mirrored}[sys.argv[1]](*sys.argv[2:])
