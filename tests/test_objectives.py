@@ -83,11 +83,12 @@ def test_the_loader_keeps_an_objectives_section_as_given_and_the_training_stage_
         given.scst.samples
     with pytest.raises(InputError) as info:
         fit_config(given)  # train.objective: xe, and still refused
-    assert str(info.value) == "unknown config key 'scst.bogus'; did you mean scst.baseline, scst.samples?"
+    assert str(info.value) == ("unknown config key 'scst.bogus'; did you mean scst.baseline, scst.samples, "
+                               "scst.xe_weight?")
     typed = resolve(load_config(None, ["scst.samples=3", "scst.end_in_reward=no"]))
     assert typed.scst == ScstSettings(samples=3, end_in_reward=False) and resolve(typed) is typed
     assert to_dict(typed)["scst"] == {"samples": 3, "baseline": "mean", "max_length": 16, "temperature": 1.0,
-                                      "end_in_reward": False, "xla_sampling": True}
+                                      "end_in_reward": False, "xla_sampling": True, "xe_weight": 0.0}
     for override, message in (("scst.samplez=3", "unknown config key 'scst.samplez'; did you mean scst.samples"),
                               ("scst.samples=three", "config key scst.samples must be an integer, got 'three'"),
                               ("scst.samples=51", "config key scst.samples must be in [1, 50], got 51"),
@@ -99,7 +100,7 @@ def test_the_loader_keeps_an_objectives_section_as_given_and_the_training_stage_
 
 
 @pytest.mark.parametrize("override, said", [
-    ("scst.bogus=1", "unknown config key 'scst.bogus'; did you mean scst.baseline, scst.samples?"),
+    ("scst.bogus=1", "unknown config key 'scst.bogus'; did you mean scst.baseline, scst.samples, scst.xe_weight?"),
     ("scst.max_length=101", "config key scst.max_length must be in [1, 100], got 101"),
     ("scst.temperature=warm", "config key scst.temperature must be a number, got 'warm'"),
 ])
