@@ -224,8 +224,8 @@ class TrainConfig(Section):
     # step ema = decay × ema + (1 − decay) × weight (starting from the weights); kept in the checkpoint beside
     # them and used by evaluate, caption and export unless they are given --weights raw; 0: none
     ema_decay: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
-    # micro-batches per optimizer step: each of train.batch_size (global) images, their gradients summed and the
-    # update that of one batch this many times larger; train.steps, the logs and the learning-rate schedule count
+    # micro-batches per optimizer step: each a batch of train.batch_size (global) examples, their gradients summed
+    # and the update that of one batch this many times larger; train.steps, the logs and the learning-rate schedule count
     # optimizer steps
     accumulate_steps: int = field(default=1, metadata=between(1, MAX_ACCUMULATE_STEPS))
     # the decoder fed its own samples while teacher-forced (ScheduledSamplingConfig)
