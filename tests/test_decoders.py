@@ -13,6 +13,7 @@ refused; the SavedModel captions as the captioner does; two mirrored replicas co
 computes."""
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -39,6 +40,13 @@ def tiny(name, seed=0, trainable=True, **changes):
     cfg = ModelConfig(decoder=name, encoder="small_cnn", encoder_trainable=trainable, dropout=0.0,
                       options={**cls.tiny_settings, **changes})
     return build_model(V, cfg, SIZE, seed=seed).build_all()
+
+
+@functools.lru_cache(maxsize=None)
+def shared_tiny(name):
+    """``tiny(name)``, built once for the tests that only read it (calls, gradients, steps; no weight set):
+    one build a decoder instead of one a test. The empty-batch test checks that calls move no variable."""
+    return tiny(name)
 
 
 def inputs(seed=0, batch=B, steps=T):
@@ -82,7 +90,7 @@ def test_a_decoder_declares_what_the_rest_of_the_code_asks(name):
     assert isinstance(cls.fast_teacher_forcing, bool)
     longest = cls.max_caption_length(cls.settings_class())  # a bound on the words it decodes names its setting
     assert longest is None or (isinstance(longest, int) and longest >= 1 and cls.caption_length_setting in fields)
-    model = tiny(name)
+    model = shared_tiny(name)
     assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()), **cls.tiny_settings})
     assert model.token_layout == model.image_encoder.layout == TokenLayout(2, 2)  # small_cnn's map at 32 px
     for v in model.decoder_variables():
@@ -92,7 +100,7 @@ def test_a_decoder_declares_what_the_rest_of_the_code_asks(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_stepping_word_by_word_equals_the_teacher_forced_pass(name):
-    model = tiny(name)
+    model = shared_tiny(name)
     images, ids = inputs(seed=1)
     full = npy(model({"image": images, "input_ids": ids}))
     state = model.reserve(model.initial_state(model.encode(images)), T)  # room for T words, as beam search makes
@@ -215,7 +223,7 @@ def test_a_model_reading_regions_steps_as_it_teacher_forces(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_an_empty_replica_batch_gives_empty_logits_zero_loss_and_zero_gradients(name):
-    model = tiny(name)
+    model = shared_tiny(name)
     stats = [npy(v).copy() for v in model.non_trainable_variables]
     for rows, steps in ((0, 0), (0, 5)):
         batch = {"image": tf.zeros([rows, SIZE, SIZE, 3], tf.uint8), "input_ids": tf.zeros([rows, steps], tf.int64),
@@ -234,7 +242,7 @@ def test_an_empty_replica_batch_gives_empty_logits_zero_loss_and_zero_gradients(
 def test_split_padding_gives_the_same_logits_loss_and_gradients(name):
     """Each batch of caption lengths (mixed, all full, all equal, one caption, all short, empty) on one
     model of the decoder: a model built once for the six."""
-    model = tiny(name)
+    model = shared_tiny(name)
     for lengths in ([7, 7, 3, 2, 6], [2, 7, 1, 7, 7, 3], [4, 4, 4], [7], [1, 1, 2], []):
         split_padding_matches(model, lengths)
 
@@ -271,7 +279,7 @@ def split_padding_matches(model, lengths):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_grouped_captions_equal_one_copy_of_the_image_per_caption(name):
-    model = tiny(name)
+    model = shared_tiny(name)
     images, _ = inputs(seed=3, batch=2)
     _, ids = inputs(seed=4, batch=5)
     index = np.array([0, 0, 1, 1, 1], np.int32)
