@@ -20,12 +20,13 @@ def pytest_addoption(parser):
 
 
 # Each test file's time in the full suite (seconds, 3 workers on 2 cores, measured 2026-11-25 after issue 30's tests
-# were added; the files whose CPU was cut for issue 31 re-measured alone, one process, on the shared machine).
+# were added; the files whose CPU was cut for issue 31 re-measured alone, one process, on the shared machine;
+# test_scst without the runs that moved to distributed_runs and test_train_start, 2026-11-25).
 # `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order:
 # collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest
 # processing time first). A file not listed counts 4 s.
 FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_encoders": 90, "test_service_training": 190, "test_benchmarks": 117, "test_region_training": 130,
-                "test_data_service": 97, "test_train_reliability": 103, "test_train": 100, "test_scst": 100,
+                "test_data_service": 97, "test_train_reliability": 103, "test_train": 100, "test_scst": 35,
                 "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 50, "test_model_dir": 57,
                 "test_evaluate_identity": 50, "test_steps_per_execution": 50, "test_ensemble": 40, "test_inference": 40,
                 "test_attention_use": 36, "test_train_start": 35, "test_transformer": 30, "test_objectives": 25,
