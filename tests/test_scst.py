@@ -355,13 +355,17 @@ def test_a_max_length_shorter_than_the_references_is_warned(prepared_dir, tmp_pa
     logger = logging.getLogger("captioning.train")
     logger.addHandler(caplog.handler)
     try:
-        for max_length, warned in ((20, False), (6, True)):  # the fixture's captions have 6 to 18 words
+        # the fixture's captions have 6 to 18 words; train.scheduled_sampling is said to be unused under SCST
+        for max_length, warned, ss in ((20, False, "0"), (6, True, "0.25")):
             caplog.clear()
-            cfg = resolve(small_train_config(prepared_dir, *SCST, f"scst.max_length={max_length}"))
+            cfg = resolve(small_train_config(prepared_dir, *SCST, f"scst.max_length={max_length}",
+                                             f"train.scheduled_sampling.max={ss}"))
             SelfCritical.for_run(RunContext(cfg, step, dataset, None, Folder(str(tmp_path / "df.npz"))))
             said = re.search(rf"(\d+\.\d)% of the train references have more than scst.max_length={max_length} "
                              "words", caplog.text)
             assert bool(said) == warned and (not said or float(said.group(1)) > 50), caplog.text
+            unused = "train.scheduled_sampling is not used under train.objective: scst" in caplog.text
+            assert unused == (ss != "0"), caplog.text
     finally:
         logger.removeHandler(caplog.handler)
 

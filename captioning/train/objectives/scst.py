@@ -168,6 +168,10 @@ class SelfCritical(Objective):
                 "%.1f%% of the %s references have more than scst.max_length=%d words: samples are cut there and "
                 "rewarded cut, which teaches the model to leave things out; raise scst.max_length",
                 100 * cut, cfg.data.train_split, cfg.scst.max_length)
+        if cfg.train.scheduled_sampling.enabled:  # said once, not refused: a config may serve both stages
+            logging.getLogger("captioning.train").warning(
+                "train.scheduled_sampling is not used under train.objective: scst: its captions are the model's own "
+                "samples already (scst.xe_weight's references are teacher-forced)")
         return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed,
                    split_padding=cfg.train.split_padding)
 
