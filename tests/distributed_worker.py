@@ -134,6 +134,7 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
         results[f"{name}_loss"], results[f"{name}_norm"] = float(loss), float(norm)
         results[f"{name}_tokens"] = float(tokens)
         results[f"{name}_reward"] = float(out.get("reward", 0.0))
+        results[f"{name}_xe"] = float(out.get("xe", 0.0))  # scst.xe_weight's term (mirrored_scst)
         for key, value in weights(trainer.model).items():
             results[f"{name}/{key}"] = value
     np.savez(os.path.join(out_dir, f"{out_name}.npz"), **results)
@@ -145,8 +146,10 @@ SCST = ("train.objective=scst", "data.captions_per_image=grouped", "train.batch_
 
 def mirrored_scst(data_dir, out_dir):
     """SCST under 2 replicas (each its own batch of whole images) against one device given both batches as
-    one: the samples are drawn for the global batch, so both draw the same and update the same."""
-    mirrored_grouped(data_dir, out_dir, *SCST, out_name="mirrored_scst")
+    one: the samples are drawn for the global batch, so both draw the same and update the same. With
+    scst.xe_weight 0.5: the references' cross-entropy term is a global mean per real token on both (SCST
+    alone runs in mirrored_scst_with, over regions, and in multi_worker_scst)."""
+    mirrored_grouped(data_dir, out_dir, *SCST, "scst.xe_weight=0.5", out_name="mirrored_scst")
 
 
 _MULTI_WORKER = []
@@ -267,6 +270,7 @@ MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs,
          "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
          "eval_losses": eval_losses,
          "accumulate": lambda d, o: __import__("tests.test_accumulate", fromlist=["mirrored"]).mirrored(d, o),
+         "ema": lambda d, o: __import__("tests.test_ema", fromlist=["mirrored"]).mirrored(d, o),
          "multi_worker_service": lambda d, o, service: multi_worker(
              d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30"),
          "many": many}

@@ -1,17 +1,16 @@
 """train.ema_decay: the weight average (captioning.train.ema) — its value after each applied step, skipped steps,
-loss scaling, resuming, 2 replicas, steps_per_execution, and --weights ema|raw in caption, export and evaluate."""
+loss scaling, resuming, 2 replicas (the scenario ``mirrored/ema`` of conftest's ``distributed_runs``:
+:func:`mirrored`), steps_per_execution, and --weights ema|raw in caption, export and evaluate."""
 
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, run_cli, small_train_config
+from tests.helpers import distributed_result, run_cli, small_train_config
 
 DECAY = 0.5
 
@@ -126,12 +125,20 @@ def averaged_of(trainer):
 
 
 @pytest.mark.slow
-def test_steps_per_execution_updates_the_average_at_every_step_inside_the_call(averaged, tmp_path):
+def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied_step(averaged, tmp_path):
     """Two resumed runs of 2 steps from ckpt-4: one step a call, saving each, and both steps in one call
-    (train.steps_per_execution: 2) end with the same average, the one recomputed from the saved weights."""
+    (train.steps_per_execution: 2) end with the same average, the one recomputed from the saved weights.
+
+    Then, on the second run's Trainer: Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite
+    gradients by itself: the step asks it (check_finite), so the average moves exactly when its iterations do:
+    not at a non-finite batch, whatever the huge scale does at the next, and at a step of scale 1."""
     import dataclasses
 
+    import keras
+    import tensorflow as tf
+
     from captioning.train import Trainer
+    from captioning.train.steps import make_train_step
 
     ends = {}
     for k in (1, 2):
@@ -150,37 +157,7 @@ def test_steps_per_execution_updates_the_average_at_every_step_inside_the_call(a
     assert_same(ends[1], expected)
     assert_same(ends[2], ends[1], rtol=1e-4)
 
-
-@pytest.mark.slow
-def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_dir, tmp_path):
-    """train.accumulate_steps: 2 (the issue's command with train.ema_decay): 2 optimizer steps of 2 micro-batches
-    each, the average recomputed from the weights each step saved."""
-    from captioning.train import Trainer
-
-    folder = tmp_path / "m"
-    trainer = Trainer(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
-                                         "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}"), str(folder))
-    positions, expected = trainable_positions(trainer.model), averages(trainer)
-    assert trainer.run(progress=False)["step"] == 2
-    for number in (1, 2):
-        trainer.checkpoint.restore(str(folder / f"ckpt-{number}")).expect_partial()
-        expected = next_average(expected, raw(trainer.model, positions))
-    assert_same(checkpoint_averages(str(folder / "ckpt-2")), expected)
-
-
-@pytest.mark.slow
-def test_under_loss_scaling_the_average_moves_when_the_optimizer_applied(prepared_dir, tmp_path):
-    """Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite gradients by itself: the step asks it
-    (check_finite), so the average moves exactly when its iterations do: not at a non-finite batch, whatever the
-    huge scale does at the next, and at a step of scale 1."""
-    import keras
-    import tensorflow as tf
-
-    from captioning.train import Trainer
-    from captioning.train.steps import make_train_step
-
-    trainer = Trainer(small_train_config(prepared_dir, "train.steps=3", f"train.ema_decay={DECAY}"),
-                      str(tmp_path / "m"))
+    # loss scaling, on the last Trainer (its average and weights now those of k1's ckpt-6)
     trainer.folder.release()
     with trainer.strategy.scope():
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=2.0 ** 127)
@@ -206,6 +183,23 @@ def test_under_loss_scaling_the_average_moves_when_the_optimizer_applied(prepare
         assert_same(averages(trainer), expected, rtol=0 if not applied[-1] else 1e-6)
         weights = after
     assert applied[0] is False and applied[2] is True
+
+
+@pytest.mark.slow
+def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_dir, tmp_path):
+    """train.accumulate_steps: 2 (the issue's command with train.ema_decay): 2 optimizer steps of 2 micro-batches
+    each, the average recomputed from the weights each step saved."""
+    from captioning.train import Trainer
+
+    folder = tmp_path / "m"
+    trainer = Trainer(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
+                                         "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}"), str(folder))
+    positions, expected = trainable_positions(trainer.model), averages(trainer)
+    assert trainer.run(progress=False)["step"] == 2
+    for number in (1, 2):
+        trainer.checkpoint.restore(str(folder / f"ckpt-{number}")).expect_partial()
+        expected = next_average(expected, raw(trainer.model, positions))
+    assert_same(checkpoint_averages(str(folder / "ckpt-2")), expected)
 
 
 def caption_json(folder, images, *flags):
@@ -277,45 +271,42 @@ def test_evaluate_keeps_the_average_and_the_raw_weights_as_two_results(averaged)
     assert again.perplexity == ema.perplexity
 
 
-MIRRORED = r"""
-import os, sys
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
-from distributed_worker import small_config, two_cpus
-two_cpus()
-import numpy as np, tensorflow as tf
-from captioning.data.pipeline import make_dataset
-from captioning.train import Trainer
+def mirrored(data_dir, out_dir):
+    """The 2-replica check (tests/distributed_worker.py's scenario ``ema``, in the process of conftest's
+    ``distributed_runs``): 3 steps on one device and on 2 mirrored replicas from the same weights; writes each
+    replica's copy of every average and the weights to OUT_DIR/ema.npz."""
+    import tensorflow as tf
 
-cfg = small_config(sys.argv[2], "train.ema_decay=0.5", "train.clip_gradient_norm=0.05")
-one = Trainer(cfg, os.path.join(sys.argv[3], "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-two = Trainer(cfg, os.path.join(sys.argv[3], "two"), strategy=tf.distribute.MirroredStrategy(
-    ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
-for a, b in zip(one.model.variables, two.model.variables):
-    b.assign(a.numpy())
-two.average.start(None)  # from the weights both start with
-batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
-out = {}
-for name, trainer in (("one", one), ("two", two)):
-    dataset = trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
-    step = trainer.train_step_for(dataset)
-    for _ in range(3):
-        step(next(iter(dataset)))
-    for k, (variable, average) in enumerate(trainer.average.pairs):
-        copies = [c.numpy() for c in trainer.strategy.experimental_local_results(average)]
-        out[f"{name}_copies_{k}"] = np.stack(copies)
-        out[f"{name}_weight_{k}"] = variable.numpy()
-np.savez(os.path.join(sys.argv[3], "ema.npz"), **out)
-"""
+    from captioning.data.pipeline import make_dataset
+    from captioning.train import Trainer
+    from tests.distributed_worker import small_config, two_cpus
+
+    two_cpus()
+    cfg = small_config(data_dir, f"train.ema_decay={DECAY}", "train.clip_gradient_norm=0.05")
+    one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    for a, b in zip(one.model.variables, two.model.variables):
+        b.assign(a.numpy())
+    two.average.start(None)  # from the weights both start with
+    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
+    out = {}
+    for name, trainer in (("one", one), ("two", two)):
+        dataset = trainer.strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
+        step = trainer.train_step_for(dataset)
+        for _ in range(3):
+            step(next(iter(dataset)))
+        for k, (variable, average) in enumerate(trainer.average.pairs):
+            copies = [c.numpy() for c in trainer.strategy.experimental_local_results(average)]
+            out[f"{name}_copies_{k}"] = np.stack(copies)
+            out[f"{name}_weight_{k}"] = variable.numpy()
+    np.savez(os.path.join(out_dir, "ema.npz"), **out)
 
 
 @pytest.mark.slow
-def test_two_replicas_keep_identical_averages_equal_to_one_replicas(prepared_dir, tmp_path):
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, "-c", MIRRORED, REPO, prepared_dir, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = np.load(tmp_path / "ema.npz")
+def test_two_replicas_keep_identical_averages_equal_to_one_replicas(distributed_runs):
+    out = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "ema"), "ema.npz"))
     count = len([k for k in out.files if k.startswith("two_copies_")])
     assert count > 5
     moved = 0
