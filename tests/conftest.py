@@ -198,7 +198,7 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
-    test_uneven_splits.py, test_accumulate.py and test_ema.py, run once for all of them: the MirroredStrategy ones (one device
+    test_uneven_splits.py, test_accumulate.py, test_ema.py and test_train_reliability.py, run once for all of them: the MirroredStrategy ones (one device
     against 2 logical CPUs) in one process and the MultiWorkerMirroredStrategy ones in one pair of localhost
     workers, both pairs of processes at once (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
     with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
@@ -216,7 +216,10 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
                          ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
                          ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"],
                          ["accumulate", data, "accumulate"],  # tests/test_accumulate.py
-                         ["ema", data, "ema"]],  # tests/test_ema.py
+                         ["ema", data, "ema"],  # tests/test_ema.py
+                         # CLI commands on 2 logical CPUs (test_train_reliability, test_uneven_splits, test_train)
+                         ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
+                         ["resume", data, "resume"]],
             "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
                              ["multi_worker", regions, "regions", *REGIONS],
                              ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"]]})

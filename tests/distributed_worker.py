@@ -271,6 +271,10 @@ MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs,
          "eval_losses": eval_losses,
          "accumulate": lambda d, o: __import__("tests.test_accumulate", fromlist=["mirrored"]).mirrored(d, o),
          "ema": lambda d, o: __import__("tests.test_ema", fromlist=["mirrored"]).mirrored(d, o),
+         # commands that need 2 logical CPUs, through the CLI's main in this process (tests/helpers.py's run_main_into)
+         "nan_skip": lambda d, o: __import__("tests.test_train_reliability", fromlist=["x"]).mirrored_nan_skip(d, o),
+         "uneven_cli": lambda d, o: __import__("tests.test_uneven_splits", fromlist=["x"]).mirrored_cli(d, o),
+         "resume": lambda d, o: __import__("tests.test_train", fromlist=["x"]).mirrored_resume(d, o),
          "multi_worker_service": lambda d, o, service: multi_worker(
              d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30"),
          "many": many}

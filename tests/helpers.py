@@ -128,6 +128,26 @@ def _config_needs_a_process(args) -> bool:
                 or source.get("service"))
 
 
+def run_main_into(out_dir, name, *args):
+    """:func:`run_main` in a scenario of conftest's ``distributed_runs`` (a command that needs 2 logical CPUs, run in
+    the process its MirroredStrategy scenarios share instead of a process of its own): its exit code, stdout and
+    stderr written to ``out_dir/NAME.json``, which :func:`main_result` reads back in the test."""
+    import json
+
+    code, out, err = run_main(*args)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump({"args": [str(a) for a in args], "code": code, "stdout": out, "stderr": err}, f)
+
+
+def main_result(out_dir, name) -> subprocess.CompletedProcess:
+    """What :func:`run_main_into` wrote, as :func:`run_cli` returns it."""
+    import json
+
+    with open(os.path.join(out_dir, f"{name}.json")) as f:
+        got = json.load(f)
+    return subprocess.CompletedProcess(["captioning", *got["args"]], got["code"], got["stdout"], got["stderr"])
+
+
 def run_cli(*args, cwd=None, timeout=300, env=None, process=False):
     """``captioning ARGS``: in this process (:func:`run_main`, seconds faster) unless ``process`` asks for
     a fresh ``python -m captioning`` (signals, kills, resource limits), ``env`` sets variables, or the

@@ -4,6 +4,7 @@ device computes (MirroredStrategy over 2 logical CPUs; 2 MultiWorkerMirroredStra
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -200,27 +201,45 @@ def test_train_cli_config_errors_exit_2(tmp_path):
     assert result.returncode == 2
 
 
-@pytest.mark.slow
-def test_train_cli_runs_and_resumes(data_dir, tmp_path):
-    config = tmp_path / "c.yaml"
-    cfg = small_config(data_dir, "train.steps=6", "train.checkpoint_every_steps=3")
-    from captioning.config import save_config
+RESUME = ("train.steps=6", "train.checkpoint_every_steps=3")
 
-    save_config(cfg, str(config))
-    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "trained to step 6" in result.stdout
+
+def mirrored_resume(data_dir, out_dir):
+    """:func:`test_train_cli_runs_and_resumes`'s two commands (6 steps on one device, then resumed to 9 on 2
+    replicas), run as the scenario ``mirrored/resume`` of conftest's ``distributed_runs`` (in the process of the
+    MirroredStrategy scenarios: 2 logical CPUs)."""
+    from captioning.config import save_config
+    from tests.distributed_worker import two_cpus
+    from tests.helpers import run_main_into
+
+    two_cpus()
+    config, model_dir = os.path.join(out_dir, "c.yaml"), os.path.join(out_dir, "m")
+    save_config(small_config(data_dir, *RESUME), config)
+    run_main_into(out_dir, "first", "train", "--config", config, "--model-dir", model_dir)
+    shutil.copy(os.path.join(model_dir, "config.yaml"), os.path.join(out_dir, "first.yaml"))  # as the first saved it
+    run_main_into(out_dir, "resumed", "train", "--config", config, "--model-dir", model_dir, "--set",
+                  "train.steps=9", "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
+
+
+@pytest.mark.slow
+def test_train_cli_runs_and_resumes(data_dir, distributed_runs, tmp_path):
     from captioning.model import resolve
     from captioning.model.folder import ModelDir
     from captioning.train import objectives
+    from tests.helpers import main_result
 
-    saved = ModelDir(str(tmp_path / "m")).read_config()  # every key, the decoder's typed; scst: as written
+    out = distributed_result(distributed_runs, "mirrored", "resume")
+    result = main_result(out, "first")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trained to step 6" in result.stdout
+    shutil.copy(os.path.join(out, "first.yaml"), tmp_path / "config.yaml")  # distributed_runs is read-only
+    saved = ModelDir(str(tmp_path)).read_config()  # every key, the decoder's typed; scst: as written
+    cfg = small_config(data_dir, *RESUME)
     assert objectives.resolve(saved, complete=True) == objectives.resolve(resolve(cfg))
-    result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=9",
-                     "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
+    result = main_result(out, "resumed")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stderr and "2 replica(s)" in result.stderr
-    assert (tmp_path / "m" / "ckpt-9.index").exists()
+    assert os.path.exists(os.path.join(out, "m", "ckpt-9.index"))
 
 
 def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):

@@ -317,15 +317,27 @@ def test_nan_policy_skip_applies_no_update_and_counts(data_dir, tmp_path):
     assert int(after["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == good  # skipped steps: no iteration
 
 
+def mirrored_nan_skip(data_dir, out_dir):
+    """:func:`test_nan_policy_skip_under_mirrored_strategy`'s command, run as the scenario ``mirrored/nan_skip``
+    of conftest's ``distributed_runs`` (in the process of the MirroredStrategy scenarios: 2 logical CPUs)."""
+    from tests.distributed_worker import two_cpus
+    from tests.helpers import run_main_into
+
+    two_cpus()
+    config = write_config(os.path.join(out_dir, "c.yaml"), data_dir, "train.steps=4",
+                          "train.checkpoint_every_steps=1", "train.nan_policy=skip", "distribute.logical_cpus=2",
+                          "distribute.strategy=mirrored", *EXPLODE)
+    run_main_into(out_dir, "train", "train", "--config", config, "--model-dir", os.path.join(out_dir, "m"))
+
+
 @pytest.mark.slow
-def test_nan_policy_skip_under_mirrored_strategy(data_dir, tmp_path):
+def test_nan_policy_skip_under_mirrored_strategy(distributed_runs):
     """The same through the CLI on a MirroredStrategy of 2 logical CPUs: the skip is decided inside the
-    compiled step from all-reduced values, so both replicas skip together."""
-    config = write_config(tmp_path / "c.yaml", data_dir, "train.steps=4", "train.checkpoint_every_steps=1",
-                          "train.nan_policy=skip", "distribute.logical_cpus=2", "distribute.strategy=mirrored",
-                          *EXPLODE)
-    model_dir = tmp_path / "m"
-    result = run_cli("train", "--config", config, "--model-dir", str(model_dir))
+    compiled step from all-reduced values, so both replicas skip together (:func:`mirrored_nan_skip`)."""
+    from tests.helpers import distributed_result, main_result
+
+    out = distributed_result(distributed_runs, "mirrored", "nan_skip")
+    model_dir, result = os.path.join(out, "m"), main_result(out, "train")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 replica(s)" in result.stderr
     match = re.search(rf"trained to step 4 in {re.escape(str(model_dir))} \((\d) batches skipped: non-finite loss\)",
@@ -334,7 +346,7 @@ def test_nan_policy_skip_under_mirrored_strategy(data_dir, tmp_path):
     count = int(match[1])
     assert 1 <= count <= 3
     assert len(re.findall(r"step \d: non-finite loss .*: batch skipped, no update applied", result.stderr)) == count
-    before, after = model_weights(model_dir / f"ckpt-{4 - count}"), model_weights(model_dir / "ckpt-4")
+    before, after = model_weights(f"{model_dir}/ckpt-{4 - count}"), model_weights(f"{model_dir}/ckpt-4")
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value, err_msg=name)
         assert value.dtype.kind != "f" or np.all(np.isfinite(value)), name

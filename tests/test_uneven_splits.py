@@ -61,19 +61,32 @@ def test_multi_worker_evaluation_equals_one_device_for_uneven_splits(distributed
         assert_same_losses(got, one_device_losses)
 
 
+def mirrored_cli(data_dir, out_dir):
+    """:func:`test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas`'s command, run as the scenario
+    ``mirrored/uneven_cli`` of conftest's ``distributed_runs`` (in the process of the MirroredStrategy scenarios)."""
+    from tests.distributed_worker import two_cpus
+    from tests.helpers import run_main_into
+
+    two_cpus()
+    run_main_into(out_dir, "train", "train", "--config", os.path.join(REPO, "experiments", "shapes.yaml"),
+                  "--model-dir", os.path.join(out_dir, "m"), "--set", f"data.dir={data_dir}",
+                  "--set", "train.batch_size=16", "--set", "train.steps=4", "--set", "train.eval_every_steps=2",
+                  "--set", "train.warmup_steps=0", "--set", "distribute.strategy=mirrored",
+                  "--set", "distribute.logical_cpus=2")
+
+
 @pytest.mark.slow
-def test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas(uneven_dir, tmp_path):
+def test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas(distributed_runs):
     """The issue's command, on a validation split of one caption: training, the evaluation at the end and
-    its sample captions all run on 2 replicas, exit 0, and the last step is saved."""
-    model_dir = tmp_path / "m"
-    result = run_cli("train", "--config", os.path.join(REPO, "experiments", "shapes.yaml"), "--model-dir",
-                     str(model_dir), "--set", f"data.dir={uneven_dir}", "--set", "train.batch_size=16",
-                     "--set", "train.steps=4", "--set", "train.eval_every_steps=2", "--set", "train.warmup_steps=0",
-                     "--set", "distribute.strategy=mirrored", "--set", "distribute.logical_cpus=2")
+    its sample captions all run on 2 replicas, exit 0, and the last step is saved (:func:`mirrored_cli`)."""
+    from tests.helpers import main_result
+
+    out = distributed_result(distributed_runs, "mirrored", "uneven_cli")
+    model_dir, result = os.path.join(out, "m"), main_result(out, "train")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 replica(s)" in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.count("validation loss") == 2
-    assert (model_dir / "ckpt-4.index").exists() and (model_dir / "ckpt-2.index").exists()
+    assert os.path.exists(f"{model_dir}/ckpt-4.index") and os.path.exists(f"{model_dir}/ckpt-2.index")
 
 
 @pytest.mark.slow
