@@ -21,19 +21,24 @@ def pytest_addoption(parser):
 
 # Each test file's time in the full suite (seconds, 3 workers on 2 cores, measured 2026-11-25 after issue 30's tests
 # were added; the files whose CPU was cut for issue 31 re-measured alone, one process, on the shared machine;
-# test_scst without the runs that moved to distributed_runs and test_train_start, 2026-11-25).
+# test_scst without the runs that moved to distributed_runs and test_train_start, 2026-11-25; issue 32's files
+# test_ema, test_accumulate (without its distributed_runs scenario), test_scheduled_sampling, test_hallucination and
+# the grown test_attention_use measured alone as CPU seconds, one process, on the shared machine; test_train,
+# test_train_reliability and test_uneven_splits less their CLI runs on 2 logical CPUs, now distributed_runs'
+# scenarios: 32, 19 and 28 s in the last durations, 2026-11-25).
 # `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order:
 # collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest
 # processing time first). A file not listed counts 4 s.
 FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_encoders": 90, "test_service_training": 190, "test_benchmarks": 117, "test_region_training": 130,
-                "test_data_service": 97, "test_train_reliability": 103, "test_train": 100, "test_scst": 35,
-                "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 50, "test_model_dir": 57,
+                "test_data_service": 97, "test_train_reliability": 85, "test_train": 70, "test_scst": 35,
+                "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 25, "test_model_dir": 57,
                 "test_evaluate_identity": 50, "test_steps_per_execution": 50, "test_ensemble": 40, "test_inference": 40,
-                "test_attention_use": 36, "test_train_start": 35, "test_transformer": 30, "test_objectives": 25,
+                "test_attention_use": 51, "test_train_start": 35, "test_transformer": 30, "test_objectives": 25,
                 "test_corrupt_shards": 26, "test_input_pipeline": 26, "test_features_store": 25, "test_metrics": 25,
                 "test_optimizer": 23, "test_regions": 18, "test_security": 18, "test_cli_edges": 16, "test_prepare": 15,
                 "test_decode": 13, "test_cli": 10, "test_outputs": 10, "test_model": 8, "test_config": 7, "test_cider": 6,
-                "test_attention": 6, "test_disk_cache": 5}
+                "test_attention": 6, "test_disk_cache": 5,
+                "test_ema": 57, "test_accumulate": 33, "test_scheduled_sampling": 17, "test_hallucination": 5}
 
 
 def pytest_collection_modifyitems(config, items):
