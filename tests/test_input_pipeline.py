@@ -8,6 +8,7 @@ per-replica sharding and the crops.
 import collections
 import glob
 import itertools
+import json
 import math
 import os
 import shutil
@@ -22,8 +23,6 @@ from captioning.data.prepared import PreparedDataset
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import decode_and_resize
 from captioning.vocab import END_ID, PAD_ID, START_ID
-from data_prep.prepare import PrepareOptions, prepare
-from tests.helpers import coco_split_args
 
 IMAGE, RESIZE = 32, 40
 OFFSET = (RESIZE - IMAGE) // 2  # the central crop starts at pixel 4
@@ -31,13 +30,13 @@ BOUNDARIES = [10, 13, 16]  # the shapes captions have 7..19 input ids
 
 
 @pytest.fixture(scope="module")
-def data_dir(shapes_dir, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("pipeline_data"))
-    manifest = prepare(PrepareOptions(output_dir=out, split=coco_split_args(shapes_dir), workers=1,
-                                      min_word_count=1), progress=False)
+def data_dir(prepared_dir):
+    """conftest's prepared_dir (the shapes fixture prepared with the same options), read-only here."""
+    with open(os.path.join(prepared_dir, "manifest.json")) as f:
+        manifest = json.load(f)
     assert (manifest["splits"]["train"]["images"], manifest["splits"]["train"]["captions"]) == (32, 160)
     assert len(manifest["splits"]["train"]["shards"]) == 4
-    return out
+    return prepared_dir
 
 
 def read_records(data_dir, split="train", files=None):
