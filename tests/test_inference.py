@@ -231,7 +231,21 @@ import json, sys
 import tensorflow as tf
 serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
 paths = sys.argv[2:]
-out = serve(images=tf.constant([open(p, "rb").read() for p in paths]))
+data = [open(p, "rb").read() for p in paths]
+out = serve(images=tf.constant(data))
+# the tf.Example signature, as TF Serving / TFX clients send: the same outputs for the same images
+examples = [tf.train.Example(features=tf.train.Features(feature={"image/encoded": tf.train.Feature(
+    bytes_list=tf.train.BytesList(value=[d]))})).SerializeToString() for d in data]
+loaded = tf.saved_model.load(sys.argv[1])
+assert sorted(loaded.signatures) == ["serving_default", "serving_examples"], sorted(loaded.signatures)
+from_examples = loaded.signatures["serving_examples"](examples=tf.constant(examples))
+assert sorted(from_examples) == sorted(out), (sorted(from_examples), sorted(out))
+assert all((from_examples[k].numpy() == out[k].numpy()).all() for k in out)
+try:  # an example without the image key fails the call with TensorFlow's own message
+    loaded.signatures["serving_examples"](examples=tf.constant([tf.train.Example().SerializeToString()]))
+    raise SystemExit("an example without image/encoded was accepted")
+except tf.errors.InvalidArgumentError as e:
+    assert "image/encoded" in str(e), str(e)
 assert not any(m.startswith("captioning") or m.startswith("data_prep") for m in sys.modules), "imported the project"
 print(json.dumps([{"image": p, "captions": [c.decode() for c in caps], "log_probs": [float(x) for x in lps]}
                   for p, caps, lps in zip(paths, out["captions"].numpy(), out["log_probs"].numpy())]))

@@ -278,6 +278,17 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
         padded[i, :len(boxes[image["id"]])] = boxes[image["id"]]
     out = serve(images=tf.constant([open(f, "rb").read() for f in files]), boxes=tf.constant(padded))
     assert [c.decode() for c in out["captions"][:, 0].numpy()] == [expected[i["id"]] for i in test["images"]]
+    # the tf.Example signature: image bytes under image/encoded, boxes flattened under image/boxes (an image
+    # without boxes: none), the same outputs
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[open(f, "rb").read()])),
+        "image/boxes": tf.train.Feature(float_list=tf.train.FloatList(value=np.ravel(boxes[image["id"]])))}))
+        for f, image in zip(files, test["images"])]
+    from_examples = tf.saved_model.load(output).signatures["serving_examples"](
+        examples=tf.constant([e.SerializeToString() for e in examples]))
+    assert sorted(from_examples) == sorted(out)
+    for key in out:
+        np.testing.assert_array_equal(from_examples[key].numpy(), out[key].numpy())
     # the boxes as the store holds them (x1, y1, x2, y2 fractions, the whole image last): in --json's regions
     # and in the SavedModel's, whose padding boxes are zeros and get no attention
     held = FeaturesStore.load(data_dir, "oracle").read(boxes)

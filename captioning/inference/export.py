@@ -10,6 +10,15 @@ class token) ``attention_prefix`` (``[batch, max_length, prefix]``: their weight
 [batch, n, 4]``: x, y, width, height in pixels of each image, as COCO detection results give them; a box of
 no width or height is padding) and returns ``regions`` (``[batch, n + 1, 4]``: each box as x1, y1, x2, y2
 fractions of the image, the whole image last) and ``attention`` over them (``[batch, max_length, n + 1]``).
+**A second signature, ``serving_examples``**, takes what TF Serving and TFX clients send: ``examples``, a 1-D
+batch of serialized ``tf.train.Example`` protos, each holding its image's encoded bytes under the key
+``image/encoded`` (:data:`EXAMPLE_IMAGE_KEY`: the key of this project's own records and of the TF Object
+Detection API's, so a record of a prepared dataset can be sent as it is), and, for a model reading regions,
+its boxes under ``image/boxes`` (:data:`EXAMPLE_BOXES_KEY`: a float list, x, y, width, height in pixels per box,
+flattened; an example without it is its whole image alone). It returns exactly what ``serving_default``
+returns for those images (the examples are parsed with one ``tf.io.parse_example``, then the same function
+runs). An example without ``image/encoded`` is an error of the whole call, as TF Serving reports a bad
+request. ``saved_model_cli show --all --dir EXPORT`` lists both (docs/using.md shows its output).
 An ensemble's export (several ``--model-dir``: :mod:`captioning.model.ensemble`) is one SavedModel holding
 every model's weights, with the same signature (no ``attention``); its marker lists the models as
 ``"members"``.
@@ -47,6 +56,7 @@ import os
 
 import tensorflow as tf
 
+from captioning.data.schema import IMAGE_ENCODED
 from captioning.errors import InputError
 from captioning.fileio import atomic_folder, atomic_write_json, clean_folder_leftovers, disk_full_error
 from captioning.inference.captioner import Captioner
@@ -56,6 +66,9 @@ from captioning.model.folder import ModelDir
 log = logging.getLogger("captioning.inference.export")
 
 MARKER = "captioning_export.json"
+SIGNATURES = ("serving_default", "serving_examples")
+EXAMPLE_IMAGE_KEY = IMAGE_ENCODED  # "image/encoded": the prepared records' key
+EXAMPLE_BOXES_KEY = "image/boxes"
 # what tf.saved_model.save writes, and the marker: an export of before "files" was recorded holds these
 SAVED_MODEL_FILES = ("saved_model.pb", "variables", "assets", "fingerprint.pb", MARKER)
 
@@ -66,14 +79,29 @@ class CaptionServer(tf.Module):
         self.captioner = captioner
         self.model = captioner.trained.model
         self.words = tf.constant(list(captioner.trained.vocab.words))
-        # one serving function (tf.saved_model.save traces every tf.function of the module): images, or images
-        # and boxes for a model reading regions
+        # the serving functions (tf.saved_model.save traces every tf.function of the module): images, or images
+        # and boxes for a model reading regions; and the same from serialized tf.train.Examples
         images = tf.TensorSpec([None], tf.string, name="images")
+        examples = [tf.TensorSpec([None], tf.string, name="examples")]
         if captioner.reads_regions:
             self.serve = tf.function(self._serve_regions, input_signature=[
                 images, tf.TensorSpec([None, None, 4], tf.float32, name="boxes")])
         else:
             self.serve = tf.function(self._serve_images, input_signature=[images])
+        self.serve_examples = tf.function(self._serve_examples, input_signature=examples)
+
+    def _serve_examples(self, examples):
+        """Serialized ``tf.train.Example`` s ``[batch]``: the image bytes under :data:`EXAMPLE_IMAGE_KEY` (and a model
+        reading regions: the boxes under :data:`EXAMPLE_BOXES_KEY`, x, y, width, height pixels, flattened)."""
+        spec = {EXAMPLE_IMAGE_KEY: tf.io.FixedLenFeature([], tf.string)}
+        if self.captioner.reads_regions:
+            spec[EXAMPLE_BOXES_KEY] = tf.io.VarLenFeature(tf.float32)
+        parsed = tf.io.parse_example(examples, spec)
+        if not self.captioner.reads_regions:
+            return self._serve_images(parsed[EXAMPLE_IMAGE_KEY])
+        flat = tf.sparse.to_dense(parsed[EXAMPLE_BOXES_KEY])  # [batch, 4 n]; zeros pad: boxes of no size
+        boxes = tf.reshape(flat, [tf.shape(flat)[0], -1, 4])  # a length not a multiple of 4: an error of the call
+        return self._serve_regions(parsed[EXAMPLE_IMAGE_KEY], boxes)
 
     def _serve_images(self, images):
         out = self.captioner.decode_encoded(images)
@@ -162,7 +190,8 @@ def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False
     captioner.check_boxes()  # a model of imported regions cannot pool them from new images
     first = model_dirs(model_dir)[0]
     record = {"model_dir": os.path.abspath(first), "checkpoint": os.path.basename(trained.checkpoint),
-              "step": trained.step, "weights": trained.members[0].weights, "decode": dict(captioner.options)}
+              "step": trained.step, "weights": trained.members[0].weights, "decode": dict(captioner.options),
+              "signatures": list(SIGNATURES)}
     if len(trained.members) > 1:  # an ensemble: every model's
         record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
                               "step": m.step, "weights": m.weights} for m in trained.members]
@@ -179,7 +208,8 @@ def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False
     server = CaptionServer(captioner)
     try:
         with atomic_folder(output) as tmp:  # written beside, swapped in only when complete
-            tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve})
+            tf.saved_model.save(server, tmp, signatures={"serving_default": server.serve,
+                                                         "serving_examples": server.serve_examples})
             atomic_write_json(os.path.join(tmp, MARKER), {**record, "files": sorted(os.listdir(tmp) + [MARKER])})
     except (OSError, tf.errors.OpError) as e:
         raise disk_full_error(e, output, "the export") or e
