@@ -108,6 +108,13 @@ def read_for_model(path: str) -> bytes:
         data = read_image_file(path)
     except ImageError as e:
         raise ImageError("does not exist" if str(e) == "missing file" else str(e)) from None
+    return model_bytes(data)
+
+
+def model_bytes(data: bytes) -> bytes:
+    """The bytes to give the model for an image file's bytes ``data`` (the module docstring: JPEG/PNG kept, anything
+    else converted to PNG, huge images downscaled); :class:`ImageError` when they are not a usable image.
+    ``captioning serve`` reads its uploads with it, as ``caption`` reads files."""
     encoded, _, _ = process_image(data, keep=("JPEG", "PNG"), output="PNG", max_side=MAX_SIDE,
                                   max_decode_bytes=MAX_DECODE_BYTES)
     return encoded
@@ -230,21 +237,27 @@ def _png(pixels) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
 
 
-def _attention_row(result: Result, tile: int = 72) -> str:
-    """The best caption's words, each under its picture (see the module docstring); over regions, each
-    picture's ``data-region`` is the index of the region outlined on it (in ``--json``'s ``regions``)."""
+def word_pictures(result: Result, tile: int = 72) -> list[tuple[str, str, int | None]]:
+    """The best caption's words of an attending decoder, each with its picture (see the module docstring) as a PNG
+    data URI and, over regions, the index of the region outlined on it (in ``--json``'s ``regions``; else None):
+    what the gallery shows and ``captioning serve`` returns."""
     best = result.captions[0]
     words = best.text.split()
     if best.boxes is not None:  # regions: the one attended to most, outlined
         chosen = [int(np.argmax(w)) for w in best.attention]
         pictures = [outlined(best.image, best.boxes[k], tile) for k in chosen]
-        marks = [f' data-region="{k}"' for k in chosen]
     else:
+        chosen = [None] * len(best.attention)
         pictures = [spotlight(best.image, w, result.layout, tile) for w in best.attention]
-        marks = [""] * len(pictures)
-    tiles = "".join(f'<span class="word"><img src="{_png(picture)}" '
-                    f'alt="attention for {html.escape(word)}"{mark}><br>{html.escape(word)}</span>'
-                    for word, picture, mark in zip(words, pictures, marks))
+    return [(word, _png(picture), k) for word, picture, k in zip(words, pictures, chosen)]
+
+
+def _attention_row(result: Result, tile: int = 72) -> str:
+    """The best caption's words, each under its picture (:func:`word_pictures`); over regions, each
+    picture's ``data-region`` is the index of the region outlined on it (in ``--json``'s ``regions``)."""
+    tiles = "".join(f'<span class="word"><img src="{src}" alt="attention for {html.escape(word)}"'
+                    + ("" if k is None else f' data-region="{k}"') + f'><br>{html.escape(word)}</span>'
+                    for word, src, k in word_pictures(result, tile))
     return f'<div class="attention">{tiles}</div>'
 
 
@@ -310,6 +323,30 @@ def write_gallery(path: str, results: list[Result], title: str) -> None:
     atomic_write_bytes(path, gallery_html(results, title).encode("utf-8"))
 
 
+def json_record(r: Result) -> dict:
+    """The ``--json`` record of a captioned image (``captioning serve`` answers with the same records):
+    ``image`` (its path), ``captions`` (each ``caption`` and ``log_prob``, best first; for an attention decoder
+    ``attention``: per word its weights over the tokens in their order or over the regions) and where those
+    weights sit: ``grid`` and ``prefix_tokens``, ``tokens`` or ``regions`` (module docstring).
+
+    >>> from captioning.inference.captioner import Caption
+    >>> json_record(Result("a.jpg", captions=[Caption("a red circle", -1.2345678)]))
+    {'image': 'a.jpg', 'captions': [{'caption': 'a red circle', 'log_prob': -1.234568}]}
+    """
+    captions = []
+    for c in r.captions:
+        entry = {"caption": c.text, "log_prob": round(c.log_prob, 6)}
+        if r.attends:  # per word, its weights over the tokens (in their order) or the regions
+            entry["attention"] = [[round(float(x), 5) for x in word] for word in c.attention]
+        captions.append(entry)
+    regions = r.captions[0].boxes if r.captions else None
+    where = ({"regions": [[round(float(x), 5) for x in box] for box in regions]} if regions is not None
+             else {"grid": [r.layout.rows, r.layout.cols], "prefix_tokens": r.layout.prefix} if r.layout
+             else {"tokens": len(r.captions[0].attention[0])} if r.attends and len(r.captions[0].attention)
+             else {})
+    return {"image": r.path, "captions": captions, **where}
+
+
 def print_results(results: list[Result], as_json: bool) -> int:
     """Captions on stdout, one error line per bad file on stderr; returns the exit code."""
     failures = 0
@@ -319,19 +356,7 @@ def print_results(results: list[Result], as_json: bool) -> int:
             print(f"captioning caption: error: {r.path}: {r.error}", file=sys.stderr)
             continue
         if as_json:
-            captions = []
-            for c in r.captions:
-                entry = {"caption": c.text, "log_prob": round(c.log_prob, 6)}
-                if r.attends:  # per word, its weights over the tokens (in their order) or the regions
-                    entry["attention"] = [[round(float(x), 5) for x in word] for word in c.attention]
-                captions.append(entry)
-            regions = r.captions[0].boxes if r.captions else None
-            where = ({"regions": [[round(float(x), 5) for x in box] for box in regions]} if regions is not None
-                     else {"grid": [r.layout.rows, r.layout.cols], "prefix_tokens": r.layout.prefix} if r.layout
-                     else {"tokens": len(r.captions[0].attention[0])} if r.attends and len(r.captions[0].attention)
-                     else {})
-            line = {"image": r.path, "captions": captions, **where}
-            print(json.dumps(line, ensure_ascii=False))
+            print(json.dumps(json_record(r), ensure_ascii=False))
         else:
             print(r.path)
             for c, lp in r.captions:

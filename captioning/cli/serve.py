@@ -1,0 +1,78 @@
+"""``captioning serve``: the flags of the web page and JSON API over a trained model or an ensemble (the server
+itself is :mod:`captioning.inference.serve`; docs/serving.md explains it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from captioning.cli.commands import _captioner, _decoding_given, add_model_dirs
+from captioning.cli.parsing import decoding_flags, within
+from captioning.settings import MAX_DECODE_BATCH
+
+log = logging.getLogger("captioning")
+
+MAX_BATCH_WAIT_MS = 1000  # --batch-wait-ms: a second is already far more than batching needs
+MAX_UPLOAD_MB = 1024  # --max-upload-mb: a request's body is read whole into memory
+MAX_IMAGES = 1024  # --max-images, per request
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a web page and a JSON API that caption images",
+        description="Serves a trained model (several --model-dir: their ensemble) on a web page where you drop or "
+                    "pick images and see their captions, scores, top-k alternatives and per-word attention, and "
+                    "as a JSON API: POST /caption with multipart fields named image (and decode.KEY options) "
+                    "returns the `caption --json` records as a list. Concurrent requests are captioned together "
+                    "in one model call. It listens on 127.0.0.1 unless --host says otherwise; there is no "
+                    "authentication. Stop it with Ctrl-C or SIGTERM.",
+        epilog="example:\n"
+               "  captioning serve --model-dir runs/demo/model --port 8000\n"
+               "  curl -F image=@a.jpg -F image=@b.jpg -F decode.beam_size=5 http://127.0.0.1:8000/caption",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_dirs(p)
+    decoding_flags(p, top_k=True)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface, "
+                        "with a warning: there is no authentication)")
+    p.add_argument("--port", type=within(0, 65535), default=8000, help="port (default 8000; 0: any free port)")
+    # the defaults live in captioning.inference.serve_api.Limits (None: not given); importing it here would load
+    # TensorFlow for --help
+    p.add_argument("--max-upload-mb", type=within(1, MAX_UPLOAD_MB), default=None,
+                   help=f"largest request body in MB, at most {MAX_UPLOAD_MB:,}; larger ones are refused (413) "
+                        "before they are read (default 32)")
+    p.add_argument("--max-images", type=within(1, MAX_IMAGES), default=None,
+                   help=f"most images in one request, at most {MAX_IMAGES:,}; more are refused (413) (default 32)")
+    p.add_argument("--max-batch", type=within(1, MAX_DECODE_BATCH), default=16,
+                   help=f"most images captioned in one model call, at most {MAX_DECODE_BATCH:,} (default 16)")
+    p.add_argument("--batch-wait-ms", type=within(0, MAX_BATCH_WAIT_MS, float), default=5.0,
+                   help="how long a model call waits for more images to fill its batch, in milliseconds, at most "
+                        f"{MAX_BATCH_WAIT_MS:,} (default 5)")
+    p.set_defaults(handler=run_serve)
+
+
+def run_serve(args) -> int:
+    from captioning.inference.serve import bind, is_loopback, serve_until_stopped, start
+    from captioning.inference.serve_api import Limits
+    from captioning.model.folder import ModelDir
+
+    _decoding_given(args)  # a wrong option or folder in one line, before the port is taken
+    for path in args.model_dir:
+        ModelDir(path).require_trained()
+    server = bind(args.host, args.port)  # a port in use or a wrong host: one line, before the model loads
+    if not is_loopback(args.host):
+        log.warning("listening on %s: anyone who can reach this port can caption images (there is no "
+                    "authentication); use --host 127.0.0.1 to serve this machine only", args.host)
+    try:
+        given = {name: getattr(args, name) for name in ("max_upload_mb", "max_images") if getattr(args, name)}
+        running = start(_captioner(args), server=server, limits=Limits(**given),
+                        max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
+                        title=f"captions by {' + '.join(args.model_dir)}")
+    except BaseException:
+        server.server_close()
+        raise
+    print(f"serving {' + '.join(args.model_dir)} on {running.url} (the API: POST {running.url}caption); "
+          "Ctrl-C to stop", flush=True)
+    serve_until_stopped(running)
+    print("stopped", flush=True)
+    return 0
