@@ -2,6 +2,7 @@
 it; a cache cut short by a killed run is never read; a live writer is not disturbed."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -102,3 +103,49 @@ def test_train_refuses_a_cache_dir_it_cannot_write(prepared_dir, tmp_path):
         with pytest.raises(InputError, match=f"data.cache_dir {cache_dir}: {message}"):
             Trainer(cfg, str(tmp_path / "model"))
         assert not os.path.exists(tmp_path / "model" / "config.yaml")  # refused before writing anything
+
+
+ENCODER_KEYS = r"""
+import json, sys
+import keras
+from captioning.config import load_config
+from captioning.data.feature_cache import encoder_key
+from captioning.model import build_model
+
+def key(encoder, seed):
+    cfg = load_config("experiments/shapes.yaml", [f"model.encoder={encoder}", "model.encoder_weights=none",
+                                                  "data.image_size=32", "data.resize_size=36", f"train.seed={seed}"])
+    keras.utils.set_random_seed(cfg.train.seed)  # as the trainer does before it builds the model
+    model = build_model(20, cfg.model, cfg.data.image_size, seed=cfg.train.seed)
+    model.build_all()
+    return encoder_key(model.encoder)
+
+def keys(encoders):  # each encoder twice (the second build's unnamed layers: normalization_1...); another seed
+    return {e: [key(e, 1), key(e, 1)] + ([key(e, 2)] if e == encoders[0] else []) for e in encoders}
+
+if __name__ == "__main__":
+    print(json.dumps(keys(sys.argv[1:])))
+"""
+
+
+def test_a_seeded_untrained_encoder_has_one_cache_key_in_every_process_and_every_build():
+    """``data.cache: features`` finds its cache again: the key of a seeded encoder without pretrained weights
+    (``model.encoder_weights: none``) is the same in two processes and for a second model built in one process
+    (``benchmark train --compare`` builds one per round), and another seed gives another key."""
+    encoders = ["small_cnn", "vit", "efficientnet_b0"]  # EfficientNet has layers Keras names by count
+    done = subprocess.run([sys.executable, "-c", ENCODER_KEYS, *encoders], capture_output=True, text=True,
+                          cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    here = {}  # and in this process, which built other models before (other layer names)
+    exec(compile(ENCODER_KEYS, "encoder_keys", "exec"), here)
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        runs = [json.loads(done.stdout.splitlines()[-1]), here["keys"](encoders)]
+    finally:
+        os.chdir(cwd)
+    assert runs[0] == runs[1]
+    for encoder, (first, second, *other_seed) in runs[0].items():
+        assert first == second, encoder
+        assert first.startswith(f"encoder_{encoder}-")
+    assert runs[0]["small_cnn"][2] != runs[0]["small_cnn"][0]  # another seed: other weights, another key

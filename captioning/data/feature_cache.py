@@ -45,12 +45,17 @@ FORMAT_VERSION = 1
 
 
 def encoder_key(encoder) -> str:
-    """A name for a Keras encoder and its weights: its name, and a hash of every weight's name, shape and
-    bytes (Inception v3's 22M weights hash in about 0.1 s)."""
+    """A name for a Keras encoder and its weights: its name, and a hash of every weight's place in the
+    encoder's weight list, own name (``kernel``, ``gamma``), shape and bytes (Inception v3's 22M weights hash in
+    about 0.1 s). Not the weights' paths: Keras names a layer built without a name after how many of its kind
+    the process built before (``normalization`` in a process's first EfficientNet, ``normalization_1`` in its
+    second), so a second model in one process (``benchmark train --compare``'s rounds) would find another key
+    for the same weights and fill the cache again. The same seeded model gives the same key in every process
+    and every build (tests/test_disk_cache.py)."""
     digest = hashlib.sha256(encoder.name.encode())
-    for variable in encoder.weights:
+    for i, variable in enumerate(encoder.weights):
         value = np.ascontiguousarray(variable.numpy())
-        digest.update(f"{variable.path}:{value.shape}:{value.dtype}".encode())
+        digest.update(f"{i}:{variable.name}:{value.shape}:{value.dtype}".encode())
         digest.update(value.tobytes())
     return f"{encoder.name}-{digest.hexdigest()[:16]}"
 
