@@ -1,4 +1,4 @@
-"""``captioning benchmark input|train|decode|prepare``: the flags of each benchmark; the benchmarks
+"""``captioning benchmark input|train|decode|serve|prepare``: the flags of each benchmark; the benchmarks
 themselves are in :mod:`captioning.benchmarks` (they wire every stage together, ``prepare``
 included, which is why they live with the command line)."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from captioning.cli.parsing import (MAX_BENCHMARK_IMAGES, MAX_BENCHMARK_STEPS, MAX_CIDER, MAX_ROUNDS, MAX_SIDE,
                                     MAX_WORKERS, call, config_flags, decoding_flags, size, within)
-from captioning.settings import MAX_DECODE_BATCH, MAX_STEPS
+from captioning.settings import MAX_DECODE_BATCH, MAX_SECONDS, MAX_STEPS
 
 IMAGES, STEPS, ROUNDS = within(1, MAX_BENCHMARK_IMAGES), within(1, MAX_BENCHMARK_STEPS), within(1, MAX_ROUNDS)
+MAX_CLIENTS = 256  # benchmark serve --concurrency: client threads on this machine
 
 
 def add_benchmark(sub) -> None:
@@ -97,6 +98,27 @@ def add_benchmark(sub) -> None:
     q.add_argument("--rounds", type=ROUNDS, default=3, help="timings of the SavedModel, the captioner and the cache's "
                    "decoders, in turn, best kept (default 3)")
     common(q, work_dir=False)
+    q.set_defaults(handler=run_benchmark)
+
+    q = kinds.add_parser("serve", help="captioning serve under load: concurrent requests vs one at a time",
+                         description="Starts `captioning serve`'s server in this process on 127.0.0.1 (a free port) "
+                                     "and sends --requests requests one at a time, then --requests from --concurrency "
+                                     "clients at once (each phase stops at its count or after --seconds): latency "
+                                     "p50/p99, images/s, failed requests and model calls (the batching).")
+    q.add_argument("--model-dir", required=True, help="a trained model (e.g. runs/demo/model)")
+    q.add_argument("--requests", type=within(1, MAX_BENCHMARK_STEPS), default=300,
+                   help="requests a phase (default 300)")
+    q.add_argument("--concurrency", type=within(1, MAX_CLIENTS), default=8,
+                   help=f"client threads of the concurrent phase, at most {MAX_CLIENTS} (default 8)")
+    q.add_argument("--images-per-request", type=within(1, 64), default=1, help="images a request, at most 64 "
+                   "(default 1)")
+    q.add_argument("--seconds", type=within(1, MAX_SECONDS, float), default=120.0,
+                   help="longest a phase runs, in seconds (default 120)")
+    q.add_argument("--max-batch", type=within(1, MAX_DECODE_BATCH), default=16,
+                   help="the server's --max-batch (default 16)")
+    q.add_argument("--batch-wait-ms", type=within(0, 1000, float), default=5.0,
+                   help="the server's --batch-wait-ms (default 5)")
+    common(q)
     q.set_defaults(handler=run_benchmark)
 
     q = kinds.add_parser("prepare", help="prepare with all workers vs one worker vs the one-core ceiling",
