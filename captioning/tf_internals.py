@@ -31,6 +31,10 @@ helper                                    what it touches, and why
                                           heartbeat times out, minutes later)
 :func:`worker_answers`                    a tf.data worker's ``/tensorflow.data.WorkerService/GetWorkerTasks``:
                                           whether a registered worker is alive now
+:func:`frozen_function`                   ``convert_to_constants.convert_variables_to_constants_v2``: a
+                                          function's variables as constants, for the LiteRT converter (it
+                                          leaves the variables read inside a ``while`` loop, the caption
+                                          search's, as resources the interpreter fails on: measured)
 ========================================  ====================================================================
 
 TensorFlow is imported inside the helpers that need it, so :func:`dispatcher_version` (plain gRPC) runs
@@ -179,3 +183,11 @@ def worker_answers(address: str, timeout_s: float) -> bool:
         return True
     except grpc.RpcError:
         return False
+
+
+def frozen_function(concrete):
+    """``concrete`` (a ConcreteFunction) with its variables, those read inside loops too, as constants; its
+    control flow kept (``while`` stays one op: LiteRT's ``WHILE``)."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    return convert_variables_to_constants_v2(concrete, lower_control_flow=False)

@@ -130,7 +130,7 @@ class ShowAttendTell(CaptionModel):
         scores = tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2])
         alpha = tf.nn.softmax(masked_scores(scores, state["mask"]), axis=-1)
         features = state["features"]
-        context = tf.reduce_sum(tf.cast(alpha, features.dtype)[..., None] * features, axis=1)
+        context = tf.reduce_sum(tf.expand_dims(tf.cast(alpha, features.dtype), -1) * features, axis=1)
         return alpha, self.gate(state["h"]) * tf.cast(context, self.gate.compute_dtype)
 
     def _recur(self, words, token_ids, state, training):

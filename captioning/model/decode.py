@@ -133,8 +133,11 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         alive_attention = tf.zeros([0])
 
     for t in tf.range(steps):
-        tf.autograph.experimental.set_loop_options(
-            shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))))
+        # with the attention weights' cells as the step gives them (a grid whose size a trace leaves open)
+        tf.autograph.experimental.set_loop_options(shape_invariants=list(
+            zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))) + ([
+                (alive_attention, tf.TensorShape([None, k, steps, None])),
+                (done["attention"], tf.TensorShape([None, groups * keep, steps, None]))] if attends else []))
         logits, state = model.step(tokens, state)
         if attends:  # word t of every live caption is chosen with this step's weights
             weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, 1, cells])

@@ -293,12 +293,13 @@ class Transformer(CaptionModel):
         slots = tf.shape(state["k0"])[1]
         tf.debugging.assert_less(tf.reduce_max(t), slots, message="Transformer.step: no room left in the cache for "
                                  "the word (reserve(state, steps) first, for every step taken)")
-        at = tf.one_hot(t, slots, dtype=self.compute_dtype)[:, :, None, None]  # [B, S, 1, 1]
+        # [B, S, 1, 1]; expand_dims, not [:, :, None, None]: LiteRT's built-in strided slice adds no axes
+        at = tf.expand_dims(tf.expand_dims(tf.one_hot(t, slots, dtype=self.compute_dtype), -1), -1)
 
         def write(cache, new):  # new: [B, 1, heads, key_size] at slot t
             return cache * (1 - at) + new * at
 
-        visible = (tf.range(slots)[None, :] <= t[:, None])[:, None, :]  # [B, 1, S]
+        visible = tf.expand_dims(tf.range(slots)[None, :] <= t[:, None], 1)  # [B, 1, S]
         x = self._embed(token_ids[:, None], t, training=False)
         logits, state = self._decode(x, state, visible, write, training=False)
         return logits[:, 0], {**state, "t": t + 1}

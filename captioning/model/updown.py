@@ -124,7 +124,7 @@ class UpDown(CaptionModel):
         scores = tf.reshape(tf.cast(flat, tf.float32), tf.shape(hidden)[:2])
         alpha = tf.nn.softmax(masked_scores(scores, state["mask"]), axis=-1)
         features = state["features"]
-        attended = tf.reduce_sum(tf.cast(alpha, features.dtype)[..., None] * features, axis=1)
+        attended = tf.reduce_sum(tf.expand_dims(tf.cast(alpha, features.dtype), -1) * features, axis=1)
         h2, (h2, c2) = self.language_lstm(tf.concat([tf.cast(attended, h1.dtype), h1], axis=-1),
                                           [state["h2"], state["c2"]], training=training)
         return {**state, "h1": h1, "c1": c1, "h2": h2, "c2": c2, "attention": alpha}

@@ -1,0 +1,258 @@
+"""``captioning export --format litert``: one ``.tflite`` file that captions a decoded image on a phone, the
+search (greedy or beam) inside the graph, LiteRT built-in ops only (no Flex delegate).
+
+Its one signature, ``serving_default``, takes ``image``: ``uint8 [height, width, 3]``, one decoded RGB image
+of any size (a camera frame, or a photo decoded by the app). Inside, the image is resized to
+``data.resize_size`` (bilinear, half-pixel centres, rounded, as :func:`captioning.data.reading.model_input`
+does) and its central ``data.image_size`` crop is captioned, so it gives the SavedModel's captions for the
+same pixels. It returns, best first (``top_k`` rows of ``decode.max_length`` words):
+
+* ``ids`` ``int32 [top_k, max_length]``: the words' ids, 0 (``<pad>``) after the caption's end;
+* ``lengths`` ``int32 [top_k]``: the number of words of each caption;
+* ``log_probs`` ``float32 [top_k]``: each caption's summed log-probability (``<end>`` included);
+* ``words`` ``string [top_k, max_length]``: the words themselves (a gather on the vocabulary, held in the
+  file), ``<pad>`` after the caption's end: a caption is ``b" ".join(words[j, :lengths[j]])``;
+* an attention decoder's ``attention`` of the best caption, as the SavedModel gives it: ``float32
+  [max_length, rows, cols]`` over the encoder's map (``attention_prefix`` ``[max_length, prefix]`` for a
+  ViT's class token; ``[max_length, tokens]`` for an encoder without a layout), zeros after its last word.
+
+Why a decoded image and not JPEG bytes: the JPEG decoder (``tf.io.decode_jpeg``) is not a LiteRT built-in op;
+with ``SELECT_TF_OPS`` it converts, but the interpreter of the ``ai-edge-litert`` wheel has no Flex delegate
+and refuses it at run time ("Select TensorFlow op(s) ... not supported by this interpreter": measured with
+ai-edge-litert 2.3.0). Apps decode images with the platform's own decoder anyway.
+
+What converts (the search's options are constants of the graph, as the export's ``decode:`` settings say):
+greedy and beam search with every option (length penalty, n-gram blocking, bad endings, diverse groups),
+every decoder and encoder, and ensembles (several ``--model-dir``: every model's weights in the file, each
+model reading its own crop). Refused in one line, nothing written: ``decode.method=sample`` (its per-image
+draws hash strings, ``tf.strings``, which are not built-in ops) and models reading regions
+(``data.features: regions``: their pooling, ``tf.image.crop_and_resize``, is not a built-in op either).
+
+``quantize``: ``none`` (float32 weights), ``float16`` (weights stored as float16, computed in float32) or
+``dynamic_int8`` (LiteRT's dynamic range quantization, ``Optimize.DEFAULT``: weights int8, activations
+quantized on the fly), as the LiteRT converter documents them.
+
+The file records what was exported in its own metadata (the flatbuffer's ``metadata`` entry
+:data:`METADATA`, JSON: model folder, checkpoint, step, weights, decoding settings, ``quantize``), so it stays
+one file, written atomically (a temporary name, then a rename). Exporting the same checkpoint with the same
+settings to it again is a no-op; another export is replaced only with ``overwrite``; a file without that
+metadata (not written by this command) is never replaced; an output inside a model folder is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from captioning.data.reading import center_crop
+from captioning.errors import InputError
+from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_error
+from captioning.inference.captioner import Captioner
+from captioning.model.ensemble import model_dirs
+from captioning.tf_internals import frozen_function
+
+QUANTIZE = ("none", "float16", "dynamic_int8")
+METADATA = "captioning_export"  # the flatbuffer metadata entry holding the export's record
+
+
+def pixels_resized(image, size: int):
+    """``uint8 [H, W, 3]`` → ``uint8 [size, size, 3]``: :func:`captioning.data.reading.squash` in built-in ops
+    (LiteRT's ``RESIZE_BILINEAR`` takes float pixels, so they are cast first: the same values)."""
+    resized = tf.image.resize(tf.cast(image, tf.float32), [size, size], method="bilinear", antialias=False)
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
+
+
+def refusal(captioner: Captioner) -> str | None:
+    """Why ``captioner`` cannot become a LiteRT file of built-in ops (one line), or None."""
+    if captioner.settings.method == "sample":
+        return ("--format litert: decode.method=sample cannot be exported: its per-image random draws hash strings "
+                "(tf.strings), which are not LiteRT built-in ops; export greedy or beam search")
+    if any(member.model.reads_regions for member in captioner.trained.members):
+        return ("--format litert: a model reading regions (data.features: regions) cannot be exported: its region "
+                "pooling (tf.image.crop_and_resize) is not a LiteRT built-in op; use the SavedModel export")
+    return None
+
+
+class LiteRTGraph(tf.Module):
+    """The graph the file holds: one decoded image → its captions (see the module docstring)."""
+
+    def __init__(self, captioner: Captioner):
+        super().__init__()
+        self.captioner = captioner
+        self.words = tf.constant(list(captioner.trained.vocab.words))
+        # the crops each model reads: (resize_size, image_size) per distinct pair, in the models' order
+        self.sizes = list(dict.fromkeys((m.config.data.resize_size, m.config.data.image_size)
+                                        for m in captioner.trained.members))
+        self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")])
+
+    def _state(self, image):
+        """The decoding state of ``image`` (an ensemble's: each model's, a tuple), a batch of one."""
+        crops, states = {}, []
+        for member in self.captioner.trained.members:  # each model its own crop, as the Captioner's
+            model, cfg = member.model, member.config.data
+            key = (cfg.resize_size, cfg.image_size)
+            if key not in crops:
+                crops[key] = center_crop(pixels_resized(image, cfg.resize_size), cfg.image_size)[None]
+            states.append(model.initial_state(model.encode(crops[key], training=False)))
+        return states[0] if len(states) == 1 else tuple(states)
+
+    def _serve(self, image):
+        state = self._state(image)
+        # the search traced for a batch of unknown size, as the Captioner's: its loop's shapes stay the same
+        # (the state before it keeps its batch of one: Keras' recurrent layers convert only with a static one)
+        specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), state)
+        search = tf.function(lambda s: self.captioner._generate(s, None), input_signature=[specs])
+        out = search(state)
+        ids = out["ids"][0]
+        served = {"ids": ids, "lengths": out["lengths"][0], "log_probs": out["log_probs"][0],
+                  "words": tf.gather(self.words, ids)}
+        if "attention" in out:  # the best caption's, as the SavedModel gives it
+            weights, layout = out["attention"][0, 0], self.captioner.token_layout
+            if layout is None:
+                served["attention"] = weights
+            else:
+                steps = tf.shape(ids)[1]
+                served["attention"] = tf.reshape(weights[:, layout.prefix:], [steps, layout.rows, layout.cols])
+                if layout.prefix:
+                    served["attention_prefix"] = weights[:, :layout.prefix]
+        return served
+
+
+def convert(captioner: Captioner, quantize: str = "none") -> bytes:
+    """The ``.tflite`` flatbuffer of ``captioner`` (built-in ops only), without the export's metadata. An
+    InputError when it cannot convert (:func:`refusal`, or an op the converter finds no built-in for)."""
+    if quantize not in QUANTIZE:
+        raise InputError(f"`quantize` must be one of {', '.join(QUANTIZE)}, got {quantize!r}", params=("quantize",))
+    reason = refusal(captioner)
+    if reason:
+        raise InputError(reason)
+    graph = LiteRTGraph(captioner)
+    concrete = graph.serve.get_concrete_function()
+    names = sorted(concrete.structured_outputs)
+    frozen = frozen_function(concrete)  # the variables, those the search's loop reads too, as constants
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")])
+    def serving_default(image):  # the outputs by name again (freezing returns them as a flat list)
+        outputs = frozen(image)
+        return dict(zip(names, outputs if isinstance(outputs, (list, tuple)) else tf.nest.flatten(outputs)))
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="captioning-litert-") as folder:
+            # a SavedModel first, as the converter would write it itself, but saving no custom gradients: its
+            # own save fails silently on them (keras.applications' swish) and drops the signature's names
+            tf.saved_model.save(tf.Module(), folder, signatures={"serving_default": serving_default.get_concrete_function()},
+                                options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
+            converter = tf.lite.TFLiteConverter.from_saved_model(folder)
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+            if quantize != "none":
+                converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            if quantize == "float16":
+                converter.target_spec.supported_types = [tf.float16]
+            return converter.convert()
+    except Exception as e:  # the converter's ConverterError: name the ops without a built-in kernel
+        ops = sorted(set(re.findall(r"'(tf\.\w+)' op is neither a custom op nor a flex op", str(e))))
+        if not ops:
+            raise
+        raise InputError(f"--format litert: the model needs TensorFlow ops that are not LiteRT built-in ops "
+                         f"({', '.join(ops)}): it would need the Flex delegate, which ai-edge-litert's interpreter "
+                         "lacks; use the SavedModel export") from None
+
+
+def with_metadata(data: bytes, record: dict) -> bytes:
+    """The flatbuffer ``data`` with ``record`` (JSON) as its metadata entry :data:`METADATA`."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(json.dumps(record, sort_keys=True).encode(), np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name, entry.buffer = METADATA, len(model.buffers) - 1
+    model.metadata = [m for m in (model.metadata or []) if m.name != METADATA.encode()] + [entry]
+    builder = flatbuffers.Builder(len(data) + 4096)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def read_record(path: str) -> dict | None:
+    """The record a ``.tflite`` file written by this command holds (:data:`METADATA`), or None (another file:
+    not a flatbuffer model, or one without it)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[4:8] != b"TFL3":
+            return None
+        model = schema.Model.GetRootAs(data, 0)
+        for i in range(model.MetadataLength()):
+            entry = model.Metadata(i)
+            if entry.Name() == METADATA.encode():
+                return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes())
+    except (OSError, ValueError, IndexError, AttributeError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def check_output(output: str, model_dir, overwrite: bool = False) -> dict | None:
+    """Refuses an ``output`` this export must not write, before any work (see the module docstring); returns
+    the record of the export already there, or None when there is none."""
+    target = os.path.realpath(output)
+    for folder in model_dirs(model_dir):
+        folder = os.path.realpath(folder)
+        if target == folder or target.startswith(folder.rstrip(os.sep) + os.sep):
+            raise InputError(f"`output` {output} is inside the model folder {folder}; write the .tflite file outside "
+                             "it", params=("output",))
+    if os.path.isdir(output):
+        raise InputError(f"`output` {output} is a folder; --format litert writes one file (e.g. caption.tflite)",
+                         params=("output",))
+    check_output_file(output, "`output`", params=("output",))
+    if not os.path.exists(output):
+        return None
+    existing = read_record(output)
+    if existing is None:
+        raise InputError(f"`output` {output} is a file this command did not write (no {METADATA} metadata): "
+                         "writing would destroy it; choose another name", params=("output",))
+    return existing
+
+
+def record_of(captioner: Captioner, model_dir, quantize: str) -> dict:
+    """What the file records of its export (compared to tell a rerun)."""
+    trained = captioner.trained
+    record = {"format": "litert", "quantize": quantize, "model_dir": os.path.abspath(model_dirs(model_dir)[0]),
+              "checkpoint": os.path.basename(trained.checkpoint), "step": trained.step,
+              "weights": trained.members[0].weights, "decode": dict(captioner.options), "flex_delegate": False}
+    if len(trained.members) > 1:
+        record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
+                              "step": m.step, "weights": m.weights} for m in trained.members]
+    return record
+
+
+def export_litert(captioner: Captioner, output: str, model_dir, quantize: str = "none",
+                  overwrite: bool = False) -> str:
+    """Writes the ``.tflite`` file of ``captioner`` to ``output`` (see the module docstring); returns
+    ``output``. ``model_dir``: the model's folder, or its ensemble's (a list)."""
+    reason = refusal(captioner)
+    if reason:
+        raise InputError(reason)
+    record = record_of(captioner, model_dir, quantize)
+    existing = check_output(output, model_dir, overwrite)
+    if existing == record:
+        return output  # this very export is there already
+    if existing is not None and not overwrite:
+        differ = sorted(k for k in {**existing, **record} if existing.get(k) != record.get(k))
+        raise InputError(f"{output} holds another export ({existing.get('checkpoint')}, quantize "
+                         f"{existing.get('quantize')}; it differs in {', '.join(differ)}); pass `overwrite=True` to "
+                         "replace it", params=("overwrite",))
+    data = with_metadata(convert(captioner, quantize), record)
+    try:
+        atomic_write_bytes(output, data)
+    except OSError as e:
+        raise disk_full_error(e, output, "the export") or e
+    return output
