@@ -345,24 +345,51 @@ def run_caption(args) -> int:
 
 def add_export(sub) -> None:
     p = sub.add_parser(
-        "export", help="export a SavedModel that captions JPEG/PNG bytes",
+        "export", help="export a SavedModel (or a LiteRT .tflite file) that captions images",
         description="Writes a SavedModel whose serving signature takes a batch of encoded images (JPEG, PNG) "
                     "and returns the top captions and their log-probabilities, beam search inside. It loads "
-                    "with tf.saved_model.load, without this project.")
+                    "with tf.saved_model.load, without this project. With --format litert: one .tflite file "
+                    "that captions one decoded uint8 image, the search inside, LiteRT built-in ops only "
+                    "(docs/litert.md).")
     add_model_dirs(p)
-    p.add_argument("--output", required=True, help="the SavedModel folder to write")
+    p.add_argument("--output", required=True,
+                   help="the SavedModel folder to write (--format litert: the .tflite file)")
+    p.add_argument("--format", choices=("savedmodel", "litert"), default="savedmodel",
+                   help="savedmodel (default): a SavedModel folder; litert: one .tflite file for ai-edge-litert")
+    p.add_argument("--quantize", choices=("none", "float16", "dynamic_int8"), default=None,  # litert.QUANTIZE
+                   help="--format litert only: none (default, float32 weights), float16 weights, or dynamic_int8 "
+                        "(dynamic range quantization: int8 weights)")
     decoding_flags(p, top_k=True)
     p.add_argument("--overwrite", action="store_true",
-                   help="replace --output if it holds an earlier export (never a folder of other files)")
+                   help="replace --output if it holds an earlier export (never a folder or file of others)")
     p.set_defaults(handler=run_export)
 
 
 def run_export(args) -> int:
+    if args.format == "litert":
+        return _run_export_litert(args)
+    if args.quantize is not None:
+        from captioning.errors import InputError
+
+        raise InputError("--quantize applies to --format litert only (a SavedModel keeps its float32 weights)",
+                         params=("quantize",))
     from captioning.inference.export import check_output, export
 
     _decoding_given(args)
     check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
     print(f"exported to {call(export, args, captioner=_captioner(args))}")
+    return 0
+
+
+def _run_export_litert(args) -> int:
+    from captioning.inference.litert import check_output, export_litert
+
+    _decoding_given(args)
+    args.quantize = args.quantize or "none"
+    check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
+    output = call(export_litert, args, captioner=_captioner(args))
+    print(f"exported to {output} (LiteRT, {args.quantize}, {os.path.getsize(output):,} bytes; built-in ops "
+          "only: no Flex delegate needed)")
     return 0
 
 
