@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 7  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 8  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -125,3 +125,10 @@ def _from_format_6(data: dict) -> dict:
                                 "train.scheduled_sampling": {"start": 0.0, "increase": 0.05, "increase_every": 5000,
                                                              "max": 0.0},
                                 "scst.xe_weight": 0.0})
+
+
+@migration(7)
+def _from_format_7(data: dict) -> dict:
+    """Format 8 brought data.region_pad_multiple; a format-7 model padded each batch's regions to its largest
+    count (1)."""
+    return with_defaults(data, {"data.region_pad_multiple": 1})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from captioning.errors import InputError, excerpt
 from captioning.settings import (MAX_ACCUMULATE_STEPS, MAX_BATCH, MAX_BEAM, MAX_CPUS, MAX_DECODE_BATCH, MAX_EPOCHS,
                                  MAX_EVAL_BATCHES, MAX_FACTOR, MAX_GRADIENT_NORM, MAX_GROUP_CAPTIONS, MAX_IMAGE_SIZE, MAX_KEPT_CHECKPOINTS,
-                                 MAX_LENGTH_NORMALIZATION, MAX_LENGTH_WINDOW, MAX_RESIZE_SIZE, MAX_SAMPLE_TOP_K,
+                                 MAX_LENGTH_NORMALIZATION, MAX_LENGTH_WINDOW, MAX_REGION_PAD_MULTIPLE, MAX_RESIZE_SIZE, MAX_SAMPLE_TOP_K,
                                  MAX_SECONDS, MAX_SHUFFLE_BUFFER, MAX_STEPS, MAX_STEPS_PER_EXECUTION, MAX_TEMPERATURE,
                                  MAX_WORDS, SEED, Section, between, choices, convert, describe_range, fields_of,
                                  in_range, more_than, unknown_key)
@@ -40,6 +40,9 @@ class DataConfig(Section):
     # mask (captioning.data.region_input); the image augmentations and image sizes do not apply to them
     features: str = field(default="images", metadata=choices("images", "regions"))
     features_store: str = "regions"  # data.features: regions — the store's name (DATA/features/NAME)
+    # data.features: regions — each batch's region count is rounded up to a multiple of this (masked), so a
+    # compiled step sees few shapes (captioning.data.region_input); 1: the batch's largest
+    region_pad_multiple: int = field(default=16, metadata=between(1, MAX_REGION_PAD_MULTIPLE))
     # side of the square crop the encoder sees
     image_size: int = field(default=299, metadata=between(1, MAX_IMAGE_SIZE))
     # images are resized to this square before the crop (im2txt: 346 → 299)

@@ -58,6 +58,7 @@ MAX_GROUP_CAPTIONS = 100  # data.group_captions, per image (COCO has 5 to 7)
 MAX_SECONDS = 86_400  # timeouts: a day
 MAX_WIDTH = 8192  # a decoder's widths (embeddings, LSTM units, attention, d_model; a feed-forward block 4x)
 MAX_FEATURE_SIZE = 65_536  # model.region_feature_size (detectors give 2,048; training sets it from the store)
+MAX_REGION_PAD_MULTIPLE = 1024  # data.region_pad_multiple (a store holds tens to a few hundred regions an image)
 MAX_INIT_SCALE = 10.0  # a decoder's init_scale (kernels start uniform in +-init_scale; 0.08 in the papers)
 MAX_LAYERS = 48  # a Transformer's layers, each stack
 MAX_HEADS = 64  # attention heads

@@ -81,16 +81,20 @@ def imported_data(prepared_dir, tmp_path_factory):
     return data_dir, left_out
 
 
-def test_batches_carry_each_images_regions_padded_with_a_mask(region_data):
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_batches_carry_each_images_regions_padded_with_a_mask(region_data, multiple):
+    """Padded to the batch's most regions (``data.region_pad_multiple: 1``), or that rounded up to a multiple."""
     data_dir, left_out = region_data
     store = FeaturesStore.load(data_dir, "oracle")
     held = store.read()
-    cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=oracle"]).data
+    cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=oracle",
+                                 f"data.region_pad_multiple={multiple}"]).data
     seen = {}
     for batch in eval_regions(cfg, "train", store_of(cfg, PreparedDataset.load(data_dir)), 5):
         regions, boxes, mask = batch["regions"].numpy(), batch["boxes"].numpy(), batch["region_mask"].numpy()
         counts = [len(held[int(i)].features) for i in batch["image_id"].numpy()]
-        assert regions.dtype == np.float16 and regions.shape[1] == max(counts)  # padded to the batch's most
+        assert regions.dtype == np.float16 and regions.shape[1] == -(-max(counts) // multiple) * multiple
+        assert mask.shape == regions.shape[:2] and boxes.shape[1] == regions.shape[1]
         np.testing.assert_array_equal(mask.sum(axis=1), counts)
         for row, image_id in enumerate(batch["image_id"].numpy()):
             r, n = held[int(image_id)], counts[row]
@@ -107,6 +111,30 @@ def test_batches_carry_each_images_regions_padded_with_a_mask(region_data):
     for batch in training.take(3):
         assert set(batch) >= {"regions", "boxes", "region_mask", "input_ids"} and "image" not in batch
         assert batch["regions"].shape[0] == batch["input_ids"].shape[0] == 8  # a copy per caption
+        assert batch["regions"].shape[1] % multiple == 0 and batch["region_mask"].shape == batch["regions"].shape[:2]
+
+
+def test_region_padding_to_a_multiple_changes_no_caption_or_weight(region_data, region_model):
+    """The padding that ``data.region_pad_multiple`` adds is masked: a model captions a batch padded to 16 regions
+    as the batch padded to its largest count, with the same log-probabilities and attention over the real ones
+    (and none over the padding)."""
+    from captioning.inference.captioner import Captioner, load
+
+    data_dir = region_data[0]
+    captioner = Captioner(load(region_model))
+    out = {}
+    for multiple in (1, 16):
+        cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=oracle",
+                                     f"data.region_pad_multiple={multiple}"]).data
+        batch = next(iter(eval_regions(cfg, "test", store_of(cfg, PreparedDataset.load(data_dir)), 8)))
+        out[multiple] = (captioner.decode_batch(batch), batch["region_mask"].numpy())
+    (tight, mask), (wide, wide_mask) = out[1], out[16]
+    assert mask.shape[1] < 16 == wide_mask.shape[1] and (wide_mask[:, :mask.shape[1]] == mask).all()
+    np.testing.assert_array_equal(wide["ids"].numpy(), tight["ids"].numpy())
+    np.testing.assert_allclose(wide["log_probs"].numpy(), tight["log_probs"].numpy(), atol=1e-5)
+    n = mask.shape[1]
+    np.testing.assert_allclose(wide["attention"].numpy()[..., :n], tight["attention"].numpy(), atol=1e-6)
+    assert not wide["attention"].numpy()[..., n:].any()
 
 
 def test_a_store_of_another_dataset_version_or_missing_is_one_line(region_data, tmp_path):

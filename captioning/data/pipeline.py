@@ -155,7 +155,8 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     per_image = dataset.split(split).captions_per_image
     if training:
         per_image = epoch_captions_per_image(cfg, per_image)
-    keys, finish = (REGION_KEYS, padded) if key == "regions" else ((key,), None)
+    keys, finish = ((REGION_KEYS, functools.partial(padded, multiple=cfg.region_pad_multiple)) if key == "regions"
+                    else ((key,), None))
     if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
         ds = grouped_batches(ds, keys, cfg, batch_size, per_image, finish)
     else:
