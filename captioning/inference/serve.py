@@ -211,6 +211,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             status, answer, close = e.status, {"error": str(e), **({"results": e.results} if e.results else {})}, \
                 e.status in (408, 411, 413)
+        except Exception as e:  # a fault of the server's own: this request fails in one line, the server goes on
+            log.exception("POST /caption failed")
+            said = str(e).splitlines()[0][:200] if str(e) else repr(e)
+            status, answer, close = 500, {"error": f"internal error: {said}"}, True
         finally:
             self.server.in_flight.release()
         self._json(status, answer, close=close)
