@@ -1,4 +1,4 @@
-"""``captioning benchmark input|train|decode|serve|prepare``: the flags of each benchmark; the benchmarks
+"""``captioning benchmark input|train|decode|serve|litert|prepare``: the flags of each benchmark; the benchmarks
 themselves are in :mod:`captioning.benchmarks` (they wire every stage together, ``prepare``
 included, which is why they live with the command line)."""
 
@@ -118,6 +118,15 @@ def add_benchmark(sub) -> None:
                    help="the server's --max-batch (default 16)")
     q.add_argument("--batch-wait-ms", type=within(0, 1000, float), default=5.0,
                    help="the server's --batch-wait-ms (default 5)")
+    common(q)
+    q.set_defaults(handler=run_benchmark)
+
+    q = kinds.add_parser("litert", help="the .tflite export at each quantization vs the SavedModel, one image a call",
+                         description="Per-image latency of `export --format litert`'s file (none, float16, "
+                                     "dynamic_int8) in ai-edge-litert's interpreter against the SavedModel, one image "
+                                     "per call; file sizes and their ratio; agreement of the best captions.")
+    q.add_argument("--model-dir", required=True, help="a trained model (e.g. runs/demo/model)")
+    q.add_argument("--images", type=IMAGES, default=200, help="synthetic shapes images captioned (default 200)")
     common(q)
     q.set_defaults(handler=run_benchmark)
 
