@@ -40,7 +40,8 @@ FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_enc
                 "test_attention": 6, "test_disk_cache": 5,
                 "test_ema": 57, "test_accumulate": 33, "test_scheduled_sampling": 17, "test_hallucination": 5,
                 "test_serve": 32,  # issue 33's server: alone, one process, CPU seconds with its fixtures
-                "test_browser": 18}  # issue 33's browser test: alone, one process, CPU seconds with its fixtures
+                "test_browser": 18,  # issue 33's browser test: alone, one process, CPU seconds with its fixtures
+                "test_litert": 140}  # issue 33's LiteRT export: alone, one process, CPU s (38 quick + ~100 slow)
 
 
 def pytest_collection_modifyitems(config, items):
