@@ -303,36 +303,48 @@ def test_a_signal_while_waiting_for_the_dispatcher_is_one_line_and_exit_0(prepar
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("then", ["timeout", "SIGINT", "SIGTERM"])
-def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp_path, then):
+def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp_path):
     """kill -9 of the only worker: TF's iterator waits forever. The run ends within data.service_timeout_s
-    with one line, exit 1, and the last step saved; a signal while it waits saves and exits 0 at once."""
+    with one line, exit 1, and the last step saved; a signal while it waits (SIGINT, SIGTERM) saves and exits
+    0 at once. The three runs at once through one dispatcher and its one worker (each run its own job: the
+    service's job name is its model folder's), which one kill -9 takes from all three: one cluster, not three."""
     cluster = Cluster(tmp_path / "cluster", workers=1)
-    timeout = 8 if then == "timeout" else 120
+    runs = {}
     try:
-        proc, err, out = start(tmp_path, prepared_dir, cluster.service, 100000, "data.cache=none",
+        for then in ("timeout", "SIGINT", "SIGTERM"):
+            (tmp_path / then).mkdir()
+            timeout = 8 if then == "timeout" else 120
+            runs[then] = start(tmp_path / then, prepared_dir, cluster.service, 100000, "data.cache=none",
                                f"data.service_timeout_s={timeout}")
-        wait_for_step(err, 5, proc)
+        for proc, err, _ in runs.values():
+            wait_for_step(err, 5, proc)
         cluster.workers["w1"].proc.send_signal(signal.SIGKILL)
-        step = stalls(err, proc)
-        sent = time.time()
-        if then != "timeout":
-            proc.send_signal(getattr(signal, then))
-        code = proc.wait(timeout=90)
-        took = time.time() - sent
+        steps, codes, took = {}, {}, {}
+        for then, (proc, err, _) in runs.items():  # the timeout's run first: its clock runs from the kill
+            steps[then] = stalls(err, proc)
+        for then, (proc, err, _) in runs.items():
+            sent = time.time()
+            if then != "timeout":
+                proc.send_signal(getattr(signal, then))
+            codes[then] = proc.wait(timeout=90)
+            took[then] = time.time() - sent
     finally:
+        for proc, _, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
         cluster.close()
-    saved = tmp_path / "model" / f"ckpt-{step}.index"
-    text = err.read_text()
-    assert "Traceback" not in text and "race condition" not in text, text[-3000:]
-    if then == "timeout":
-        line = text.strip().splitlines()[-1]
-        assert code == 1 and line.startswith(f"captioning train: error: the tf.data dispatcher at {cluster.service} "
-                                             f"has had no live worker for {timeout} s (it lists localhost:"), line
-        assert line.endswith(f"; saved {tmp_path / 'model'}/ckpt-{step}: run the same command to resume once the "
-                             "service is back")
-    else:
-        assert code == 0 and took < 15, (code, took, text[-2000:])
-        assert out.read_text() == (f"interrupted by {then} at step {step} while waiting for input: saved "
-                                   f"{tmp_path / 'model'}/ckpt-{step}; run the same command to resume\n")
-    assert saved.exists()
+    for then, (proc, err, out) in runs.items():
+        step, code, model = steps[then], codes[then], tmp_path / then / "model"
+        text = err.read_text()
+        assert "Traceback" not in text and "race condition" not in text, text[-3000:]
+        if then == "timeout":
+            line = text.strip().splitlines()[-1]
+            assert code == 1 and line.startswith(f"captioning train: error: the tf.data dispatcher at {cluster.service} "
+                                                 "has had no live worker for 8 s (it lists localhost:"), line
+            assert line.endswith(f"; saved {model}/ckpt-{step}: run the same command to resume once the "
+                                 "service is back")
+        else:
+            assert code == 0 and took[then] < 15, (then, code, took[then], text[-2000:])
+            assert out.read_text() == (f"interrupted by {then} at step {step} while waiting for input: saved "
+                                       f"{model}/ckpt-{step}; run the same command to resume\n")
+        assert (model / f"ckpt-{step}.index").exists(), then
