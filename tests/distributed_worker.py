@@ -244,9 +244,11 @@ def mirrored_specs(data_dir, out_dir, *specs):
 def many(spec_file):
     """The scenarios that ``spec_file`` (JSON) lists, ``[[MODE, DATA_DIR, OUT_DIR, ARG...], ...]``, one after
     another in this process: one TensorFlow start-up (and under TF_CONFIG one cluster) for all of them. Each
-    writes its results into its OUT_DIR, and then OUT_DIR/done-TASK (TASK: the TF_CONFIG index, or "one"), or
+    writes its results into its OUT_DIR, and then OUT_DIR/done-TASK (TASK: the TF_CONFIG index, or "one"; it holds
+    the scenario's CPU seconds in this process), or
     its traceback into OUT_DIR/error.txt. Under multi-worker the first error ends the process (the peer would
     wait on a collective that never comes); the scenarios not run then have neither."""
+    import time
     import traceback
 
     with open(spec_file) as f:
@@ -254,9 +256,11 @@ def many(spec_file):
     for mode, *args in scenarios:
         os.makedirs(args[1], exist_ok=True)
         try:
+            started = time.process_time()
             MODES[mode](*args)
             task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", "one")
-            open(os.path.join(args[1], f"done-{task}"), "w").close()
+            with open(os.path.join(args[1], f"done-{task}"), "w") as f:  # the scenario's CPU seconds, to measure
+                f.write(f"{time.process_time() - started:.1f}\n")
         except Exception:  # noqa: BLE001 - reported by the test of that scenario
             with open(os.path.join(args[1], "error.txt"), "w") as f:
                 f.write(traceback.format_exc())
