@@ -90,22 +90,11 @@ def test_benchmark_train(tmp_path, prepared_dir):
     assert result["captions_per_s"] == pytest.approx(8 * 1000 / result["iteration_ms"], rel=1e-6)
 
 
-def test_benchmark_train_grouped_on_other_records(tmp_path, prepared_dir):
-    """--data points any config at any records; grouped batches of 10 captions hold 2 images of 5."""
-    out = tmp_path / "train.json"
-    done = run_cli("-q", "benchmark", "train", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
-                   "--steps", "4", "--warmup", "1", "--set", "train.batch_size=10", "--set", "model.lstm_units=32",
-                   "--set", "data.captions_per_image=grouped", "--json", str(out))
-    result = check(done, out)
-    assert result["settings"]["data"] == prepared_dir and result["encoder_images_per_caption"] == pytest.approx(0.2)
-    assert result["images_per_s"] == pytest.approx(result["captions_per_s"] / 5)
-    assert "encoder images per caption 0.20" in done.stdout
-    assert not any(name.startswith("captioning-benchmark-train") for name in os.listdir(tmp_path))
-
-
 def test_benchmark_train_compares_two_settings_side_by_side(tmp_path, prepared_dir):
     """--compare: the config with and without the extra overrides, alternated (--rounds), both kept with
-    the ratio of their captions/s; here grouped (2 images of 5 captions, split padding) against per caption."""
+    the ratio of their captions/s; here grouped (2 images of 5 captions, split padding) against per caption.
+    --data points any config at any records; grouped batches of 10 captions hold 2 images of 5 (the compared
+    run: one benchmark run fewer than a grouped run of its own)."""
     out = tmp_path / "train.json"
     done = run_cli("-q", "benchmark", "train", "--config", "experiments/shapes.yaml", "--data", prepared_dir,
                    "--steps", "3", "--warmup", "1", "--rounds", "2", "--set", "train.batch_size=10",
@@ -119,6 +108,10 @@ def test_benchmark_train_compares_two_settings_side_by_side(tmp_path, prepared_d
     assert compared["settings"]["overrides"][-2:] == ["data.captions_per_image=grouped", "train.split_padding=true"]
     assert result["captions_per_s_ratio"] == pytest.approx(compared["captions_per_s"] / base["captions_per_s"])
     assert result["rounds"] == 2 and "x the captions/s" in done.stdout
+    assert base["settings"]["data"] == compared["settings"]["data"] == prepared_dir
+    assert compared["images_per_s"] == pytest.approx(compared["captions_per_s"] / 5)
+    assert "encoder images per caption 0.20" in done.stdout
+    assert not any(name.startswith("captioning-benchmark-train") for name in os.listdir(tmp_path))
 
 
 def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
