@@ -129,12 +129,16 @@ def agreement(litert, name) -> float:
     return sum(g[0] == e[0].text for g, e in zip(got, expected)) / len(expected)
 
 
-@pytest.mark.parametrize("name, least", [("sat_none", 0.99), ("sat_float16", 0.99), ("sat_dynamic_int8", 0.8),
-                                          ("att_none", 0.99), ("att_dynamic_int8", 0.8), ("ens_none", 0.99)])
+@pytest.mark.parametrize("name, least", [("sat_none", 0.99), ("sat_float16", 0.99), ("sat_dynamic_int8", 0.9),
+                                          ("att_none", 0.99), ("att_dynamic_int8", 0.9), ("ens_none", 0.99)])
 def test_best_captions_agree_with_the_captioner(litert, name, least):
-    """On 200 images: the same best caption on >= 99% with none and float16 (the issue's bar). dynamic_int8 does
-    NOT reach the issue's 95%: measured 87% to 100% on these fixture models from run to run, 86.5% on the demo
-    model (benchmarks/RESULTS.md); it is held to 80% here, what it reaches, so a regression still fails."""
+    """On 200 images: the same best caption on >= 99% with none and float16 (the issue's bar). dynamic_int8
+    (ai-edge-quantizer's dynamic range int8, the vocabulary projection float32) reaches the issue's 95% on the
+    demo model (95.0%, benchmarks/RESULTS.md), but these fixture models are retrained each run and barely
+    trained (40-60 steps): the attention one repeats words ("big big big side"), 10% of its images have their
+    two best captions within 0.05 nats, and any rounding flips them. Measured over three runs: 93.5-98.5%
+    (Show and Tell), 93-97.5% (attention). Held to 90% here, under that spread, so a broken recipe still
+    fails (the converter's own Optimize.DEFAULT measured 87.5% on the attention fixture)."""
     ran, expected = litert["ran"][name], litert["expected"][name[:3]]
     assert all(len(captions) == 2 for captions in ran["captions"])  # top_k rows
     assert agreement(litert, name) >= least
