@@ -25,11 +25,12 @@ def pytest_addoption(parser):
 # test_ema, test_accumulate (without its distributed_runs scenario), test_scheduled_sampling, test_hallucination and
 # the grown test_attention_use measured alone as CPU seconds, one process, on the shared machine; test_train,
 # test_train_reliability and test_uneven_splits less their CLI runs on 2 logical CPUs, now distributed_runs'
-# scenarios: 32, 19 and 28 s in the last durations, 2026-11-25).
+# scenarios: 32, 19 and 28 s in the last durations, 2026-11-25; test_service_training and test_benchmarks alone as
+# CPU seconds, one process, on a quiet moment of the shared machine, 2026-11-26).
 # `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order:
 # collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest
 # processing time first). A file not listed counts 4 s.
-FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_encoders": 90, "test_service_training": 190, "test_benchmarks": 117, "test_region_training": 130,
+FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_encoders": 90, "test_service_training": 88, "test_benchmarks": 99, "test_region_training": 130,
                 "test_data_service": 97, "test_train_reliability": 85, "test_train": 70, "test_scst": 35,
                 "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 25, "test_model_dir": 57,
                 "test_evaluate_identity": 50, "test_steps_per_execution": 50, "test_ensemble": 40, "test_inference": 40,
