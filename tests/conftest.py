@@ -37,12 +37,12 @@ FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_enc
                 "test_attention_use": 51, "test_train_start": 35, "test_transformer": 30, "test_objectives": 25,
                 "test_corrupt_shards": 26, "test_input_pipeline": 26, "test_features_store": 25, "test_metrics": 25,
                 "test_optimizer": 23, "test_regions": 18, "test_security": 18, "test_cli_edges": 16, "test_prepare": 15,
-                "test_decode": 13, "test_cli": 10, "test_outputs": 10, "test_model": 8, "test_config": 7, "test_cider": 6,
+                "test_decode": 24, "test_cli": 10, "test_outputs": 10, "test_model": 8, "test_config": 7, "test_cider": 6,
                 "test_attention": 6, "test_disk_cache": 5,
                 "test_ema": 57, "test_accumulate": 33, "test_scheduled_sampling": 17, "test_hallucination": 5,
                 "test_serve": 32,  # issue 33's server: alone, one process, CPU seconds with its fixtures
                 "test_browser": 18,  # issue 33's browser test: alone, one process, CPU seconds with its fixtures
-                "test_litert": 140}  # issue 33's LiteRT export: alone, one process, CPU s (38 quick + ~100 slow)
+                "test_litert": 115}  # issue 33's LiteRT export: alone, one process, CPU s (38 quick + ~75 slow)
 
 
 def pytest_collection_modifyitems(config, items):

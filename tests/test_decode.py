@@ -373,3 +373,30 @@ def test_empty_best_captions_are_counted_in_one_line():
     assert empty_captions_warning(["a red circle", "a blue star"]) is None
     line = empty_captions_warning(["", "a red circle", "", ""])
     assert line.startswith("3 of 4 best captions are empty") and "\n" not in line
+
+
+@pytest.mark.parametrize("decoder", ["show_and_tell", "attention"])
+@pytest.mark.parametrize("options", [{}, {"block_ngrams": 2, "min_length": 2}, {"bad_endings": (5,)},
+                                     {"length_normalization": 0.7}, {"length_penalty_form": "gnmt",
+                                                                     "length_normalization": 1.0}])
+def test_the_greedy_loop_gives_what_a_beam_of_one_gives(decoder, options):
+    """A beam of 1 runs its own loop of a few ops a step (decode._greedy): the same ids, lengths, log-probabilities,
+    scores and attention weights as the beam search of one beam, every option on, captions that end early and
+    captions that reach max_length alike."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    cfg = model_config(decoder=decoder, encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0,
+                       init_scale=1.2)
+    model = build_model(7, cfg, 16, seed=4).build_all()
+    bias = model.logits.bias.numpy()
+    bias[END_ID] += 0.3 if decoder == "show_and_tell" else 1.0  # (measured: some captions end, some are cut)
+    model.logits.bias.assign(bias)
+    features = model.encode(images(8, seed=4))
+    fast = beam_search(model, features, beam_size=1, max_length=5, **options)
+    slow = beam_search(model, features, beam_size=1, max_length=5, fast_greedy=False, **options)
+    assert sorted(fast) == sorted(slow) and ("attention" in fast) == (decoder == "attention")
+    lengths = fast["lengths"].numpy()[:, 0]
+    assert (lengths < 5).any() and (lengths == 5).any() or options  # some end, some are cut (options change that)
+    for key in slow:
+        np.testing.assert_allclose(fast[key].numpy(), slow[key].numpy(), atol=1e-6, err_msg=key)

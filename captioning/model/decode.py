@@ -38,8 +38,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from captioning.model.word_rules import DEAD as _DEAD
-from captioning.model.word_rules import bad_ending_ids, blocked_words, end_banned
-from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
+from captioning.model.search_tools import never_proposed, search_over, traced_back
+from captioning.model.word_rules import bad_ending_ids, blocked_words
+from captioning.vocab import END_ID, START_ID
 
 
 
@@ -58,18 +59,10 @@ def length_penalty(length, form: str, alpha: float):
     raise ValueError(f"length_penalty must be none, avg or gnmt, got {form!r}")
 
 
-def _merge(best, candidates, n: int):
-    """Keeps the ``n`` best of two sets of complete captions (dicts of [B, M, ...] tensors) by their ``scores``;
-    a placeholder (``log_probs`` at the dead score) ranks below every real caption, whatever its score."""
-    joined = {k: tf.concat([best[k], candidates[k]], axis=1) for k in best}
-    key = tf.where(joined["log_probs"] > _DEAD / 2, joined["scores"], -float("inf"))
-    _, index = tf.math.top_k(key, k=n)
-    return {k: tf.gather(v, index, batch_dims=1) for k, v in joined.items()}
-
-
 def beam_search(model, features, beam_size: int = 3, max_length: int = 20, length_normalization: float = 0.0,
                 top_k: int = 1, initial_state=None, length_penalty_form: str = "avg", block_ngrams: int = 0,
-                bad_endings=(), beam_groups: int = 1, diversity: float = 0.0, min_length: int = 0) -> dict:
+                bad_endings=(), beam_groups: int = 1, diversity: float = 0.0, min_length: int = 0,
+                fast_greedy: bool = True) -> dict:
     """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
     for them, when given; ``features`` is then unused).
 
@@ -96,6 +89,12 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     search ranks its captions; the penalised scores would favour the first group). So ``top_k`` <= G captions
     come from ``top_k`` groups, the first being the likeliest of the groups' best. One group is plain beam
     search.
+
+    A beam of 1 runs :func:`_greedy`, a loop of a few ops a step that gives exactly what the beam search of one
+    beam gives (``fast_greedy=False`` runs the beam search itself: tests compare the two). Either search stops
+    before ``max_length`` steps once no step can change its result: every caption ended (a beam of 1), or, when
+    no length penalty divides the scores, every group holds ``top_k`` complete captions scoring at least as well
+    as its best live one (scores only fall as a caption grows).
     """
     if not 1 <= top_k <= beam_size:
         raise ValueError(f"top_k must be between 1 and beam_size ({beam_size}), got {top_k}")
@@ -110,118 +109,241 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     batch = tf.shape(tf.nest.flatten(initial_state)[0])[0]
     vocab = model.vocab_size
     kw = min(per, vocab)  # words proposed per live caption
+    if k == 1 and fast_greedy:
+        return _greedy(model, initial_state, steps, length_penalty_form, length_normalization, block_ngrams,
+                       bad_endings, min_length)
     # every state tensor [B*K, ...]: image-major, beam-minor (groups in order)
     state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), initial_state)
     state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
     alive_logp = tf.tile(tf.constant([([0.0] + [_DEAD] * (per - 1)) * groups]), [batch, 1])  # one live beam a group
     alive_score = alive_logp  # the penalised log p of diverse beams (the log p itself otherwise)
-    alive_ids = tf.zeros([batch, k, steps], tf.int32)
-    # each group's complete captions, group after group: [B, groups * keep, ...]
-    done = {"ids": tf.zeros([batch, groups * keep, steps], tf.int32), "lengths": tf.zeros([batch, groups * keep], tf.int32),
-            "log_probs": tf.fill([batch, groups * keep], _DEAD), "scores": tf.fill([batch, groups * keep], _DEAD)}
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD  # words never proposed
-    shaping = block_ngrams or bad_endings
+    # the words only where n-gram blocking reads them; the captions themselves are traced back at the end
+    track_ids = block_ngrams >= 1
+    alive_ids = tf.zeros([batch, k, steps if track_ids else 0], tf.int32)
+    never = never_proposed(vocab, min_length)  # words never proposed (row 1: and <end>, before min_length words)
     diverse = groups > 1 and bool(diversity)
+    unpenalised = length_penalty_form == "none" or not length_normalization
+    plain = unpenalised and not diverse  # a caption's score is its log p
+    # scores only fall as captions grow when no length penalty divides them (and diversity only lowers them): then
+    # a search whose every group holds `keep` complete captions scoring at least its best live one is over (the
+    # ranking puts the earlier caption first on a tie)
+    falling = unpenalised and diversity >= 0
     rows = tf.range(batch)[:, None] * k
     attends = model.attends
-    if attends:  # the weights behind each word of each live caption
-        cells = tf.shape(state["attention"])[1]
-        alive_attention = tf.zeros([batch, k, steps, cells])
-        done["attention"] = tf.zeros([batch, groups * keep, steps, cells])
-    else:
-        alive_attention = tf.zeros([0])
+    cells = tf.shape(state["attention"])[1] if attends else None
 
-    for t in tf.range(steps):
-        # with the attention weights' cells as the step gives them (a grid whose size a trace leaves open)
-        tf.autograph.experimental.set_loop_options(shape_invariants=list(
-            zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))) + ([
-                (alive_attention, tf.TensorShape([None, k, steps, None])),
-                (done["attention"], tf.TensorShape([None, groups * keep, steps, None]))] if attends else []))
+    def step(t, state, tokens, alive_logp, alive_score, alive_ids, bias):
+        """Every live caption one word on: the new state, tokens, live log p and scores (a dead caption's are at
+        most the dead score / 2) and words so far, and what the step chose: each new live caption's word and parent,
+        each old live caption's log p and score of ending here (dead: it could not) and its attention weights."""
         logits, state = model.step(tokens, state)
-        if attends:  # word t of every live caption is chosen with this step's weights
-            weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, 1, cells])
-            alive_attention = alive_attention + weights * tf.one_hot(t, steps)[None, None, :, None]
-        logp = tf.nn.log_softmax(tf.cast(logits, tf.float32)) + never
-        if min_length:
-            logp += end_banned(vocab, t, min_length)
-        logp = tf.reshape(logp, [batch, k, vocab])
-        if shaping:
-            logp += blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings) * _DEAD
-        length = tf.cast(t + 1, tf.float32)  # t words + <end>
+        logits = tf.cast(logits, tf.float32)
+        rules = bias  # the dead score on the words ruled out
+        if track_ids:
+            rules += tf.reshape(blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings), [-1, vocab]) * _DEAD
+        elif bad_endings:  # only the last word matters
+            rules += blocked_words(tokens[:, None], tf.minimum(t, 1), vocab, 0, bad_endings) * _DEAD
+        # each beam's words ranked by their logits (the next step waits for this choice) and their log p over every
+        # word gathered from the log-softmax that runs beside it
+        allowed = tf.reshape(logits + rules, [batch, k, vocab])
+        logp = tf.reshape(tf.nn.log_softmax(logits) + rules, [batch, k, vocab])
+        penalty = 1.0 if plain else length_penalty(tf.cast(t + 1, tf.float32), length_penalty_form,
+                                                   length_normalization)  # t words + <end>
         # how many captions of earlier groups chose each word now, <end> included (diverse beams only)
         chosen = tf.zeros([batch, vocab]) if diverse else None
-        new_logp, new_score, parents, new_words, kept = [], [], [], [], []
+        new_logp, new_score, parents, new_words, end_logps, end_scores = [], [], [], [], [], []
         for g in range(groups):
             mine = slice(g * per, (g + 1) * per)
-            group_logp, group_alive, group_score = logp[:, mine], alive_logp[:, mine], alive_score[:, mine]
-            ranked = group_logp - diversity * chosen[:, None, :] if diverse else group_logp
-            _, top_words = tf.math.top_k(ranked, k=kw)  # [B, per, kw]
-            true = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
-            total = group_score[:, :, None] + tf.gather(ranked, top_words, batch_dims=2)  # carried forward
-            valid = (group_alive[:, :, None] > _DEAD / 2) & (true > _DEAD / 2)
+            group_logp, group_alive = (logp, alive_logp) if groups == 1 else (logp[:, mine], alive_logp[:, mine])
+            if diverse:
+                ranked = group_logp - diversity * chosen[:, None, :]
+                top, top_words = tf.math.top_k(ranked, k=kw)  # [B, per, kw]
+                true = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
+                total = alive_score[:, mine][:, :, None] + top  # carried forward
+            else:  # the score is the log p itself
+                _, top_words = tf.math.top_k(allowed if groups == 1 else allowed[:, mine], k=kw)
+                true = total = group_alive[:, :, None] + tf.gather(group_logp, top_words, batch_dims=2)
+            # (a dead caption's extensions, and a word ruled out, are at most the dead score / 2: log p <= 0)
             is_end = tf.equal(top_words, END_ID)
             # complete captions: live beams whose top words include <end> (one <end> a beam)
-            ends = is_end & valid
-            end_logp = tf.reduce_max(tf.where(ends, true, _DEAD), axis=2)
-            end_score = tf.reduce_max(tf.where(ends, total, _DEAD), axis=2)
-            completed = tf.reduce_any(ends, axis=2)
-            finished = {"ids": alive_ids[:, mine], "lengths": tf.fill([batch, per], t), "log_probs": end_logp,
-                        "scores": tf.where(completed, end_score / length_penalty(
-                            length, length_penalty_form, length_normalization), _DEAD)}
-            if attends:  # its t words, without the weights <end> was chosen with
-                finished["attention"] = (alive_attention[:, mine]
-                                         * tf.cast(tf.range(steps) < t, tf.float32)[None, None, :, None])
-            mine_done = {key: value[:, g * keep:(g + 1) * keep] for key, value in done.items()}
-            kept.append(_merge(mine_done, finished, keep))
+            end_logp = tf.reduce_max(tf.where(is_end, true, _DEAD), axis=2)
+            end_logps.append(end_logp)
+            if plain:
+                end_scores.append(end_logp)
+            else:
+                end_score = tf.reduce_max(tf.where(is_end & (true > _DEAD / 2), total, _DEAD), axis=2)
+                end_scores.append(tf.where(end_logp > _DEAD / 2, end_score / penalty, _DEAD))
             # live captions: the group's best extensions by a word other than <end>, by the carried score
-            going = tf.reshape(valid & ~is_end, [batch, per * kw])
-            _, index = tf.math.top_k(tf.where(going, tf.reshape(total, [batch, per * kw]), -float("inf")), k=per)
-            picked = tf.gather(going, index, batch_dims=1)
-            group_new = tf.where(picked, tf.gather(tf.reshape(true, [batch, per * kw]), index, batch_dims=1), _DEAD)
-            group_total = tf.where(picked, tf.gather(tf.reshape(total, [batch, per * kw]), index, batch_dims=1), _DEAD)
-            words = tf.gather(tf.reshape(top_words, [batch, per * kw]), index, batch_dims=1)
+            extensions = tf.reshape(tf.where(is_end, 2 * _DEAD, total), [batch, per * kw])
+            if per * kw == 1:  # one live caption, one word: nothing to choose between
+                values, index = extensions, tf.zeros([batch, 1], tf.int32)
+                words = tf.reshape(top_words, [batch, 1])
+            else:
+                values, index = tf.math.top_k(extensions, k=per)
+                words = tf.gather(tf.reshape(top_words, [batch, per * kw]), index, batch_dims=1)
             if diverse:
+                picked = values > _DEAD / 2
+                new_logp.append(tf.where(picked, tf.gather(tf.reshape(true, [batch, per * kw]), index, batch_dims=1),
+                                         _DEAD))
+                new_score.append(tf.where(picked, values, _DEAD))
                 chosen += tf.reduce_sum(tf.one_hot(words, vocab) * tf.cast(picked, tf.float32)[:, :, None], axis=1)
-                chosen += tf.one_hot(END_ID, vocab) * tf.reduce_sum(tf.cast(completed, tf.float32), axis=1)[:, None]
-            new_logp.append(group_new)
-            new_score.append(group_total)
-            parents.append(index // kw + g * per)
+                chosen += tf.one_hot(END_ID, vocab) * tf.reduce_sum(
+                    tf.cast(end_logp > _DEAD / 2, tf.float32), axis=1)[:, None]
+            else:
+                new_logp.append(values)
+            parents.append(index // kw + g * per if k > 1 else index)
             new_words.append(words)
-        done = {key: tf.concat([part[key] for part in kept], axis=1) for key in done}
-        alive_logp = tf.concat(new_logp, axis=1)
-        alive_score = tf.concat(new_score, axis=1)
-        parent = tf.concat(parents, axis=1)
-        words = tf.concat(new_words, axis=1)
-        alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
-        alive_ids = alive_ids + words[:, :, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, None, :]
-        if attends:
-            alive_attention = tf.gather(alive_attention, parent, batch_dims=1)
-        state = tf.nest.map_structure(lambda s: tf.gather(s, tf.reshape(rows + parent, [-1])), state)
-        tokens = tf.reshape(words, [-1])
 
-    # live captions that reached max_length words complete there; each group keeps its best
-    penalty = length_penalty(tf.constant(float(steps)), length_penalty_form, length_normalization)
-    truncated = {"ids": alive_ids, "lengths": tf.fill([batch, k], steps), "log_probs": alive_logp,
-                 "scores": tf.where(alive_logp > _DEAD / 2, alive_score / penalty, _DEAD)}
-    if attends:
-        truncated["attention"] = alive_attention
-    final = [_merge({key: value[:, g * keep:(g + 1) * keep] for key, value in done.items()},
-                    {key: value[:, g * per:(g + 1) * per] for key, value in truncated.items()}, keep)
-             for g in range(groups)]
+        def joined(parts):
+            return parts[0] if groups == 1 else tf.concat(parts, axis=1)
+
+        alive_logp = joined(new_logp)
+        alive_score = joined(new_score) if diverse else alive_logp
+        parent, words = joined(parents), joined(new_words)
+        weights = None
+        if attends:  # word t of every live caption was chosen with its parent's weights of this step
+            weights = tf.reshape(tf.cast(state["attention"], tf.float32), [batch, k, cells])
+            weights = tf.gather(weights, parent, batch_dims=1) if k > 1 else weights
+        if track_ids:
+            alive_ids = tf.gather(alive_ids, parent, batch_dims=1)
+            alive_ids = alive_ids + words[:, :, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, None, :]
+        if k > 1:  # (one beam: its own parent)
+            state = tf.nest.map_structure(lambda s: tf.gather(s, tf.reshape(rows + parent, [-1])), state)
+        return (state, tf.reshape(words, [-1]), alive_logp, alive_score, alive_ids, words, parent,
+                joined(end_logps), joined(end_scores), weights)
+
+    # what each step chose is kept, per live caption after it: its word and the live caption it extends (its
+    # parent); and per live caption before it, the log p and ranking score of ending it there (dead: <end> was not
+    # among its words): [B, K, steps so far], grown a step at a time. A complete caption is its step and its live
+    # caption: its words are traced back through the parents at the end, and the complete captions are ranked once,
+    # at the end. (One loop for every step: a first step apart would copy the decoder's step, and its weights into
+    # a LiteRT file twice.)
+    words_so_far, parents_so_far = tf.zeros([batch, k, 0], tf.int32), tf.zeros([batch, k, 0], tf.int32)
+    ends_logp, ends_score = tf.zeros([batch, k, 0]), tf.zeros([batch, k, 0])
+    weights_so_far = tf.zeros([batch, k, 0, cells]) if attends else tf.zeros([0])
+    best_done = tf.fill([batch, groups, keep], _DEAD)  # each group's `keep` best complete scores so far
+    over = over_before = tf.constant(False)  # a step reads the test of the step before last, as in _greedy
+    t = tf.constant(0)  # steps taken
+    # (the test in the loop's condition, not a `break`: a break puts the step inside a conditional, and a LiteRT file
+    # then carries the decoder's weights as unquantized operands of it)
+    while t < steps and not over_before:
+        tf.autograph.experimental.set_loop_options(shape_invariants=list(
+            zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))) + [
+                (words_so_far, tf.TensorShape([None, k, None])), (parents_so_far, tf.TensorShape([None, k, None])),
+                (ends_logp, tf.TensorShape([None, k, None])), (ends_score, tf.TensorShape([None, k, None]))]
+            + ([(weights_so_far, tf.TensorShape([None, k, None, None]))] if attends else []))
+        bias = never[tf.cast(t < min_length, tf.int32)] if min_length else never[0]
+        over_before = over
+        (state, tokens, alive_logp, alive_score, alive_ids, words, parent, end_logp, end_score,
+         weights) = step(t, state, tokens, alive_logp, alive_score, alive_ids, bias)
+        words_so_far = tf.concat([words_so_far, words[:, :, None]], axis=2)
+        parents_so_far = tf.concat([parents_so_far, parent[:, :, None]], axis=2)
+        ends_logp = tf.concat([ends_logp, end_logp[:, :, None]], axis=2)
+        ends_score = ends_logp if plain else tf.concat([ends_score, end_score[:, :, None]], axis=2)
+        if attends:
+            weights_so_far = tf.concat([weights_so_far, weights[:, :, None]], axis=2)
+        t += 1
+        over, best_done = search_over(alive_logp, alive_score, end_logp, end_score, best_done, k, groups, falling)
+
+    # each group's best complete captions, ranked once among every step's, and the live captions, which complete
+    # where they are (at max_length words, or where a search that is over stopped: they rank below its complete ones)
+    ran = t
+    last = length_penalty(tf.cast(ran, tf.float32), length_penalty_form, length_normalization)
+    final = []
+    for g in range(groups):
+        mine = slice(g * per, (g + 1) * per)
+        # candidates step after step, live captions last: index i < ran * per is step i // per, beam i % per
+        logps = tf.concat([tf.reshape(tf.transpose(ends_logp[:, mine], [0, 2, 1]), [batch, -1]), alive_logp[:, mine]], 1)
+        scores = tf.concat([tf.reshape(tf.transpose(ends_score[:, mine], [0, 2, 1]), [batch, -1]),
+                            tf.where(alive_logp[:, mine] > _DEAD / 2, alive_score[:, mine] / last, _DEAD)], 1)
+        _, index = tf.math.top_k(tf.where(logps > _DEAD / 2, scores, -float("inf")), k=keep)
+        real = tf.gather(logps, index, batch_dims=1) > _DEAD / 2  # else an empty slot: no words, dead scores
+        live = index >= ran * per
+        final.append({"beam": tf.where(real, g * per + tf.where(live, index - ran * per, index % per), 0),
+                      "lengths": tf.where(real, tf.where(live, ran, index // per), 0),
+                      "log_probs": tf.where(real, tf.gather(logps, index, batch_dims=1), _DEAD),
+                      "scores": tf.where(real, tf.gather(scores, index, batch_dims=1), _DEAD)})
+    if k == 1:  # one beam: every parent is beam 0
+        parents_so_far = tf.zeros_like(words_so_far)
     if groups == 1:
-        return final[0]
+        return traced_back(final[0], words_so_far, parents_so_far, weights_so_far if attends else None, steps)
     # one per group in turn (the groups' best, then their second, ...), each round by the model's log p
-    turns = {key: tf.stack([part[key] for part in final], axis=2) for key in final[0]}  # [B, keep, groups, ...]
+    turns = {key: tf.stack([part[key] for part in final], axis=2) for key in final[0]}  # [B, keep, groups]
     counted = tf.cast(tf.where(turns["lengths"] < steps, turns["lengths"] + 1, turns["lengths"]), tf.float32)
     likely = tf.where(turns["log_probs"] > _DEAD / 2, turns["log_probs"] / length_penalty(
         counted, length_penalty_form, length_normalization), -float("inf"))
     within = tf.argsort(likely, axis=2, direction="DESCENDING", stable=True)
-    turns = {key: tf.gather(value, within, batch_dims=2) for key, value in turns.items()}
-    turns = {key: tf.reshape(value, tf.concat([[batch, keep * groups], tf.shape(value)[3:]], 0))
+    turns = {key: tf.reshape(tf.gather(value, within, batch_dims=2), [batch, keep * groups])
              for key, value in turns.items()}
     order = tf.argsort(tf.cast(turns["log_probs"] <= _DEAD / 2, tf.int32), axis=1, stable=True)[:, :n]
-    return {key: tf.gather(value, order, batch_dims=1) for key, value in turns.items()}
+    best = {key: tf.gather(value, order, batch_dims=1) for key, value in turns.items()}
+    return traced_back(best, words_so_far, parents_so_far, weights_so_far if attends else None, steps)
+
+
+def _greedy(model, state, steps: int, length_penalty_form: str, length_normalization: float, block_ngrams: int,
+            bad_endings, min_length: int) -> dict:
+    """A beam of one (:func:`beam_search`'s output, ``top_k`` 1): each step's likeliest word, ``<end>`` completing
+    the caption; a few ops a step beside the decoder's own, and no step after every caption ended. A caption's
+    length is how many words it kept (a word is never ``<pad>``: id 0)."""
+    batch, vocab = tf.shape(tf.nest.flatten(state)[0])[0], model.vocab_size
+    state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
+    never = never_proposed(vocab, min_length)
+    track_ids = block_ngrams >= 1
+    attends = model.attends
+
+    def step(t, state, tokens, live, log_probs, ids, bias):
+        """One word more for every caption: ``live [B, 1]`` says which had not ended; returns the state, the tokens
+        fed next, which are still live, the log p so far, the words for blocking, and what the step kept: each
+        caption's word (0 once it ended) and the weights it was chosen with (zeros once it ended)."""
+        logits, state = model.step(tokens, state)
+        logits = tf.cast(logits, tf.float32)
+        allowed = logits + bias
+        if track_ids:
+            allowed += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
+        elif bad_endings:  # only the last word matters
+            allowed += blocked_words(tokens[:, None], tf.minimum(t, 1), vocab, 0, bad_endings) * _DEAD
+        # the likeliest word is the largest logit: the next step waits only for this choice, while the log-softmax
+        # that gives its log p (over every word) runs beside it
+        word = tf.argmax(allowed, axis=1, output_type=tf.int32)[:, None]  # [B, 1]; the first of equal ones
+        log_probs += tf.where(live, tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1), 0.0)  # <end>'s too
+        live = live & tf.not_equal(word, END_ID)
+        kept = tf.where(live, word, 0)
+        if track_ids:
+            ids += kept * tf.one_hot(t, steps, dtype=tf.int32)[None, :]
+        weights = tf.where(live, tf.cast(state["attention"], tf.float32), 0.0) if attends else None
+        return state, tf.reshape(word, [-1]), live, log_probs, ids, kept, weights
+
+    tokens = tf.fill([batch], tf.constant(START_ID, tf.int32))
+    ids = tf.zeros([batch, steps if track_ids else 0], tf.int32)  # for n-gram blocking only
+    live, log_probs = tf.ones([batch, 1], tf.bool), tf.zeros([batch, 1])
+    words_so_far = tf.zeros([batch, 0], tf.int32)
+    weights_so_far = tf.zeros([batch, 0, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])
+    # a step's test for the end reads the captions of the step before last, so the next step need not wait for it: at
+    # most one step runs after every caption ended (it keeps no word, adds no log p)
+    ended = ended_before = tf.constant(False)
+    t = tf.constant(0)
+    while t < steps and not ended_before:  # (not a `break`: see beam_search)
+        tf.autograph.experimental.set_loop_options(shape_invariants=list(
+            zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))) + [(words_so_far, tf.TensorShape([None, None]))]
+            + ([(weights_so_far, tf.TensorShape([None, None, None]))] if attends else []))
+        bias = never[tf.cast(t < min_length, tf.int32)] if min_length else never[0]
+        ended_before = ended
+        state, tokens, live, log_probs, ids, kept, weights = step(t, state, tokens, live, log_probs, ids, bias)
+        ended = tf.logical_not(tf.reduce_any(live))
+        t += 1
+        words_so_far = tf.concat([words_so_far, kept], axis=1)
+        if attends:
+            weights_so_far = tf.concat([weights_so_far, weights[:, None]], axis=1)
+    ran = tf.shape(words_so_far)[1]
+    lengths = tf.reduce_sum(tf.cast(words_so_far > 0, tf.int32), axis=1, keepdims=True)
+    counted = tf.cast(tf.where(lengths < steps, lengths + 1, lengths), tf.float32)  # <end> counts when it came
+    out = {"ids": tf.pad(words_so_far, [[0, 0], [0, steps - ran]])[:, None], "lengths": lengths,
+           "log_probs": log_probs, "scores": log_probs / length_penalty(counted, length_penalty_form,
+                                                                       length_normalization)}
+    if attends:
+        out["attention"] = tf.pad(weights_so_far, [[0, 0], [0, steps - ran], [0, 0]])[:, None]
+    return out
 
 
 def ids_to_text(vocab, ids, lengths) -> list[list[str]]:

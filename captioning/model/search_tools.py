@@ -1,0 +1,68 @@
+"""The beam search's bookkeeping (:mod:`captioning.model.decode`): the words a step never proposes, whether a
+search can stop, and the captions' words traced back through what each step chose. A complete caption is kept as
+the step it ended at and the live caption it ends in; its words and attention weights are read back only once, at
+the end, instead of carrying every live caption's words and weights from step to step."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from captioning.model.word_rules import DEAD as _DEAD
+from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
+
+
+def never_proposed(vocab: int, min_length: int):
+    """``[2, V]``: the dead score on the words never proposed (``<pad>``, ``<start>``, ``<unk>``): row 0; row 1 also
+    on ``<end>``, for the steps before ``min_length`` words (with ``min_length`` 0 only row 0)."""
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD
+    return tf.stack([never, never + tf.one_hot(END_ID, vocab) * _DEAD]) if min_length else never[None]
+
+
+def search_over(alive_logp, alive_score, end_logp, end_score, best_done, k: int, groups: int, falling: bool):
+    """Whether a search can stop after this step, with each group's best complete scores so far ``[B, groups,
+    keep]`` (the dead score where it has fewer): no group can change its complete captions any more. With one beam,
+    a caption is complete when it ended, and then nothing is live; with scores that only fall (``falling``), when
+    every group holds ``keep`` complete captions scoring at least its best live one (a tie ranks the earlier caption
+    first); else when nothing is live. Dead scores are at most the dead score / 2."""
+    if k == 1:
+        return tf.reduce_all(alive_logp <= _DEAD / 2), best_done
+    batch, keep = tf.shape(alive_logp)[0], best_done.shape[2]
+    best_live = tf.reduce_max(tf.reshape(alive_score, [batch, groups, -1]), axis=2)
+    if not falling:
+        return tf.reduce_all(best_live <= _DEAD / 2), best_done
+    best_done, _ = tf.math.top_k(tf.concat([best_done, tf.reshape(end_score, [batch, groups, -1])], axis=2), k=keep)
+    return tf.reduce_all(best_live <= best_done[:, :, -1]), best_done
+
+
+def traced_back(captions: dict, words, parents, weights, steps: int) -> dict:
+    """``captions`` (``beam``: the live caption each ends in after its last word, ``lengths``, ...: [B, M]) with
+    their words ``ids [B, M, steps]`` (and, given the steps' ``weights [B, K, ran, G]``, ``attention [B, M, steps,
+    G]``) traced back through each step's ``words`` and ``parents`` ``[B, K, ran]``, 0 after each caption's end.
+
+    >>> words = tf.constant([[[4, 6], [5, 7]]])    # step 0 chose 4 and 5; step 1: 6 after beam 1, 7 after beam 0
+    >>> parents = tf.constant([[[0, 1], [0, 0]]])
+    >>> out = traced_back({"beam": tf.constant([[0, 1]]), "lengths": tf.constant([[2, 1]])}, words, parents, None, 3)
+    >>> out["ids"].numpy().tolist()
+    [[[5, 6, 0], [5, 0, 0]]]
+    """
+    out = {key: value for key, value in captions.items() if key != "beam"}
+    lengths, current = captions["lengths"], captions["beam"]
+    ran = tf.shape(words)[2]
+    ids = tf.zeros(tf.concat([tf.shape(lengths), [0]], 0), tf.int32)
+    has_weights = weights is not None
+    attention = tf.zeros(tf.concat([tf.shape(lengths), [0], tf.shape(weights)[3:]], 0)) if has_weights else tf.zeros([0])
+    for s in tf.range(ran - 1, -1, -1):  # from the last step back to the first
+        tf.autograph.experimental.set_loop_options(shape_invariants=[(ids, tf.TensorShape([None, None, None]))] + (
+            [(attention, tf.TensorShape([None, None, None, None]))] if has_weights else []))
+        inside = s < lengths  # the caption has a word at step s
+        word = tf.gather(words[:, :, s], current, batch_dims=1)
+        parent = tf.gather(parents[:, :, s], current, batch_dims=1)
+        ids = tf.concat([tf.where(inside, word, 0)[:, :, None], ids], axis=2)
+        if has_weights:
+            chosen = tf.gather(weights[:, :, s], current, batch_dims=1)
+            attention = tf.concat([tf.where(inside[:, :, None], chosen, 0.0)[:, :, None], attention], axis=2)
+        current = tf.where(inside, parent, current)
+    out["ids"] = tf.pad(ids, [[0, 0], [0, 0], [0, steps - ran]])
+    if has_weights:
+        out["attention"] = tf.pad(attention, [[0, 0], [0, 0], [0, steps - ran], [0, 0]])
+    return out
