@@ -129,6 +129,7 @@ def agreement(litert, name) -> float:
     return sum(g[0] == e[0].text for g, e in zip(got, expected)) / len(expected)
 
 
+@pytest.mark.slow  # an export (the Makefile's slow loop)
 @pytest.mark.parametrize("name, least", [("sat_none", 0.99), ("sat_float16", 0.99), ("sat_dynamic_int8", 0.9),
                                           ("att_none", 0.99), ("att_dynamic_int8", 0.9), ("ens_none", 0.99)])
 def test_best_captions_agree_with_the_captioner(litert, name, least):
@@ -149,6 +150,7 @@ def test_best_captions_agree_with_the_captioner(litert, name, least):
                                    [[c.log_prob for c in expected[i]] for i in same], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow  # an export (the Makefile's slow loop)
 def test_the_files_need_no_flex_delegate_and_run_without_this_project(litert):
     ran = litert["ran"]
     assert not {"tensorflow", "captioning", "keras", "tf_keras"} & set(ran["modules"]), ran["modules"]
@@ -159,6 +161,7 @@ def test_the_files_need_no_flex_delegate_and_run_without_this_project(litert):
     assert ran["att_none"]["outputs"] == ["attention", "ids", "lengths", "log_probs", "words"]
 
 
+@pytest.mark.slow  # an export (the Makefile's slow loop)
 def test_an_attention_decoder_gives_the_best_captions_weights_as_the_captioner(litert):
     expected = litert["expected"]["att"][:3]
     for got, captions in zip(litert["ran"]["att_none"]["attention"], expected):
@@ -170,10 +173,12 @@ def test_an_attention_decoder_gives_the_best_captions_weights_as_the_captioner(l
         np.testing.assert_allclose(got[:words].sum((1, 2)), 1.0, atol=1e-4)
 
 
+@pytest.mark.slow  # an export (the Makefile's slow loop)
 def test_the_docs_snippet_captions_a_jpeg_with_ai_edge_litert_and_numpy(litert):
     assert litert["ran"]["snippet"] == litert["snippet_expected"] != ""
 
 
+@pytest.mark.slow  # an export (the Makefile's slow loop)
 def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(trained_model_dir):
     """The fixture models are too small (weights under 1,024 values stay float32 under dynamic range
     quantization): a model of the demo's sizes (256 units), untrained, shows the ratio the converter gives."""
@@ -196,6 +201,7 @@ def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(traine
     assert none > 3_000_000 and int8 <= 0.35 * none
 
 
+@pytest.mark.slow  # an export (the Makefile's slow loop)
 def test_rerun_is_a_no_op_another_export_needs_overwrite_and_foreign_files_stay(litert, trained_model_dir, tmp_path):
     from captioning.inference.litert import read_record
 

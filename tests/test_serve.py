@@ -31,6 +31,9 @@ from tests.helpers import REPO, encode, gradient, run_main
 LIMITS = {"max_upload_mb": 1, "max_images": 4}  # small, so the 413s cost little
 
 
+# real servers on sockets: the slow loop, as the Makefile defines it (servers, exports, signals)
+pytestmark = pytest.mark.slow
+
 def _start(model_dir, **kwargs):
     from captioning import inference
     from captioning.inference.serve import start
