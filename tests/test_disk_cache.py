@@ -128,6 +128,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a process of its own, and EfficientNet built six times: 21 s in the quick loop
 def test_a_seeded_untrained_encoder_has_one_cache_key_in_every_process_and_every_build():
     """``data.cache: features`` finds its cache again: the key of a seeded encoder without pretrained weights
     (``model.encoder_weights: none``) is the same in two processes and for a second model built in one process
