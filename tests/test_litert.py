@@ -179,7 +179,7 @@ def test_the_docs_snippet_captions_a_jpeg_with_ai_edge_litert_and_numpy(litert):
 
 
 @pytest.mark.slow  # an export (the Makefile's slow loop)
-def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(trained_model_dir):
+def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(trained_model_dir, capsys, caplog):
     """The fixture models are too small (weights under 1,024 values stay float32 under dynamic range
     quantization): a model of the demo's sizes (256 units), untrained, shows the ratio the converter gives."""
     from captioning.config import Config, ModelConfig
@@ -199,6 +199,8 @@ def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(traine
     captioner = Captioner(TrainedModel(model, cfg, vocab, 0, "(untrained)", "/nowhere"), DecodeConfig(max_length=8))
     none, int8 = len(convert(captioner, "none")), len(convert(captioner, "dynamic_int8"))
     assert none > 3_000_000 and int8 <= 0.35 * none
+    # the quantizer's progress bar and its "Serializing model..." line stay out of the command's output
+    assert "Applying Transformations" not in capsys.readouterr().err and "Serializing model" not in caplog.text
 
 
 @pytest.mark.slow  # an export (the Makefile's slow loop)

@@ -42,7 +42,10 @@ metadata (not written by this command) is never replaced; an output inside a mod
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import re
 import tempfile
@@ -190,7 +193,14 @@ def dynamic_int8(data: bytes) -> bytes:
     quant.add_dynamic_config(regex=".*", operation_name=everything, num_bits=8)  # = recipe.dynamic_wi8_afp32()
     quant.update_quantization_recipe(regex=FLOAT_OPS, operation_name=everything,
                                      algorithm_key=AlgorithmName.NO_QUANTIZE)  # the later rule wins for its ops
-    return bytes(quant.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
+    root, quiet = logging.getLogger(), io.StringIO()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))  # its "Serializing model..." line, logged at INFO on the root logger
+    try:  # and its progress bar, which ai-edge-quantizer 0.10 shows for a large model whatever it is told
+        with contextlib.redirect_stderr(quiet):
+            return bytes(quant.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
+    finally:
+        root.setLevel(level)
 
 
 def with_metadata(data: bytes, record: dict) -> bytes:
