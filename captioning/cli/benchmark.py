@@ -5,7 +5,7 @@ included, which is why they live with the command line)."""
 from __future__ import annotations
 
 from captioning.cli.parsing import (MAX_BENCHMARK_IMAGES, MAX_BENCHMARK_STEPS, MAX_CIDER, MAX_ROUNDS, MAX_SIDE,
-                                    MAX_WORKERS, call, config_flags, decoding_flags, size, within)
+                                    MAX_WORKERS, batching_flags, call, config_flags, decoding_flags, size, within)
 from captioning.settings import MAX_DECODE_BATCH, MAX_SECONDS, MAX_STEPS
 
 IMAGES, STEPS, ROUNDS = within(1, MAX_BENCHMARK_IMAGES), within(1, MAX_BENCHMARK_STEPS), within(1, MAX_ROUNDS)
@@ -114,10 +114,7 @@ def add_benchmark(sub) -> None:
                    "(default 1)")
     q.add_argument("--seconds", type=within(1, MAX_SECONDS, float), default=120.0,
                    help="longest a phase runs, in seconds (default 120)")
-    q.add_argument("--max-batch", type=within(1, MAX_DECODE_BATCH), default=16,
-                   help="the server's --max-batch (default 16)")
-    q.add_argument("--batch-wait-ms", type=within(0, 1000, float), default=5.0,
-                   help="the server's --batch-wait-ms (default 5)")
+    batching_flags(q)  # the server's, as `captioning serve` takes them
     common(q)
     q.set_defaults(handler=run_benchmark)
 

@@ -184,3 +184,18 @@ def call(function, args: argparse.Namespace, **values):
     names = inspect.signature(function).parameters
     return function(**{name: values[name] if name in values else given[name] for name in names
                        if name in values or name in given})
+
+
+MAX_BATCH_WAIT_MS = 1000  # --batch-wait-ms: a second is already far more than batching needs
+
+
+def batching_flags(p) -> None:
+    """``--max-batch`` and ``--batch-wait-ms``: how ``captioning serve`` batches concurrent requests (its own
+    flags, and ``benchmark serve``'s for the server it starts)."""
+    from captioning.settings import MAX_DECODE_BATCH
+
+    p.add_argument("--max-batch", type=within(1, MAX_DECODE_BATCH), default=16,
+                   help=f"most images captioned in one model call, at most {MAX_DECODE_BATCH:,} (default 16)")
+    p.add_argument("--batch-wait-ms", type=within(0, MAX_BATCH_WAIT_MS, float), default=5.0,
+                   help="how long a model call waits for more images to fill its batch, in milliseconds, at most "
+                        f"{MAX_BATCH_WAIT_MS:,} (default 5)")

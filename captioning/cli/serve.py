@@ -7,12 +7,10 @@ import argparse
 import logging
 
 from captioning.cli.commands import _captioner, _decoding_given, add_model_dirs
-from captioning.cli.parsing import decoding_flags, within
-from captioning.settings import MAX_DECODE_BATCH
+from captioning.cli.parsing import batching_flags, decoding_flags, within
 
 log = logging.getLogger("captioning")
 
-MAX_BATCH_WAIT_MS = 1000  # --batch-wait-ms: a second is already far more than batching needs
 MAX_UPLOAD_MB = 1024  # --max-upload-mb: a request's body is read whole into memory
 MAX_IMAGES = 1024  # --max-images, per request
 
@@ -43,11 +41,7 @@ def add_serve(sub) -> None:
                         "before they are read (default 32)")
     p.add_argument("--max-images", type=within(1, MAX_IMAGES), default=None,
                    help=f"most images in one request, at most {MAX_IMAGES:,}; more are refused (413) (default 32)")
-    p.add_argument("--max-batch", type=within(1, MAX_DECODE_BATCH), default=16,
-                   help=f"most images captioned in one model call, at most {MAX_DECODE_BATCH:,} (default 16)")
-    p.add_argument("--batch-wait-ms", type=within(0, MAX_BATCH_WAIT_MS, float), default=5.0,
-                   help="how long a model call waits for more images to fill its batch, in milliseconds, at most "
-                        f"{MAX_BATCH_WAIT_MS:,} (default 5)")
+    batching_flags(p)
     p.set_defaults(handler=run_serve)
 
 
