@@ -191,6 +191,31 @@ def boxes_report(results: list[Result]) -> list[str]:
     return lines
 
 
+def caption_each(call, items: list) -> list[tuple[list | None, str | None]]:
+    """Per item, ``(captions, None)`` or ``(None, error)``: ``call(items)`` (a list of captions per item) once,
+    and when that call fails (an image TensorFlow cannot decode must not sink the others) each item alone, a
+    failing one getting its one-line error. ``caption`` runs its batches of files so, ``captioning serve`` its
+    model calls.
+
+    >>> def call(items):
+    ...     if "bad" in items:
+    ...         raise ValueError("not a JPEG\\nmore")
+    ...     return [[item.upper()] for item in items]
+    >>> caption_each(call, ["a", "bad"])
+    [(['A'], None), (None, 'cannot decode: not a JPEG')]
+    """
+    try:
+        return [(captions, None) for captions in call(items)]
+    except Exception:
+        out = []
+        for item in items:
+            try:
+                out.append((call([item])[0], None))
+            except Exception as e:  # TensorFlow's decode errors have many types
+                out.append((None, f"cannot decode: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"))
+        return out
+
+
 def caption_files(captioner, paths: list[str], progress: bool = True, boxes: list | None = None) -> list[Result]:
     """Captions of every file (one error per unreadable file); ``boxes`` per file for a model reading regions."""
     from tqdm import tqdm
@@ -209,18 +234,10 @@ def caption_files(captioner, paths: list[str], progress: bool = True, boxes: lis
         log.warning("%s", line)
     for start in tqdm(range(0, len(ready), BATCH), desc="caption", unit="batch", disable=None if progress else True):
         batch = ready[start:start + BATCH]
-        try:
-            captions = captioner.caption([r.data for r in batch], [r.boxes for r in batch] if boxes else None)
-        except Exception:  # one undecodable image must not sink the batch: retry one by one
-            captions = []
-            for r in batch:
-                try:
-                    captions.append(captioner.caption([r.data], [r.boxes] if boxes else None)[0])
-                except Exception as e:  # TensorFlow's decode errors have many types
-                    captions.append(None)
-                    r.error = f"cannot decode: {str(e).splitlines()[0][:200]}"
-        for r, c in zip(batch, captions):
-            r.captions = c
+        done = caption_each(lambda rs: captioner.caption([r.data for r in rs], [r.boxes for r in rs] if boxes else None),
+                            batch)
+        for r, (c, error) in zip(batch, done):
+            r.captions, r.error = c, error
             r.attends = bool(c and c[0].attention is not None)
             r.layout = captioner.token_layout if r.attends else None  # None over regions
     from captioning.model.decode import empty_captions_warning

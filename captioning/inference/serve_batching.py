@@ -32,6 +32,7 @@ import threading
 import time
 
 from captioning.config_sections import DecodeConfig
+from captioning.inference.caption import caption_each
 from captioning.inference.captioner import Captioner
 
 log = logging.getLogger("captioning.serve")
@@ -133,22 +134,14 @@ class Batcher:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
-            captioner = batch[0].captioner
-            try:
-                self._call(captioner, batch)
-            except Exception:  # one undecodable image must not sink the batch: one by one
-                for item in batch:
-                    try:
-                        self._call(captioner, [item])
-                    except Exception as e:  # TensorFlow's decode errors have many types
-                        item.error = f"cannot decode: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
-            for item in batch:
+            captioner = batch[0].captioner  # one undecodable image must not sink the batch: caption_each
+            for item, (item.captions, item.error) in zip(batch, caption_each(lambda items: self._call(captioner, items),
+                                                                             batch)):
                 item.done.set()
 
-    def _call(self, captioner: Captioner, items: list[_Item]) -> None:
+    def _call(self, captioner: Captioner, items: list[_Item]) -> list:
         captions = captioner.caption([item.data for item in items])
         self.calls += 1
         self.images += len(items)
         self.batches[len(items)] += 1
-        for item, c in zip(items, captions):
-            item.captions = c
+        return captions
