@@ -135,9 +135,22 @@ class CaptionServer(tf.Module):
         return {"captions": captions, "log_probs": out["log_probs"]}
 
 
-def _inside(path: str, folder: str) -> bool:
+def inside(path: str, folder: str) -> bool:
     """True when ``path`` is ``folder`` or lies inside it (both resolved)."""
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def trained_record(captioner: Captioner, model_dir) -> dict:
+    """What an export records of the model it holds: the (first) model folder, checkpoint, step, weights and
+    decoding settings, and an ensemble's every model (``members``); the SavedModel's marker and the LiteRT
+    file's metadata each add their own keys."""
+    trained = captioner.trained
+    record = {"model_dir": os.path.abspath(model_dirs(model_dir)[0]), "checkpoint": os.path.basename(trained.checkpoint),
+              "step": trained.step, "weights": trained.members[0].weights, "decode": dict(captioner.options)}
+    if len(trained.members) > 1:  # an ensemble: every model's
+        record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
+                              "step": m.step, "weights": m.weights} for m in trained.members]
+    return record
 
 
 def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
@@ -149,7 +162,7 @@ def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
     for path in dirs:
         ModelDir(path).refuse_output(output, "`output`", params=("output",))
     for what, folder in [("the model folder", path) for path in dirs] + [("the working directory", os.getcwd())]:
-        if _inside(os.path.realpath(folder), target):
+        if inside(os.path.realpath(folder), target):
             raise InputError(f"`output` {output} is {what} or a folder above it; export into a folder of its own",
                              params=("output",))
     if os.path.isfile(output) or (os.path.exists(output) and not os.path.isdir(output)):
@@ -186,15 +199,8 @@ def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
 def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False) -> str:
     """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``.
     ``model_dir``: the folder of ``captioner``'s model, or its ensemble's folders (a list)."""
-    trained = captioner.trained
     captioner.check_boxes()  # a model of imported regions cannot pool them from new images
-    first = model_dirs(model_dir)[0]
-    record = {"model_dir": os.path.abspath(first), "checkpoint": os.path.basename(trained.checkpoint),
-              "step": trained.step, "weights": trained.members[0].weights, "decode": dict(captioner.options),
-              "signatures": list(SIGNATURES)}
-    if len(trained.members) > 1:  # an ensemble: every model's
-        record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
-                              "step": m.step, "weights": m.weights} for m in trained.members]
+    record = {**trained_record(captioner, model_dir), "signatures": list(SIGNATURES)}
     existing = check_output(output, model_dir, overwrite)
     if existing is not None:
         if {"weights": "raw", **{k: v for k, v in existing.items() if k != "files"}} == record:  # (older: raw)

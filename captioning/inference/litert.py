@@ -57,6 +57,7 @@ from captioning.data.reading import center_crop
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_error
 from captioning.inference.captioner import Captioner
+from captioning.inference.export import inside, trained_record
 from captioning.model.ensemble import model_dirs
 from captioning.tf_internals import frozen_function
 
@@ -250,7 +251,7 @@ def check_output(output: str, model_dir, overwrite: bool = False) -> dict | None
     target = os.path.realpath(output)
     for folder in model_dirs(model_dir):
         folder = os.path.realpath(folder)
-        if target == folder or target.startswith(folder.rstrip(os.sep) + os.sep):
+        if inside(target, folder):
             raise InputError(f"`output` {output} is inside the model folder {folder}; write the .tflite file outside "
                              "it", params=("output",))
     if os.path.isdir(output):
@@ -268,15 +269,9 @@ def check_output(output: str, model_dir, overwrite: bool = False) -> dict | None
 
 def record_of(captioner: Captioner, model_dir, quantize: str) -> dict:
     """What the file records of its export (compared to tell a rerun)."""
-    trained = captioner.trained
-    record = {"format": "litert", "quantize": quantize, "model_dir": os.path.abspath(model_dirs(model_dir)[0]),
-              "checkpoint": os.path.basename(trained.checkpoint), "step": trained.step,
-              "weights": trained.members[0].weights, "decode": dict(captioner.options), "flex_delegate": False}
+    record = {"format": "litert", "quantize": quantize, **trained_record(captioner, model_dir), "flex_delegate": False}
     if quantize == "dynamic_int8":  # how: a file of an earlier recipe is another export
         record["quantizer"] = f"ai-edge-quantizer dynamic_wi8_afp32, float32 ops {FLOAT_OPS}"
-    if len(trained.members) > 1:
-        record["members"] = [{"model_dir": os.path.abspath(m.model_dir), "checkpoint": os.path.basename(m.checkpoint),
-                              "step": m.step, "weights": m.weights} for m in trained.members]
     return record
 
 
