@@ -81,6 +81,13 @@ class Result:
     boxes_dropped: int = 0  # of them, dropped (not finite, no area inside the image) and clipped to the image
     boxes_clipped: int = 0
 
+    def captioned(self, captions: list | None, error: str | None, layout) -> None:
+        """Takes the image's ``captions`` (or the ``error`` that kept it from any) and, when they carry attention
+        weights, ``layout``: where the encoder's tokens sit (the captioner's; None over regions)."""
+        self.captions, self.error = captions, error
+        self.attends = bool(captions and captions[0].attention is not None)
+        self.layout = layout if self.attends else None
+
 
 def collect_paths(paths: list[str]) -> list[str]:
     """Files as given, and the image files of folders (sorted by name). A path that does not exist stays
@@ -237,9 +244,7 @@ def caption_files(captioner, paths: list[str], progress: bool = True, boxes: lis
         done = caption_each(lambda rs: captioner.caption([r.data for r in rs], [r.boxes for r in rs] if boxes else None),
                             batch)
         for r, (c, error) in zip(batch, done):
-            r.captions, r.error = c, error
-            r.attends = bool(c and c[0].attention is not None)
-            r.layout = captioner.token_layout if r.attends else None  # None over regions
+            r.captioned(c, error, captioner.token_layout)
     from captioning.model.decode import empty_captions_warning
 
     warning = empty_captions_warning([r.captions[0].text for r in results if r.captions])

@@ -270,8 +270,8 @@ class _Handler(BaseHTTPRequestHandler):
         check_usable(results)
         ready = [r for r in results if not r.error]
         for r, (captions, error) in zip(ready, batcher.caption(captioner, [r.data for r in ready])):
-            r.captions, r.error = captions, error
-        return 200, records(results, captioner.token_layout, form.pictures), False
+            r.captioned(captions, error, captioner.token_layout)
+        return 200, records(results, form.pictures), False
 
 
 class _Server(ThreadingHTTPServer):

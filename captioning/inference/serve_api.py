@@ -136,15 +136,13 @@ def read_images(form: Form) -> list[Result]:
     return results
 
 
-def records(results: list[Result], layout, pictures: bool) -> list[dict]:
-    """The answer's records (module docstring); ``layout``: the captioner's token layout."""
+def records(results: list[Result], pictures: bool) -> list[dict]:
+    """The answer's records (module docstring), of results captioned (:meth:`Result.captioned`) or refused."""
     out = []
     for r in results:
         if r.error:
             out.append({"image": r.path, "error": r.error})
             continue
-        r.attends = bool(r.captions and r.captions[0].attention is not None)
-        r.layout = layout if r.attends else None
         record = json_record(r)
         if pictures and r.attends:
             record["pictures"] = [{"word": word, "src": src} for word, src, _ in word_pictures(r)]
