@@ -253,14 +253,20 @@ def many(spec_file):
 
     with open(spec_file) as f:
         scenarios = json.load(f)
+    begun = time.time()
+    print(f"[many] {len(scenarios)} scenarios, after {time.process_time():.1f} CPU-s of start-up", flush=True)
     for mode, *args in scenarios:
         os.makedirs(args[1], exist_ok=True)
         try:
-            started = time.process_time()
+            started, wall = time.process_time(), time.time()
             MODES[mode](*args)
             task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", "one")
+            cpu = time.process_time() - started
             with open(os.path.join(args[1], f"done-{task}"), "w") as f:  # the scenario's CPU seconds, to measure
-                f.write(f"{time.process_time() - started:.1f}\n")
+                f.write(f"{cpu:.1f}\n")
+            # each scenario's cost in the process's log (root/GROUP[-TASK].log), to see where the time goes
+            print(f"[many] {os.path.basename(args[1])} ({mode}): {cpu:.1f} CPU-s, {time.time() - wall:.1f} s wall, "
+                  f"ended {time.time() - begun:.1f} s after the first began", flush=True)
         except Exception:  # noqa: BLE001 - reported by the test of that scenario
             with open(os.path.join(args[1], "error.txt"), "w") as f:
                 f.write(traceback.format_exc())

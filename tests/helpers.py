@@ -200,27 +200,35 @@ def run_distributed_scenarios(root, groups, timeout=900):
     """Runs each group of ``groups`` (``{"mirrored": [[MODE, DATA_DIR, NAME, ARG...], ...], "multi_worker": [...]}``)
     with tests/distributed_worker.py's ``many``: "mirrored" in one process (2 logical CPUs), "multi_worker" in
     the two workers of a localhost cluster (TF_CONFIG), all at once: one TensorFlow start-up a process for
-    every scenario of a group instead of one a scenario. Scenario NAME writes into ``root/GROUP/NAME``; each
-    process's output goes to ``root/GROUP[-TASK].log``. Never raises: :func:`distributed_result` asserts."""
+    every scenario of a group instead of one a scenario. A "mirrored" group given as a tuple of lists of scenarios
+    runs each list in a process of its own, at once (the parts balanced against the multi-worker pair, so that the
+    processes end together). Scenario NAME writes into ``root/GROUP/NAME``; each process's output goes to
+    ``root/GROUP[-TASK].log`` (``root/GROUP-pPART.log`` for the parts), with each scenario's CPU and wall seconds.
+    Never raises: :func:`distributed_result` asserts."""
     import json
 
     procs = []
     for group, scenarios in groups.items():
-        spec = os.path.join(root, f"{group}.json")
-        with open(spec, "w") as f:
-            json.dump([[mode, data, os.path.join(root, group, name), *args] for mode, data, name, *args in scenarios], f)
-        tasks = [None] if group == "mirrored" else [0, 1]
-        ports = [free_port(), free_port()]
-        for task in tasks:
-            env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-            if task is not None:
-                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                                               "task": {"type": "worker", "index": task}})
-            log = os.path.join(root, group + ("" if task is None else f"-{task}") + ".log")
-            with open(log, "w") as out:
-                procs.append(subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"),
-                                               "many", spec], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL))
+        parts = scenarios if isinstance(scenarios, tuple) else (scenarios,)
+        assert group == "mirrored" or len(parts) == 1, "a multi-worker group runs in one pair of processes"
+        for part, scenarios in enumerate(parts):
+            name = group if len(parts) == 1 else f"{group}-p{part}"
+            spec = os.path.join(root, f"{name}.json")
+            with open(spec, "w") as f:
+                json.dump([[mode, data, os.path.join(root, group, out), *args] for mode, data, out, *args in scenarios],
+                          f)
+            tasks = [None] if group == "mirrored" else [0, 1]
+            ports = [free_port(), free_port()]
+            for task in tasks:
+                env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+                if task is not None:
+                    env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                                                   "task": {"type": "worker", "index": task}})
+                log = os.path.join(root, name + ("" if task is None else f"-{task}") + ".log")
+                with open(log, "w") as out:
+                    procs.append(subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "distributed_worker.py"),
+                                                   "many", spec], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL))
     for proc in procs:
         try:
             proc.wait(timeout=timeout)
