@@ -86,7 +86,7 @@ def test_a_killed_worker_stops_the_other_with_one_line_and_both_resume(prepared_
 @pytest.mark.slow
 def test_a_worker_whose_peer_never_starts_stops_after_the_startup_timeout(prepared_dir, tmp_path):
     config = write_config(tmp_path / "c.yaml", prepared_dir, "train.steps=10", "distribute.strategy=multi_worker",
-                          "distribute.startup_timeout_s=10")
+                          "distribute.startup_timeout_s=4")
     ports = [free_port(), free_port()]
     lonely = start_cluster(tmp_path, config, tmp_path / "m", "alone", ports, indices=(0,))[0]
     started = time.time()
@@ -97,4 +97,4 @@ def test_a_worker_whose_peer_never_starts_stops_after_the_startup_timeout(prepar
     assert code == 1 and time.time() - started < 90, lonely.stderr[-3000:]
     assert "Traceback" not in lonely.stderr
     assert last_line(lonely) == (f"captioning train: error: worker 1 (localhost:{ports[1]}) did not join the cluster "
-                                 "within distribute.startup_timeout_s=10 s: start every worker of TF_CONFIG")
+                                 "within distribute.startup_timeout_s=4 s: start every worker of TF_CONFIG")

@@ -176,7 +176,7 @@ def test_an_unreachable_service_is_one_line_within_the_timeout(prepared_dir, tmp
     from captioning.config import save_config
 
     cfg = small_train_config(prepared_dir, "train.steps=5", f"data.service=localhost:{free_port()}",
-                             "data.service_timeout_s=5")
+                             "data.service_timeout_s=2")
     save_config(cfg, str(tmp_path / "c.yaml"))
     start = time.time()
     # in this process (run_cli would start one for a config naming a service): the refusal comes before any job
@@ -243,7 +243,7 @@ def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(prepared_di
     port = free_port()
     server = dispatcher(tmp_path, port)
     save_config(small_train_config(prepared_dir, "train.steps=5", f"data.service=localhost:{port}",
-                                   "data.service_timeout_s=5", "train.log_every_steps=1",
+                                   "data.service_timeout_s=2", "train.log_every_steps=1",
                                    "train.checkpoint_every_steps=100000"), str(tmp_path / "c.yaml"))
     try:
         server.wait_for("dispatcher listening")
@@ -255,7 +255,7 @@ def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(prepared_di
     lines = err.strip().splitlines()
     assert code == 2 and "Traceback" not in err, err[-2000:]
     assert lines[-1] == (f"captioning train: error: the tf.data dispatcher at localhost:{port} has no workers (none has "
-                         f"registered within 5 s): start one there (captioning data-service worker --dispatcher "
+                         f"registered within 2 s): start one there (captioning data-service worker --dispatcher "
                          f"localhost:{port})")
     assert took < 45 and not (tmp_path / "model").exists()  # a refusal writes nothing
 
