@@ -270,11 +270,11 @@ def test_a_killed_worker_costs_its_splits_but_the_stream_goes_on(tmp_path):
         cluster.workers["w1"].proc.send_signal(signal.SIGKILL)
         at_kill = len(c.elements())
         c.wait_for_elements(at_kill + 100, timeout=60)  # the stream goes on
-        while True:  # until the survivor has nothing more
-            before = len(c.elements())
-            time.sleep(3)
-            if len(c.elements()) == before:
-                break
+        count, since = len(c.elements()), time.time()
+        while time.time() - since < 3:  # until the survivor has had nothing more for 3 s
+            time.sleep(0.2)
+            if len(c.elements()) != count:
+                count, since = len(c.elements()), time.time()
         assert c.proc.poll() is None and "END" not in c.stdout  # the end of the epoch waits for w1's address
         cluster.restart_worker("w1")
         assert c.proc.wait(timeout=90) == 0, c.stderr
