@@ -15,6 +15,7 @@ computes."""
 import dataclasses
 import functools
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -391,7 +392,7 @@ def test_a_checkpoint_round_trips_and_one_of_other_shapes_is_refused(name, tmp_p
     from captioning.errors import InputError
     from captioning.model.folder import ModelDir
 
-    model = tiny(name, seed=0)
+    model = shared_tiny(name)  # tiny(name, seed=0), only read here
     images, ids = inputs(seed=6)
     expected = npy(model({"image": images, "input_ids": ids}))
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
@@ -434,7 +435,7 @@ def test_an_xla_compiled_training_step_equals_the_plain_one(name, prepared_dir, 
     from tests.helpers import small_train_config
 
     tiny_settings = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
-    results = {}
+    results, batch = {}, None
     for jit in (False, True):
         cfg = small_train_config(prepared_dir, f"model.decoder={name}", *tiny_settings, "train.clip_gradient_norm=0.05",
                                  f"train.jit_compile={str(jit).lower()}")
@@ -443,7 +444,8 @@ def test_an_xla_compiled_training_step_equals_the_plain_one(name, prepared_dir, 
             for a, b in zip(results[False]["trainer"].model.variables, trainer.model.variables):
                 b.assign(results[False]["initial"][a.path])
         initial = {v.path: v.numpy() for v in trainer.model.variables}
-        batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
+        if batch is None:  # the same batch for both (the data sections are the same)
+            batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
         dataset = trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))
         out = trainer.train_step_for(dataset)(next(iter(dataset)))
         results[jit] = {"trainer": trainer, "initial": initial, "loss": float(out["loss"]),
@@ -515,32 +517,39 @@ def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_r
 
 
 @pytest.mark.slow
-def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path):
+def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path, request):
     """A decoder from a file outside the project (tests/data/toy_decoder.py), registered as one entry:
     every contract test pytest collects for a registered decoder runs on it and passes; the same decoder with
     a subtle bug fails them."""
     toy = str(tmp_path / "toy_decoder.py")  # a file outside the project, as a user would write one
     shutil.copy(os.path.join(REPO, "tests", "data", "toy_decoder.py"), toy)
+    # the same decoder with its subtle bug switched on (BROKEN=1), registered beside it as "broken": one pytest
+    # process runs the toy's contract and the broken one's stepping test
+    source = open(toy).read()
+    assert source.count('os.environ.get("BROKEN")') == 1
+    broken_file = str(tmp_path / "broken_decoder.py")
+    with open(broken_file, "w") as f:
+        f.write(source.replace('os.environ.get("BROKEN")', "True"))
     here = [sys.executable, "-m", "pytest", os.path.join(REPO, "tests", "test_decoders.py"), "-p", "no:cacheprovider",
             "-m", "not slow"]
-    args = [*here, "-v", "--decoder", f"{toy}:toy", "-k", "toy and not mirrored"]
+    args = [*here, "-v", "--decoder", f"{toy}:toy", "--decoder", f"{broken_file}:broken", "-k",
+            "toy and not mirrored or broken and stepping_word_by_word"]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("BROKEN", None)
-    # the contract as pytest collects it for a decoder of the project, its name put in the toy's place
-    listed = subprocess.run([*here, "-q", "--collect-only", "-k", "show_and_tell and not mirrored"],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-    assert listed.returncode == 0, listed.stdout[-3000:]
-    contract = {re.sub(r"\[show_and_tell(?=[-\]])", "[toy", line.split("::", 1)[1])
-                for line in listed.stdout.splitlines() if "::" in line}
+    # the contract as pytest collects it for a decoder of the project (this module collected again by pytest's
+    # own collector, in this process: its quick tests of show_and_tell), its name put in the toy's place
+    module = pytest.Module.from_parent(request.session, path=pathlib.Path(__file__))
+    listed = [item.name for item in module.collect() if isinstance(item, pytest.Function)
+              and item.get_closest_marker("slow") is None and "[show_and_tell" in item.name and "mirrored" not in item.name]
+    contract = {re.sub(r"\[show_and_tell(?=[-\]])", "[toy", name) for name in listed}
     # 11 since the split-padding and shared-model checks became one test a decoder each (b56da82, 5131e66)
     assert len(contract) >= 11 and all("[toy" in test for test in contract), sorted(contract)
     done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:]
+    # exit 1: the broken decoder's stepping test fails (the contract catches the bug), and it alone
+    assert done.returncode == 1, done.stdout[-3000:]
     passed = {m.group(1) for m in re.finditer(r"^tests/test_decoders\.py::(\S+) PASSED", done.stdout, re.M)}
     assert passed == contract, (sorted(contract - passed), sorted(passed - contract))
     # the bug is in stepping: the contract test that compares it with the teacher-forced pass catches it
-    args[args.index("toy and not mirrored")] = "toy and stepping_word_by_word"
-    broken = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=dict(env, BROKEN="1"), timeout=600)
-    assert broken.returncode == 1, broken.stdout[-3000:]
-    assert "FAILED tests/test_decoders.py::test_stepping_word_by_word_equals_the_teacher_forced_pass[toy]" in \
-        broken.stdout
+    failed = set(re.findall(r"^FAILED (tests/test_decoders\.py::\S+)", done.stdout, re.M))
+    assert failed == {"tests/test_decoders.py::test_stepping_word_by_word_equals_the_teacher_forced_pass[broken]"}, \
+        done.stdout[-3000:]
