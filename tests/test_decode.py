@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.model.decode import beam_search, ids_to_text
+from captioning.model.decode import beam_search, best_of, ids_to_text
 from captioning.model.sampling import sample_search
 from captioning.model import build_model
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
@@ -177,6 +177,18 @@ def test_the_gnmt_length_penalty():
     none = beam_search(model, features, beam_size=4, max_length=5, length_normalization=0.7, top_k=4,
                        length_penalty_form="none")
     np.testing.assert_allclose(none["scores"].numpy(), none["log_probs"].numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [12, 65, 997, 1000, 9487])
+def test_the_beams_chunked_top_k_is_tensorflows_ties_included(vocab):
+    """best_of (the beam's words per live caption) gives tf.math.top_k's indices, equal values by lower index first:
+    on random logits and on rows of only 3 distinct values (ties everywhere), a vocabulary that chunks of about 32 divide
+    (1,000) and ones they do not (997, 9,487: padded), and ones too small to chunk."""
+    rng = np.random.default_rng(vocab)
+    for x in (rng.normal(size=(40, vocab)), rng.integers(0, 3, size=(40, vocab))):
+        x = tf.constant(x, tf.float32)
+        for k in (1, 2, 3, 5, 7):
+            np.testing.assert_array_equal(best_of(x, k).numpy(), tf.math.top_k(x, k).indices.numpy())
 
 
 def test_top_k_cannot_exceed_the_beam():

@@ -202,7 +202,9 @@ def test_the_docs_snippet_captions_a_jpeg_with_ai_edge_litert_and_numpy(litert):
 @pytest.mark.slow  # an export (the Makefile's slow loop)
 def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(trained_model_dir, capsys, caplog):
     """The fixture models are too small (weights under 1,024 values stay float32 under dynamic range
-    quantization): a model of the demo's sizes (256 units), untrained, shows the ratio the converter gives."""
+    quantization): a model of the demo's sizes (256 units), untrained, shows the ratio the converter gives. Its
+    193 words are enough for the beam's chunked top-k, padded (decode.best_of; the fixtures' few words are ranked
+    whole): the `none` file captions an image as the Captioner does, in LiteRT's built-in ops."""
     from captioning.config import Config, ModelConfig
     from captioning.config_sections import DecodeConfig
     from captioning.inference import Captioner
@@ -213,13 +215,22 @@ def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(traine
 
     cfg = Config()
     cfg.data.image_size, cfg.data.resize_size = 32, 36
-    model = build_model(53, ModelConfig(decoder="show_and_tell", encoder="small_cnn", dropout=0.0,
-                                        options={"embedding_size": 256, "lstm_units": 256}), 32).build_all()
+    model = build_model(193, ModelConfig(decoder="show_and_tell", encoder="small_cnn", dropout=0.0,
+                                         options={"embedding_size": 256, "lstm_units": 256}), 32).build_all()
     cfg.model = model.cfg
-    vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(53 - len(RESERVED))])
+    vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(193 - len(RESERVED))])
     captioner = Captioner(TrainedModel(model, cfg, vocab, 0, "(untrained)", "/nowhere"), DecodeConfig(max_length=8))
-    none, int8 = len(convert(captioner, "none")), len(convert(captioner, "dynamic_int8"))
+    none_file = convert(captioner, "none")
+    none, int8 = len(none_file), len(convert(captioner, "dynamic_int8"))
     assert none > 3_000_000 and int8 <= 0.35 * none
+    from ai_edge_litert.interpreter import Interpreter
+
+    image = np.random.default_rng(0).integers(0, 256, (40, 44, 3), dtype=np.uint8)
+    ran = Interpreter(model_content=none_file).get_signature_runner("serving_default")(image=image)
+    png = io.BytesIO()
+    __import__("PIL.Image").Image.fromarray(image).save(png, "PNG")
+    (expected,) = captioner.caption([png.getvalue()])
+    assert " ".join(w.decode() for w in ran["words"][0, :ran["lengths"][0]]) == expected[0].text
     # the quantizer's progress bar and its "Serializing model..." line stay out of the command's output
     assert "Applying Transformations" not in capsys.readouterr().err and "Serializing model" not in caplog.text
 
