@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.model.decode import beam_search, best_of, ids_to_text
+from captioning.model.decode import beam_search, ids_to_text
+from captioning.model.search_tools import best_of
 from captioning.model.sampling import sample_search
 from captioning.model import build_model
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary

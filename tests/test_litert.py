@@ -203,7 +203,7 @@ def test_the_docs_snippet_captions_a_jpeg_with_ai_edge_litert_and_numpy(litert):
 def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(trained_model_dir, capsys, caplog):
     """The fixture models are too small (weights under 1,024 values stay float32 under dynamic range
     quantization): a model of the demo's sizes (256 units), untrained, shows the ratio the converter gives. Its
-    193 words are enough for the beam's chunked top-k, padded (decode.best_of; the fixtures' few words are ranked
+    193 words are enough for the beam's chunked top-k, padded (search_tools.best_of; the fixtures' few words are ranked
     whole): the `none` file captions an image as the Captioner does, in LiteRT's built-in ops."""
     from captioning.config import Config, ModelConfig
     from captioning.config_sections import DecodeConfig

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import glob
 import os
+import re
+import shutil
+import tempfile
 import platform
 import resource
 import time
@@ -69,3 +74,51 @@ def write_json(path: str | None, result: dict) -> None:
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         atomic_write_json(path, result)
+
+
+# the profiler's mark of one XLA compilation's back end, whichever the device (CpuCompiler::RunBackend on a CPU)
+_COMPILATION = re.compile(r"^\w*Compiler::RunBackend$")
+
+
+@contextlib.contextmanager
+def counting_xla_compilations() -> Iterator[dict]:
+    """``{"xla_compilations": N}`` after the block: how many times XLA compiled in it, by TensorFlow's own profiler
+    (host events at level 1, XLA's compiler marks among them; not every op's, so the run's speed is not measurably
+    changed: 3 compilations of 3 shapes counted 3 in tests/test_benchmarks.py). None when a profile is already under
+    way (``train.profile_steps``, or another tool), which the profiler allows only one of at a time.
+
+    >>> import tensorflow as tf
+    >>> f = tf.function(lambda x: tf.reduce_sum(x * 2.0), jit_compile=True)
+    >>> with counting_xla_compilations() as counted:
+    ...     _ = [f(tf.ones([n])) for n in (3, 4, 3)]
+    >>> counted
+    {'xla_compilations': 2}
+    """
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    counted: dict = {"xla_compilations": None}
+    folder = tempfile.mkdtemp(prefix="captioning-xla-count-")
+    try:
+        try:
+            tf.profiler.experimental.start(folder, options=tf.profiler.experimental.ProfilerOptions(
+                host_tracer_level=1, python_tracer_level=0, device_tracer_level=0))
+        except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError):  # a profile under way
+            yield counted
+            return
+        try:
+            yield counted
+        finally:
+            tf.profiler.experimental.stop()
+        total = 0
+        for path in glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True):
+            space = xplane_pb2.XSpace()
+            with open(path, "rb") as f:
+                space.ParseFromString(f.read())
+            for plane in space.planes:
+                names = {key: meta.name for key, meta in plane.event_metadata.items()}
+                total += sum(bool(_COMPILATION.match(names.get(event.metadata_id, "")))
+                             for line in plane.lines for event in line.events)
+        counted["xla_compilations"] = total
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -4,7 +4,10 @@ The seeds' definition: iteration time = ingestion time (waiting for the next bat
 :meth:`captioning.train.Trainer.run` measures both for every iteration (and logs them to TensorBoard
 during any training); this benchmark runs it for ``warmup + steps`` steps in a scratch model folder,
 with evaluation and sample captions off, and reports the steps after the warm-up (tracing, cache
-filling and the autotuner's ramp-up happen there).
+filling and the autotuner's ramp-up happen there). ``xla_compilations``: how many times XLA compiled during the
+whole run (warm-up, measured steps and the step-in-parts timing), counted by TensorFlow's profiler
+(:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``) or SCST's
+compiled sampling (``scst.xla_sampling``) compiles again for every new input shape, about 1.4 s each here.
 
 Any config runs on any prepared records (``--data DIR`` sets ``data.dir``; ``--photos`` the COCO-like
 benchmark photos of ``benchmark input``). ``--compare SECTION.KEY=VALUE`` measures the config with and
@@ -94,7 +97,8 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
         log.info("benchmarking %d training steps (after %d warm-up steps) of %s in %s", steps, warmup, config,
                  model_dir)
         parts: dict = {}
-        result = train(cfg, model_dir, progress=progress, then=lambda trainer: parts.update(_parts(trainer)))
+        with common.counting_xla_compilations() as counted:
+            result = train(cfg, model_dir, progress=progress, then=lambda trainer: parts.update(_parts(trainer)))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
@@ -109,6 +113,7 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
         extra["objective_note"] = "\n".join(filter(None, (extra.get("objective_note"), parts["note"])))
     return {**extra,
         "ingestion_share": sum(ingestion) / total,
+        "xla_compilations": counted["xla_compilations"],
         "step_ms": 1000 * statistics.fmean(step),
         "iteration_ms": 1000 * total / len(step),
         "examples_per_s": captions * len(step) / total,
@@ -166,4 +171,5 @@ def summary(result: dict) -> str:
             f"+ train step {result['step_ms']:.1f} ms; ingestion share {result['ingestion_share']:.4f} "
             f"(target <= {TARGET_INGESTION_SHARE}); {result['captions_per_s']:.0f} captions/s, "
             f"{result['images_per_s']:.0f} images/s, encoder images per caption "
-            f"{result['encoder_images_per_caption']:.2f}")
+            f"{result['encoder_images_per_caption']:.2f}"
+            + (f"; {result['xla_compilations']} XLA compilations" if result.get("xla_compilations") else ""))
