@@ -129,11 +129,14 @@ def trained_attention_dir(prepared_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hub_presets(tmp_path_factory):
-    """A tiny random keras-hub preset folder of each family the keras_hub encoder reads (tests/hub_presets.py)."""
+    """A tiny random keras-hub preset folder of each family the keras_hub encoder reads (tests/hub_presets.py),
+    written once per test run (:func:`built_once`: test_encoders, test_encoders_end_to_end and test_litert share
+    them); read-only for tests."""
     from tests.hub_presets import FAMILIES, write_preset
 
-    root = tmp_path_factory.mktemp("hub_presets")
-    return {family: write_preset(family, str(root / family)) for family in FAMILIES}
+    root = built_once(tmp_path_factory, "hub_presets",
+                      lambda root: [write_preset(family, os.path.join(root, family)) for family in FAMILIES])
+    return {family: os.path.join(root, family) for family in FAMILIES}
 
 
 @pytest.fixture(scope="session")
