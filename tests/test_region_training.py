@@ -53,6 +53,19 @@ def region_config(data_dir, *extra):
     return small_train_config(data_dir, "data.features=regions", "data.features_store=oracle", *extra)
 
 
+@pytest.fixture(scope="module")
+def captioned_test_images(region_model, shapes_dir, tmp_path_factory):
+    """``caption --detections INSTANCES --json --html GALLERY`` with :func:`region_model` over the test images (the
+    instances file's boxes): ``(the command's CompletedProcess, the gallery's path)``, one command that the
+    SavedModel test and the ensemble test both read."""
+    test = json.load(open(instances_files(shapes_dir)[2]))
+    files = [os.path.join(shapes_dir, "images", image["file_name"]) for image in test["images"]]
+    html = tmp_path_factory.mktemp("captioned") / "gallery.html"
+    done = run_cli("caption", "--model-dir", region_model, "--detections", instances_files(shapes_dir)[2], "--json",
+                   "--html", str(html), *files)
+    return done, html
+
+
 IMPORTED = 16  # features a region of the imported store
 
 
@@ -264,7 +277,7 @@ def test_attention_over_regions_is_judged_by_the_named_shapes_box():
 
 @pytest.mark.slow
 def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(region_data, region_model, shapes_dir,
-                                                                            trained_attention_dir, tmp_path):
+                                                                            captioned_test_images, tmp_path):
     """caption --detections and the SavedModel pool each image's boxes from the model's encoder as extraction
     pooled the store's regions: the captions are those evaluate gives from the store; the regions' boxes in
     --json and in the SavedModel's `regions` are the store's; the SavedModel's attention is over them (none
@@ -280,9 +293,7 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
     expected = {p["image_id"]: p["caption"] for p in json.load(open(predictions))}
     test = json.load(open(instances_files(shapes_dir)[2]))
     files = [os.path.join(shapes_dir, "images", image["file_name"]) for image in test["images"]]
-    html = tmp_path / "gallery.html"
-    done = run_cli("caption", "--model-dir", region_model, "--detections", instances_files(shapes_dir)[2], "--json",
-                   "--html", str(html), *files)
+    done, html = captioned_test_images  # caption --detections --json --html over these files
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     boxes = {image["id"]: [a["bbox"] for a in test["annotations"] if a["image_id"] == image["id"]]
@@ -388,7 +399,8 @@ def test_new_images_boxes_pool_the_regions_the_store_holds(region_data, region_m
 
 @pytest.mark.slow
 def test_an_ensemble_with_a_model_of_regions_pools_the_boxes_for_it(region_data, region_model, shapes_dir,
-                                                                    trained_attention_dir, tmp_path):
+                                                                    trained_attention_dir, captioned_test_images,
+                                                                    tmp_path):
     """caption over an ensemble holding a model of extracted regions: that model pools each image's boxes
     (an ensemble of it and a copy of itself captions as it does), a model of the grid beside it reads the
     image; evaluate refuses the mix in one line (it reads each image once)."""
@@ -397,9 +409,9 @@ def test_an_ensemble_with_a_model_of_regions_pools_the_boxes_for_it(region_data,
     copy = tmp_path / "copy"
     shutil.copytree(region_model, copy)
     detections = ("--detections", instances_files(shapes_dir)[2], "--json", *files)
-    alone, twice, mixed = (run_cli("caption", *(a for m in models for a in ("--model-dir", m)), *detections)
-                           for models in ([region_model], [region_model, str(copy)],
-                                          [region_model, trained_attention_dir]))
+    alone = captioned_test_images[0]  # the model alone: the same command with --html (the JSON lines the same)
+    twice, mixed = (run_cli("caption", *(a for m in models for a in ("--model-dir", m)), *detections)
+                    for models in ([region_model, str(copy)], [region_model, trained_attention_dir]))
     assert alone.returncode == twice.returncode == mixed.returncode == 0, (twice.stderr[-2000:], mixed.stderr[-2000:])
     alone, twice, mixed = ([json.loads(line) for line in done.stdout.splitlines()] for done in (alone, twice, mixed))
     for a, t, m in zip(alone, twice, mixed):
