@@ -88,9 +88,7 @@ def test_benchmark_train(tmp_path, prepared_dir):
     # every caption its own example: one encoder image per caption, 8 captions a step
     assert result["encoder_images_per_caption"] == 1.0
     assert result["captions_per_s"] == pytest.approx(8 * 1000 / result["iteration_ms"], rel=1e-6)
-    # train.jit_compile is off; Keras compiles small_cnn's convolution with XLA on a CPU (its _conv_xla), forward and
-    # backward, once: every batch has one shape
-    assert result["xla_compilations"] == 2
+    assert result["xla_compilations"] == 0  # train.jit_compile is off: nothing is compiled with XLA
 
 
 def test_benchmark_train_compares_two_settings_side_by_side(tmp_path, prepared_dir):
@@ -124,8 +122,9 @@ def test_benchmark_train_reports_the_scst_rewards_share(tmp_path, prepared_dir):
                    "--json", str(out))
     result = check(done, out)
     assert positive(result["reward_ms"]) and 0 < result["reward_share"] < 1
-    # and the loop that draws the samples (scst.xla_sampling), once: every batch has one shape
-    assert result["xla_compilations"] == 3 and "; 3 XLA compilations" in done.stdout
+    # the loop that draws the samples (scst.xla_sampling): once in training (every batch has one shape), once more in
+    # the step-in-parts timing's own function
+    assert result["xla_compilations"] == 2 and "; 2 XLA compilations" in done.stdout
     assert result["reward_share"] == pytest.approx(result["reward_ms"] / result["step_ms"])
     assert "the CIDEr-D reward alone" in done.stdout
     # the step in parts, each timed alone with the run's model (Show and Tell: drawn with XLA, scored again)

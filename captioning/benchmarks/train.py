@@ -172,4 +172,5 @@ def summary(result: dict) -> str:
             f"(target <= {TARGET_INGESTION_SHARE}); {result['captions_per_s']:.0f} captions/s, "
             f"{result['images_per_s']:.0f} images/s, encoder images per caption "
             f"{result['encoder_images_per_caption']:.2f}"
-            + (f"; {result['xla_compilations']} XLA compilations" if result.get("xla_compilations") else ""))
+            + (f"; {result['xla_compilations']} XLA compilation{'s' * (result['xla_compilations'] != 1)}"
+               if result.get("xla_compilations") else ""))

@@ -106,9 +106,13 @@ def masked_scores(scores, mask):
 
 
 def pad_rows(x, rows):
-    """``x`` with zero rows appended along axis 0 up to ``rows``."""
+    """``x`` with zero rows appended along axis 0 up to ``rows``, its other dimensions' static sizes kept (a
+    convolution that cannot see its input's channels is compiled with XLA by Keras, once per batch shape)."""
     extra = tf.maximum(rows - tf.shape(x)[0], 0)
-    return tf.pad(x, tf.concat([[[0, extra]], tf.zeros([tf.rank(x) - 1, 2], tf.int32)], axis=0))
+    out = tf.pad(x, tf.concat([[[0, extra]], tf.zeros([tf.rank(x) - 1, 2], tf.int32)], axis=0))
+    shape = tf.TensorShape(x.shape)  # (numpy arrays too)
+    out.set_shape(tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else None)
+    return out
 
 
 def _fit(x, like):
