@@ -38,7 +38,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from captioning.model.word_rules import DEAD as _DEAD
-from captioning.model.search_tools import best_of, never_proposed, search_over, traced_back
+from captioning.model.search_tools import best_of, log_normalizer, never_proposed, search_over, traced_back
 from captioning.model.word_rules import bad_ending_ids, blocked_words
 from captioning.vocab import END_ID, START_ID
 
@@ -149,8 +149,11 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             logp = tf.reshape(tf.nn.log_softmax(logits) + rules, [batch, k, vocab])
         else:
             ranked = best_of(logits + rules, kw)  # [B*K, kw]
-            ranked_logp = tf.gather(tf.nn.log_softmax(logits), ranked, batch_dims=1) + (
-                tf.gather(rules, ranked, batch_dims=1) if track_ids or bad_endings else tf.gather(rules, ranked))
+            if track_ids or bad_endings:  # (a word ruled out may be the likeliest: log_normalizer cannot tell)
+                ranked_logp = tf.gather(tf.nn.log_softmax(logits) + rules, ranked, batch_dims=1)
+            else:
+                ranked_logp = tf.gather(logits, ranked, batch_dims=1) - log_normalizer(logits, ranked[:, 0])[
+                    :, None] + tf.gather(rules, ranked)
             ranked, ranked_logp = tf.reshape(ranked, [batch, k, kw]), tf.reshape(ranked_logp, [batch, k, kw])
         penalty = 1.0 if plain else length_penalty(tf.cast(t + 1, tf.float32), length_penalty_form,
                                                    length_normalization)  # t words + <end>
@@ -310,7 +313,11 @@ def _greedy(model, state, steps: int, length_penalty_form: str, length_normaliza
         # the likeliest word is the largest logit: the next step waits only for this choice, while the log-softmax
         # that gives its log p (over every word) runs beside it
         word = tf.argmax(allowed, axis=1, output_type=tf.int32)[:, None]  # [B, 1]; the first of equal ones
-        log_probs += tf.where(live, tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1), 0.0)  # <end>'s too
+        if track_ids or bad_endings:  # (a word ruled out may be the likeliest: log_normalizer cannot tell)
+            word_logp = tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1)
+        else:
+            word_logp = tf.gather(logits, word, batch_dims=1) - log_normalizer(logits, word[:, 0])[:, None]
+        log_probs += tf.where(live, word_logp, 0.0)  # <end>'s too
         live = live & tf.not_equal(word, END_ID)
         kept = tf.where(live, word, 0)
         if track_ids:

