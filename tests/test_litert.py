@@ -92,7 +92,7 @@ def decisive_models(prepared_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def litert(decisive_models, tmp_path_factory):
-    trained_model_dir, trained_attention_dir = decisive_models
+    sat_dir, att_dir = decisive_models
     from data_prep.synth import synthesize
     from captioning.config_sections import DecodeConfig
     from captioning.inference import Captioner, load
@@ -106,19 +106,19 @@ def litert(decisive_models, tmp_path_factory):
     assert len(jpegs) == 200
     pixels = [decoded(j) for j in jpegs]
     decode = DecodeConfig(beam_size=3, max_length=12, top_k=2)
-    captioners = {"sat": Captioner(load(trained_model_dir), decode), "att": Captioner(load(trained_attention_dir), decode),
-                  "ens": Captioner(load([trained_model_dir, trained_attention_dir]), decode)}
+    captioners = {"sat": Captioner(load(sat_dir), decode), "att": Captioner(load(att_dir), decode),
+                  "ens": Captioner(load([sat_dir, att_dir]), decode)}
     counts = {"sat": 200, "att": 200, "ens": 40}
     expected = {name: c.caption(jpegs[:counts[name]]) for name, c in captioners.items()}
-    code, out, err = run_main("export", "--model-dir", trained_model_dir, "--format", "litert", "--output",
+    code, out, err = run_main("export", "--model-dir", sat_dir, "--format", "litert", "--output",
                               root / "sat_none.tflite", "--beam-size", 3, "--max-length", 12, "--top-k", 2)
     assert code == 0, err
     files = {"sat_none": str(root / "sat_none.tflite")}
-    for name, model_dir, quantize in [("sat_dynamic_int8", trained_model_dir, "dynamic_int8"),
-                                      ("sat_float16", trained_model_dir, "float16"),
-                                      ("att_none", trained_attention_dir, "none"),
-                                      ("att_dynamic_int8", trained_attention_dir, "dynamic_int8"),
-                                      ("ens_none", [trained_model_dir, trained_attention_dir], "none")]:
+    for name, model_dir, quantize in [("sat_dynamic_int8", sat_dir, "dynamic_int8"),
+                                      ("sat_float16", sat_dir, "float16"),
+                                      ("att_none", att_dir, "none"),
+                                      ("att_dynamic_int8", att_dir, "dynamic_int8"),
+                                      ("ens_none", [sat_dir, att_dir], "none")]:
         files[name] = export_litert(captioners[name[:3]], str(root / f"{name}.tflite"), model_dir, quantize)
     images = {}
     for name in files:
@@ -140,7 +140,8 @@ def litert(decisive_models, tmp_path_factory):
     photo = io.BytesIO()
     Image.fromarray(np.asarray(Image.open(snippet_dir / "photo.jpg").convert("RGB"))).save(photo, "PNG")
     snippet_expected = captioners["sat"].caption([photo.getvalue()])[0][0].text
-    return {"root": root, "files": files, "expected": expected, "ran": json.load(open(root / "out.json")),
+    return {"root": root, "files": files, "models": {"sat": sat_dir, "att": att_dir},
+            "expected": expected, "ran": json.load(open(root / "out.json")),
             "snippet_expected": snippet_expected, "captioners": captioners, "jpegs": jpegs}
 
 
@@ -236,12 +237,12 @@ def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(traine
 
 
 @pytest.mark.slow  # an export (the Makefile's slow loop)
-def test_rerun_is_a_no_op_another_export_needs_overwrite_and_foreign_files_stay(litert, trained_model_dir, tmp_path):
+def test_rerun_is_a_no_op_another_export_needs_overwrite_and_foreign_files_stay(litert, tmp_path):
     from captioning.inference.litert import read_record
 
     path = litert["files"]["sat_none"]
     before = os.stat(path)
-    flags = ["--model-dir", trained_model_dir, "--format", "litert", "--beam-size", 3, "--max-length", 12,
+    flags = ["--model-dir", litert["models"]["sat"], "--format", "litert", "--beam-size", 3, "--max-length", 12,
              "--top-k", 2, "--output", path]
     code, out, err = run_main("export", *flags)
     assert code == 0 and "exported to" in out
