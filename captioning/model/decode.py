@@ -143,8 +143,8 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
             rules += tf.reshape(blocked_words(alive_ids, t, vocab, block_ngrams, bad_endings), [-1, vocab]) * _DEAD
         elif bad_endings:  # only the last word matters
             rules += blocked_words(tokens[:, None], tf.minimum(t, 1), vocab, 0, bad_endings) * _DEAD
-        # each beam's words ranked by their logits (the next step waits for this choice) and their log p over every
-        # word gathered from the log-softmax that runs beside it
+        # each beam's words ranked by their logits (the next step waits for this choice) and their log p: the logit less
+        # the row's log-sum-exp, from the softmax that runs beside it (search_tools.log_normalizer)
         if diverse:  # a group's choice depends on the earlier groups' words
             logp = tf.reshape(tf.nn.log_softmax(logits) + rules, [batch, k, vocab])
         else:
@@ -310,8 +310,8 @@ def _greedy(model, state, steps: int, length_penalty_form: str, length_normaliza
             allowed += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
         elif bad_endings:  # only the last word matters
             allowed += blocked_words(tokens[:, None], tf.minimum(t, 1), vocab, 0, bad_endings) * _DEAD
-        # the likeliest word is the largest logit: the next step waits only for this choice, while the log-softmax
-        # that gives its log p (over every word) runs beside it
+        # the likeliest word is the largest logit: the next step waits only for this choice, while the softmax that
+        # gives its log p (over every word) runs beside it
         word = tf.argmax(allowed, axis=1, output_type=tf.int32)[:, None]  # [B, 1]; the first of equal ones
         if track_ids or bad_endings:  # (a word ruled out may be the likeliest: log_normalizer cannot tell)
             word_logp = tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1)
