@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from captioning.model.search_tools import never_proposed
 from captioning.model.word_rules import DEAD as _DEAD
 from captioning.model.word_rules import blocked_words, end_banned
-from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
+from captioning.vocab import END_ID, START_ID
 
 
 def _uniform(seed: int, keys, t):
@@ -72,7 +73,7 @@ def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, 
     shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     row_keys = tf.stack([tf.repeat(keys, n), tf.tile(tf.range(n, dtype=tf.int64), [batch])], axis=1)
     vocab = model.vocab_size
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD
+    never = never_proposed(vocab, 0)[0]  # <pad>, <start>, <unk>
     tokens = tf.fill([rows], tf.constant(START_ID, tf.int32))
     ids = tf.zeros([rows, steps], tf.int32)
     going = tf.ones([rows], tf.bool)
