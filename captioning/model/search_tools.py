@@ -22,11 +22,11 @@ def best_of(x, k: int):
     [[70, 71, 72]]
     """
     vocab = x.shape[-1]
-    if vocab is None or vocab < 16 * 2 * k:  # (a vocabulary of unknown size, or a few chunks: ranked whole)
+    if vocab is None:  # (a vocabulary of unknown size: ranked whole)
         return tf.math.top_k(x, k).indices
     chunk = min(range(16, 65), key=lambda c: (vocab % c != 0, abs(c - 32)))  # a divisor near 32 needs no padding
     chunks = -(-vocab // chunk)
-    if chunks <= 2 * k:
+    if chunks <= 2 * k:  # a few chunks: ranked whole
         return tf.math.top_k(x, k).indices
     rows = tf.shape(x)[0]
     if chunks * chunk > vocab:  # the last chunk filled with the lowest value: after every word, never chosen first
