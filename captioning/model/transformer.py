@@ -210,11 +210,6 @@ class Transformer(CaptionModel):
         self.logits = layers.Dense(vocab_size, kernel_initializer=init(99), dtype="float32", name="logits")
         self.shown = (s.attention_layer or n) - 1  # the layer whose cross-attention is shown
 
-    def build(self, input_shape=None):
-        """Nothing to create here: the sublayers build on the first call (``build_all``), the attentions'
-        projections already did."""
-        self.built = True
-
     # ---- the memory --------------------------------------------------------------------------------
     def initial_state(self, features, training=False, mask=None):
         """The memory (the refined grid, or regions: padding masked out everywhere), each decoder layer's
