@@ -66,7 +66,8 @@ from captioning.config_migrations import FORMAT_VERSION, migrate
 from captioning.config_sections import DataConfig, DecodeConfig, DistributeConfig, TrainConfig
 from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
-from captioning.settings import MAX_FEATURE_SIZE, Given, Section, between, choices, convert, fields_of, unknown_key
+from captioning.settings import (MAX_FEATURE_SIZE, Given, Section, between, choices, convert, fields_of, type_hints,
+                                 unknown_key)
 
 
 @dataclass
@@ -140,7 +141,7 @@ _SECTIONS = {name: kind for name, kind in _ALL.items() if kind is not ComponentS
 def _nested(cls, name: str):
     """The section dataclass of ``cls``'s key ``name`` when that key is a section of its own
     (``train.scheduled_sampling``), else None."""
-    kind = typing.get_type_hints(cls).get(name) if name in fields_of(cls) else None
+    kind = type_hints(cls).get(name) if name in fields_of(cls) else None
     return kind if isinstance(kind, type) and issubclass(kind, Section) else None
 
 
@@ -194,7 +195,7 @@ def _set(config: Config, key: str, value, from_text: bool) -> list[str]:
         name, dot, rest = rest.partition(".")
     if dot or name not in fields_of(cls):
         raise _unknown(key)
-    setattr(owner, name, convert(key, fields_of(cls)[name], typing.get_type_hints(cls)[name], value, from_text))
+    setattr(owner, name, convert(key, fields_of(cls)[name], type_hints(cls)[name], value, from_text))
     return [key]
 
 

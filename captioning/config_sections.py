@@ -26,7 +26,7 @@ from captioning.settings import (MAX_ACCUMULATE_STEPS, MAX_BATCH, MAX_BEAM, MAX_
                                  MAX_LENGTH_NORMALIZATION, MAX_LENGTH_WINDOW, MAX_REGION_PAD_MULTIPLE, MAX_RESIZE_SIZE, MAX_SAMPLE_TOP_K,
                                  MAX_SECONDS, MAX_SHUFFLE_BUFFER, MAX_STEPS, MAX_STEPS_PER_EXECUTION, MAX_TEMPERATURE,
                                  MAX_WORDS, SEED, Section, between, choices, convert, describe_range, fields_of,
-                                 in_range, more_than, unknown_key)
+                                 in_range, more_than, type_hints, unknown_key)
 
 
 @dataclass
@@ -381,7 +381,7 @@ class DecodeConfig(Section):
 def _set_decode_overrides(decode: DecodeConfig, overrides: typing.Sequence[str]) -> None:
     """``decode.KEY=VALUE`` overrides (a command's ``--set``) set on ``decode``, each typed and range-checked
     alone; an InputError for any other key."""
-    fields, hints = fields_of(DecodeConfig), typing.get_type_hints(DecodeConfig)
+    fields, hints = fields_of(DecodeConfig), type_hints(DecodeConfig)
     for override in overrides:
         key, eq, value = override.partition("=")
         key = key.strip()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
+import types
 import typing
 from dataclasses import dataclass
 
@@ -144,6 +146,14 @@ class Given:
             isinstance(value, float) and not math.isfinite(value)) else self.text
 
 
+@functools.lru_cache(maxsize=None)
+def type_hints(cls) -> typing.Mapping[str, typing.Any]:
+    """``typing.get_type_hints(cls)``, read-only, worked out once a class: it evaluates every annotation (they are
+    strings here), and loading a complete config asks it for every key (a model folder's config.yaml loaded in
+    about a fifth of the time)."""
+    return types.MappingProxyType(typing.get_type_hints(cls))
+
+
 def fields_of(cls) -> dict[str, dataclasses.Field]:
     """The keys of a section dataclass, ``{name: field}`` (``ModelConfig``'s without its ``options``, which
     hold the decoder's keys as given)."""
@@ -257,7 +267,7 @@ def section_from(cls, values: dict, prefix: str, complete: bool = False, where: 
     be given (a saved config.yaml). The loader reads the shared sections with it, the components their
     own settings (the module docstring)."""
     fields = fields_of(cls)
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     out = cls()
     for name, value in values.items():
         if name not in fields:

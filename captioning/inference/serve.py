@@ -65,7 +65,6 @@ import signal
 import socket
 import threading
 import tokenize
-import typing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -74,7 +73,7 @@ from captioning.errors import InputError
 from captioning.inference.serve_api import (ApiError, Form, Limits, check_usable, decode_options, parse_multipart,
                                             read_images, records)
 from captioning.inference.serve_batching import Batcher
-from captioning.settings import describe_range, fields_of
+from captioning.settings import describe_range, fields_of, type_hints
 
 log = logging.getLogger("captioning.serve")
 
@@ -117,7 +116,7 @@ def option_controls(decode: DecodeConfig) -> str:
     >>> '<select name="decode.method" data-default="beam">' in option_controls(DecodeConfig())
     True
     """
-    hints, notes, rows = typing.get_type_hints(DecodeConfig), _comments(DecodeConfig), []
+    hints, notes, rows = type_hints(DecodeConfig), _comments(DecodeConfig), []
     for name, f in fields_of(DecodeConfig).items():
         value, kind, key = getattr(decode, name), hints[name], f"decode.{name}"
         if f.metadata.get("choices"):
