@@ -164,7 +164,8 @@ def test_best_captions_agree_with_the_captioner(litert, name, least):
     87.5% on an attention model, 77% on a Show and Tell one trained 60 steps)."""
     ran, expected = litert["ran"][name], litert["expected"][name[:3]]
     assert all(len(captions) == 2 for captions in ran["captions"])  # top_k rows
-    assert agreement(litert, name) >= least
+    agree = agreement(litert, name)
+    assert agree >= least, f"{name}: the same best caption on {agree:.1%} of the images"
     if name.endswith("none"):  # the same search on the same pixels: the same log-probabilities
         same = [i for i, (g, e) in enumerate(zip(ran["captions"], expected)) if g == [c.text for c in e]]
         assert len(same) >= 0.99 * len(expected)

@@ -40,7 +40,7 @@ import tensorflow as tf
 from captioning.model.word_rules import DEAD as _DEAD
 from captioning.model.search_tools import best_of, log_normalizer, never_proposed, search_over, traced_back
 from captioning.model.word_rules import bad_ending_ids, blocked_words
-from captioning.vocab import END_ID, START_ID
+from captioning.vocab import END_ID, RESERVED, START_ID
 
 
 def length_penalty(length, form: str, alpha: float):
@@ -86,8 +86,7 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     ``top_k`` returned come one per group in turn: the groups' best captions first, then their second ones, and
     so on, each round likeliest first by the model's own log-probability (length penalty applied, as one beam
     search ranks its captions; the penalised scores would favour the first group). So ``top_k`` <= G captions
-    come from ``top_k`` groups, the first being the likeliest of the groups' best. One group is plain beam
-    search.
+    come from ``top_k`` groups, the first being the likeliest of the groups' best. One group is beam search.
 
     A beam of 1 runs :func:`_greedy`, a loop of a few ops a step that gives exactly what the beam search of one
     beam gives (``fast_greedy=False`` runs the beam search itself: tests compare the two). Either search stops
@@ -148,10 +147,11 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
         if diverse:  # a group's choice depends on the earlier groups' words
             logp = tf.reshape(tf.nn.log_softmax(logits) + rules, [batch, k, vocab])
         else:
-            ranked = best_of(logits + rules, kw)  # [B*K, kw]
             if track_ids or bad_endings:  # (a word ruled out may be the likeliest: log_normalizer cannot tell)
+                ranked = best_of(logits + rules, kw)  # [B*K, kw]
                 ranked_logp = tf.gather(tf.nn.log_softmax(logits) + rules, ranked, batch_dims=1)
-            else:
+            else:  # the rules: the words never proposed, the vocabulary's first
+                ranked = best_of(logits, kw, head=rules[:len(RESERVED)])
                 ranked_logp = tf.gather(logits, ranked, batch_dims=1) - log_normalizer(logits, ranked[:, 0])[
                     :, None] + tf.gather(rules, ranked)
             ranked, ranked_logp = tf.reshape(ranked, [batch, k, kw]), tf.reshape(ranked_logp, [batch, k, kw])
@@ -305,18 +305,17 @@ def _greedy(model, state, steps: int, length_penalty_form: str, length_normaliza
         caption's word (0 once it ended) and the weights it was chosen with (zeros once it ended)."""
         logits, state = model.step(tokens, state)
         logits = tf.cast(logits, tf.float32)
-        allowed = logits + bias
-        if track_ids:
-            allowed += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
-        elif bad_endings:  # only the last word matters
-            allowed += blocked_words(tokens[:, None], tf.minimum(t, 1), vocab, 0, bad_endings) * _DEAD
-        # the likeliest word is the largest logit: the next step waits only for this choice, while the softmax that
-        # gives its log p (over every word) runs beside it
-        word = tf.argmax(allowed, axis=1, output_type=tf.int32)[:, None]  # [B, 1]; the first of equal ones
-        if track_ids or bad_endings:  # (a word ruled out may be the likeliest: log_normalizer cannot tell)
+        # the likeliest word allowed (the first of equal ones): the next step waits only for it, the softmax runs beside
+        if track_ids or bad_endings:
+            rules = blocked_words(ids, t, vocab, block_ngrams, bad_endings) if track_ids else blocked_words(
+                tokens[:, None], tf.minimum(t, 1), vocab, 0, bad_endings)  # (bad endings: only the last word matters)
+            word = tf.argmax(logits + bias + rules * _DEAD, axis=1, output_type=tf.int32)[:, None]  # [B, 1]
             word_logp = tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1)
-        else:
-            word_logp = tf.gather(logits, word, batch_dims=1) - log_normalizer(logits, word[:, 0])[:, None]
+        else:  # the likeliest of all words, or where it is never proposed (rare), of the others: no sum over them all
+            likeliest = tf.argmax(logits, axis=1, output_type=tf.int32)
+            word = tf.cond(tf.reduce_any(tf.gather(bias, likeliest) < 0.0),
+                           lambda: tf.argmax(logits + bias, axis=1, output_type=tf.int32), lambda: likeliest)[:, None]
+            word_logp = tf.gather(logits, word, batch_dims=1) - log_normalizer(logits, likeliest, of_all=True)[:, None]
         log_probs += tf.where(live, word_logp, 0.0)  # <end>'s too
         live = live & tf.not_equal(word, END_ID)
         kept = tf.where(live, word, 0)

@@ -11,47 +11,59 @@ from captioning.model.word_rules import DEAD as _DEAD
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 
-def best_of(x, k: int):
-    """``tf.math.top_k(x, k).indices`` of ``x [R, V]``, equal values by lower index first as it gives them, faster
-    over a vocabulary (1,000 words, k 3, 384 rows: 1.1 against 1.4 CPU ms, 2026-11-26). The words are cut into
-    chunks of about 32: a row's best ``k`` lie in the ``k`` chunks whose own best are best (ties by lower index at
-    every stage), so the top-k runs over those ``k * chunk`` words, after a max over each chunk. A vocabulary of
-    fewer than about ``64 k`` words is ranked whole.
+def best_of(x, k: int, head=None):
+    """``tf.math.top_k(x + head, k).indices`` of ``x [R, V]``, equal values by lower index first as it gives them,
+    faster over a vocabulary (1,000 words, k 3, 384 rows: 0.7 against 1.1 CPU ms, 2026-11-26). ``head [H]`` (or None:
+    zeros) is added to the first ``H`` words only (the words never proposed are the first four: no sum over the whole
+    vocabulary, which costs a CPU as much as the choice). The words are cut into chunks of about 40: a row's best ``k``
+    lie in the ``k`` chunks whose own best are best (ties by lower index at every stage), so the top-k runs over those
+    ``k * chunk`` words, after a max over each chunk (the first chunk's with ``head``). A vocabulary of fewer than
+    about ``80 k`` words is ranked whole.
 
     >>> best_of(tf.constant([[0.0] * 70 + [2.0, 1.0] + [1.0] * 30]), 3).numpy().tolist()
     [[70, 71, 72]]
+    >>> best_of(tf.constant([[5.0, 0.0] + [1.0] * 100]), 2, head=tf.constant([-9.0])).numpy().tolist()
+    [[2, 3]]
     """
     vocab = x.shape[-1]
-    if vocab is None:  # (a vocabulary of unknown size: ranked whole)
-        return tf.math.top_k(x, k).indices
-    chunk = min(range(16, 65), key=lambda c: (vocab % c != 0, abs(c - 32)))  # a divisor near 32 needs no padding
-    chunks = -(-vocab // chunk)
-    if chunks <= 2 * k:  # a few chunks: ranked whole
-        return tf.math.top_k(x, k).indices
+    chunk = vocab and min(range(16, 65), key=lambda c: (vocab % c != 0, abs(c - 40)))  # a divisor needs no padding
+    chunks = vocab and -(-vocab // chunk)
+    if vocab is None or chunks <= 2 * k or head is not None and head.shape[0] > chunk:  # ranked whole
+        return tf.math.top_k(x if head is None else x + tf.pad(head, [[0, tf.shape(x)[1] - tf.shape(head)[0]]]),
+                             k).indices
     rows = tf.shape(x)[0]
     if chunks * chunk > vocab:  # the last chunk filled with the lowest value: after every word, never chosen first
         x = tf.pad(x, [[0, 0], [0, chunks * chunk - vocab]], constant_values=x.dtype.min)
     blocks = tf.reshape(x, [rows, chunks, chunk])
-    which = tf.sort(tf.math.top_k(tf.reduce_max(blocks, axis=2), k).indices, axis=1)  # in word order
-    _, at = tf.math.top_k(tf.reshape(tf.gather(blocks, which, batch_dims=1), [rows, k * chunk]), k)
+    best = tf.reduce_max(blocks, axis=2)  # each chunk's best word
+    if head is not None:  # the first chunk's best with the head added
+        first = tf.reduce_max(x[:, :chunk] + tf.pad(head, [[0, chunk - head.shape[0]]]), axis=1)
+        best = tf.concat([first[:, None], best[:, 1:]], axis=1)
+    which = tf.sort(tf.math.top_k(best, k).indices, axis=1)  # in word order
+    picked = tf.gather(blocks, which, batch_dims=1)
+    if head is not None:
+        picked += tf.gather(tf.reshape(tf.pad(head, [[0, chunks * chunk - head.shape[0]]]), [chunks, chunk]), which)
+    _, at = tf.math.top_k(tf.reshape(picked, [rows, k * chunk]), k)
     return tf.gather(which, at // chunk, batch_dims=1) * chunk + at % chunk
 
 
-def log_normalizer(logits, best):
+def log_normalizer(logits, best, of_all: bool = False):
     """Each row's log-sum-exp of ``logits [R, V]`` (a word's log p is its logit minus it), from the softmax's
     probability of the row's likeliest word, which is ``best [R]`` (the likeliest word that may be proposed) or a word
-    never proposed (``<pad>``, ``<start>``, ``<unk>``, ``<end>``): its probability is at least 1 / V, so its log
-    never underflows. On a CPU the softmax is faster than the log-softmax (oneDNN has a kernel for the one, not the
-    other: 0.52 against 0.88 CPU ms over 384 rows of 1,000 words, 2026-11-26).
+    never proposed (``<pad>``, ``<start>``, ``<unk>``, ``<end>``); ``of_all``: ``best`` is the likeliest of all. Its
+    probability is at least 1 / V, so its log never underflows. On a CPU the softmax is faster than the log-softmax
+    (oneDNN has a kernel for the one, not the other: 0.52 against 0.88 CPU ms over 384 rows of 1,000 words, 2026-11-26).
 
     >>> logits = tf.constant([[0.0, 0.0, 0.0, 0.0, 2.0, 1.0]])
     >>> round(float(log_normalizer(logits, tf.constant([4]))[0]), 5) == round(float(tf.reduce_logsumexp(logits)), 5)
     True
     """
-    never = tf.constant([PAD_ID, START_ID, END_ID, UNK_ID], tf.int32)
-    candidates = tf.concat([tf.cast(best, tf.int32)[:, None], tf.broadcast_to(never, [tf.shape(best)[0], 4])], 1)
-    top = tf.gather(candidates, tf.argmax(tf.gather(logits, candidates, batch_dims=1), axis=1, output_type=tf.int32),
-                    batch_dims=1)
+    top = best
+    if not of_all:
+        never = tf.constant([PAD_ID, START_ID, END_ID, UNK_ID], tf.int32)
+        candidates = tf.concat([tf.cast(best, tf.int32)[:, None], tf.broadcast_to(never, [tf.shape(best)[0], 4])], 1)
+        top = tf.gather(candidates, tf.argmax(tf.gather(logits, candidates, batch_dims=1), axis=1,
+                                              output_type=tf.int32), batch_dims=1)
     return tf.gather(logits, top, batch_dims=1) - tf.math.log(tf.gather(tf.nn.softmax(logits), top, batch_dims=1))
 
 
