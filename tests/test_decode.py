@@ -183,13 +183,18 @@ def test_the_gnmt_length_penalty():
 @pytest.mark.parametrize("vocab", [12, 65, 997, 1000, 9487])
 def test_the_beams_chunked_top_k_is_tensorflows_ties_included(vocab):
     """best_of (the beam's words per live caption) gives tf.math.top_k's indices, equal values by lower index first:
-    on random logits and on rows of only 3 distinct values (ties everywhere), a vocabulary that chunks of about 32 divide
-    (1,000) and ones they do not (997, 9,487: padded), and ones too small to chunk."""
+    on random logits and on rows of only 3 distinct values (ties everywhere), a vocabulary that chunks of about 40 divide
+    (1,000) and ones they do not (997, 9,487: padded), and ones too small to chunk; with a ``head`` added to the first
+    words (the never-proposed words' rules, dead or 0, and a head whose values tie with the other words) as top_k of
+    the sum."""
     rng = np.random.default_rng(vocab)
+    heads = [None, tf.constant([-1e9, -1e9, 0.0, -1e9]), tf.constant([-1e9, 0.0, 1.0])]
     for x in (rng.normal(size=(40, vocab)), rng.integers(0, 3, size=(40, vocab))):
         x = tf.constant(x, tf.float32)
         for k in (1, 2, 3, 5, 7):
-            np.testing.assert_array_equal(best_of(x, k).numpy(), tf.math.top_k(x, k).indices.numpy())
+            for head in heads:
+                summed = x if head is None else x + tf.pad(head, [[0, vocab - head.shape[0]]])
+                np.testing.assert_array_equal(best_of(x, k, head).numpy(), tf.math.top_k(summed, k).indices.numpy())
 
 
 def test_top_k_cannot_exceed_the_beam():
