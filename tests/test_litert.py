@@ -3,8 +3,8 @@ Captioner (the SavedModel's function) does, runs in ai-edge-litert's interpreter
 neither this project nor TensorFlow, needs no Flex delegate, and is written safely.
 
 The quick tests share one module fixture: the files of two small models trained 300 steps (and their ensemble, and
-Show and Tell's greedy decoding) at each quantization, 200 synthetic shapes images, and ONE subprocess that runs every file on them (and the
-docs' snippet) with only ai_edge_litert and numpy (Pillow for the snippet's JPEG)."""
+Show and Tell's greedy decoding) at each quantization, 200 synthetic shapes images, and ONE subprocess that runs
+every file on them (and the docs' snippet) with only ai_edge_litert and numpy (Pillow for the snippet's JPEG)."""
 
 from __future__ import annotations
 

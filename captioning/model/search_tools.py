@@ -36,13 +36,13 @@ def best_of(x, k: int, head=None):
         x = tf.pad(x, [[0, 0], [0, chunks * chunk - vocab]], constant_values=x.dtype.min)
     blocks = tf.reshape(x, [rows, chunks, chunk])
     best = tf.reduce_max(blocks, axis=2)  # each chunk's best word
-    if head is not None:  # the first chunk's best with the head added
-        first = tf.reduce_max(x[:, :chunk] + tf.pad(head, [[0, chunk - head.shape[0]]]), axis=1)
-        best = tf.concat([first[:, None], best[:, 1:]], axis=1)
+    if head is not None:  # the head by chunk (all but the first zeros), and the first chunk's best with it
+        head = tf.reshape(tf.pad(head, [[0, chunks * chunk - head.shape[0]]]), [chunks, chunk])
+        best = tf.concat([tf.reduce_max(x[:, :chunk] + head[0], axis=1)[:, None], best[:, 1:]], axis=1)
     which = tf.sort(tf.math.top_k(best, k).indices, axis=1)  # in word order
     picked = tf.gather(blocks, which, batch_dims=1)
     if head is not None:
-        picked += tf.gather(tf.reshape(tf.pad(head, [[0, chunks * chunk - head.shape[0]]]), [chunks, chunk]), which)
+        picked += tf.gather(head, which)
     _, at = tf.math.top_k(tf.reshape(picked, [rows, k * chunk]), k)
     return tf.gather(which, at // chunk, batch_dims=1) * chunk + at % chunk
 
