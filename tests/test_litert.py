@@ -155,34 +155,39 @@ def agreement(litert, name) -> float:
 
 
 @pytest.mark.slow  # an export (the Makefile's slow loop)
-@pytest.mark.parametrize("name, least", [("sat_none", 0.99), ("sat_float16", 0.99), ("sat_dynamic_int8", 0.9),
+@pytest.mark.parametrize("name, least", [("sat_none", 0.99), ("sat_float16", None), ("sat_dynamic_int8", 0.9),
                                           ("att_none", 0.99), ("att_dynamic_int8", 0.9), ("ens_none", 0.99),
                                           ("grd_none", 0.99)])
 def test_best_captions_agree_with_the_captioner(litert, name, least):
-    """On 200 images: the same best caption on >= 99% with none, and with float16 on the images that are no near-tie
-    (95% of all: the model trained here is not bit-reproducible, and one run in about four gave 97% of all, 2026-11-26;
-    five runs then kept every image's best caption, with 0-2 images within 0.05 nats). dynamic_int8
+    """On 200 images: the same best caption on >= 99% with none (the same pixels and search: only float32's rounding
+    in another runtime). float16 rounds each weight by up to 2^-11: a caption's log-probability moves by at most 0.02
+    (0.0038 measured, 2026-11-26), so its best caption may differ only where the Captioner's two best are within twice
+    that. (A rate of agreement would depend on the model: the fixture's training is not bit-reproducible, and runs of
+    it left 75 to 200 of the 200 images with their two best captions more than 0.05 nats apart.) dynamic_int8
     (ai-edge-quantizer's dynamic range int8, the vocabulary projection float32) reaches the issue's 95% on the
     demo model (95.0%, benchmarks/RESULTS.md); these small models (:func:`decisive_models`) measured 100% (Show and
-    Tell) and 95-95.5% (attention, 5% of whose images have their two best captions within 0.05 nats, which any
+    Tell) and 95-96.5% (attention, 5% of whose images have their two best captions within 0.05 nats, which any
     rounding flips). Held to 90% here, so a broken recipe still fails (the converter's own Optimize.DEFAULT measured
     87.5% on an attention model, 77% on a Show and Tell one trained 60 steps)."""
     ran, expected = litert["ran"][name], litert["expected"][name[:3]]
     assert all(len(captions) == (1 if name.startswith("grd") else 2) for captions in ran["captions"])  # top_k rows
     agree = agreement(litert, name)
-    if name.endswith("float16"):  # float16 rounds each weight by up to 2^-11: where the Captioner's two best captions
-        # are within 0.05 nats (a near-tie) they may swap; every other image keeps its best caption
-        clear = [i for i, e in enumerate(expected) if e[0].log_prob - e[1].log_prob > 0.05]
-        kept = sum(ran["captions"][i][0] == expected[i][0].text for i in clear)
-        assert len(clear) >= 0.8 * len(expected) and kept >= least * len(clear), \
-            f"{name}: {kept} of the {len(clear)} images that are no near-tie keep their best caption"
-        least = 0.95  # all images
-    assert agree >= least, f"{name}: the same best caption on {agree:.1%} of the images"
-    if name.endswith("none"):  # the same search on the same pixels: the same log-probabilities
+    if name.endswith("float16"):
+        moved = [abs(log_prob - c.log_prob) for e, texts, log_probs in zip(expected, ran["captions"], ran["log_probs"])
+                 for c in e for text, log_prob in zip(texts, log_probs) if text == c.text]
+        assert len(moved) >= len(expected) and max(moved) <= 0.02, f"{name}: log p moved by up to {max(moved):.4f}"
+        flipped = [i for i, e in enumerate(expected) if ran["captions"][i][0] != e[0].text]
+        margins = [expected[i][0].log_prob - expected[i][1].log_prob for i in flipped]
+        assert all(m <= 0.04 for m in margins), f"{name}: best captions changed where the two best were {margins} apart"
+    else:
+        assert agree >= least, f"{name}: the same best caption on {agree:.1%} of the images"
+    if name.endswith("none"):  # the same search on the same pixels: the same log-probabilities, to float32's
+        # rounding in another runtime (largest difference 1.4e-5 over the four files, 2026-11-26; 1.9e-3 while the
+        # resize's pixels were LiteRT's own, which flipped near-ties: see test_the_resize_in_built_in_ops_...)
         same = [i for i, (g, e) in enumerate(zip(ran["captions"], expected)) if g == [c.text for c in e]]
         assert len(same) >= 0.99 * len(expected)
         np.testing.assert_allclose([ran["log_probs"][i] for i in same],
-                                   [[c.log_prob for c in expected[i]] for i in same], rtol=1e-3, atol=1e-3)
+                                   [[c.log_prob for c in expected[i]] for i in same], rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow  # an export (the Makefile's slow loop)
@@ -192,7 +197,7 @@ def test_the_files_need_no_flex_delegate_and_run_without_this_project(litert):
     for name in litert["files"]:
         assert ran[name]["custom"] == [], (name, ran[name]["custom"])  # no Flex (nor any custom) op
         search = {"ARG_MAX", "IF"} if name.startswith("grd") else {"TOPK_V2"}  # greedy: never-proposed words' IF
-        assert {"WHILE", "GATHER", "RESIZE_BILINEAR"} | search <= set(ran[name]["ops"])  # the search inside
+        assert {"WHILE", "GATHER", "FLOOR", "CEIL"} | search <= set(ran[name]["ops"])  # the search inside
     assert ran["sat_none"]["outputs"] == ["ids", "lengths", "log_probs", "words"]
     assert ran["att_none"]["outputs"] == ["attention", "ids", "lengths", "log_probs", "words"]
 
@@ -324,15 +329,37 @@ def test_a_model_reading_regions_is_refused_before_any_work(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_the_resize_in_built_in_ops_is_the_pipelines():
+def test_the_resize_in_built_in_ops_gives_the_pipelines_pixels_in_the_interpreter(tmp_path):
+    """pixels_resized, converted and run by LiteRT's interpreter (its XNNPACK delegate on), gives squash's pixels
+    bit for bit: up- and downscaled, one pixel to a camera frame, on noise and on the flat colours of the synthetic
+    images, whose interpolations land on x.5 (LiteRT's RESIZE_BILINEAR was off by one on 116 of 200 of them, and the
+    converter's reciprocal for a constant divisor on 221 heights of 1-1,999)."""
     import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
 
     from captioning.data.reading import squash
     from captioning.inference.litert import pixels_resized
 
-    image = np.random.default_rng(0).integers(0, 256, (53, 71, 3), dtype=np.uint8)
-    for size in (36, 80):
-        np.testing.assert_array_equal(pixels_resized(tf.constant(image), size).numpy(), squash(image, size).numpy())
+    sizes = (36, 299)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")])
+    def resized(image):
+        return {f"s{size}": pixels_resized(image, size) for size in sizes}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path), signatures={"serving_default": resized.get_concrete_function()})
+    run = Interpreter(model_content=tf.lite.TFLiteConverter.from_saved_model(str(tmp_path)).convert()
+                      ).get_signature_runner("serving_default")
+    rng = np.random.default_rng(0)
+    shapes = [(1, 1), (1, 5), (7, 3), (36, 36), (35, 37), (299, 346), (480, 640), (1080, 1920)] + [
+        tuple(rng.integers(2, 700, 2)) for _ in range(12)]
+    for height, width in shapes:
+        for image in (rng.integers(0, 256, (height, width, 3), dtype=np.uint8),
+                      (rng.integers(0, 4, (height, width, 3)) * 85).astype(np.uint8)):  # flat colours
+            out = run(image=image)
+            for size in sizes:
+                expected = squash(image, size).numpy()
+                np.testing.assert_array_equal(out[f"s{size}"], expected, err_msg=f"{height}x{width} -> {size}")
+                np.testing.assert_array_equal(pixels_resized(tf.constant(image), size).numpy(), expected)
 
 
 # ---- every decoder and encoder: converts, runs in the interpreter, captions as the Captioner (slow) ----
