@@ -32,7 +32,8 @@ $(STAMP): setup.cfg pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per process at a time): much of its
+# The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per process at a time, handed out in
+# collection order, heaviest file first: tests/conftest.py's FILE_SECONDS): much of its
 # time is subprocesses, TensorFlow imports, JVM start-ups and servers waiting on each other, so three workers
 # keep 2 cores busier than two (measured on 2 cores, 2026-11-24: 589 s against 622 s, 930 tests).
 # `make test TEST_WORKERS=0` runs it in one process.
@@ -40,7 +41,7 @@ TEST_WORKERS ?= 3
 
 # pytest exits 5 when it collected no test: for this project that means the suite is broken.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): the suite is broken" >&2; fi; \
 	exit $$rc
 
@@ -54,7 +55,7 @@ endef
 
 # The quick loop: every test but the slow end-to-end ones (signals, kills, servers, clusters, exports).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m 'not slow' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not slow' $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(prepare_shapes)

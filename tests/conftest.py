@@ -19,30 +19,24 @@ def pytest_addoption(parser):
                      help="register the decoder class that FILE's module names DECODER as NAME (repeatable)")
 
 
-# Each test file's time in the full suite (seconds, 3 workers on 2 cores, measured 2026-11-25 after issue 30's tests
-# were added; the files whose CPU was cut for issue 31 re-measured alone, one process, on the shared machine;
-# test_scst without the runs that moved to distributed_runs and test_train_start, 2026-11-25; issue 32's files
-# test_ema, test_accumulate (without its distributed_runs scenario), test_scheduled_sampling, test_hallucination and
-# the grown test_attention_use measured alone as CPU seconds, one process, on the shared machine; test_train,
-# test_train_reliability and test_uneven_splits less their CLI runs on 2 logical CPUs, now distributed_runs'
-# scenarios: 32, 19 and 28 s in the last durations, 2026-11-25; test_service_training and test_benchmarks alone as
-# CPU seconds, one process, on a quiet moment of the shared machine, 2026-11-26).
-# `make test` runs pytest-xdist with --dist loadfile, which hands the files to the workers in collection order:
-# collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest
-# processing time first). A file not listed counts 4 s.
-FILE_SECONDS = {"test_encoders_end_to_end": 105, "test_decoders": 190, "test_encoders": 90, "test_service_training": 88, "test_benchmarks": 99, "test_region_training": 130,
-                "test_data_service": 97, "test_train_reliability": 85, "test_train": 70, "test_scst": 35,
-                "test_full_disk": 39, "test_lost_worker": 71, "test_uneven_splits": 25, "test_model_dir": 57,
-                "test_evaluate_identity": 50, "test_steps_per_execution": 50, "test_ensemble": 40, "test_inference": 40,
-                "test_attention_use": 51, "test_train_start": 35, "test_transformer": 30, "test_objectives": 25,
-                "test_corrupt_shards": 26, "test_input_pipeline": 26, "test_features_store": 25, "test_metrics": 25,
-                "test_optimizer": 23, "test_regions": 18, "test_security": 18, "test_cli_edges": 16, "test_prepare": 15,
-                "test_decode": 24, "test_cli": 10, "test_outputs": 10, "test_model": 8, "test_config": 7, "test_cider": 6,
-                "test_attention": 6, "test_disk_cache": 5,
-                "test_ema": 57, "test_accumulate": 33, "test_scheduled_sampling": 17, "test_hallucination": 5,
-                "test_serve": 32,  # issue 33's server: alone, one process, CPU seconds with its fixtures
-                "test_browser": 18,  # issue 33's browser test: alone, one process, CPU seconds with its fixtures
-                "test_litert": 115}  # issue 33's LiteRT export: alone, one process, CPU s (38 quick + ~75 slow)
+# Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built
+# first; `make test` from a fresh clone, 3 workers on 2 cores, 2026-11-26). `make test` runs pytest-xdist with
+# --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order: collected
+# heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing time
+# first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
+# quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured).
+# A file not listed counts 4 s.
+FILE_SECONDS = {
+    "test_decoders": 136, "test_scst": 135, "test_litert": 125, "test_encoders_end_to_end": 104,
+    "test_service_training": 82, "test_benchmarks": 72, "test_train_reliability": 56, "test_data_service": 51,
+    "test_region_training": 44, "test_lost_worker": 37, "test_encoders": 36, "test_model_dir": 30, "test_train": 27,
+    "test_steps_per_execution": 27, "test_ensemble": 26, "test_ema": 26, "test_train_start": 25,
+    "test_inference": 25, "test_transformer": 20, "test_decode": 20, "test_attention_use": 19, "test_accumulate": 19,
+    "test_disk_cache": 16, "test_objectives": 15, "test_input_pipeline": 15, "test_full_disk": 15,
+    "test_features_store": 15, "test_serve": 13, "test_browser": 12,  # wall seconds: Chromium is not its child
+    "test_evaluate_identity": 11, "test_corrupt_shards": 11, "test_security": 10, "test_prepare": 9,
+    "test_metrics": 9, "test_regions": 8, "test_cli_edges": 8, "test_optimizer": 7, "test_uneven_splits": 6,
+    "test_scheduled_sampling": 6, "test_outputs": 5, "test_config": 5}
 
 
 def pytest_collection_modifyitems(config, items):

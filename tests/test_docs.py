@@ -255,3 +255,15 @@ def test_the_upper_bounds_table_is_the_code():
             action.type(form.format(bound))
             with pytest.raises(argparse.ArgumentTypeError):
                 action.type(form.format(bound + 1))
+
+
+def test_the_suites_schedule_names_test_files_and_make_keeps_its_order():
+    """tests/conftest.py's FILE_SECONDS orders the files heaviest first; each name is a test file, and both of the
+    Makefile's pytest runs turn off xdist's own reordering (by number of tests), which would undo it."""
+    from tests.conftest import FILE_SECONDS
+
+    files = {f[:-3] for f in os.listdir(os.path.join(REPO, "tests")) if f.startswith("test_") and f.endswith(".py")}
+    assert set(FILE_SECONDS) <= files, set(FILE_SECONDS) - files
+    makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
+    runs = re.findall(r"^\t\$\(BIN\)/python -m pytest (.*)$", makefile, re.M)
+    assert len(runs) == 2 and all("--dist loadfile --no-loadscope-reorder" in run for run in runs), runs
