@@ -74,7 +74,7 @@ def pixels_resized(image, size: int):
     pixels are TensorFlow's exactly. LiteRT's own ``RESIZE_BILINEAR`` weighs the four neighbours in another order: its
     float32 results differ in the last bits, and where TensorFlow's value lies at x.5 they round to another ``uint8``
     (116 of 200 synthetic images had pixels off by one, 2026-11-26), which moved the model's log-probabilities by up
-    to 1e-3 and flipped near-tie captions."""
+    to 2e-3 and flipped near-tie captions."""
     pixels = tf.cast(image, tf.float32)
     shape = tf.shape(image)
 
