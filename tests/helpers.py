@@ -4,6 +4,7 @@ import these from here (never from conftest)."""
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -250,6 +251,14 @@ def distributed_result(root, group, name):
     logs = "\n".join(f"{log}:\n{open(log).read()[-2500:]}" for log in sorted(glob.glob(os.path.join(root, f"{group}*.log"))))
     assert not missing, f"scenario {group}/{name} did not finish in {missing}\n{logs}"
     return out
+
+
+def copy_model(model_dir, out) -> str:
+    """A copy of a session's trained model folder to change, without its ``eval/`` folder: the results other
+    tests' evaluations stored there would be found and reused by a copy's ``evaluate`` (a rerun of a finished
+    evaluation is a no-op), so what a test sees would depend on which tests ran before it."""
+    shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns("eval"))
+    return str(out)
 
 
 def small_train_config(data_dir, *extra):

@@ -20,7 +20,7 @@ from captioning.data.prepared import MANIFEST
 from captioning.errors import InputError
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import image_dataset, references
-from tests.helpers import run_cli, small_train_config
+from tests.helpers import copy_model, run_cli, small_train_config
 
 SHARD = "train-00001-of-00004.tfrecord"  # 8 records in the shapes fixture
 
@@ -271,7 +271,7 @@ def test_train_cli_skip_corrupt_trains_and_reports(data_copy, tmp_path):
 @pytest.fixture
 def model_copy(trained_model_dir, tmp_path):
     out = tmp_path / "model"
-    shutil.copytree(trained_model_dir, out)
+    copy_model(trained_model_dir, out)
     return str(out)
 
 

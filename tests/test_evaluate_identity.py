@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import coco_split_args, run_main
+from tests.helpers import coco_split_args, copy_model, run_main
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,7 @@ def test_a_stored_result_is_reused_only_for_the_same_dataset(trained_model_dir, 
     from captioning.evaluation.evaluate import evaluate
 
     model = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model)
-    shutil.rmtree(model / "eval", ignore_errors=True)  # what other tests evaluated in this folder
+    copy_model(trained_model_dir, model)
     mine = evaluate(str(model), split="test", beam_size=1, max_images=3, progress=False)
     theirs = evaluate(str(model), split="test", beam_size=1, max_images=3, progress=False, data_dir=other_data)
     assert mine.dataset != theirs.dataset == PreparedDataset.load(other_data).identity
@@ -62,8 +61,7 @@ def test_a_checkpoint_of_another_model_folder_is_read_only_when_it_is_this_model
     from captioning.evaluation.evaluate import evaluate
 
     model = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model)
-    shutil.rmtree(model / "eval", ignore_errors=True)  # what other tests evaluated in this folder
+    copy_model(trained_model_dir, model)
     other = os.path.join(trained_attention_dir, "ckpt-40")
     code, _, err = run_main("evaluate", "--model-dir", model, "--checkpoint", other, "--max-images", "2")
     assert code == 2 and err.strip().splitlines()[-1] == (
@@ -78,7 +76,7 @@ def test_a_checkpoint_of_another_model_folder_is_read_only_when_it_is_this_model
     assert code == 2 and "has no config.yaml and vocab.txt to tell what it was trained with" in err
     assert not list(model.glob("eval/*-first2-*"))  # nothing decoded, nothing stored
     twin = tmp_path / "twin"  # another folder of the same model: accepted, and its result kept apart
-    shutil.copytree(trained_model_dir, twin)
+    copy_model(trained_model_dir, twin)
     foreign = evaluate(str(model), split="test", beam_size=1, max_images=2, progress=False,
                        checkpoint=str(twin / "ckpt-60"))
     own = evaluate(str(model), split="test", beam_size=1, max_images=2, progress=False)
@@ -111,8 +109,7 @@ def test_a_result_records_the_decoding_that_ran_and_every_caption(trained_model_
     from captioning.evaluation.evaluate import evaluate
 
     model = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model)
-    shutil.rmtree(model / "eval", ignore_errors=True)  # what other tests evaluated in this folder
+    copy_model(trained_model_dir, model)
 
     def results():
         return sorted(p.name for p in model.glob("eval/*.json") if not p.name.endswith(".predictions.json"))

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from captioning.config import save_config
-from tests.helpers import REPO, coco_split_args, run_cli, small_train_config
+from tests.helpers import REPO, coco_split_args, copy_model, run_cli, small_train_config
 
 
 class SmallDisk:
@@ -138,7 +138,7 @@ def test_evaluate_on_a_full_disk_keeps_earlier_results(disk, trained_model_dir):
     if not disk.mounted:  # a file-size limit also stops AutoGraph's temporary files long before these
         pytest.skip("needs a small tmpfs: evaluate's outputs are a few KB, smaller than TF's own temporary files")
     model_dir = os.path.join(disk.root, "m")
-    shutil.copytree(trained_model_dir, model_dir)
+    copy_model(trained_model_dir, model_dir)
     ok = disk.run("evaluate", "--model-dir", model_dir, "--max-images", "1", "--beam-size", "1")
     assert ok.returncode == 0, ok.stderr[-3000:]
     kept = {n: open(os.path.join(model_dir, "eval", n), "rb").read() for n in os.listdir(os.path.join(model_dir, "eval"))}
@@ -175,7 +175,7 @@ def test_a_read_only_model_folder_is_refused_before_any_decoding(disk, trained_m
     if not disk.mounted:
         pytest.skip("needs a tmpfs to remount read-only")
     model_dir = os.path.join(disk.root, "m")
-    shutil.copytree(trained_model_dir, model_dir)
+    copy_model(trained_model_dir, model_dir)
     subprocess.run(["mount", "-o", "remount,ro", disk.root], check=True)
     result = disk.run("evaluate", "--model-dir", model_dir, "--beam-size", "1")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from captioning.inference.caption import Result, gallery_html
 from captioning.evaluation.evaluate import evaluate, most_frequent_caption
 from captioning.evaluation.metrics import METRICS
 from tests.helpers import REPO as REPO_ROOT
-from tests.helpers import encode, gradient, huge_jpeg, run_cli
+from tests.helpers import copy_model, encode, gradient, huge_jpeg, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +280,7 @@ def test_export_never_replaces_what_it_did_not_write(trained_model_dir, tmp_path
     """--overwrite replaces only an earlier export: not the model folder, a folder above it, the working
     directory, a folder of a user's files, or a file; those are refused in one line, before any work."""
     model_dir = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model_dir)
+    copy_model(trained_model_dir, model_dir)
     home = tmp_path / "home"
     (home / "sub").mkdir(parents=True)
     (home / "thesis.tex").write_text("\\documentclass{article}")
@@ -328,7 +327,7 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     from captioning.errors import InputError
 
     model_dir = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model_dir)
+    copy_model(trained_model_dir, model_dir)
     config = yaml.safe_load((model_dir / "config.yaml").read_text())
     assert config["decode"] == {"beam_size": 3, "max_length": 20, "length_normalization": 0.0, "top_k": 1,
                                 "method": "beam", "length_penalty": "avg", "beam_groups": 1, "diversity": 0.0,
@@ -371,7 +370,7 @@ def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_mod
     from captioning.evaluation.evaluate import evaluate
 
     model_dir = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model_dir)
+    copy_model(trained_model_dir, model_dir)
     plain = evaluate(str(model_dir), split="test", max_images=2, progress=False)
     sampled = evaluate(str(model_dir), split="test", max_images=2, progress=False,
                        decode_overrides=("decode.method=sample", "decode.top_k=3", "decode.seed=4"))

@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from captioning.config import save_config
-from tests.helpers import coco_split_args, run_cli, small_train_config
+from tests.helpers import coco_split_args, copy_model, run_cli, small_train_config
 from tests.test_train_reliability import Cli, scalars
 
 
 @pytest.fixture
 def model(trained_model_dir, tmp_path):
     out = tmp_path / "model"
-    shutil.copytree(trained_model_dir, out)
+    copy_model(trained_model_dir, out)
     return out
 
 

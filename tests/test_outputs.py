@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from tests.helpers import run_main
+from tests.helpers import copy_model, run_main
 
 
 @pytest.fixture()
@@ -90,7 +90,7 @@ def test_an_output_that_is_an_input_is_refused(trained_model_dir, photos, shapes
 
 def test_nothing_but_train_writes_the_model_folders_own_files(trained_model_dir, photos, tmp_path):
     model = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model)
+    copy_model(trained_model_dir, model)
     [index] = [n for n in os.listdir(model) if n.endswith(".index")][-1:]
     own = {name: (model / name).read_bytes() for name in (index, "config.yaml", "vocab.txt", "checkpoint")}
     for flag, command, path in (("--output", "evaluate", model / index), ("--html", "caption", model / "config.yaml"),

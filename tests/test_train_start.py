@@ -4,13 +4,12 @@ it found it, the log says what a grouped batch holds, and a folder's own checkpo
 
 import os
 import re
-import shutil
 
 import pytest
 import yaml
 
 from captioning.config import save_config
-from tests.helpers import run_main, small_train_config
+from tests.helpers import copy_model, run_main, small_train_config
 
 TRAINED = ["model.embedding_size=32", "model.lstm_units=32"]  # conftest's trained_model_dir
 SCST = ["train.objective=scst", "data.captions_per_image=grouped", "train.optimizer=adam", "train.learning_rate=0.001",
@@ -42,7 +41,7 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
 
     config = xe_config(tmp_path / "xe.yaml", prepared_dir)
     same = tmp_path / "same"
-    shutil.copytree(trained_model_dir, same)
+    copy_model(trained_model_dir, same)
     scst = ["--set", "train.objective=scst", "--set", "scst.samples=3", "--set", "scst.max_length=20",
             "--set", "train.optimizer=adam", "--set", "train.learning_rate=0.0001"]
     code, out, err = run_main("train", "--config", config, "--model-dir", same, *scst, "--set", "train.steps=62")
@@ -110,7 +109,7 @@ def test_a_refused_run_writes_nothing(case, trained_model_dir, trained_attention
     elif case == "service_unreachable":
         args += ["--set", "data.service=localhost:1", "--set", "data.service_timeout_s=1", "--set", "data.cache=none"]
     else:  # an existing folder of another vocabulary: a refusal there leaves it as it was (no lock file either)
-        shutil.copytree(trained_model_dir, model)
+        copy_model(trained_model_dir, model)
         os.remove(model / "training.lock")
         with open(model / "vocab.txt", "a") as f:
             f.write("zebra\n")
@@ -127,7 +126,7 @@ def test_a_refusal_after_the_folder_is_taken_removes_what_it_made(trained_model_
     """--init-from a folder whose checkpoint does not fit (its config.yaml says otherwise): found when
     restoring, after the lock and the objective's files exist; they go again."""
     source = tmp_path / "source"
-    shutil.copytree(trained_model_dir, source)
+    copy_model(trained_model_dir, source)
     with open(source / "config.yaml") as f:
         text = f.read()
     (source / "config.yaml").write_text(text.replace("lstm_units: 32", "lstm_units: 24"))
@@ -140,7 +139,7 @@ def test_a_refusal_after_the_folder_is_taken_removes_what_it_made(trained_model_
 def test_the_folders_own_checkpoint_wins_over_init_from_and_says_so(trained_model_dir, prepared_dir, tmp_path,
                                                                      caplog):
     model = tmp_path / "model"
-    shutil.copytree(trained_model_dir, model)
+    copy_model(trained_model_dir, model)
     config = xe_config(tmp_path / "c.yaml", prepared_dir, "train.steps=61")
     with caplog.at_level("WARNING", logger="captioning.train"):
         code, out, err = run_main("train", "--config", config, "--model-dir", model, "--init-from", trained_model_dir)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import REPO, distributed_result, run_cli, small_train_config
+from tests.helpers import REPO, copy_model, distributed_result, run_cli, small_train_config
 from tests.distributed_worker import EVAL_BATCHES
 
 
@@ -23,7 +23,7 @@ def one_device_losses(uneven_dir, trained_model_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("one")
     model_dir = out / "model"
-    shutil.copytree(trained_model_dir, model_dir)
+    copy_model(trained_model_dir, model_dir)
     eval_losses(uneven_dir, str(out), str(model_dir), "one")
     return json.loads((out / "eval-one.json").read_text())
 
