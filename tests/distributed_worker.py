@@ -4,8 +4,8 @@
         one training step from the same weights and the same global batch on one device and on a
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
     python tests/distributed_worker.py mirrored_decoder DATA_DIR OUT_DIR NAME[,NAME...] [--decoder FILE:NAME ...]
-        the same for each decoder NAME with its tiny settings, into OUT_DIR/mirrored-NAME.npz
-        (tests/test_decoders.py, for every decoder, in one process)
+        the same for each decoder NAME with its tiny settings, and its XLA-compiled step, into
+        OUT_DIR/mirrored-NAME.npz (tests/test_decoders.py, for every decoder, in one process)
     python tests/distributed_worker.py mirrored_scst DATA_DIR OUT_DIR
         one self-critical step (samples, CIDEr-D reward, policy gradient) on one device and on 2 replicas
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set; multi_worker_scst: SCST)
@@ -55,7 +55,11 @@ def two_cpus():
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
-def mirrored(data_dir, out_dir, *extra, out_name="mirrored"):
+def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
+    """One training step on one device against two mirrored replicas from the same weights and batch, into
+    ``OUT_NAME.npz`` (``one_*``, ``two_*``, and each weight as ``one/KEY``, ``two/KEY``). ``xla``: a third,
+    on one device with ``train.jit_compile=true`` (``xla_*``, ``xla/KEY``), for tests/test_decoders.py's XLA
+    test, which so shares this process's plain step and TensorFlow start-up."""
     two_cpus()
     from captioning.data.pipeline import make_dataset
     from captioning.train import Trainer
@@ -68,13 +72,19 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored"):
     one = Trainer(cfg, os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(cfg, os.path.join(folders, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
-    for a, b in zip(one.model.variables, two.model.variables):
-        b.assign(a.numpy())
+    trainers = [("one", one), ("two", two)]
+    if xla:
+        trainers.append(("xla", Trainer(small_config(data_dir, "train.clip_gradient_norm=0.05", *extra,
+                                                     "train.jit_compile=true"), os.path.join(folders, "xla"),
+                                        strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))))
+    for _, trainer in trainers[1:]:
+        for a, b in zip(one.model.variables, trainer.model.variables):
+            b.assign(a.numpy())
     # one fixed global batch of 8 captions; its two halves hold different numbers of real tokens
     batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
     mask = batch["mask"].numpy()
     results = {"tokens_first_half": mask[:4].sum(), "tokens_second_half": mask[4:].sum()}
-    for name, trainer in (("one", one), ("two", two)):
+    for name, trainer in trainers:
         dataset = trainer.strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
         out = trainer.train_step_for(dataset)(next(iter(dataset)))
@@ -206,7 +216,7 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
 
 
 def mirrored_decoder(data_dir, out_dir, names, *registered):
-    """``mirrored`` for each decoder of ``names`` (comma-separated) with its tiny settings, into
+    """``mirrored`` (with its XLA step) for each decoder of ``names`` (comma-separated) with its tiny settings, into
     ``mirrored-NAME.npz``, or its traceback into ``mirrored-NAME.error``: one process (one TensorFlow
     start) for every decoder. ``--decoder FILE:NAME`` pairs in ``registered`` register decoders from
     files first, as the contract tests' option does."""
@@ -221,7 +231,7 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
     for name in names.split(","):
         tiny = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
         try:
-            mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}")
+            mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}", xla=True)
         except Exception:  # noqa: BLE001 - reported by the test of that decoder
             with open(os.path.join(out_dir, f"mirrored-{name}.error"), "w") as f:
                 f.write(traceback.format_exc())

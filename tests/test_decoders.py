@@ -429,36 +429,18 @@ def _config(model_cfg, settings):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_an_xla_compiled_training_step_equals_the_plain_one(name, prepared_dir, tmp_path):
+def test_an_xla_compiled_training_step_equals_the_plain_one(name, mirrored_runs):
     """train.jit_compile: the replica's forward and backward pass compiled by XLA (fixed shapes from
     data.bucket_boundaries) gives the same loss, gradient norm and update as without (a trainable encoder
-    with batch norm, clipping active)."""
-    from captioning.data.pipeline import make_dataset
-    from captioning.train import Trainer
-    from tests.helpers import small_train_config
-
-    tiny_settings = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
-    results, batch = {}, None
-    for jit in (False, True):
-        cfg = small_train_config(prepared_dir, f"model.decoder={name}", *tiny_settings, "train.clip_gradient_norm=0.05",
-                                 f"train.jit_compile={str(jit).lower()}")
-        trainer = Trainer(cfg, str(tmp_path / f"model-{jit}"))
-        if jit:  # the same starting point
-            for a, b in zip(results[False]["trainer"].model.variables, trainer.model.variables):
-                b.assign(results[False]["initial"][a.path])
-        initial = {v.path: v.numpy() for v in trainer.model.variables}
-        if batch is None:  # the same batch for both (the data sections are the same)
-            batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
-        dataset = trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))
-        out = trainer.train_step_for(dataset)(next(iter(dataset)))
-        results[jit] = {"trainer": trainer, "initial": initial, "loss": float(out["loss"]),
-                        "norm": float(out["gradient_norm"]), "weights": [v.numpy() for v in trainer.model.variables]}
-    plain, xla = results[False], results[True]
-    assert plain["norm"] > 0.05 and xla["norm"] == pytest.approx(plain["norm"], rel=1e-4)
-    assert xla["loss"] == pytest.approx(plain["loss"], rel=1e-5)
-    assert len(xla["weights"]) == len(plain["weights"]) > 20
-    for a, b in zip(xla["weights"], plain["weights"]):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    with batch norm, clipping active). Both steps, from the same weights and batch, are mirrored_runs' (the
+    plain one is the one-device step the mirrored replicas are held to)."""
+    r = mirrored_result(mirrored_runs, name)
+    assert float(r["one_norm"]) > 0.05 and float(r["xla_norm"]) == pytest.approx(float(r["one_norm"]), rel=1e-4)
+    assert float(r["xla_loss"]) == pytest.approx(float(r["one_loss"]), rel=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 20 and sorted(names) == sorted(k[len("xla/"):] for k in r.files if k.startswith("xla/"))
+    for key in names:
+        np.testing.assert_allclose(r["xla/" + key], r["one/" + key], atol=1e-5, err_msg=key)
 
 
 @pytest.mark.slow
@@ -488,27 +470,33 @@ def test_the_saved_model_captions_as_the_captioner_does(name, tmp_path, shapes_d
     assert ("attention" in served) == model.attends
 
 
-MIRRORED = "test_two_mirrored_replicas_compute_what_one_device_computes"
+MIRRORED = ("test_two_mirrored_replicas_compute_what_one_device_computes",
+            "test_an_xla_compiled_training_step_equals_the_plain_one")
 
 
 @pytest.fixture(scope="module")
 def mirrored_runs(prepared_dir, tmp_path_factory, request):
-    """Every selected decoder's mirrored step, in one process (TensorFlow starts once with two devices)."""
+    """Every selected decoder's one-device, mirrored and XLA-compiled steps, in one process (TensorFlow starts
+    once with two devices)."""
     names = sorted({item.callspec.params["name"] for item in request.session.items
-                    if getattr(item, "originalname", None) == MIRRORED})
+                    if getattr(item, "originalname", None) in MIRRORED})
     out = tmp_path_factory.mktemp("mirrored")
     registered = [a for spec in request.config.getoption("--decoder") for a in ("--decoder", spec)]
     run_distributed_worker("mirrored_decoder", prepared_dir, str(out), ",".join(names), *registered, timeout=900)
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
-def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_runs):
+def mirrored_result(mirrored_runs, name):
     error = mirrored_runs / f"mirrored-{name}.error"
     if error.exists():
         pytest.fail(error.read_text())
-    r = np.load(mirrored_runs / f"mirrored-{name}.npz")
+    return np.load(mirrored_runs / f"mirrored-{name}.npz")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_runs):
+    r = mirrored_result(mirrored_runs, name)
     assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
     assert r["tokens_first_half"] != r["tokens_second_half"]  # an uneven split of the words
     assert float(r["one_norm"]) > 0.05  # so clipping at 0.05 was active (on the global gradient)
