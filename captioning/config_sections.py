@@ -67,7 +67,7 @@ class DataConfig(Section):
     random_crop: bool = True
     random_flip: bool = True
     color_jitter: bool = False
-    deterministic: bool = False  # fixed element order (slower); training is non-deterministic by default
+    deterministic: bool = False  # fixed element order (slower): with it, every run of a config sees the same batches
     # false: a damaged shard stops the command with one line naming it; true: each shard is scanned once
     # per process and its corrupt or unparsable records are skipped (and counted in a warning)
     skip_corrupt: bool = False
@@ -86,6 +86,7 @@ class DataConfig(Section):
     # pixels; with auto, TF's default, one local worker gave 0.42 of the in-process pipeline's images/s
     # against 0.59 without: benchmarks/RESULTS.md), snappy, or auto
     service_compression: str = field(default="none", metadata=choices("none", "snappy", "auto"))
+    # the shuffles' seed, and with each element's place in the stream its every random draw (data/seeds.py)
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
 
     def evaluation_input(self) -> dict:

@@ -123,18 +123,36 @@ def key(encoder, seed):
 def keys(encoders):  # each encoder twice (the second build's unnamed layers: normalization_1...); another seed
     return {e: [key(e, 1), key(e, 1)] + ([key(e, 2)] if e == encoders[0] else []) for e in encoders}
 
+def trained(data_dir, model_dir):  # the weights of a seeded run, random crops and flips in a fixed order
+    import hashlib
+    from captioning.train import Trainer
+    from tests.helpers import small_train_config
+
+    trainer = Trainer(small_train_config(data_dir, "data.random_crop=true", "data.random_flip=true",
+                                         "data.deterministic=true", "train.steps=12"), model_dir)
+    trainer.run(progress=False)
+    digest = hashlib.sha256()
+    for v in trainer.model.variables:
+        digest.update(v.numpy().tobytes())
+    return digest.hexdigest()
+
 if __name__ == "__main__":
-    print(json.dumps(keys(sys.argv[1:])))
+    encoders, (_, data_dir, model_dir) = sys.argv[1:-3], sys.argv[-3:]
+    print(json.dumps({"keys": keys(encoders), "trained": trained(data_dir, model_dir)}))
 """
 
 
 @pytest.mark.slow  # a process of its own, and EfficientNet built six times: 21 s in the quick loop
-def test_a_seeded_untrained_encoder_has_one_cache_key_in_every_process_and_every_build():
+def test_a_seeded_untrained_encoder_has_one_cache_key_and_a_seeded_run_one_result_in_every_process(prepared_dir,
+                                                                                                  tmp_path):
     """``data.cache: features`` finds its cache again: the key of a seeded encoder without pretrained weights
     (``model.encoder_weights: none``) is the same in two processes and for a second model built in one process
-    (``benchmark train --compare`` builds one per round), and another seed gives another key."""
+    (``benchmark train --compare`` builds one per round), and another seed gives another key. And a seeded
+    run with ``data.deterministic: true`` ends with the same weights, bit for bit, in both processes, random
+    crops and flips included (their draws are the images' own: captioning/data/seeds.py)."""
     encoders = ["small_cnn", "vit", "efficientnet_b0"]  # EfficientNet has layers Keras names by count
-    done = subprocess.run([sys.executable, "-c", ENCODER_KEYS, *encoders], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", ENCODER_KEYS, *encoders, "--train", prepared_dir,
+                           str(tmp_path / "there")], capture_output=True, text=True,
                           cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     here = {}  # and in this process, which built other models before (other layer names)
@@ -142,7 +160,9 @@ def test_a_seeded_untrained_encoder_has_one_cache_key_in_every_process_and_every
     cwd = os.getcwd()
     try:
         os.chdir(REPO)
-        runs = [json.loads(done.stdout.splitlines()[-1]), here["keys"](encoders)]
+        there = json.loads(done.stdout.splitlines()[-1])
+        runs = [there["keys"], here["keys"](encoders)]
+        assert there["trained"] == here["trained"](prepared_dir, str(tmp_path / "here"))
     finally:
         os.chdir(cwd)
     assert runs[0] == runs[1]

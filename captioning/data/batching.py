@@ -25,6 +25,7 @@ import math
 import tensorflow as tf
 
 from captioning.config_sections import DataConfig
+from captioning.data.seeds import WINDOWS, element_seeds
 from captioning.vocab import PAD_ID
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -58,12 +59,13 @@ def images_per_batch(batch_size: int, captions_per_image: float) -> int:
     return max(1, round(batch_size / captions_per_image))
 
 
-def sample_captions(captions: tf.RaggedTensor, k: int) -> tf.RaggedTensor:
+def sample_captions(captions: tf.RaggedTensor, k: int, seed: tf.Tensor) -> tf.RaggedTensor:
     """``k`` of each image's captions (ragged ``[images, (captions), (ids)]``), drawn without replacement
-    in random order; all of them, shuffled, for an image with ``k`` or fewer."""
+    in random order (from the stateless ``seed``); all of them, shuffled, for an image with ``k`` or fewer."""
     rows = tf.cast(captions.value_rowids(), tf.int64)
     # sorting by (image, random key) shuffles each image's captions and keeps the images in order
-    order = tf.argsort(tf.cast(rows, tf.float64) + tf.random.uniform(tf.shape(rows), 0.0, 0.5, tf.float64))
+    order = tf.argsort(tf.cast(rows, tf.float64) + tf.random.stateless_uniform(tf.shape(rows), seed, 0.0, 0.5,
+                                                                                tf.float64))
     starts = tf.cast(captions.row_starts(), tf.int64)
     position = tf.range(tf.size(rows, out_type=tf.int64)) - tf.gather(starts, tf.gather(rows, order))
     picked = tf.boolean_mask(order, position < k)
@@ -72,7 +74,8 @@ def sample_captions(captions: tf.RaggedTensor, k: int) -> tf.RaggedTensor:
 
 
 def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig, training: bool,
-                           batch_size: int, captions_per_image: float, finish=None) -> tf.data.Dataset:
+                           batch_size: int, captions_per_image: float, finish=None,
+                           input_context=None) -> tf.data.Dataset:
     """Images with their captions → padded batches of (image, caption) examples, grouped by length.
 
     Each window of images carrying about ``length_window`` batches' worth of captions is handled in a
@@ -88,20 +91,23 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
     ``keys`` are what each image brings into its examples (``("image",)``, ``("features",)``, or the
     regions and their boxes); ``finish`` (optional) maps each batch once gathered: the regions, of
     different numbers per image, come ragged and leave padded with a mask
-    (:func:`captioning.data.region_input.padded`).
+    (:func:`captioning.data.region_input.padded`). Each window's random choices are drawn from its own
+    stateless seed (:func:`~captioning.data.seeds.element_seeds`; ``input_context``: this input pipeline's).
     """
     # Enough images for length_window batches on average (at least one batch: a window too small for
     # one would give training nothing).
     per_window = max(1, math.ceil(cfg.length_window * batch_size / captions_per_image))
     boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
 
-    def batches_of(window):
+    def batches_of(window, seed):
+        draws = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
         captions = window["captions"]  # ragged [images, (captions), (ids)]
         owner = captions.value_rowids()  # the image of each caption
         flat = captions.values  # ragged [examples, (ids)]
         if training and cfg.captions_per_image == "sample":
             counts = tf.cast(captions.row_lengths(), tf.int64)
-            pick = tf.cast(tf.random.uniform(tf.shape(counts)) * tf.cast(counts, tf.float32), tf.int64)
+            pick = tf.cast(tf.random.stateless_uniform(tf.shape(counts), draws[0]) * tf.cast(counts, tf.float32),
+                           tf.int64)
             flat = tf.gather(flat, tf.cast(captions.row_starts(), tf.int64) + tf.minimum(pick, counts - 1))
             owner = tf.range(tf.shape(counts, out_type=tf.int64)[0])
         lengths = tf.cast(flat.row_lengths(), tf.float32)
@@ -109,11 +115,11 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
         if training:
             # The partial batch's worth of examples left out is a random choice, not the longest ones;
             # ties in length are broken at random too.
-            keep = tf.random.shuffle(tf.range(count))[:count // batch_size * batch_size]
+            keep = tf.random.experimental.stateless_shuffle(tf.range(count), draws[1])[:count // batch_size * batch_size]
             kept = tf.gather(lengths, keep)
-            order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
+            order = tf.gather(keep, tf.argsort(kept + tf.random.stateless_uniform(tf.shape(kept), draws[2], 0.0, 0.5)))
             count = tf.size(order, out_type=tf.int64)
-            starts = tf.random.shuffle(tf.range(0, count, batch_size))
+            starts = tf.random.experimental.stateless_shuffle(tf.range(0, count, batch_size), draws[3])
         else:
             order = tf.argsort(lengths, stable=True)
             starts = tf.range(0, count, batch_size)
@@ -125,7 +131,8 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
 
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
-    return _windows(ds, per_window, cfg.deterministic or not training, finish).flat_map(batches_of)
+    windows = _windows(ds, per_window, cfg.deterministic or not training, finish)
+    return element_seeds(windows, cfg.seed, WINDOWS, input_context).flat_map(batches_of)
 
 
 def _windows(ds: tf.data.Dataset, size: int, deterministic: bool, finish) -> tf.data.Dataset:
@@ -155,7 +162,7 @@ def _padded(caption: tf.RaggedTensor, boundaries: tf.Tensor) -> dict:
 
 
 def grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig, batch_size: int,
-                    captions_per_image: float, finish=None) -> tf.data.Dataset:
+                    captions_per_image: float, finish=None, input_context=None) -> tf.data.Dataset:
     """Training batches of whole images (``data.captions_per_image: grouped``): each batch holds
     ``round(batch_size / captions_per_image)`` images (at least one) and *all* their captions, about
     ``batch_size`` examples, so the encoder runs once per image and the image crosses to the device once,
@@ -177,17 +184,19 @@ def grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig,
     per_batch = images_per_batch(batch_size, captions_per_image)
     boundaries = tf.constant(sorted(cfg.bucket_boundaries) or [0], tf.int64)
 
-    def batches_of(window):
+    def batches_of(window, seed):  # the window's draws from its own seed, as in length_grouped_batches
+        draws = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
         captions = window["captions"]  # ragged [images, (captions), (ids)]
         if cfg.group_captions:
-            captions = sample_captions(captions, cfg.group_captions)
+            captions = sample_captions(captions, cfg.group_captions, draws[0])
         # each image's longest caption (every image has at least one: prepare skips those without)
         longest = tf.math.segment_max(captions.values.row_lengths(), captions.value_rowids())
         count = tf.shape(longest, out_type=tf.int64)[0]
-        keep = tf.random.shuffle(tf.range(count))[:count // per_batch * per_batch]
+        keep = tf.random.experimental.stateless_shuffle(tf.range(count), draws[1])[:count // per_batch * per_batch]
         kept = tf.cast(tf.gather(longest, keep), tf.float32)
-        order = tf.gather(keep, tf.argsort(kept + tf.random.uniform(tf.shape(kept), 0.0, 0.5)))
-        starts = tf.random.shuffle(tf.range(0, tf.size(order, out_type=tf.int64), per_batch))
+        order = tf.gather(keep, tf.argsort(kept + tf.random.stateless_uniform(tf.shape(kept), draws[2], 0.0, 0.5)))
+        starts = tf.random.experimental.stateless_shuffle(tf.range(0, tf.size(order, out_type=tf.int64), per_batch),
+                                                          draws[3])
 
         def batch_at(start):
             picked = order[start:start + per_batch]
@@ -197,4 +206,5 @@ def grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig,
 
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
-    return _windows(ds, max(1, cfg.length_window * per_batch), cfg.deterministic, finish).flat_map(batches_of)
+    windows = _windows(ds, max(1, cfg.length_window * per_batch), cfg.deterministic, finish)
+    return element_seeds(windows, cfg.seed, WINDOWS, input_context).flat_map(batches_of)

@@ -55,6 +55,7 @@ from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images, store_of
 from captioning.data.reading import center_crop, image_dataset, pipeline_images, sources_of, train_crop
+from captioning.data.seeds import CROPS, element_seeds
 from captioning.errors import InputError
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -147,10 +148,10 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
             crop = functools.partial(center_crop, size=cfg.image_size)
         elif cropped:  # cut out and flipped while decoding
             crop = None
-        else:
-            crop = functools.partial(train_crop, cfg=cfg, cropped=cropped)
+        else:  # each image's own draws (seeds.element_seeds), whichever thread of the map crops it
+            ds, crop = element_seeds(ds, cfg.seed, CROPS, input_context), lambda image, seed: train_crop(image, cfg, seed)
         if crop:
-            ds = ds.map(lambda ex: {**ex, "image": crop(ex["image"])}, num_parallel_calls=AUTOTUNE,
+            ds = ds.map(lambda ex, *seed: {**ex, "image": crop(ex["image"], *seed)}, num_parallel_calls=AUTOTUNE,
                         deterministic=order)
     per_image = dataset.split(split).captions_per_image
     if training:
@@ -158,9 +159,9 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     keys, finish = ((REGION_KEYS, functools.partial(padded, multiple=cfg.region_pad_multiple)) if key == "regions"
                     else ((key,), None))
     if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
-        ds = grouped_batches(ds, keys, cfg, batch_size, per_image, finish)
+        ds = grouped_batches(ds, keys, cfg, batch_size, per_image, finish, input_context)
     else:
-        ds = length_grouped_batches(ds, keys, cfg, training, batch_size, per_image, finish)
+        ds = length_grouped_batches(ds, keys, cfg, training, batch_size, per_image, finish, input_context)
     options = tf.data.Options()
     options.autotune.enabled = True
     options.deterministic = cfg.deterministic or not training

@@ -23,6 +23,7 @@ from captioning.config_sections import DataConfig
 from captioning.data import schema
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
+from captioning.data.seeds import CROPS, element_seeds
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -46,9 +47,9 @@ def decode_and_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
     return _resize(_decode_jpeg(encoded), size)
 
 
-def decode_random_crop(encoded: tf.Tensor, resize: int, size: int) -> tf.Tensor:
+def decode_random_crop(encoded: tf.Tensor, resize: int, size: int, seed: tf.Tensor) -> tf.Tensor:
     """The random ``size²`` crop of the image resized to ``resize²`` — without decoding or resizing the
-    pixels outside it.
+    pixels outside it; its window drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.element_seeds`).
 
     Resizing an H×W image to R×R and cropping S×S at (y, x) is the same as cropping the window of
     H·S/R × W·S/R source pixels at (y·H/R, x·W/R) and resizing that to S×S, so the window is cut out
@@ -60,8 +61,9 @@ def decode_random_crop(encoded: tf.Tensor, resize: int, size: int) -> tf.Tensor:
     height, width = shape[0], shape[1]
     crop_h = tf.clip_by_value(tf.cast(tf.round(tf.cast(height * size, tf.float32) / resize), tf.int32), 1, height)
     crop_w = tf.clip_by_value(tf.cast(tf.round(tf.cast(width * size, tf.float32) / resize), tf.int32), 1, width)
-    y = tf.random.uniform([], 0, height - crop_h + 1, dtype=tf.int32)
-    x = tf.random.uniform([], 0, width - crop_w + 1, dtype=tf.int32)
+    for_y, for_x = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    y = tf.random.stateless_uniform([], for_y, 0, height - crop_h + 1, dtype=tf.int32)
+    x = tf.random.stateless_uniform([], for_x, 0, width - crop_w + 1, dtype=tf.int32)
     image = tf.io.decode_and_crop_jpeg(encoded, tf.stack([y, x, crop_h, crop_w]), channels=3,
                                        dct_method="INTEGER_FAST")
     return _resize(image, size)
@@ -168,18 +170,21 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
     dataset, shards = sources_of(cfg, dataset, shards)
     ds = parsed_images(cfg, split, training=training, input_context=input_context, shuffle=shuffle, repeat=repeat,
                        max_images=max_images, dataset=dataset, shards=shards)
+    order = cfg.deterministic or not training
     if random_crop:
-        def image_of(encoded):
-            image = decode_random_crop(encoded, cfg.resize_size, cfg.image_size)
-            return tf.image.random_flip_left_right(image) if cfg.random_flip else image
+        def decode(example, seed):
+            crop, flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+            image = decode_random_crop(example["encoded"], cfg.resize_size, cfg.image_size, crop)
+            image = tf.image.stateless_random_flip_left_right(image, flip) if cfg.random_flip else image
+            return {"image": image, "image_id": example["image_id"], "captions": example["captions"]}
+
+        ds = element_seeds(ds, cfg.seed, CROPS, input_context).map(decode, num_parallel_calls=AUTOTUNE, deterministic=order)
     else:
-        image_of = functools.partial(decode_and_resize, size=cfg.resize_size)
+        def decode(example):
+            return {"image": decode_and_resize(example["encoded"], cfg.resize_size), "image_id": example["image_id"],
+                    "captions": example["captions"]}
 
-    def decode(example):
-        return {"image": image_of(example["encoded"]), "image_id": example["image_id"],
-                "captions": example["captions"]}
-
-    ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=cfg.deterministic or not training)
+        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=order)
     ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
     return ds
 
@@ -210,14 +215,15 @@ def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
     return tf.image.crop_to_bounding_box(image, offset_h, offset_w, size, size)
 
 
-def train_crop(image: tf.Tensor, cfg: DataConfig, cropped: bool = False) -> tf.Tensor:
-    """Training crop (unless ``cropped`` already) and flip of one image."""
+def train_crop(image: tf.Tensor, cfg: DataConfig, seed: tf.Tensor) -> tf.Tensor:
+    """Training crop and flip of one image, drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.element_seeds`)."""
     size = cfg.image_size
-    if not cropped:
-        image = tf.image.random_crop(image, [size, size, 3]) if cfg.random_crop else center_crop(image, size)
+    crop, flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    image = tf.image.stateless_random_crop(image, [size, size, 3], crop) if cfg.random_crop else center_crop(image, size)
     if cfg.random_flip:
-        image = tf.image.random_flip_left_right(image)
+        image = tf.image.stateless_random_flip_left_right(image, flip)
     return image  # data.color_jitter is applied on the device, in the training step (captioning.augment)
+
 
 
 def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None, max_images: int | None = None,

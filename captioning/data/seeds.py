@@ -1,0 +1,37 @@
+"""Each element's own stateless seed, so that the pipeline's random draws are the same in every run.
+
+A stateful random op (``tf.random.uniform``, ``tf.random.shuffle``, ``tf.image.random_crop``) in a parallel
+``map`` gives its next draw to whichever element asks first, and without a global seed its stream differs
+in every process: even ``data.deterministic: true`` runs saw other crops. Every random draw of the input
+pipeline is instead stateless, from a seed made of ``data.seed``, what the draw is for (:data:`CROPS`,
+:data:`WINDOWS`) and the element's place in this input pipeline's stream, repeats included, interleaved
+over the input pipelines so that no two elements of a run, on any worker, share one. A run whose elements
+come in the same order (``data.deterministic: true``) then draws the same numbers, whatever the threads do
+and whatever ran before in the process.
+
+>>> import tensorflow as tf
+>>> seeds = [s.numpy().tolist() for _, s in element_seeds(tf.data.Dataset.range(3), 7, CROPS)]
+>>> seeds == [s.numpy().tolist() for _, s in element_seeds(tf.data.Dataset.range(3), 7, CROPS)]
+True
+>>> len({tuple(s) for s in seeds}), seeds == [s.numpy().tolist() for _, s in element_seeds(
+...     tf.data.Dataset.range(3), 7, WINDOWS)]
+(3, False)
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+CROPS = 0  # an image's training crop and flip (captioning.data.reading)
+WINDOWS = 1  # a window's choices of captions, ties, left-out examples and batch order (captioning.data.batching)
+
+
+def element_seeds(ds: tf.data.Dataset, seed: int, stream: int, input_context=None) -> tf.data.Dataset:
+    """``(element, seed)`` pairs: ``seed`` an ``int64 [2]`` stateless seed of ``seed`` (``data.seed``),
+    ``stream`` (:data:`CROPS` or :data:`WINDOWS`) and the element's place ``n``: ``n * P + i`` for input
+    pipeline ``i`` of ``P`` (``input_context``; 0 of 1 without)."""
+    pipelines, index = ((input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context
+                        else (1, 0))
+    base = tf.constant([seed, stream], tf.int64)
+    return ds.enumerate().map(lambda n, element: (
+        element, tf.random.experimental.stateless_fold_in(base, n * pipelines + index)))
