@@ -25,7 +25,7 @@ import math
 import tensorflow as tf
 
 from captioning.config_sections import DataConfig
-from captioning.data.seeds import WINDOWS, element_seeds
+from captioning.data.seeds import WINDOWS, seeded
 from captioning.vocab import PAD_ID
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -92,7 +92,7 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
     regions and their boxes); ``finish`` (optional) maps each batch once gathered: the regions, of
     different numbers per image, come ragged and leave padded with a mask
     (:func:`captioning.data.region_input.padded`). Each window's random choices are drawn from its own
-    stateless seed (:func:`~captioning.data.seeds.element_seeds`; ``input_context``: this input pipeline's).
+    stateless seed (:func:`~captioning.data.seeds.seeded`; ``input_context``: this input pipeline's).
     """
     # Enough images for length_window batches on average (at least one batch: a window too small for
     # one would give training nothing).
@@ -132,7 +132,7 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
     windows = _windows(ds, per_window, cfg.deterministic or not training, finish)
-    return element_seeds(windows, cfg.seed, WINDOWS, input_context).flat_map(batches_of)
+    return windows.enumerate().flat_map(seeded(batches_of, cfg.seed, WINDOWS, input_context))
 
 
 def _windows(ds: tf.data.Dataset, size: int, deterministic: bool, finish) -> tf.data.Dataset:
@@ -207,4 +207,4 @@ def grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig,
         return tf.data.Dataset.from_tensor_slices(starts).map(batch_at)
 
     windows = _windows(ds, max(1, cfg.length_window * per_batch), cfg.deterministic, finish)
-    return element_seeds(windows, cfg.seed, WINDOWS, input_context).flat_map(batches_of)
+    return windows.enumerate().flat_map(seeded(batches_of, cfg.seed, WINDOWS, input_context))

@@ -55,7 +55,7 @@ from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images, store_of
 from captioning.data.reading import center_crop, image_dataset, pipeline_images, sources_of, train_crop
-from captioning.data.seeds import CROPS, element_seeds
+from captioning.data.seeds import CROPS, seeded
 from captioning.errors import InputError
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -145,14 +145,12 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
 
     if key == "image":  # once per image and epoch, before the image is shared by its captions
         if not training:
-            crop = functools.partial(center_crop, size=cfg.image_size)
-        elif cropped:  # cut out and flipped while decoding
-            crop = None
-        else:  # each image's own draws (seeds.element_seeds), whichever thread of the map crops it
-            ds, crop = element_seeds(ds, cfg.seed, CROPS, input_context), lambda image, seed: train_crop(image, cfg, seed)
-        if crop:
-            ds = ds.map(lambda ex, *seed: {**ex, "image": crop(ex["image"], *seed)}, num_parallel_calls=AUTOTUNE,
-                        deterministic=order)
+            ds = ds.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
+                        num_parallel_calls=AUTOTUNE, deterministic=order)
+        elif not cropped:  # (cropped: cut out and flipped while decoding) each image's own draws (data/seeds.py)
+            ds = ds.enumerate().map(seeded(lambda ex, seed: {**ex, "image": train_crop(ex["image"], cfg, seed)},
+                                           cfg.seed, CROPS, input_context), num_parallel_calls=AUTOTUNE,
+                                    deterministic=order)
     per_image = dataset.split(split).captions_per_image
     if training:
         per_image = epoch_captions_per_image(cfg, per_image)

@@ -23,7 +23,7 @@ from captioning.config_sections import DataConfig
 from captioning.data import schema
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
-from captioning.data.seeds import CROPS, element_seeds
+from captioning.data.seeds import CROPS, seeded
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -49,7 +49,7 @@ def decode_and_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
 
 def decode_random_crop(encoded: tf.Tensor, resize: int, size: int, seed: tf.Tensor) -> tf.Tensor:
     """The random ``size²`` crop of the image resized to ``resize²`` — without decoding or resizing the
-    pixels outside it; its window drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.element_seeds`).
+    pixels outside it; its window drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.seeded`).
 
     Resizing an H×W image to R×R and cropping S×S at (y, x) is the same as cropping the window of
     H·S/R × W·S/R source pixels at (y·H/R, x·W/R) and resizing that to S×S, so the window is cut out
@@ -178,7 +178,8 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
             image = tf.image.stateless_random_flip_left_right(image, flip) if cfg.random_flip else image
             return {"image": image, "image_id": example["image_id"], "captions": example["captions"]}
 
-        ds = element_seeds(ds, cfg.seed, CROPS, input_context).map(decode, num_parallel_calls=AUTOTUNE, deterministic=order)
+        ds = ds.enumerate().map(seeded(decode, cfg.seed, CROPS, input_context), num_parallel_calls=AUTOTUNE,
+                             deterministic=order)
     else:
         def decode(example):
             return {"image": decode_and_resize(example["encoded"], cfg.resize_size), "image_id": example["image_id"],
@@ -216,7 +217,7 @@ def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
 
 
 def train_crop(image: tf.Tensor, cfg: DataConfig, seed: tf.Tensor) -> tf.Tensor:
-    """Training crop and flip of one image, drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.element_seeds`)."""
+    """Training crop and flip of one image, drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.seeded`)."""
     size = cfg.image_size
     crop, flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     image = tf.image.stateless_random_crop(image, [size, size, 3], crop) if cfg.random_crop else center_crop(image, size)
