@@ -97,11 +97,13 @@ class CaptionServer(tf.Module):
         if self.captioner.reads_regions:
             spec[EXAMPLE_BOXES_KEY] = tf.io.VarLenFeature(tf.float32)
         parsed = tf.io.parse_example(examples, spec)
+        # through self.serve, the tf.function: its one trace (the search) serves both signatures, which halves
+        # the export's tracing and the graph it stores
         if not self.captioner.reads_regions:
-            return self._serve_images(parsed[EXAMPLE_IMAGE_KEY])
+            return self.serve(parsed[EXAMPLE_IMAGE_KEY])
         flat = tf.sparse.to_dense(parsed[EXAMPLE_BOXES_KEY])  # [batch, 4 n]; zeros pad: boxes of no size
         boxes = tf.reshape(flat, [tf.shape(flat)[0], -1, 4])  # a length not a multiple of 4: an error of the call
-        return self._serve_regions(parsed[EXAMPLE_IMAGE_KEY], boxes)
+        return self.serve(parsed[EXAMPLE_IMAGE_KEY], boxes)
 
     def _serve_images(self, images):
         out = self.captioner.decode_encoded(images)
