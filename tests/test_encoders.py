@@ -304,14 +304,19 @@ def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer):
 def test_a_checkpoint_holds_every_weight_of_the_encoder(entry, hub_presets, tmp_path):
     """keras-hub's ViT keeps its Transformer blocks in a plain list, which TensorFlow's checkpoint tracking does not
     follow: a checkpoint of the model alone left them out, and a model folder loaded them random. Every weight
-    of the model must come back, whatever the encoder (frozen: trainable ones were in the optimizer's slots too)."""
+    of the model must come back, whatever the encoder (frozen: trainable ones were in the optimizer's slots too).
+    And one seed gives one model, whatever the process's random state (build_encoder's seed)."""
     from captioning.model.folder import ModelDir
 
     for trainable in (False,):  # frozen, the default: then the optimizer holds no copy of the encoder's weights
         cfg, size = entry_config(entry, hub_presets)
         cfg = dataclasses.replace(cfg, encoder_trainable=trainable)
+        keras.utils.set_random_seed(3)
+        twin = build_model(V, cfg, size, seed=1).build_all()
         keras.utils.set_random_seed(1)
         model = build_model(V, cfg, size, seed=1).build_all()
+        for a, b in zip(model.weights, twin.weights, strict=True):
+            np.testing.assert_array_equal(npy(a), npy(b), err_msg=f"{entry}: {a.path} differs in a build of one seed")
         path = tf.train.Checkpoint(model=model).save(str(tmp_path / f"ckpt{trainable}"))
         keras.utils.set_random_seed(2)
         again = build_model(V, cfg, size, seed=2, restoring=True).build_all()

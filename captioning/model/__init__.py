@@ -140,10 +140,12 @@ def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 
     """The model of ``cfg.decoder`` over the encoder of ``cfg.encoder``, built here once, pooled or as tokens
     as the decoder reads it (a model reading regions keeps the encoder's tokens: it pools the regions of new
     images from them). Not built: call ``build_all()`` to create its variables. ``restoring``: a checkpoint
-    brings the weights (the encoder loads none: nothing downloads)."""
+    brings the weights (the encoder loads none: nothing downloads). ``seed`` seeds the encoder's initial
+    weights as the decoder's (:func:`~captioning.model.encoders.build_encoder`): one seed, one model."""
     cls = decoder_class(cfg.decoder)
     pooled = cls.features == "pooled" and not cfg.region_feature_size
-    encoder = build_encoder(cfg, image_size, settings=encoder_settings_of(cfg), pooled=pooled, restoring=restoring)
+    encoder = build_encoder(cfg, image_size, settings=encoder_settings_of(cfg), pooled=pooled, restoring=restoring,
+                            seed=seed)
     model = cls(vocab_size, cfg, encoder, seed=seed, settings=settings_of(cfg))
     if model.reads_regions:  # training reads regions: the encoder (for new images' regions) is not trained
         model.encoder.trainable = False

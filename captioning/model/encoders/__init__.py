@@ -21,6 +21,8 @@ a toy encoder written in a temporary folder.
 
 from __future__ import annotations
 
+import random
+
 from captioning.config import ModelConfig
 from captioning.model.encoders.applications import EfficientNetB0, InceptionV3, MobileNetV2, ResNet50
 from captioning.model.encoders.base import ImageEncoder, NoSettings, all_layers
@@ -50,11 +52,32 @@ def encoder_class(name: str) -> type[ImageEncoder]:
 
 
 def build_encoder(cfg: ModelConfig, image_size: int, settings=None, pooled: bool = False,
-                  restoring: bool = False) -> ImageEncoder:
+                  restoring: bool = False, seed: int | None = None) -> ImageEncoder:
     """The encoder ``cfg.encoder`` names, built: its :attr:`~ImageEncoder.model` gives pooled features
     ``[B, D]`` with ``pooled``, else its token set ``[B, N, D]``. ``settings``: its own (default: read from
-    ``cfg.options``); ``restoring``: a checkpoint brings the weights (none are loaded)."""
-    return encoder_class(cfg.encoder)(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+    ``cfg.options``); ``restoring``: a checkpoint brings the weights (none are loaded).
+
+    ``seed``: the initial weights' (those no file or checkpoint brings). Keras gives a layer built without
+    a seed (every layer of keras.applications, keras-hub and small_cnn) one drawn from Python's ``random``,
+    whose state depends on all the process did before; with ``seed`` that draw is seeded for the build (and
+    the state restored after), so one seed gives one encoder in every process and every build:
+
+    >>> from captioning.config import ModelConfig
+    >>> def kernel(seed):
+    ...     encoder = build_encoder(ModelConfig(encoder="small_cnn"), 32, seed=seed)
+    ...     return encoder.model.get_layer("small_cnn").get_layer("conv0").kernel.numpy()
+    >>> import numpy as np; (np.array_equal(kernel(1), kernel(1)), np.array_equal(kernel(1), kernel(2)))
+    (True, False)
+    """
+    cls = encoder_class(cfg.encoder)
+    if seed is None:
+        return cls(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        return cls(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+    finally:
+        random.setstate(state)
 
 
 __all__ = ["ENCODERS", "ImageEncoder", "NoSettings", "all_layers", "build_encoder", "encoder_class", "register"]
