@@ -115,7 +115,8 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
         if training:
             # The partial batch's worth of examples left out is a random choice, not the longest ones;
             # ties in length are broken at random too.
-            keep = tf.random.experimental.stateless_shuffle(tf.range(count), draws[1])[:count // batch_size * batch_size]
+            keep = tf.random.experimental.stateless_shuffle(tf.range(count), draws[1])
+            keep = keep[:count // batch_size * batch_size]
             kept = tf.gather(lengths, keep)
             order = tf.gather(keep, tf.argsort(kept + tf.random.stateless_uniform(tf.shape(kept), draws[2], 0.0, 0.5)))
             count = tf.size(order, out_type=tf.int64)

@@ -15,8 +15,6 @@ per-example map: as fast, simpler, and the autotuner spreads images over however
 
 from __future__ import annotations
 
-import functools
-
 import tensorflow as tf
 
 from captioning.config_sections import DataConfig
@@ -220,11 +218,13 @@ def train_crop(image: tf.Tensor, cfg: DataConfig, seed: tf.Tensor) -> tf.Tensor:
     """Training crop and flip of one image, drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.seeded`)."""
     size = cfg.image_size
     crop, flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    image = tf.image.stateless_random_crop(image, [size, size, 3], crop) if cfg.random_crop else center_crop(image, size)
+    if cfg.random_crop:
+        image = tf.image.stateless_random_crop(image, [size, size, 3], crop)
+    else:
+        image = center_crop(image, size)
     if cfg.random_flip:
         image = tf.image.stateless_random_flip_left_right(image, flip)
     return image  # data.color_jitter is applied on the device, in the training step (captioning.augment)
-
 
 
 def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None, max_images: int | None = None,
