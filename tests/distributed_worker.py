@@ -67,16 +67,16 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
     # clipping at 0.05 is always active here, so clipping per replica instead of after the all-reduce
     # would change the update
     # The encoder trains too: its batch norm sees the global batch's statistics (model.sync_batch_norm).
-    cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", *extra)
+    settings = ("train.clip_gradient_norm=0.05", *extra)
+    cfg = small_config(data_dir, *settings)
     folders = os.path.join(out_dir, out_name)
     one = Trainer(cfg, os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(cfg, os.path.join(folders, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     trainers = [("one", one), ("two", two)]
     if xla:
-        trainers.append(("xla", Trainer(small_config(data_dir, "train.clip_gradient_norm=0.05", *extra,
-                                                     "train.jit_compile=true"), os.path.join(folders, "xla"),
-                                        strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))))
+        trainers.append(("xla", Trainer(small_config(data_dir, *settings, "train.jit_compile=true"),
+                                        os.path.join(folders, "xla"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))))
     for _, trainer in trainers[1:]:
         for a, b in zip(one.model.variables, trainer.model.variables):
             b.assign(a.numpy())

@@ -21,6 +21,7 @@ a toy encoder written in a temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 from captioning.config import ModelConfig
@@ -69,13 +70,21 @@ def build_encoder(cfg: ModelConfig, image_size: int, settings=None, pooled: bool
     >>> import numpy as np; (np.array_equal(kernel(1), kernel(1)), np.array_equal(kernel(1), kernel(2)))
     (True, False)
     """
-    cls = encoder_class(cfg.encoder)
+    with python_random_seeded(seed):
+        return encoder_class(cfg.encoder)(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+
+
+@contextlib.contextmanager
+def python_random_seeded(seed: int | None):
+    """Python's ``random`` seeded with ``seed`` inside the block and its state restored after; nothing
+    when ``seed`` is None."""
     if seed is None:
-        return cls(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+        yield
+        return
     state = random.getstate()
     random.seed(seed)
     try:
-        return cls(cfg, image_size, settings=settings, pooled=pooled, restoring=restoring)
+        yield
     finally:
         random.setstate(state)
 
