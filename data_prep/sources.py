@@ -196,12 +196,13 @@ class TfdsSource:
             raise InputError(f"TFDS dataset {self.name!r} is not available: {str(e).splitlines()[0]}") from None
 
     def _dataset(self, builder, tfds_split: str, with_image: bool):
+        import tensorflow as tf
         import tensorflow_datasets as tfds
 
         ds = builder.as_dataset(split=tfds_split, shuffle_files=False,
                                 decoders={"image": tfds.decode.SkipDecoding()})
         keys = ["image/id", "image/filename", "captions"] + (["image"] if with_image else [])
-        return tfds.as_numpy(ds.map(lambda ex: {k: ex[k] for k in keys}))
+        return tfds.as_numpy(ds.map(tf.autograph.experimental.do_not_convert(lambda ex: {k: ex[k] for k in keys})))
 
     def load(self) -> dict[str, list[Entry]]:
         builder = self._builder()

@@ -5,6 +5,7 @@ from a file before the contract tests (tests/test_decoders.py) are collected. He
 import fcntl
 import os
 import shutil
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -51,6 +52,64 @@ def pytest_configure(config):
     for spec in config.getoption("--decoder"):
         path, _, name = spec.rpartition(":")
         register_decoder_file(path, name)
+
+
+_CONVERTED = []  # what AutoGraph converted for the project's own code (not for a test's), in this process
+_PROJECT = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+                 for d in ("captioning", "data_prep"))
+_LIBRARIES = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})  # TensorFlow, Keras, the standard library
+
+
+def _asked_by_the_project(frame) -> bool:
+    """Whether the conversion under way was asked for by the project's code: the nearest caller outside the
+    libraries is a module of captioning/ or data_prep/ (a test's own tf.function, or its map of a project
+    function, is the test's choice; code AutoGraph already converted was counted when it was)."""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "__autograph_generated_file" in path:
+            return False
+        if path.startswith(_PROJECT):
+            return True
+        if not path.startswith(_LIBRARIES) and not path.startswith("<"):
+            return False
+        frame = frame.f_back
+    return False
+
+
+def _record_autograph_conversions():
+    """Records in :data:`_CONVERTED` every function of the project that AutoGraph converts (or finds converted in its
+    cache) for the project's own code in this process, once installed."""
+    from tensorflow.python.autograph.impl import api
+
+    if getattr(api._convert_actual, "recording", False):
+        return
+    convert = api._convert_actual
+
+    def recorded(entity, program_ctx):  # (TensorFlow's and Keras' own functions, e.g. a SavedModel's, are theirs)
+        module = getattr(entity, "__module__", None) or ""
+        if module.split(".")[0] in ("captioning", "data_prep") and _asked_by_the_project(sys._getframe(1)):
+            _CONVERTED.append(f"{getattr(entity, '__module__', '?')}.{getattr(entity, '__qualname__', entity)}")
+        return convert(entity, program_ctx)
+
+    recorded.recording = True
+    api._convert_actual = recorded
+
+
+@pytest.fixture(autouse=True)
+def graph_code_without_autograph():
+    """Every test also checks that the project's code had nothing converted by AutoGraph (docs/architecture.md: the
+    graph code is plain TensorFlow, ``tf.function(..., autograph=False)`` and ``tf.while_loop``; the conversions cost
+    a process 1-3 CPU s). AutoGraph falls back to the unconverted function when a conversion fails, so only this
+    record can tell."""
+    if "tensorflow" in sys.modules:
+        _record_autograph_conversions()
+    start = len(_CONVERTED)
+    yield
+    if "tensorflow" in sys.modules:
+        _record_autograph_conversions()  # for the tests after the one that first imported TensorFlow
+    converted = sorted(set(_CONVERTED[start:]))
+    assert not converted, f"AutoGraph converted the project's {', '.join(converted)}: write its control flow with " \
+                          "tf.while_loop / tf.cond, and tf.function(..., autograph=False)"
 
 
 def built_once(tmp_path_factory, name, build, own_copy=False):

@@ -187,6 +187,26 @@ def test_no_environment_variables_as_signals_between_modules():
         assert not re.search(r"environ[^\n]*[\"']CAPTIONING_", text), path
 
 
+def test_every_traced_function_is_written_without_autograph():
+    """Every ``tf.function`` of captioning/ and data_prep/ says ``autograph=False``: the graph code is plain TensorFlow
+    (docs/architecture.md, "Graph code without AutoGraph"). tests/conftest.py's ``graph_code_without_autograph``
+    checks in every test what this cannot see: tf.data's functions, and a conversion asked for at run time."""
+    without = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            calls = [node] if isinstance(node, ast.Call) else []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a bare @tf.function
+                calls = [d for d in node.decorator_list if not isinstance(d, ast.Call)]
+            for call in calls:
+                target = call.func if isinstance(call, ast.Call) else call
+                if isinstance(target, ast.Attribute) and target.attr == "function" and \
+                        getattr(target.value, "id", None) == "tf" and not any(
+                            k.arg == "autograph" and getattr(k.value, "value", None) is False
+                            for k in getattr(call, "keywords", ())):
+                    without.append(f"{module}:{call.lineno}")
+    assert without == []
+
+
 def test_every_module_has_at_most_400_lines():
     """No module of captioning/ or data_prep/ is longer than MAX_LINES, and none is exempt: a module that
     grows past it is split by responsibility (as config.py was into settings, sections, migrations and the

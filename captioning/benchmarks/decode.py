@@ -268,15 +268,16 @@ def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> dict[s
 
     from captioning.data.reading import model_input
     from captioning.model.decode import generate
+    from captioning.model.search_tools import one_loop
     from captioning.vocab import START_ID
 
     model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
     jpegs = tf.constant(data)
     crop = tf.function(lambda b: tf.map_fn(lambda e: model_input(e, cfg), b, fn_output_signature=tf.TensorSpec(
-        [cfg.image_size, cfg.image_size, 3], tf.uint8)))
-    encode = tf.function(lambda images: model.encode(images))
+        [cfg.image_size, cfg.image_size, 3], tf.uint8)), autograph=False)
+    encode = tf.function(lambda images: model.encode(images), autograph=False)
     search = tf.function(lambda features: generate(model, model.initial_state(features), settings,
-                                                   captioner.bad_endings)["ids"])
+                                                   captioner.bad_endings)["ids"], autograph=False)
 
     rows = 1 if settings.method == "greedy" else settings.beam_size  # per image, as the search steps them
 
@@ -284,18 +285,21 @@ def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> dict[s
         state = tf.nest.map_structure(lambda s: tf.repeat(s, rows, axis=0),
                                       model.reserve(model.initial_state(features), settings.max_length))
         tokens = tf.fill([tf.shape(tf.nest.flatten(state)[0])[0]], START_ID)
-        logits = tf.zeros([tf.shape(tokens)[0], model.vocab_size])
-        for _ in tf.range(settings.max_length):
-            tf.autograph.experimental.set_loop_options(shape_invariants=[
-                (s, tf.TensorShape([None]).concatenate(s.shape[1:])) for s in tf.nest.flatten(state)])
-            logits, state = model.step(tokens, state)
-            tokens = START_ID + tf.cast(logits[:, 0] > 1e30, tf.int32)  # <start> again, once the logits are there
-        return logits
+
+        def one_step(v):
+            logits, state = model.step(v["tokens"], v["state"])
+            # <start> again, once the logits are there
+            return {"t": v["t"] + 1, "state": state, "tokens": START_ID + tf.cast(logits[:, 0] > 1e30, tf.int32),
+                    "logits": tf.cast(logits, tf.float32)}
+
+        return one_loop(lambda v: v["t"] < settings.max_length, one_step, {
+            "t": tf.constant(0), "state": state, "tokens": tokens,
+            "logits": tf.zeros([tf.shape(tokens)[0], model.vocab_size])})["logits"]
 
     crops = crop(jpegs)
     features = encode(crops)
     parts = {"images": (crop, jpegs), "encoder": (encode, crops), "search": (search, features),
-             "decoder_steps": (tf.function(steps), features)}
+             "decoder_steps": (tf.function(steps, autograph=False), features)}
     out = {}
     for name, (fn, arg) in parts.items():
         fn(arg).numpy()  # traces
@@ -319,7 +323,8 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
     from captioning.model.decode import generate
 
     model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
-    crops = tf.map_fn(lambda e: model_input(e, cfg), tf.constant(data[:batch_size]),
+    crops = tf.map_fn(tf.autograph.experimental.do_not_convert(lambda e: model_input(e, cfg)),
+                      tf.constant(data[:batch_size]),
                       fn_output_signature=tf.TensorSpec([cfg.image_size, cfg.image_size, 3], tf.uint8))
 
     class Plain:  # the model itself, without keeping its attention weights: the same work as the other
@@ -330,7 +335,7 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
     for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, settings.max_length)),
                           ("prefix", GrowingPrefix(model, settings.max_length))):
         searches[name] = tf.function(lambda images, d=decoder: generate(
-            d, d.initial_state(model.encode(images)), settings, captioner.bad_endings)["ids"])
+            d, d.initial_state(model.encode(images)), settings, captioner.bad_endings)["ids"], autograph=False)
     rates = {name: 0.0 for name in searches}
     for _ in range(rounds):  # in turn, the best of each: a burst of other work lowers one round, not a decoder
         for name, search in searches.items():

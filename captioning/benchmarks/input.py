@@ -41,6 +41,7 @@ import tempfile
 import time
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning import config as config_lib
 from captioning.config_sections import DataConfig
@@ -89,19 +90,22 @@ def naive_dataset(files: list[str], cfg: DataConfig, batch_size: int) -> tf.data
     """The seed-style pipeline (see the module docstring), doing the same work per image."""
     size, resize = cfg.image_size, cfg.resize_size
 
+    @do_not_convert
     def parse(serialized):
         example = schema.parse_batch(serialized[None])
         return {"encoded": example[schema.IMAGE_ENCODED][0], "captions": example[schema.CAPTION_IDS][0]}
 
+    @do_not_convert
     def decode(example):
         image = tf.image.random_crop(decode_and_resize(example["encoded"], resize), [size, size, 3])
         if cfg.random_flip:
             image = tf.image.random_flip_left_right(image)
         return {"image": image, "captions": example["captions"]}
 
+    @do_not_convert
     def examples(example):
-        return tf.data.Dataset.from_tensor_slices(example["captions"]).map(
-            lambda c: {"image": example["image"], "input_ids": c[:-1], "target_ids": c[1:]})
+        return tf.data.Dataset.from_tensor_slices(example["captions"]).map(do_not_convert(
+            lambda c: {"image": example["image"], "input_ids": c[:-1], "target_ids": c[1:]}))
 
     ds = tf.data.TFRecordDataset(files).repeat().map(parse).map(decode).flat_map(examples)
     ds = ds.padded_batch(batch_size, padding_values={"image": tf.constant(0, tf.uint8),
@@ -116,13 +120,14 @@ def naive_dataset(files: list[str], cfg: DataConfig, batch_size: int) -> tf.data
 def ceiling_dataset(encoded: list[bytes], resize: int, batch_size: int) -> tf.data.Dataset:
     """Bare decode + resize of JPEG bytes in memory, in parallel; batched only to count cheaply."""
     return (tf.data.Dataset.from_tensor_slices(tf.constant(encoded)).repeat()
-            .map(lambda e: decode_and_resize(e, resize), num_parallel_calls=tf.data.AUTOTUNE)
+            .map(do_not_convert(lambda e: decode_and_resize(e, resize)),
+                 num_parallel_calls=tf.data.AUTOTUNE)
             .batch(batch_size).prefetch(tf.data.AUTOTUNE))
 
 
 def _encoded_images(files: list[str]) -> list[bytes]:
     out = []
-    for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch):
+    for batch in tf.data.TFRecordDataset(files).batch(256).map(do_not_convert(schema.parse_batch)):
         out.extend(batch[schema.IMAGE_ENCODED].numpy().tolist())
     return out
 
@@ -206,7 +211,7 @@ def cache_speedups(cfg: config_lib.Config, split: str, batch_size: int) -> dict:
     vocab = PreparedDataset.load(cfg.data.dir).vocabulary()
     model = build_model(len(vocab), dataclasses.replace(cfg.model, encoder_weights="none"), cfg.data.image_size)
     model.build_all()
-    encode = tf.function(lambda images: model.encoder(images, training=False))
+    encode = tf.function(lambda images: model.encoder(images, training=False), autograph=False)
     features = dataclasses.replace(cfg.data, cache="features", random_crop=False, random_flip=False,
                                    color_jitter=False)
     with tempfile.TemporaryDirectory(prefix="captioning-benchmark-features-") as scratch:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.config_sections import DataConfig
 from captioning.data.seeds import WINDOWS, seeded
@@ -125,6 +126,7 @@ def length_grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: Data
             order = tf.argsort(lengths, stable=True)
             starts = tf.range(0, count, batch_size)
 
+        @do_not_convert
         def batch_at(start):
             picked = tf.gather(order, tf.range(start, tf.minimum(start + batch_size, count)))
             images = _gather(window, keys, tf.gather(owner, picked), finish)
@@ -199,6 +201,7 @@ def grouped_batches(ds: tf.data.Dataset, keys: tuple[str, ...], cfg: DataConfig,
         starts = tf.random.experimental.stateless_shuffle(tf.range(0, tf.size(order, out_type=tf.int64), per_batch),
                                                           draws[3])
 
+        @do_not_convert
         def batch_at(start):
             picked = order[start:start + per_batch]
             mine = tf.gather(captions, picked)  # ragged [B, (captions), (ids)]

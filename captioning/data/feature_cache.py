@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.data import disk_cache
 from captioning.config_sections import DataConfig
@@ -117,6 +118,7 @@ def _read(path: str) -> tf.data.Dataset:
             "caption/ids": tf.io.RaggedFeature(tf.int64, value_key="caption/ids",
                                                partitions=[tf.io.RaggedFeature.RowLengths("caption/length")])}
 
+    @do_not_convert
     def parse(serialized):
         ex = tf.io.parse_example(serialized, spec)
         features = tf.reshape(tf.io.decode_raw(ex["features"], tf.float16), [-1, *shape])

@@ -252,7 +252,7 @@ class FeaturesStore(dict):
         files = self.files() if wanted is None else sorted(
             {f for image_id in wanted for split in self.splits if (f := self.shard_of(image_id, split))})
         out = {}
-        for parsed in tf.data.TFRecordDataset(files).map(parse_regions):
+        for parsed in tf.data.TFRecordDataset(files).map(tf.autograph.experimental.do_not_convert(parse_regions)):
             image_id = int(parsed[IMAGE_ID])
             if wanted is None or image_id in wanted:
                 out[image_id] = Regions(parsed[FEATURES].numpy(), parsed[BOXES].numpy(), int(parsed[WIDTH]),

@@ -57,6 +57,7 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning import tf_internals
 from captioning.data import schema
@@ -156,7 +157,7 @@ class ShardScan:
 def _parser():
     """One record's parse, compiled once per process (a pure function: nothing else is kept)."""
     return tf.function(lambda s: schema.parse_batch(tf.reshape(s, [1]))[schema.IMAGE_ID],
-                       input_signature=[tf.TensorSpec([], tf.string)])
+                       input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
 
 
 def _parses(record: bytes) -> bool:
@@ -170,9 +171,9 @@ def _parses(record: bytes) -> bool:
 def _fast_count(path: str) -> int:
     """The file's record count, every CRC checked and every record parsed, all in C++. Raises
     DataLossError / InvalidArgumentError at the first bad record."""
-    ds = tf.data.TFRecordDataset(path, buffer_size=8 << 20).batch(256).map(
-        lambda s: tf.shape(schema.parse_batch(s)[schema.IMAGE_ID], out_type=tf.int64)[0])
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda total, n: total + n))
+    ds = tf.data.TFRecordDataset(path, buffer_size=8 << 20).batch(256).map(do_not_convert(
+        lambda s: tf.shape(schema.parse_batch(s)[schema.IMAGE_ID], out_type=tf.int64)[0]))
+    return int(ds.reduce(tf.constant(0, tf.int64), do_not_convert(lambda total, n: total + n)))
 
 
 def _resync(path: str, reader, offset: int, size: int) -> int:

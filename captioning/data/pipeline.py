@@ -46,6 +46,7 @@ import functools
 from typing import Callable
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.config_sections import DataConfig
 from captioning.data import disk_cache
@@ -145,7 +146,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
 
     if key == "image":  # once per image and epoch, before the image is shared by its captions
         if not training:
-            ds = ds.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
+            ds = ds.map(do_not_convert(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)}),
                         num_parallel_calls=AUTOTUNE, deterministic=order)
         elif not cropped:  # (cropped: cut out and flipped while decoding) each image's own draws (data/seeds.py)
             ds = ds.enumerate().map(seeded(lambda ex, seed: {**ex, "image": train_crop(ex["image"], cfg, seed)},

@@ -173,7 +173,7 @@ class PreparedDataset(dict):
         out = {}
         for split in self.splits:
             for batch in tf.data.TFRecordDataset(self.files(split)).batch(1024).map(
-                    lambda s: tf.io.parse_example(s, spec)):
+                    tf.autograph.experimental.do_not_convert(lambda s: tf.io.parse_example(s, spec))):
                 ragged = batch[schema.CAPTION_IDS]  # [images, (captions), (ids)], split with numpy (fast)
                 ids = ragged.flat_values.numpy().tolist()
                 inner = ragged.values.row_splits.numpy().tolist()

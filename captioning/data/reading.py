@@ -16,6 +16,7 @@ per-example map: as fast, simpler, and the autotuner spreads images over however
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.config_sections import DataConfig
 from captioning.data import schema
@@ -130,6 +131,7 @@ def _records(dataset: PreparedDataset, split: str, shards: ShardReader, cfg: Dat
 
 
 def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
+    @do_not_convert
     def parse(serialized):
         batch = schema.parse_batch(serialized)
         return {"encoded": batch[schema.IMAGE_ENCODED], "image_id": batch[schema.IMAGE_ID],
@@ -179,6 +181,7 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
         ds = ds.enumerate().map(seeded(decode, cfg.seed, CROPS, input_context), num_parallel_calls=AUTOTUNE,
                              deterministic=order)
     else:
+        @do_not_convert
         def decode(example):
             return {"image": decode_and_resize(example["encoded"], cfg.resize_size), "image_id": example["image_id"],
                     "captions": example["captions"]}
@@ -201,7 +204,8 @@ def references(cfg: DataConfig, split: str, dataset: PreparedDataset | None = No
     dataset, shards = sources_of(cfg, dataset, shards)
     files = shards.files(dataset, split)
     out = {}
-    for batch in tf.data.TFRecordDataset(files).batch(256).map(schema.parse_batch, num_parallel_calls=AUTOTUNE):
+    parse = do_not_convert(schema.parse_batch)
+    for batch in tf.data.TFRecordDataset(files).batch(256).map(parse, num_parallel_calls=AUTOTUNE):
         for image_id, texts in zip(batch[schema.IMAGE_ID].numpy(), batch[schema.CAPTION_TEXT].to_list()):
             out[int(image_id)] = [t.decode("utf-8") for t in texts]
     return out
@@ -233,5 +237,5 @@ def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=N
     decoding, evaluation and feature extraction see them."""
     images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images,
                            dataset=dataset, shards=shards)
-    return images.map(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)},
+    return images.map(do_not_convert(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)}),
                       num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)

@@ -37,6 +37,7 @@ read. The image augmentations (crops, flips, colour jitter) and sizes of ``data:
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.config_sections import DataConfig
 from captioning.data import features_store as store_lib
@@ -89,6 +90,7 @@ def region_images(cfg: DataConfig, split: str, store: FeaturesStore, *, training
         ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
     size = store.feature_size
 
+    @do_not_convert
     def parse(serialized):
         r = store_lib.parse_regions(serialized)
         return {"regions": tf.ensure_shape(r[store_lib.FEATURES], [None, size]),
@@ -121,5 +123,5 @@ def eval_regions(cfg: DataConfig, split: str, store: FeaturesStore, batch_size: 
     """Batches of ``{"regions", "boxes", "region_mask", "image_id", "captions"}`` in evaluation order: the
     regions counterpart of :func:`captioning.data.reading.eval_images`."""
     ds = region_images(cfg, split, store, training=False, input_context=input_context, max_images=max_images)
-    return ds.ragged_batch(batch_size).map(lambda batch: padded(batch, cfg.region_pad_multiple),
+    return ds.ragged_batch(batch_size).map(do_not_convert(lambda batch: padded(batch, cfg.region_pad_multiple)),
                                            num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

@@ -23,6 +23,7 @@ pipeline spends 3-4% more CPU per batch than with stateful draws (2.0 against 1.
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 CROPS = 0  # an image's training crop and flip (captioning.data.reading)
 WINDOWS = 1  # a window's choices of captions, ties, left-out examples and batch order (captioning.data.batching)
@@ -36,4 +37,5 @@ def seeded(fn, seed: int, stream: int, input_context=None):
     pipelines, index = ((input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context
                         else (1, 0))
     base = tf.constant([seed, stream], tf.int64)
-    return lambda n, element: fn(element, tf.random.experimental.stateless_fold_in(base, n * pipelines + index))
+    return do_not_convert(
+        lambda n, element: fn(element, tf.random.experimental.stateless_fold_in(base, n * pipelines + index)))

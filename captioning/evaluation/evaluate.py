@@ -270,7 +270,7 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
         batches = eval_regions(cfg, split, store_of(cfg, dataset), batch_size, max_images=max_images)
     else:
         batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
-    decode = tf.function(captioner.decode_batch, reduce_retracing=True)
+    decode = tf.function(captioner.decode_batch, reduce_retracing=True, autograph=False)
     vocab = captioner.trained.vocab
     candidates, attention, boxes, every = {}, {}, ({} if regions else None), {}
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)

@@ -19,6 +19,7 @@ import logging
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.model.decode import bad_ending_ids, generate, ids_to_text
 from captioning.config_sections import DecodeConfig
@@ -80,9 +81,10 @@ class Captioner:
         self.bad_endings = bad_ending_ids(self.settings.bad_endings, trained.vocab)
         for line in self.settings.ineffective():
             log.warning("%s", line)
-        self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)])
+        self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)],
+                                  autograph=False)
         self.decode_boxes = tf.function(self.decode_with_boxes, input_signature=[
-            tf.TensorSpec([None], tf.string), tf.TensorSpec([None, None, 4], tf.float32)])
+            tf.TensorSpec([None], tf.string), tf.TensorSpec([None, None, 4], tf.float32)], autograph=False)
 
     def decode_encoded(self, encoded: tf.Tensor) -> dict:
         """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs (with ``attention`` for an
@@ -120,6 +122,7 @@ class Captioner:
 
     @staticmethod
     def _squashed(encoded, size: int):
+        @do_not_convert
         def one(data):
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
             return squash(image, size), tf.shape(image)[:2]

@@ -85,10 +85,10 @@ class CaptionServer(tf.Module):
         examples = [tf.TensorSpec([None], tf.string, name="examples")]
         if captioner.reads_regions:
             self.serve = tf.function(self._serve_regions, input_signature=[
-                images, tf.TensorSpec([None, None, 4], tf.float32, name="boxes")])
+                images, tf.TensorSpec([None, None, 4], tf.float32, name="boxes")], autograph=False)
         else:
-            self.serve = tf.function(self._serve_images, input_signature=[images])
-        self.serve_examples = tf.function(self._serve_examples, input_signature=examples)
+            self.serve = tf.function(self._serve_images, input_signature=[images], autograph=False)
+        self.serve_examples = tf.function(self._serve_examples, input_signature=examples, autograph=False)
 
     def _serve_examples(self, examples):
         """Serialized ``tf.train.Example`` s ``[batch]``: the image bytes under :data:`EXAMPLE_IMAGE_KEY` (and a model

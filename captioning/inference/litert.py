@@ -120,7 +120,8 @@ class LiteRTGraph(tf.Module):
         # the crops each model reads: (resize_size, image_size) per distinct pair, in the models' order
         self.sizes = list(dict.fromkeys((m.config.data.resize_size, m.config.data.image_size)
                                         for m in captioner.trained.members))
-        self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")])
+        self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")],
+                                 autograph=False)
 
     def _state(self, image):
         """The decoding state of ``image`` (an ensemble's: each model's, a tuple), a batch of one."""
@@ -138,7 +139,7 @@ class LiteRTGraph(tf.Module):
         # the search traced for a batch of unknown size, as the Captioner's: its loop's shapes stay the same
         # (the state before it keeps its batch of one: Keras' recurrent layers convert only with a static one)
         specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), state)
-        search = tf.function(lambda s: self.captioner._generate(s, None), input_signature=[specs])
+        search = tf.function(lambda s: self.captioner._generate(s, None), input_signature=[specs], autograph=False)
         out = search(state)
         ids = out["ids"][0]
         served = {"ids": ids, "lengths": out["lengths"][0], "log_probs": out["log_probs"][0],
@@ -168,7 +169,7 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
     names = sorted(concrete.structured_outputs)
     frozen = frozen_function(concrete)  # the variables, those the search's loop reads too, as constants
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")])
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")], autograph=False)
     def serving_default(image):  # the outputs by name again (freezing returns them as a flat list)
         outputs = frozen(image)
         return dict(zip(names, outputs if isinstance(outputs, (list, tuple)) else tf.nest.flatten(outputs)))

@@ -41,6 +41,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.data.features_store import Regions, clean_boxes
 from captioning.data.prepared import PreparedDataset
@@ -232,7 +233,7 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
     pixels: clipped to it, degenerate ones dropped; ``box_counts[image_id]`` gets ``(clipped, dropped)``."""
     encoder = encoder_of(model)
     size = encoder.image_size
-    encode = tf.function(lambda images: token_maps(encoder, images), reduce_retracing=True)
+    encode = tf.function(lambda images: token_maps(encoder, images), reduce_retracing=True, autograph=False)
 
     def regions_of(ids, pixels, widths, heights):  # one encoder call and one pooling call for the batch
         grids = encode(pixels)
@@ -252,6 +253,7 @@ def region_features(model, dataset: PreparedDataset, images_dir: str, detections
         for i, (image_id, width, height) in enumerate(zip(ids, widths, heights)):
             yield image_id, Regions(pooled[i, :len(normal[i])], corners[i], width, height)
 
+    @do_not_convert
     def load(image_id, path):  # in the input pipeline: parallel, no Python per image
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
         shape = tf.shape(image)

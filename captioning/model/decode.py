@@ -38,7 +38,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from captioning.model.word_rules import DEAD as _DEAD
-from captioning.model.search_tools import best_of, log_normalizer, never_proposed, search_over, traced_back
+from captioning.model.search_tools import best_of, log_normalizer, never_proposed, one_loop, search_over, traced_back
 from captioning.model.word_rules import bad_ending_ids, blocked_words
 from captioning.vocab import END_ID, RESERVED, START_ID
 
@@ -112,7 +112,6 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
                        bad_endings, min_length)
     # every state tensor [B*K, ...]: image-major, beam-minor (groups in order)
     state = tf.nest.map_structure(lambda s: tf.repeat(s, k, axis=0), initial_state)
-    state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     tokens = tf.fill([batch * k], tf.constant(START_ID, tf.int32))
     alive_logp = tf.tile(tf.constant([([0.0] + [_DEAD] * (per - 1)) * groups]), [batch, 1])  # one live beam a group
     alive_score = alive_logp  # the penalised log p of diverse beams (the log p itself otherwise)
@@ -225,37 +224,38 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, lengt
     # among its words): [B, K, steps so far], grown a step at a time. A complete caption is its step and its live
     # caption: its words are traced back through the parents at the end, and the complete captions are ranked once,
     # at the end. (One loop for every step: a first step apart would copy the decoder's step, and its weights into
-    # a LiteRT file twice.)
-    words_so_far, parents_so_far = tf.zeros([batch, k, 0], tf.int32), tf.zeros([batch, k, 0], tf.int32)
-    ends_logp, ends_score = tf.zeros([batch, k, 0]), tf.zeros([batch, k, 0])
-    weights_so_far = tf.zeros([batch, k, 0, cells]) if attends else tf.zeros([0])
-    best_done = tf.fill([batch, groups, keep], _DEAD)  # each group's `keep` best complete scores so far
-    over = over_before = tf.constant(False)  # a step reads the test of the step before last, as in _greedy
-    t = tf.constant(0)  # steps taken
-    # (the test in the loop's condition, not a `break`: a break puts the step inside a conditional, and a LiteRT file
-    # then carries the decoder's weights as unquantized operands of it)
-    while t < steps and not over_before:
-        tf.autograph.experimental.set_loop_options(shape_invariants=list(
-            zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))) + [
-                (words_so_far, tf.TensorShape([None, k, None])), (parents_so_far, tf.TensorShape([None, k, None])),
-                (ends_logp, tf.TensorShape([None, k, None])), (ends_score, tf.TensorShape([None, k, None]))]
-            + ([(weights_so_far, tf.TensorShape([None, k, None, None]))] if attends else []))
-        bias = never[tf.cast(t < min_length, tf.int32)] if min_length else never[0]
-        over_before = over
+    # a LiteRT file twice. The test in the loop's condition, not a `break`: a break puts the step inside a conditional,
+    # and a LiteRT file then carries the decoder's weights as unquantized operands of it.) A step reads the test of the
+    # step before last, as in _greedy. best_done: each group's `keep` best complete scores so far.
+    grown = tf.zeros([batch, k, 0])
+    loop = {"t": tf.constant(0), "over": tf.constant(False), "over_before": tf.constant(False), "state": state,
+            "tokens": tokens, "alive_logp": alive_logp, "alive_score": alive_score, "alive_ids": alive_ids,
+            "best_done": tf.fill([batch, groups, keep], _DEAD), "words": tf.cast(grown, tf.int32),
+            "parents": tf.cast(grown, tf.int32), "ends_logp": grown, "ends_score": grown,
+            "weights": tf.zeros([batch, k, 0, cells]) if attends else tf.zeros([0])}
+    growing = {key: tf.TensorShape([None, k, None]) for key in ("words", "parents", "ends_logp", "ends_score")}
+    growing["weights"] = tf.TensorShape([None, k, None, None] if attends else [0])
+
+    def one_step(v):
+        bias = never[tf.cast(v["t"] < min_length, tf.int32)] if min_length else never[0]
         (state, tokens, alive_logp, alive_score, alive_ids, words, parent, end_logp, end_score,
-         weights) = step(t, state, tokens, alive_logp, alive_score, alive_ids, bias)
-        words_so_far = tf.concat([words_so_far, words[:, :, None]], axis=2)
-        parents_so_far = tf.concat([parents_so_far, parent[:, :, None]], axis=2)
-        ends_logp = tf.concat([ends_logp, end_logp[:, :, None]], axis=2)
-        ends_score = ends_logp if plain else tf.concat([ends_score, end_score[:, :, None]], axis=2)
-        if attends:
-            weights_so_far = tf.concat([weights_so_far, weights[:, :, None]], axis=2)
-        t += 1
-        over, best_done = search_over(alive_logp, alive_score, end_logp, end_score, best_done, k, groups, falling)
+         weights) = step(v["t"], v["state"], v["tokens"], v["alive_logp"], v["alive_score"], v["alive_ids"], bias)
+        over, best_done = search_over(alive_logp, alive_score, end_logp, end_score, v["best_done"], k, groups, falling)
+        return {"t": v["t"] + 1, "over": over, "over_before": v["over"], "state": state, "tokens": tokens,
+                "alive_logp": alive_logp, "alive_score": alive_score, "alive_ids": alive_ids, "best_done": best_done,
+                "words": tf.concat([v["words"], words[:, :, None]], axis=2),
+                "parents": tf.concat([v["parents"], parent[:, :, None]], axis=2),
+                "ends_logp": tf.concat([v["ends_logp"], end_logp[:, :, None]], axis=2),
+                "ends_score": v["ends_score"] if plain else tf.concat([v["ends_score"], end_score[:, :, None]], 2),
+                "weights": tf.concat([v["weights"], weights[:, :, None]], axis=2) if attends else v["weights"]}
+
+    loop = one_loop(lambda v: (v["t"] < steps) & tf.logical_not(v["over_before"]), one_step, loop, growing)
+    ran, alive_logp, alive_score, words_so_far, parents_so_far, ends_logp, weights_so_far = (
+        loop[key] for key in ("t", "alive_logp", "alive_score", "words", "parents", "ends_logp", "weights"))
+    ends_score = ends_logp if plain else loop["ends_score"]
 
     # each group's best complete captions, ranked once among every step's, and the live captions, which complete
     # where they are (at max_length words, or where a search that is over stopped: they rank below its complete ones)
-    ran = t
     last = length_penalty(tf.cast(ran, tf.float32), length_penalty_form, length_normalization)
     final = []
     for g in range(groups):
@@ -294,7 +294,6 @@ def _greedy(model, state, steps: int, length_penalty_form: str, length_normaliza
     the caption; a few ops a step beside the decoder's own, and no step after every caption ended. A caption's
     length is how many words it kept (a word is never ``<pad>``: id 0)."""
     batch, vocab = tf.shape(tf.nest.flatten(state)[0])[0], model.vocab_size
-    state_shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     never = never_proposed(vocab, min_length)
     track_ids = block_ngrams >= 1
     attends = model.attends
@@ -324,27 +323,27 @@ def _greedy(model, state, steps: int, length_penalty_form: str, length_normaliza
         weights = tf.where(live, tf.cast(state["attention"], tf.float32), 0.0) if attends else None
         return state, tf.reshape(word, [-1]), live, log_probs, ids, kept, weights
 
-    tokens = tf.fill([batch], tf.constant(START_ID, tf.int32))
-    ids = tf.zeros([batch, steps if track_ids else 0], tf.int32)  # for n-gram blocking only
-    live, log_probs = tf.ones([batch, 1], tf.bool), tf.zeros([batch, 1])
-    words_so_far = tf.zeros([batch, 0], tf.int32)
-    weights_so_far = tf.zeros([batch, 0, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])
     # a step's test for the end reads the captions of the step before last, so the next step need not wait for it: at
-    # most one step runs after every caption ended (it keeps no word, adds no log p)
-    ended = ended_before = tf.constant(False)
-    t = tf.constant(0)
-    while t < steps and not ended_before:  # (not a `break`: see beam_search)
-        tf.autograph.experimental.set_loop_options(shape_invariants=list(
-            zip(tf.nest.flatten(state), tf.nest.flatten(state_shapes))) + [(words_so_far, tf.TensorShape([None, None]))]
-            + ([(weights_so_far, tf.TensorShape([None, None, None]))] if attends else []))
-        bias = never[tf.cast(t < min_length, tf.int32)] if min_length else never[0]
-        ended_before = ended
-        state, tokens, live, log_probs, ids, kept, weights = step(t, state, tokens, live, log_probs, ids, bias)
-        ended = tf.logical_not(tf.reduce_any(live))
-        t += 1
-        words_so_far = tf.concat([words_so_far, kept], axis=1)
-        if attends:
-            weights_so_far = tf.concat([weights_so_far, weights[:, None]], axis=1)
+    # most one step runs after every caption ended (it keeps no word, adds no log p). The words so far only for n-gram
+    # blocking; the words, and the weights, kept grow a step at a time. (The test in the condition: see beam_search.)
+    loop = {"t": tf.constant(0), "ended": tf.constant(False), "ended_before": tf.constant(False), "state": state,
+            "tokens": tf.fill([batch], tf.constant(START_ID, tf.int32)), "live": tf.ones([batch, 1], tf.bool),
+            "log_probs": tf.zeros([batch, 1]), "ids": tf.zeros([batch, steps if track_ids else 0], tf.int32),
+            "words": tf.zeros([batch, 0], tf.int32),
+            "weights": tf.zeros([batch, 0, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])}
+    growing = {"words": tf.TensorShape([None, None]), "weights": tf.TensorShape([None, None, None] if attends else [0])}
+
+    def one_step(v):
+        bias = never[tf.cast(v["t"] < min_length, tf.int32)] if min_length else never[0]
+        state, tokens, live, log_probs, ids, kept, weights = step(v["t"], v["state"], v["tokens"], v["live"],
+                                                                  v["log_probs"], v["ids"], bias)
+        return {"t": v["t"] + 1, "ended": tf.logical_not(tf.reduce_any(live)), "ended_before": v["ended"],
+                "state": state, "tokens": tokens, "live": live, "log_probs": log_probs, "ids": ids,
+                "words": tf.concat([v["words"], kept], axis=1),
+                "weights": tf.concat([v["weights"], weights[:, None]], axis=1) if attends else v["weights"]}
+
+    loop = one_loop(lambda v: (v["t"] < steps) & tf.logical_not(v["ended_before"]), one_step, loop, growing)
+    words_so_far, weights_so_far, log_probs = loop["words"], loop["weights"], loop["log_probs"]
     ran = tf.shape(words_so_far)[1]
     lengths = tf.reduce_sum(tf.cast(words_so_far > 0, tf.int32), axis=1, keepdims=True)
     counted = tf.cast(tf.where(lengths < steps, lengths + 1, lengths), tf.float32)  # <end> counts when it came

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from captioning.model.search_tools import never_proposed
+from captioning.model.search_tools import never_proposed, one_loop
 from captioning.model.word_rules import DEAD as _DEAD
 from captioning.model.word_rules import blocked_words, end_banned
 from captioning.vocab import END_ID, START_ID
@@ -70,39 +70,40 @@ def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, 
     keys = tf.zeros([batch], tf.int64) if keys is None else tf.cast(keys, tf.int64)
     rows = batch * n
     state = tf.nest.map_structure(lambda s: tf.repeat(s, n, axis=0), state)
-    shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
     row_keys = tf.stack([tf.repeat(keys, n), tf.tile(tf.range(n, dtype=tf.int64), [batch])], axis=1)
     vocab = model.vocab_size
     never = never_proposed(vocab, 0)[0]  # <pad>, <start>, <unk>
-    tokens = tf.fill([rows], tf.constant(START_ID, tf.int32))
-    ids = tf.zeros([rows, steps], tf.int32)
-    going = tf.ones([rows], tf.bool)
-    lengths = tf.zeros([rows], tf.int32)
-    log_prob = tf.zeros([rows])
     attends = model.attends
-    attention = tf.zeros([rows, steps, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])
-    for t in tf.range(steps):
-        tf.autograph.experimental.set_loop_options(
-            shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(shapes))))
-        logits, state = model.step(tokens, state)
+
+    def one_step(v):
+        t = v["t"]
+        logits, state = model.step(v["tokens"], v["state"])
         model_logp = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         logp = model_logp + never
         if min_length:
             logp += end_banned(vocab, t, min_length)
         if block_ngrams or bad_endings:
-            logp += blocked_words(ids, t, vocab, block_ngrams, bad_endings) * _DEAD
+            logp += blocked_words(v["ids"], t, vocab, block_ngrams, bad_endings) * _DEAD
         cdf = tf.cumsum(tf.exp(filtered(logp, temperature, sample_top_k, sample_top_p)), axis=1)
         u = _uniform(seed, row_keys, t)
         word = tf.minimum(tf.reduce_sum(tf.cast(cdf < u[:, None] * cdf[:, -1:], tf.int32), axis=1), vocab - 1)
-        log_prob += tf.where(going, tf.gather(model_logp, word, batch_dims=1), 0.0)  # as beam search reports it
-        is_word = going & tf.not_equal(word, END_ID)
-        ids += tf.where(is_word, word, 0)[:, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, :]
+        is_word = v["going"] & tf.not_equal(word, END_ID)
+        out = {"t": t + 1, "state": state, "tokens": word, "going": is_word,
+               "ids": v["ids"] + tf.where(is_word, word, 0)[:, None] * tf.one_hot(t, steps, dtype=tf.int32)[None, :],
+               "lengths": v["lengths"] + tf.cast(is_word, tf.int32), "attention": v["attention"],
+               # as beam search reports it
+               "log_prob": v["log_prob"] + tf.where(v["going"], tf.gather(model_logp, word, batch_dims=1), 0.0)}
         if attends:
             weights = tf.cast(state["attention"], tf.float32) * tf.cast(is_word, tf.float32)[:, None]
-            attention += weights[:, None, :] * tf.one_hot(t, steps)[None, :, None]
-        lengths += tf.cast(is_word, tf.int32)
-        going = is_word
-        tokens = word
+            out["attention"] += weights[:, None, :] * tf.one_hot(t, steps)[None, :, None]
+        return out
+
+    loop = one_loop(lambda v: v["t"] < steps, one_step, {
+        "t": tf.constant(0), "state": state, "tokens": tf.fill([rows], tf.constant(START_ID, tf.int32)),
+        "ids": tf.zeros([rows, steps], tf.int32), "going": tf.ones([rows], tf.bool),
+        "lengths": tf.zeros([rows], tf.int32), "log_prob": tf.zeros([rows]),
+        "attention": tf.zeros([rows, steps, tf.shape(state["attention"])[1]]) if attends else tf.zeros([0])})
+    ids, lengths, log_prob, attention = (loop[key] for key in ("ids", "lengths", "log_prob", "attention"))
     out = {"ids": tf.reshape(ids, [batch, n, steps]), "lengths": tf.reshape(lengths, [batch, n]),
            "log_probs": tf.reshape(log_prob, [batch, n])}
     if attends:

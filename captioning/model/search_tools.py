@@ -90,6 +90,21 @@ def search_over(alive_logp, alive_score, end_logp, end_score, best_done, k: int,
     return tf.reduce_all(best_live <= best_done[:, :, -1]), best_done
 
 
+def one_loop(keep_going, step, variables: dict, shapes: dict | None = None) -> dict:
+    """``tf.while_loop`` over a dict of loop ``variables``: while ``keep_going(v)``, ``v = step(v)`` (a dict of the
+    same keys). ``shapes``: the shape invariants of the variables whose shape changes (a nest like the variable's);
+    the others keep theirs. The project's graph code is written without AutoGraph (docs/architecture.md).
+
+    >>> float(one_loop(lambda v: v["i"] < 3, lambda v: {"i": v["i"] + 1, "x": v["x"] * 2}, {"i": 0, "x": 1.0})["x"])
+    8.0
+    """
+    variables = tf.nest.map_structure(lambda x: x if isinstance(x, tf.TensorArray) else tf.convert_to_tensor(x),
+                                      variables)
+    invariants = {key: (shapes or {}).get(key, tf.nest.map_structure(lambda x: None, value))  # None: its own
+                  for key, value in variables.items()}
+    return tf.while_loop(keep_going, lambda v: [step(v)], [variables], shape_invariants=[invariants])[0]
+
+
 def traced_back(captions: dict, words, parents, weights, steps: int) -> dict:
     """``captions`` (``beam``: the live caption each ends in after its last word, ``lengths``, ...: [B, M]) with
     their words ``ids [B, M, steps]`` (and, given the steps' ``weights [B, K, ran, G]``, ``attention [B, M, steps,
@@ -104,20 +119,25 @@ def traced_back(captions: dict, words, parents, weights, steps: int) -> dict:
     out = {key: value for key, value in captions.items() if key != "beam"}
     lengths, current = captions["lengths"], captions["beam"]
     ran = tf.shape(words)[2]
-    ids = tf.zeros(tf.concat([tf.shape(lengths), [0]], 0), tf.int32)
     has_weights = weights is not None
     attention = tf.zeros(tf.concat([tf.shape(lengths), [0], tf.shape(weights)[3:]], 0)) if has_weights else tf.zeros([0])
-    for s in tf.range(ran - 1, -1, -1):  # from the last step back to the first
-        tf.autograph.experimental.set_loop_options(shape_invariants=[(ids, tf.TensorShape([None, None, None]))] + (
-            [(attention, tf.TensorShape([None, None, None, None]))] if has_weights else []))
+
+    def one_step(v):  # step s, from the last back to the first
+        s, current = v["s"], v["current"]
         inside = s < lengths  # the caption has a word at step s
         word = tf.gather(words[:, :, s], current, batch_dims=1)
-        parent = tf.gather(parents[:, :, s], current, batch_dims=1)
-        ids = tf.concat([tf.where(inside, word, 0)[:, :, None], ids], axis=2)
+        out = {"s": s - 1, "current": tf.where(inside, tf.gather(parents[:, :, s], current, batch_dims=1), current),
+               "ids": tf.concat([tf.where(inside, word, 0)[:, :, None], v["ids"]], axis=2), "attention": v["attention"]}
         if has_weights:
             chosen = tf.gather(weights[:, :, s], current, batch_dims=1)
-            attention = tf.concat([tf.where(inside[:, :, None], chosen, 0.0)[:, :, None], attention], axis=2)
-        current = tf.where(inside, parent, current)
+            out["attention"] = tf.concat([tf.where(inside[:, :, None], chosen, 0.0)[:, :, None], v["attention"]], 2)
+        return out
+
+    loop = one_loop(lambda v: v["s"] >= 0, one_step, {
+        "s": ran - 1, "current": current, "ids": tf.zeros(tf.concat([tf.shape(lengths), [0]], 0), tf.int32),
+        "attention": attention}, {"ids": tf.TensorShape([None, None, None]),
+                                  "attention": tf.TensorShape([None, None, None, None] if has_weights else [0])})
+    ids, attention = loop["ids"], loop["attention"]
     out["ids"] = tf.pad(ids, [[0, 0], [0, 0], [0, steps - ran]])
     if has_weights:
         out["attention"] = tf.pad(attention, [[0, 0], [0, 0], [0, steps - ran], [0, 0]])

@@ -50,7 +50,7 @@ class Accumulation:
         self.variables = model.trainable_variables
         self.moving = forward_state(model)
         gradients = loss_sum_gradients(model, optimizer, objective)
-        self.gradients = tf.function(gradients, jit_compile=True) if jit_compile else gradients
+        self.gradients = tf.function(gradients, jit_compile=True, autograph=False) if jit_compile else gradients
         self.replica_update, self.finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm,
                                                          after_update)
         self.parts = tuple(objective.parts)
@@ -114,8 +114,9 @@ class Accumulation:
         ``steps`` batches :meth:`read` took; each micro-batch's call is traced once per element_spec."""
         key = repr(dataset.element_spec)
         if key not in self._compiled:
-            add = tf.function(self._add, input_signature=[dataset.element_spec, tf.TensorSpec([], tf.int32)])
-            self._compiled[key] = add, tf.function(self._update)
+            add = tf.function(self._add, input_signature=[dataset.element_spec, tf.TensorSpec([], tf.int32)],
+                              autograph=False)
+            self._compiled[key] = add, tf.function(self._update, autograph=False)
         add, update = self._compiled[key]
 
         def step(batches):
@@ -129,6 +130,9 @@ class Accumulation:
     def step_from(self, iterator):
         """One optimizer step reading its ``steps`` micro-batches from ``iterator`` (a distributed
         iterator), inside a compiled call."""
-        for i in tf.range(self.steps):
+        def add(i):
             self._add(next(iterator), i)
-        return self._update()
+            return i + 1
+
+        with tf.control_dependencies(tf.while_loop(lambda i: i < self.steps, add, [tf.constant(0)])):
+            return self._update()

@@ -220,7 +220,7 @@ def benchmark(images: int = 50, samples: int = 5, references: int = 5, length: i
     candidates = tf.constant(words[:, references:].reshape(-1, length), tf.int32)
     lengths = tf.fill([candidates.shape[0]], length)
     index = tf.constant(np.repeat(np.arange(images), samples + 1), tf.int32)
-    fn = tf.function(scorer.scores, input_signature=SIGNATURE)
+    fn = tf.function(scorer.scores, input_signature=SIGNATURE, autograph=False)
     fn(candidates, lengths, refs, index).numpy()
     best = float("inf")
     for _ in range(rounds):

@@ -35,6 +35,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.data import schema
 from captioning.data.prepared import PreparedDataset
@@ -196,7 +197,7 @@ def frequencies_from_split(dataset: PreparedDataset, split: str = "train", n: in
     # the counts do not depend on the order of the records: files are read in parallel, in any order
     records = tf.data.Dataset.from_tensor_slices(files).interleave(
         tf.data.TFRecordDataset, cycle_length=max(1, min(len(files), 4)), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=False).batch(1024).map(schema.parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        deterministic=False).batch(1024).map(do_not_convert(schema.parse_batch), num_parallel_calls=tf.data.AUTOTUNE)
     for batch in records:
         ids = batch[schema.CAPTION_IDS]  # ragged [images, (captions), (ids)]
         per_image.append(ids.row_lengths().numpy())

@@ -87,6 +87,7 @@ class WeightAverage:
         copy from the same replica's copy of the weight."""
         decay = self.decay
 
+        @tf.autograph.experimental.do_not_convert  # (the strategy's update converts what it calls otherwise)
         def step(average, weight):
             return average.assign(decay * average + (1.0 - decay) * weight)
 

@@ -255,7 +255,8 @@ class Trainer:
     def _feature_fn(self):
         if self.cfg.data.cache != "features":
             return None, ""
-        return tf.function(lambda images: self.model.encoder(images, training=False)), encoder_key(self.model.encoder)
+        encode = tf.function(lambda images: self.model.encoder(images, training=False), autograph=False)
+        return encode, encoder_key(self.model.encoder)
 
     def service_job(self) -> str:
         """The tf.data service job of this run (``data.service``): one name for every worker of the run
@@ -312,7 +313,7 @@ class Trainer:
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         train_step = self._train_step() if self.accumulation is None else None  # else each reads its micro-batches
         step_from = self.accumulation.step_from if train_step is None else lambda batches: train_step(next(batches))
-        return tf.function(make_multi_step(step_from, self.cfg.train.nan_policy == "stop", scaled))
+        return tf.function(make_multi_step(step_from, self.cfg.train.nan_policy == "stop", scaled), autograph=False)
 
     def evaluate_loss(self, max_batches: int | None = None) -> EvaluationLoss:
         """Mean cross-entropy per real token and perplexity on the eval split (all captions)."""

@@ -57,7 +57,7 @@ class Compiled:
     def __call__(self, make, dataset):
         key = (make.__name__, repr(dataset.element_spec))
         if key not in self._steps:
-            self._steps[key] = tf.function(make(), input_signature=[dataset.element_spec])
+            self._steps[key] = tf.function(make(), input_signature=[dataset.element_spec], autograph=False)
         return self._steps[key]
 
 
@@ -164,7 +164,7 @@ def make_train_step(model, optimizer, strategy, objective: Objective, step_count
     same update over several micro-batches.) ``after_update``: as :func:`make_update`'s."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     moving = forward_state(model)
-    compiled_gradients = tf.function(loss_sum_gradients(model, optimizer, objective), jit_compile=True)
+    compiled_gradients = tf.function(loss_sum_gradients(model, optimizer, objective), jit_compile=True, autograph=False)
     replica_update, finish = make_update(model, optimizer, strategy, step_counter, clip_gradient_norm, after_update)
 
     def replica_step(batch):
@@ -212,14 +212,15 @@ def make_multi_step(step_from, stop_at_non_finite: bool, scaled: bool):
     def multi_step(iterator, n):
         first = step_from(iterator)
         arrays = {k: tf.TensorArray(v.dtype, size=0, dynamic_size=True).write(0, v) for k, v in first.items()}
-        going = finite(first) if stop_at_non_finite else tf.constant(True)
-        for i in tf.range(1, n):
-            if not going:
-                break
+
+        def one_step(i, going, arrays):
             out = step_from(iterator)
-            arrays = {k: arrays[k].write(i, out[k]) for k in arrays}
-            if stop_at_non_finite:
-                going = finite(out)
+            return (i + 1, finite(out) if stop_at_non_finite else going,
+                    {k: arrays[k].write(i, out[k]) for k in arrays})
+
+        going = finite(first) if stop_at_non_finite else tf.constant(True)
+        _, _, arrays = tf.while_loop(lambda i, going, arrays: tf.logical_and(i < n, going), one_step,
+                                     (tf.constant(1), going, arrays))
         return {k: a.stack() for k, a in arrays.items()}
 
     return multi_step

@@ -60,7 +60,7 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
     weights = model.trainable_variables
     references = references_of(batch, end_token=cfg.end_in_reward)
 
-    @tf.function
+    @tf.function(autograph=False)
     def encode(batch):
         features, mask = model.image_features(batch, training=True)
         state = model.initial_state(features, training=False, mask=mask)
@@ -76,7 +76,7 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
             with tf.GradientTape() as tape:
                 loss = -tf.reduce_sum(log_prob_fn(*args))
             return _computed(tape.gradient(loss, weights))
-        return tf.function(fn)
+        return graph(fn)
 
     def greedy(state):
         words = greedy_captions(model, state, length)
@@ -87,18 +87,20 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
             loss = caption_loss_sum(model, batch, training=True)
         return _computed(tape.gradient(loss, weights))
 
+    def graph(fn):
+        return tf.function(fn, autograph=False)
+
     parts = {
         "encode": (encode, (batch,)),
-        "sampling": (tf.function(lambda r: sample_captions(model, r, length, temperature, seed)["ids"]), (repeated,)),
-        "sampling_xla": (tf.function(lambda r: sample_captions(model, r, length, temperature, seed, xla=True)["ids"]),
+        "sampling": (graph(lambda r: sample_captions(model, r, length, temperature, seed)["ids"]), (repeated,)),
+        "sampling_xla": (graph(lambda r: sample_captions(model, r, length, temperature, seed, xla=True)["ids"]),
                          (repeated,)),
         "through_loop": (gradient_of(lambda r: sample_captions(model, r, length, temperature, seed)["log_prob"]),
                          (repeated,)),
         "teacher_forced": (gradient_of(lambda r, ids: sequence_log_prob(model, r, ids, temperature)), (repeated, ids)),
-        "reward": (tf.function(lambda ids: cider.scores(ids, objective.scored_lengths(ids), references, index)),
-                   (ids,)),
-        "greedy": (tf.function(greedy), (state,)),
-        "cross_entropy": (tf.function(cross_entropy), (batch,)),
+        "reward": (graph(lambda ids: cider.scores(ids, objective.scored_lengths(ids), references, index)), (ids,)),
+        "greedy": (graph(greedy), (state,)),
+        "cross_entropy": (graph(cross_entropy), (batch,)),
     }
     return {name: _fastest_ms(fn, args, repeats) for name, (fn, args) in parts.items()}
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from captioning.model.base import pad_rows
 from captioning.model.decode import beam_search
+from captioning.model.search_tools import one_loop
 from captioning.vocab import END_ID, PAD_ID, START_ID
 
 _NEVER = -1e9
@@ -55,32 +56,31 @@ def sample_captions(model, state, max_length: int, temperature: float, seed, xla
     def draw(state, uniforms):
         rows, vocab = tf.shape(uniforms)[1], model.vocab_size  # (its own: XLA needs the shapes of its inputs)
         never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab), axis=0) * _NEVER
-        shapes = tf.nest.map_structure(lambda s: tf.TensorShape([None]).concatenate(s.shape[1:]), state)
-        tokens = tf.fill([rows], tf.constant(START_ID, tf.int32))
-        going = tf.ones([rows], tf.bool)
-        log_prob = tf.zeros([rows])
-        ids = tf.TensorArray(tf.int32, size=max_length)
-        for t in tf.range(max_length):
-            tf.autograph.experimental.set_loop_options(
-                shape_invariants=list(zip(tf.nest.flatten(state), tf.nest.flatten(shapes))))
-            logits, state = model.step(tokens, state)
+
+        def one_step(v):
+            t = v["t"]
+            logits, state = model.step(v["tokens"], v["state"])
             logp = tf.nn.log_softmax(tf.cast(logits, tf.float32) / temperature + never)
             cdf = tf.cumsum(tf.exp(logp), axis=1)
             word = tf.minimum(tf.reduce_sum(tf.cast(cdf < uniforms[t][:, None] * cdf[:, -1:], tf.int32), axis=1),
                               vocab - 1)
-            chosen = tf.gather(logp, word, batch_dims=1)
-            log_prob += tf.where(going, chosen, 0.0)
-            word = tf.where(going, word, PAD_ID)
-            ids = ids.write(t, word)
-            going = tf.logical_and(going, tf.not_equal(word, END_ID))
-            tokens = word
+            word = tf.where(v["going"], word, PAD_ID)
+            return {"t": t + 1, "state": state, "tokens": word, "ids": v["ids"].write(t, word),
+                    "going": tf.logical_and(v["going"], tf.not_equal(word, END_ID)),
+                    "log_prob": v["log_prob"] + tf.where(v["going"], tf.gather(logp, word, batch_dims=1), 0.0)}
+
+        loop = one_loop(lambda v: v["t"] < max_length, one_step, {
+            "t": tf.constant(0), "state": state, "tokens": tf.fill([rows], tf.constant(START_ID, tf.int32)),
+            "going": tf.ones([rows], tf.bool), "log_prob": tf.zeros([rows]),
+            "ids": tf.TensorArray(tf.int32, size=max_length)})
+        ids, log_prob = loop["ids"], loop["log_prob"]
         ids = tf.transpose(ids.stack())
         return {"ids": ids, "log_prob": log_prob, "ended": tf.reduce_any(tf.equal(ids, END_ID), axis=1)}
 
     if not xla:
         return draw(state, uniforms)
     integers = tf.function(lambda state, uniforms: {k: v for k, v in draw(state, uniforms).items() if k != "log_prob"},
-                           jit_compile=True)
+                           jit_compile=True, autograph=False)
     padded = tf.maximum(rows, 1)  # a decoder never sees an empty batch (an empty replica's share)
     out = integers(tf.nest.map_structure(lambda s: pad_rows(s, padded), state),
                    tf.transpose(pad_rows(tf.transpose(uniforms), padded)))
