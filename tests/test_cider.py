@@ -135,7 +135,8 @@ def test_the_scorer_compiles_once_for_any_shape_and_matches_eager_mode():
     scorer = CiderD(document_frequencies(train, 9))
     fn = tf.function(scorer.scores, jit_compile=False, input_signature=[
         tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
-        tf.RaggedTensorSpec([None, None, None], tf.int32, ragged_rank=2), tf.TensorSpec([None], tf.int32)])
+        tf.RaggedTensorSpec([None, None, None], tf.int32, ragged_rank=2), tf.TensorSpec([None], tf.int32)],
+        autograph=False)
     for images, samples in ((4, 3), (7, 5), (1, 1)):
         refs = train[:images]
         candidates = [random_caption(rng, words, 16) for _ in range(images * samples)]
@@ -162,7 +163,7 @@ with strategy.scope():
 refs = tf.ragged.constant(images, dtype=tf.int32, ragged_rank=2)
 half = tf.shape(ids)[0] // 2
 
-@tf.function
+@tf.function(autograph=False)
 def step():
     def replica():
         rows = tf.range(half) + half * tf.distribute.get_replica_context().replica_id_in_sync_group

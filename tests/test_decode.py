@@ -85,7 +85,7 @@ def test_beam_of_one_is_greedy(seed, end_bias, max_length):
     model = tiny_model(seed, end_bias)
     features = model.encode(images(6, seed=seed))
     expected = greedy_reference(model, features, max_length)
-    out = tf.function(lambda f: beam_search(model, f, beam_size=1, max_length=max_length))(features)
+    out = tf.function(lambda f: beam_search(model, f, beam_size=1, max_length=max_length), autograph=False)(features)
     got = [list(row[0][:n]) for row, n in zip(out["ids"].numpy(), out["lengths"].numpy()[:, 0])]
     assert got == expected
     assert any(len(e) == max_length for e in expected) or end_bias == 0.0  # some hit max_length
@@ -152,7 +152,7 @@ def test_blocking_inside_the_search_equals_a_brute_force_greedy_and_never_repeat
     model = tiny_model(seed, end_bias=end_bias)
     features = model.encode(images(6, seed=seed))
     options = {"block_ngrams": block_ngrams, "bad_endings": bad_endings, "max_length": 6}
-    out = tf.function(lambda f: beam_search(model, f, beam_size=1, **options))(features)
+    out = tf.function(lambda f: beam_search(model, f, beam_size=1, **options), autograph=False)(features)
     got = [list(row[0][:n]) for row, n in zip(out["ids"].numpy(), out["lengths"].numpy()[:, 0])]
     assert got == greedy_reference(model, features, 6, block_ngrams, bad_endings)
     plain = beam_search(model, features, beam_size=1, max_length=6)

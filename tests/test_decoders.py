@@ -360,7 +360,8 @@ def test_beam_search_returns_its_best_captions_first_with_the_models_log_probabi
                     np.testing.assert_allclose(npy(greedy["attention"])[i, 0, t], npy(state["attention"])[i],
                                                atol=1e-6)
             tokens = tf.constant(npy(greedy["ids"])[:, 0, t], tf.int32)
-        compiled = tf.function(lambda f: beam_search(model, f, beam_size=3, max_length=6, top_k=3))(features)
+        compiled = tf.function(lambda f: beam_search(model, f, beam_size=3, max_length=6, top_k=3),
+                               autograph=False)(features)
         np.testing.assert_allclose(npy(compiled["attention"]), npy(best["attention"]), atol=1e-5)
         weights = npy(best["attention"])
         assert weights.shape[:3] == (B, 3, 6) and weights.shape[3] == model.token_layout.tokens == model.grid_cells

@@ -163,7 +163,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=2.0 ** 127)
         optimizer.build(trainer.model.trainable_variables)
     step = tf.function(make_train_step(trainer.model, optimizer, trainer.strategy, trainer.objective, trainer.step,
-                                       0.0, False, after_update=trainer.average.after_update))
+                                       0.0, False, after_update=trainer.average.after_update), autograph=False)
     batches = iter(trainer.distributed_dataset("train", training=True))
     positions = trainable_positions(trainer.model)
     expected, weights, applied = averages(trainer), raw(trainer.model, positions), []

@@ -83,7 +83,7 @@ def test_beam_search_and_greedy_decoding_over_an_ensemble(mixed):
     np.testing.assert_array_equal(npy(greedy["ids"])[:, 0], manual)
 
     best = tf.function(lambda s: beam_search(ensemble, None, beam_size=3, max_length=6, top_k=3,
-                                             initial_state=s))(state)
+                                             initial_state=s), autograph=False)(state)
     ids, lengths, log_probs = (npy(best[k]) for k in ("ids", "lengths", "log_probs"))
     for k in range(3):
         expected = rescore(ensemble, images, [ids[i, k, :lengths[i, k]] for i in range(B)])

@@ -339,7 +339,7 @@ def test_the_resize_in_built_in_ops_gives_the_pipelines_pixels_in_the_interprete
 
     sizes = (36, 299)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")])
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")], autograph=False)
     def resized(image):
         return {f"s{size}": pixels_resized(image, size) for size in sizes}
 

@@ -188,7 +188,7 @@ def test_a_replica_with_no_example_adds_nothing(name, trained):
     batch = next(iter(make_dataset(trainer.cfg.data, "train", training=True, batch_size=10)))
     variables = trainer.model.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)
     def loss_and_gradients(batch, rows):
         # cut inside the function: the batch dimension is unknown when traced, as in a training step
         empty = tf.nest.map_structure(lambda t: t[:rows], batch)

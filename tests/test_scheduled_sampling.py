@@ -107,7 +107,7 @@ def test_the_probability_in_the_graph_is_the_configs_at_every_step():
              ScheduledSamplingConfig(start=0.0, increase=0.05, increase_every=500, max=0.0)]
 
     def in_graph(section):
-        return tf.function(lambda: ss.probability(section, step))
+        return tf.function(lambda: ss.probability(section, step), autograph=False)
 
     for section in cases:
         graph = in_graph(section)
