@@ -35,8 +35,6 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     folder from another's weights; the same folder switches to SCST from its latest checkpoint with a new
     optimizer; both resume like any run; the document frequencies are counted once and kept in the folder.
     (tests/test_scst.py's SCST-from-cross-entropy runs are these: one run of each kind for both files.)"""
-    import numpy as np
-
     from captioning.train import Trainer
 
     config = xe_config(tmp_path / "xe.yaml", prepared_dir)
@@ -51,12 +49,10 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     assert last["started_at_step"] == 60 and last["config"]["train"]["objective"] == "scst"
     assert last["config"]["data"]["captions_per_image"] == "grouped"
     assert os.path.exists(same / "cider_document_frequencies.npz")
-    # the SCST folder resumes like any run; TensorBoard's sample captions come with their rewards
-    trainer = Trainer(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=63"), str(same))
+    # the SCST folder restores like any run (it resumes below, in the --init-from folder's second command; an SCST
+    # step moves the weights: tests/test_objectives.py); TensorBoard's sample captions come with their rewards
+    trainer = Trainer(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=62"), str(same))
     assert trainer.current_step() == 62
-    before = {v.path: v.numpy() for v in trainer.model.trainable_variables}
-    assert trainer.run(progress=False).step == 63
-    assert any(not np.array_equal(before[v.path], v.numpy()) for v in trainer.model.trainable_variables)
     samples = trainer.sample_captions(2)
     rewards = [float(re.fullmatch(r"reward (\d+\.\d+)", s.note).group(1)) for s in samples]
     assert all(s.caption for s in samples) and all(0 <= r <= 10 for r in rewards)
