@@ -21,24 +21,24 @@ def pytest_addoption(parser):
 
 
 # Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built
-# first; `make test` from a fresh clone, 3 workers on 2 cores, 2026-11-26). `make test` runs pytest-xdist with
+# first; `make test` from a fresh clone, 3 workers on 2 cores, 2026-11-26, 15:00). `make test` runs pytest-xdist with
 # --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order: collected
 # heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing time
 # first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
 # quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured).
 # A file not listed counts 4 s.
 FILE_SECONDS = {
-    "test_scst": 136, "test_decoders": 119, "test_litert": 117, "test_encoders_end_to_end": 103,
-    "test_service_training": 85, "test_benchmarks": 73, "test_train_reliability": 56, "test_data_service": 47,
-    "test_region_training": 45, "test_lost_worker": 41, "test_encoders": 38, "test_model_dir": 29, "test_train": 28,
-    "test_train_start": 28, "test_steps_per_execution": 27, "test_ensemble": 27, "test_ema": 24,
-    "test_inference": 23, "test_disk_cache": 23, "test_transformer": 22, "test_accumulate": 19,
-    "test_input_pipeline": 19, "test_decode": 18, "test_attention_use": 17, "test_objectives": 14,
-    "test_full_disk": 14, "test_features_store": 14, "test_serve": 13, "test_evaluate_identity": 13,
+    "test_scst": 119, "test_decoders": 114, "test_litert": 109, "test_encoders_end_to_end": 90,
+    "test_service_training": 70, "test_benchmarks": 65, "test_data_service": 50, "test_train_reliability": 45,
+    "test_region_training": 42, "test_encoders": 37, "test_lost_worker": 31, "test_ensemble": 28, "test_model_dir": 26,
+    "test_train": 26, "test_ema": 25, "test_steps_per_execution": 23, "test_inference": 22, "test_decode": 21,
+    "test_disk_cache": 21, "test_train_start": 20, "test_transformer": 20, "test_accumulate": 17,
+    "test_input_pipeline": 17, "test_attention_use": 17, "test_objectives": 16, "test_full_disk": 14,
+    "test_features_store": 13, "test_evaluate_identity": 12,
     "test_browser": 12,  # wall seconds: Chromium is not its child
-    "test_corrupt_shards": 11, "test_security": 11, "test_prepare": 9, "test_metrics": 9, "test_optimizer": 8,
-    "test_regions": 7, "test_scheduled_sampling": 7, "test_uneven_splits": 6, "test_outputs": 6, "test_cli_edges": 5,
-    "test_config": 5}
+    "test_corrupt_shards": 11, "test_security": 10, "test_serve": 10, "test_metrics": 9, "test_prepare": 9,
+    "test_optimizer": 8, "test_regions": 6, "test_uneven_splits": 6, "test_outputs": 5, "test_config": 5,
+    "test_scheduled_sampling": 5, "test_cli_edges": 5}
 
 
 def pytest_collection_modifyitems(config, items):
