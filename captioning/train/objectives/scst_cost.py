@@ -71,6 +71,9 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
     ids = drawn["ids"]
     index = tf.repeat(tf.range(tf.shape(references.row_lengths())[0]), s)
 
+    def graph(fn):
+        return tf.function(fn, autograph=False)
+
     def gradient_of(log_prob_fn):
         def fn(*args):
             with tf.GradientTape() as tape:
@@ -86,9 +89,6 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
         with tf.GradientTape() as tape:
             loss = caption_loss_sum(model, batch, training=True)
         return _computed(tape.gradient(loss, weights))
-
-    def graph(fn):
-        return tf.function(fn, autograph=False)
 
     parts = {
         "encode": (encode, (batch,)),
