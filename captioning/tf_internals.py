@@ -35,6 +35,9 @@ helper                                    what it touches, and why
                                           function's variables as constants, for the LiteRT converter (it
                                           leaves the variables read inside a ``while`` loop, the caption
                                           search's, as resources the interpreter fails on: measured)
+:func:`install_backward_walk`             ``op_selector.get_backward_walk_ops``, replaced by
+                                          :func:`backward_walk_ops`, the same walk without its quadratic
+                                          cost: what a mirrored training step spent half its tracing in
 ========================================  ====================================================================
 
 TensorFlow is imported inside the helpers that need it, so :func:`dispatcher_version` (plain gRPC) runs
@@ -191,3 +194,64 @@ def frozen_function(concrete):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     return convert_variables_to_constants_v2(concrete, lower_control_flow=False)
+
+
+def backward_walk_ops(seed_ops, inclusive=True, within_ops=None, within_ops_fn=None, stop_at_ts=(),
+                      control_inputs=False, only_differentiable=False) -> list:
+    """TensorFlow's ``op_selector.get_backward_walk_ops`` (same arguments, the same ops, in no set order either):
+    every op reached walking back from ``seed_ops`` through op inputs (and control inputs if asked), not past
+    ``stop_at_ts`` and only through ops that ``within_ops`` and ``within_ops_fn`` allow. TensorFlow's keeps the
+    ops it has reached in a list and asks it, for every input of every op, whether it holds the input's op: a
+    walk over n ops costs about n² steps. This one keeps them in a set as well: about n."""
+    from tensorflow.python.framework import tensor
+    from tensorflow.python.ops import op_selector
+    from tensorflow.python.util import object_identity
+
+    control_inputs = control_inputs and not only_differentiable
+    seed_ops = list(seed_ops) if op_selector.is_iterable(seed_ops) else [seed_ops]
+    if not seed_ops:
+        return []
+    if isinstance(seed_ops[0], tensor.Tensor):
+        seed_ops = op_selector.get_generating_ops(op_selector.make_list_of_t(seed_ops, allow_graph=False))
+    seeds = object_identity.ObjectIdentitySet(op_selector.make_list_of_op(seed_ops, allow_graph=False))
+    stop = object_identity.ObjectIdentitySet(op_selector.make_list_of_t(stop_at_ts))
+    if within_ops:
+        within_ops = object_identity.ObjectIdentitySet(op_selector.make_list_of_op(within_ops, allow_graph=False))
+        seeds &= within_ops
+
+    def allowed(op):
+        return (within_ops is None or op in within_ops) and (within_ops_fn is None or within_ops_fn(op))
+
+    result = list(seeds)
+    reached = set(result)
+    wave = result
+    while wave:
+        new_wave = []
+        for op in wave:
+            inputs = [t.op for t in op.inputs if t not in stop] if not only_differentiable or \
+                op_selector.is_differentiable(op) else []
+            for new_op in inputs + (list(op.control_inputs) if control_inputs else []):
+                if new_op not in reached and allowed(new_op):
+                    reached.add(new_op)
+                    new_wave.append(new_op)
+        result.extend(new_wave)
+        wave = new_wave
+    return result if inclusive else [op for op in result if op not in seeds]
+
+
+def install_backward_walk() -> None:
+    """Makes ``tf.custom_gradient`` walk the graph with :func:`backward_walk_ops` (idempotent; the walk's result
+    is TensorFlow's own, so nothing else changes).
+
+    In a graph, every call of a ``tf.custom_gradient`` function walks back from its outputs to its inputs to
+    find the variables in between. A replica-context ``all_reduce`` is one such function (its gradient is an
+    all-reduce too), and under MirroredStrategy or MultiWorkerMirroredStrategy its outputs depend on every
+    replica's inputs: the walk from each crosses into the other replicas' graphs and covers them. Synchronized
+    batch norm (``model.sync_batch_norm``) all-reduces its moments in every layer, and the gradient of each is
+    an all-reduce again, so a step walks its whole graph many times over, and TensorFlow's walk is quadratic
+    (:func:`backward_walk_ops`). Measured on 2 logical CPUs (Intel Xeon, 2026-11-26): tracing the 2-replica
+    step of the tiny Transformer over the trainable small CNN went from 13.5 to 6.3 CPU s, its 99 walks from
+    8.8 to 1.3 s; one device takes 2.3 s."""
+    from tensorflow.python.ops import op_selector
+
+    op_selector.get_backward_walk_ops = backward_walk_ops

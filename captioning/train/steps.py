@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from captioning.data.augment import color_jitter
 from captioning.model import all_layers
+from captioning.tf_internals import install_backward_walk
 from captioning.train.objectives import Objective, caption_loss_sum, perplexity
 
 
@@ -92,7 +93,9 @@ def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_grad
     finite; ``finish(per_replica)`` in cross-replica context applies the update (or not), calls each of
     ``after_update`` (in cross-replica context, after a step that updated the weights, never a skipped one: the
     weight average of :mod:`captioning.train.ema`), increments ``step_counter`` and returns the step's outputs
-    (:func:`make_train_step`)."""
+    (:func:`make_train_step`). Its replica-context all-reduces (and synchronized batch norm's) trace with
+    :func:`captioning.tf_internals.install_backward_walk`'s graph walk: half a 2-replica step's tracing before."""
+    install_backward_walk()
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     moving = forward_state(model)
     variables = model.trainable_variables
