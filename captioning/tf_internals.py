@@ -31,10 +31,6 @@ helper                                    what it touches, and why
                                           heartbeat times out, minutes later)
 :func:`worker_answers`                    a tf.data worker's ``/tensorflow.data.WorkerService/GetWorkerTasks``:
                                           whether a registered worker is alive now
-:func:`frozen_function`                   ``convert_to_constants.convert_variables_to_constants_v2``: a
-                                          function's variables as constants, for the LiteRT converter (it
-                                          leaves the variables read inside a ``while`` loop, the caption
-                                          search's, as resources the interpreter fails on: measured)
 :func:`install_backward_walk`             ``op_selector.get_backward_walk_ops``, replaced by
                                           :func:`backward_walk_ops`, the same walk without its quadratic
                                           cost: what a mirrored training step spent half its tracing in
@@ -186,14 +182,6 @@ def worker_answers(address: str, timeout_s: float) -> bool:
         return True
     except grpc.RpcError:
         return False
-
-
-def frozen_function(concrete):
-    """``concrete`` (a ConcreteFunction) with its variables, those read inside loops too, as constants; its
-    control flow kept (``while`` stays one op: LiteRT's ``WHILE``)."""
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
-
-    return convert_variables_to_constants_v2(concrete, lower_control_flow=False)
 
 
 def backward_walk_ops(seed_ops, inclusive=True, within_ops=None, within_ops_fn=None, stop_at_ts=(),

@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -59,7 +58,6 @@ from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_e
 from captioning.inference.captioner import Captioner
 from captioning.inference.export import inside, trained_record
 from captioning.model.ensemble import model_dirs
-from captioning.tf_internals import frozen_function
 
 QUANTIZE = ("none", "float16", "dynamic_int8")
 METADATA = "captioning_export"  # the flatbuffer metadata entry holding the export's record
@@ -166,26 +164,18 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
         raise InputError(reason)
     graph = LiteRTGraph(captioner)
     concrete = graph.serve.get_concrete_function()
-    names = sorted(concrete.structured_outputs)
-    frozen = frozen_function(concrete)  # the variables, those the search's loop reads too, as constants
-
-    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")], autograph=False)
-    def serving_default(image):  # the outputs by name again (freezing returns them as a flat list)
-        outputs = frozen(image)
-        return dict(zip(names, outputs if isinstance(outputs, (list, tuple)) else tf.nest.flatten(outputs)))
-
+    # From the function itself, which the converter freezes (the variables, those the search's loop reads too, as
+    # constants: convert_variables_to_constants_v2, its control flow kept) and converts as a graph. Its default
+    # route, through a SavedModel it writes and loads twice, took 16.1 CPU s against 9.4 for the tiny Inception v3
+    # Transformer (2026-11-26).
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], graph)
+    converter.experimental_lower_to_saved_model = False
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if quantize == "float16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
     try:
-        with tempfile.TemporaryDirectory(prefix="captioning-litert-") as folder:
-            # a SavedModel first, as the converter would write it itself, but saving no custom gradients: its
-            # own save fails silently on them (keras.applications' swish) and drops the signature's names
-            tf.saved_model.save(tf.Module(), folder, signatures={"serving_default": serving_default.get_concrete_function()},
-                                options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
-            converter = tf.lite.TFLiteConverter.from_saved_model(folder)
-            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-            if quantize == "float16":
-                converter.optimizations = [tf.lite.Optimize.DEFAULT]
-                converter.target_spec.supported_types = [tf.float16]
-            data = converter.convert()
+        data = converter.convert()
     except Exception as e:  # the converter's ConverterError: name the ops without a built-in kernel
         ops = sorted(set(re.findall(r"'(tf\.\w+)' op is neither a custom op nor a flex op", str(e))))
         if not ops:
@@ -193,6 +183,9 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
         raise InputError(f"--format litert: the model needs TensorFlow ops that are not LiteRT built-in ops "
                          f"({', '.join(ops)}): it would need the Flex delegate, which ai-edge-litert's interpreter "
                          "lacks; use the SavedModel export") from None
+    # a graph's conversion names no signature: serving_default's, with the function's own names
+    outputs = {tensor.name.split(":")[0]: name for name, tensor in concrete.structured_outputs.items()}
+    data = with_signature(data, "serving_default", {"image": concrete.inputs[0].name.split(":")[0]}, outputs)
     return dynamic_int8(data) if quantize == "dynamic_int8" else data
 
 
@@ -230,6 +223,34 @@ def dynamic_int8(data: bytes) -> bytes:
             return bytes(quant.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
     finally:
         root.setLevel(level)
+
+
+def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[str, str]) -> bytes:
+    """The flatbuffer ``data`` of one subgraph with the signature ``key``: ``inputs`` maps each input's name to
+    the name of the subgraph's input tensor, ``outputs`` each output tensor's name to the output's (sorted by
+    name, as a SavedModel's conversion lists them)."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    subgraph = model.subgraphs[0]
+    named = {subgraph.tensors[i].name.decode(): int(i) for i in list(subgraph.inputs) + list(subgraph.outputs)}
+
+    def tensor_map(name, tensor):
+        if tensor not in named:
+            raise ValueError(f"the converted graph has no input or output tensor {tensor!r} (it has {sorted(named)})")
+        entry = schema.TensorMapT()
+        entry.name, entry.tensorIndex = name, named[tensor]
+        return entry
+
+    signature = schema.SignatureDefT()
+    signature.signatureKey, signature.subgraphIndex = key, 0
+    signature.inputs = [tensor_map(name, tensor) for name, tensor in sorted(inputs.items())]
+    signature.outputs = [tensor_map(name, tensor) for tensor, name in sorted(outputs.items(), key=lambda kv: kv[1])]
+    model.signatureDefs = [signature]
+    builder = flatbuffers.Builder(len(data) + 4096)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
 
 
 def with_metadata(data: bytes, record: dict) -> bytes:
