@@ -237,9 +237,8 @@ def install_backward_walk() -> None:
     replica's inputs: the walk from each crosses into the other replicas' graphs and covers them. Synchronized
     batch norm (``model.sync_batch_norm``) all-reduces its moments in every layer, and the gradient of each is
     an all-reduce again, so a step walks its whole graph many times over, and TensorFlow's walk is quadratic
-    (:func:`backward_walk_ops`). Measured on 2 logical CPUs (Intel Xeon, 2026-11-26): tracing the 2-replica
-    step of the tiny Transformer over the trainable small CNN went from 13.5 to 6.3 CPU s, its 99 walks from
-    8.8 to 1.3 s; one device takes 2.3 s."""
+    (:func:`backward_walk_ops`). A 20-step ``train`` as 2 mirrored replicas on 2 logical CPUs took 0.82 of the CPU
+    it took with TensorFlow's walk (``benchmarks/command_cpu.sh``, benchmarks/RESULTS.md, 2026-11-26)."""
     from tensorflow.python.ops import op_selector
 
     op_selector.get_backward_walk_ops = backward_walk_ops

@@ -22,7 +22,7 @@ request. ``saved_model_cli show --all --dir EXPORT`` lists both (docs/using.md s
 An ensemble's export (several ``--model-dir``: :mod:`captioning.model.ensemble`) is one SavedModel holding
 every model's weights, with the same signature (no ``attention``); its marker lists the models as
 ``"members"``. The SavedModel holds the serving functions and the variables they read, not the Keras models (their
-layers are not objects of the loaded SavedModel): saving and loading then take half the time.
+layers are not objects of the loaded SavedModel), which saves and loads faster.
 It runs the same function ``captioning caption`` runs
 (:meth:`captioning.inference.captioner.Captioner.decode_encoded`), so the two give the same captions. The folder
 loads with plain TensorFlow, without this project::
@@ -79,9 +79,9 @@ class CaptionServer(tf.Module):
         super().__init__()
         self.captioner = captioner
         # The models' variables, and not the models: the SavedModel needs only what its functions read, and saving
-        # walks every object it is given (a Keras model: every layer), as loading recreates them. Measured on the
-        # tiny Inception v3 Transformer (2026-11-26): the save took 12.3-13.2 CPU s with the model, 6.0-7.2 with
-        # its variables; loading the export 3.5-4.7 s against 1.8 s.
+        # walks every object it is given (a Keras model: every layer), as loading recreates them: the export
+        # command took 0.87 of the CPU it took before on the demo model (benchmarks/RESULTS.md, 2026-11-26 18:12),
+        # more with more layers.
         held = {id(v): v for member in captioner.trained.members for v in member.model.variables}
         self.model_variables = list(held.values())
         self.words = tf.constant(list(captioner.trained.vocab.words))

@@ -166,8 +166,8 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
     concrete = graph.serve.get_concrete_function()
     # From the function itself, which the converter freezes (the variables, those the search's loop reads too, as
     # constants: convert_variables_to_constants_v2, its control flow kept) and converts as a graph. Its default
-    # route, through a SavedModel it writes and loads twice, took 16.1 CPU s against 9.4 for the tiny Inception v3
-    # Transformer (2026-11-26).
+    # route writes a SavedModel and loads it twice first; without it the export command takes 0.90 of the CPU on
+    # the demo model (benchmarks/RESULTS.md, 2026-11-26 18:12), less on larger graphs.
     converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], graph)
     converter.experimental_lower_to_saved_model = False
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]

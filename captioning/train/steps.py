@@ -94,7 +94,7 @@ def make_update(model, optimizer, strategy, step_counter: tf.Variable, clip_grad
     ``after_update`` (in cross-replica context, after a step that updated the weights, never a skipped one: the
     weight average of :mod:`captioning.train.ema`), increments ``step_counter`` and returns the step's outputs
     (:func:`make_train_step`). Its replica-context all-reduces (and synchronized batch norm's) trace with
-    :func:`captioning.tf_internals.install_backward_walk`'s graph walk: half a 2-replica step's tracing before."""
+    :func:`captioning.tf_internals.install_backward_walk`'s graph walk (TensorFlow's own is quadratic)."""
     install_backward_walk()
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     moving = forward_state(model)
