@@ -33,7 +33,7 @@ helper                                    what it touches, and why
                                           whether a registered worker is alive now
 :func:`install_backward_walk`             ``op_selector.get_backward_walk_ops``, replaced by
                                           :func:`backward_walk_ops`, the same walk without its quadratic
-                                          cost: what a mirrored training step spent half its tracing in
+                                          cost, which a mirrored step pays at every all-reduce it traces
 ========================================  ====================================================================
 
 TensorFlow is imported inside the helpers that need it, so :func:`dispatcher_version` (plain gRPC) runs

@@ -225,6 +225,20 @@ def dynamic_int8(data: bytes) -> bytes:
         root.setLevel(level)
 
 
+def unpacked(data: bytes):
+    """The flatbuffer model ``data`` as ai-edge-litert's object API's ``ModelT``, every buffer's bytes inside it
+    (a buffer stored after the flatbuffer, as ai-edge-quantizer and the converter of a large model write them, is
+    read in: packing the object again writes only the flatbuffer)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    for buffer in model.buffers:
+        if buffer.offset > 1:
+            buffer.data = np.frombuffer(data, np.uint8, buffer.size, buffer.offset)
+            buffer.offset = buffer.size = 0
+    return model
+
+
 def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[str, str]) -> bytes:
     """The flatbuffer ``data`` of one subgraph with the signature ``key``: ``inputs`` maps each input's name to
     the name of the subgraph's input tensor, ``outputs`` each output tensor's name to the output's (sorted by
@@ -232,7 +246,7 @@ def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    model = unpacked(data)
     subgraph = model.subgraphs[0]
     named = {subgraph.tensors[i].name.decode(): int(i) for i in list(subgraph.inputs) + list(subgraph.outputs)}
 
@@ -258,11 +272,7 @@ def with_metadata(data: bytes, record: dict) -> bytes:
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    for buffer in model.buffers:  # data stored after the flatbuffer (ai-edge-quantizer writes so): inline again
-        if buffer.offset > 1:
-            buffer.data = np.frombuffer(data, np.uint8, buffer.size, buffer.offset)
-            buffer.offset = buffer.size = 0
+    model = unpacked(data)
     buffer = schema.BufferT()
     buffer.data = np.frombuffer(json.dumps(record, sort_keys=True).encode(), np.uint8)
     model.buffers.append(buffer)
