@@ -1,6 +1,6 @@
 """captioning/tf_internals.py's replacement of TensorFlow's backward graph walk: the same ops as TensorFlow's own
-walk (loaded from TensorFlow's file as it ships, whatever is installed in its place), on the graph of a real
-2-replica training step, for every kind of walk tf.custom_gradient and TensorFlow's other callers ask for."""
+walk (loaded from TensorFlow's file as it ships, whatever is installed in its place), on the graph of a
+MirroredStrategy training step, for every kind of walk tf.custom_gradient and TensorFlow's other callers ask for."""
 
 import importlib.util
 
@@ -37,8 +37,7 @@ def step_graph():
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads), loss
 
     step = tf.function(lambda x: strategy.run(replica, args=(x,)), autograph=False)
-    graph = step.get_concrete_function(tf.TensorSpec([5, 3], tf.float32)).graph
-    return graph
+    return step.get_concrete_function(tf.TensorSpec([5, 3], tf.float32)).graph
 
 
 def test_the_walk_reaches_the_ops_tensorflows_walk_reaches(step_graph):

@@ -239,11 +239,19 @@ def unpacked(data: bytes):
     return model
 
 
+def packed(model, size: int) -> bytes:
+    """The ``.tflite`` flatbuffer of ``model`` (a ``ModelT``, :func:`unpacked`'s), ``size`` about its bytes."""
+    import flatbuffers
+
+    builder = flatbuffers.Builder(size + 4096)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
 def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[str, str]) -> bytes:
     """The flatbuffer ``data`` of one subgraph with the signature ``key``: ``inputs`` maps each input's name to
     the name of the subgraph's input tensor, ``outputs`` each output tensor's name to the output's (sorted by
     name, as a SavedModel's conversion lists them)."""
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     model = unpacked(data)
@@ -262,14 +270,11 @@ def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[
     signature.inputs = [tensor_map(name, tensor) for name, tensor in sorted(inputs.items())]
     signature.outputs = [tensor_map(name, tensor) for tensor, name in sorted(outputs.items(), key=lambda kv: kv[1])]
     model.signatureDefs = [signature]
-    builder = flatbuffers.Builder(len(data) + 4096)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return packed(model, len(data))
 
 
 def with_metadata(data: bytes, record: dict) -> bytes:
     """The flatbuffer ``data`` with ``record`` (JSON) as its metadata entry :data:`METADATA`."""
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     model = unpacked(data)
@@ -279,9 +284,7 @@ def with_metadata(data: bytes, record: dict) -> bytes:
     entry = schema.MetadataT()
     entry.name, entry.buffer = METADATA, len(model.buffers) - 1
     model.metadata = [m for m in (model.metadata or []) if m.name != METADATA.encode()] + [entry]
-    builder = flatbuffers.Builder(len(data) + 4096)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return packed(model, len(data))
 
 
 def read_record(path: str) -> dict | None:
