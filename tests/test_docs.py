@@ -265,5 +265,38 @@ def test_the_suites_schedule_names_test_files_and_make_keeps_its_order():
     files = {f[:-3] for f in os.listdir(os.path.join(REPO, "tests")) if f.startswith("test_") and f.endswith(".py")}
     assert set(FILE_SECONDS) <= files, set(FILE_SECONDS) - files
     makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
-    runs = re.findall(r"^\t\$\(BIN\)/python -m pytest (.*)$", makefile, re.M)
+    assert re.search(r"^PYTEST +=.* \$\(BIN\)/python -m pytest$", makefile, re.M)
+    runs = re.findall(r"^\t\$\(PYTEST\) (.*)$", makefile, re.M)
     assert len(runs) == 2 and all("--dist loadfile --no-loadscope-reorder" in run for run in runs), runs
+
+
+def test_the_test_modules_rewritten_before_the_workers_start_are_what_pytest_reads(tmp_path):
+    """tests/rewrite_cache.py (run by the Makefile before pytest's workers start) writes each module's
+    assertion-rewritten bytecode where pytest reads it, under PYTHONDONTWRITEBYTECODE too; a rerun writes nothing.
+    The proof that pytest reads that very file: the cached code of a module whose source fails is swapped for a
+    passing one's, and pytest then passes it."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from _pytest.assertion import rewrite
+
+    from tests import rewrite_cache
+
+    source = tmp_path / "test_sample.py"
+    source.write_text("def test_it():\n    x = [1, 2]\n    assert len(x) == 3\n")
+    assert rewrite_cache.main(str(tmp_path)) == 0
+    pyc = tmp_path / "__pycache__" / f"test_sample.{rewrite.PYTEST_TAG}.pyc"
+    code = rewrite._read_pyc(source, pyc)  # pytest's own reader accepts it for this source
+    assert code is not None and "@pytest_ar" in code.co_names  # the assertions rewritten
+    written = pyc.stat().st_mtime_ns
+    assert rewrite_cache.main(str(tmp_path)) == 0 and pyc.stat().st_mtime_ns == written
+
+    other = tmp_path / "other" / "test_sample.py"
+    other.parent.mkdir()
+    other.write_text(source.read_text().replace("== 3", "== 2"))
+    _, passing = rewrite._rewrite_test(other, None)
+    rewrite._write_pyc(None, passing, importlib.util.source_hash(source.read_bytes()), pyc)  # as for the source
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source)], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:]
