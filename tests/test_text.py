@@ -1,4 +1,5 @@
 import doctest
+import os
 import string
 import unicodedata
 
@@ -200,7 +201,8 @@ def test_a_letter_or_digit_anywhere_makes_a_token_a_word(before, ch, after):
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(st.lists(st.one_of(st.sampled_from(["a", "dog", "cannot", "gonna", "wanna", "gimme", "lemme", "gotta", "can",
                                            "3", "10", "x2", "mr", "e", "g"]),
-                          st.sampled_from([" ", ", ", ". ", ".", ",", "  ", " , ", "! ", "'s ", "'", "-"])),
+                          st.sampled_from([" ", ", ", ". ", ".", ",", "  ", " , ", "! ", "'s ", "'", "-", ": ", ":",
+                                           " : ", ":: "])),
                 max_size=14),
        st.booleans())
 def test_the_plain_caption_fast_path_equals_nltk(parts, keep):
@@ -210,3 +212,22 @@ def test_the_plain_caption_fast_path_equals_nltk(parts, keep):
     text = normalize_caption(caption)
     expected = _nltk_tokens(text, keep) if text else []
     assert tokenize_caption(caption, keep) == expected
+
+
+def test_nltk_is_imported_only_when_a_caption_takes_the_general_path():
+    """Importing nltk imports all of it (scipy.stats among it): about 1 CPU s a process. A process whose captions
+    are all plain (the synthetic sets', the models' own) never imports it; the first caption nltk must split does."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    program = ("import sys\n"
+               "from captioning.text import tokenize_caption\n"
+               "print(tokenize_caption('Three shapes: a red circle, a blue square.'), 'nltk' in sys.modules)\n"
+               "print(tokenize_caption('I cannot see'), 'nltk' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["['three', 'shapes', 'a', 'red', 'circle', 'a', 'blue', 'square'] False",
+                                        "['i', 'can', 'not', 'see'] True"]
