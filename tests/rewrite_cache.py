@@ -2,7 +2,7 @@
 
 pytest rewrites every ``assert`` of a test module when it imports it, and keeps the result beside the source
 (``tests/__pycache__/test_x.cpython-311-pytest-9.2.0.pyc``) only where Python may write bytecode. CI sets
-``PYTHONDONTWRITEBYTECODE``, so each pytest-xdist worker rewrote all 66 modules of tests/ again while collecting:
+``PYTHONDONTWRITEBYTECODE``, so each pytest-xdist worker rewrote every module of tests/ (66) again while collecting:
 collecting the suite took 13.3-14.8 CPU s a process without that cache and 6.3 s with it (2 cores, 2026-11-26),
 in each of the three workers. This writes the cache in one process, in 2.3 CPU s; the Makefile then lets pytest
 write what else it rewrites (the plugins' modules).
