@@ -264,9 +264,10 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
-    test_uneven_splits.py, test_accumulate.py, test_ema.py and test_train_reliability.py, run once for all of them: the MirroredStrategy ones (one device
-    against 2 logical CPUs) in one process and the MultiWorkerMirroredStrategy ones in one pair of localhost
-    workers, both pairs of processes at once (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
+    test_uneven_splits.py, test_accumulate.py, test_ema.py, test_optimizer.py and test_train_reliability.py,
+    run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in one process and
+    the MultiWorkerMirroredStrategy ones in one pair of localhost workers, both pairs of processes at once
+    (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
     with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
     from tests.helpers import REGIONS, run_distributed_scenarios
 
@@ -287,9 +288,10 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
                          [["accumulate", data, "accumulate"],  # tests/test_accumulate.py
                           ["ema", data, "ema"],  # tests/test_ema.py
                           ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
-                          ["resume", data, "resume"]]),
+                          ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py
             "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
                              ["multi_worker", regions, "regions", *REGIONS],
-                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"]]})
+                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"],
+                             ["fused", data, "fused"]]})
 
     return built_once(tmp_path_factory, "distributed_runs", build)

@@ -295,6 +295,7 @@ MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs,
          "nan_skip": lambda d, o: __import__("tests.test_train_reliability", fromlist=["x"]).mirrored_nan_skip(d, o),
          "uneven_cli": lambda d, o: __import__("tests.test_uneven_splits", fromlist=["x"]).mirrored_cli(d, o),
          "resume": lambda d, o: __import__("tests.test_train", fromlist=["x"]).mirrored_resume(d, o),
+         "fused": lambda d, o: __import__("tests.test_optimizer", fromlist=["x"]).replicated(d, o),
          "multi_worker_service": lambda d, o, service: multi_worker(
              d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30"),
          "many": many}
