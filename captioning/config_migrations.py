@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 8  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 9  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -132,3 +132,10 @@ def _from_format_7(data: dict) -> dict:
     """Format 8 brought data.region_pad_multiple; a format-7 model padded each batch's regions to its largest
     count (1)."""
     return with_defaults(data, {"data.region_pad_multiple": 1})
+
+
+@migration(8)
+def _from_format_8(data: dict) -> dict:
+    """Format 9 brought train.fused_updates; a format-8 model was updated by Keras' element-wise update, which
+    false keeps bit for bit when it trains on (true: the fused kernels, Adam's last bits rounded differently)."""
+    return with_defaults(data, {"train.fused_updates": False})

@@ -184,6 +184,9 @@ class TrainConfig(Section):
     encoder_lr_scale: float = field(default=1.0, metadata=between(0.0, 100.0, low_open=True))
     # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
     momentum: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
+    # each variable's update as TensorFlow's one fused kernel (ResourceApplyAdam, ...: tf.keras 2's), with Keras'
+    # slots and formula; false: Keras 3's element-wise update, bit for bit (captioning/train/optimizer.py)
+    fused_updates: bool = True
     # constant, step, exponential, cosine, or noam (the Transformer's: linear warm-up over train.warmup_steps
     # to train.learning_rate, then × sqrt(warmup / step))
     lr_schedule: str = field(default="step", metadata=choices("constant", "step", "exponential", "cosine", "noam"))

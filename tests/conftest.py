@@ -289,9 +289,10 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
                           ["ema", data, "ema"],  # tests/test_ema.py
                           ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
                           ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py
-            "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
-                             ["multi_worker", regions, "regions", *REGIONS],
-                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"],
-                             ["fused", data, "fused"]]})
+            # the fused updates first: placed after eval_losses, its first variable's broadcast met one of another
+            # shape from the other worker (the collective instances no longer paired up; not yet explained)
+            "multi_worker": [["fused", data, "fused"], ["multi_worker", data, "xe"],
+                             ["multi_worker_scst", data, "scst"], ["multi_worker", regions, "regions", *REGIONS],
+                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"]]})
 
     return built_once(tmp_path_factory, "distributed_runs", build)

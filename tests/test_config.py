@@ -743,12 +743,14 @@ def test_there_is_one_migration_for_each_older_format_in_order():
 @pytest.mark.parametrize("version, section, key, value", [
     (3, "train", "steps_per_execution", 1), (4, "scst", "xla_sampling", True), (6, "train", "ema_decay", 0.0),
     (6, "train", "accumulate_steps", 1), (6, "scst", "xe_weight", 0.0),
-    (6, "train", "scheduled_sampling", ScheduledSamplingConfig(start=0.0, increase=0.05, increase_every=5000, max=0.0))])
+    (6, "train", "scheduled_sampling", ScheduledSamplingConfig(start=0.0, increase=0.05, increase_every=5000, max=0.0)),
+    (8, "train", "fused_updates", False)])
 def test_a_key_added_by_a_later_format_gets_the_behaviour_of_its_time(tmp_path, version, section, key, value):
     """Format 4 brought train.steps_per_execution (a format-3 model ran one step a call), format 5
     scst.xla_sampling (the same samples, drawn faster), format 7 the EMA, accumulation, scheduled sampling (a
-    nested section: all its keys) and SCST's cross-entropy term, all off: an older file without the key loads
-    with that value; a file of the current format without it is damage."""
+    nested section: all its keys) and SCST's cross-entropy term, all off, format 9 the fused optimizer updates
+    (off: Keras' element-wise update, as before, bit for bit): an older file without the key loads with that
+    value; a file of the current format without it is damage."""
     cfg = load_config(os.path.join(V1, "show_and_tell.config.yaml"), complete=True)
     data = to_dict(cfg)
     del data[section][key]

@@ -4,7 +4,9 @@ The seeds' definition: iteration time = ingestion time (waiting for the next bat
 :meth:`captioning.train.Trainer.run` measures both for every iteration (and logs them to TensorBoard
 during any training); this benchmark runs it for ``warmup + steps`` steps in a scratch model folder,
 with evaluation and sample captions off, and reports the steps after the warm-up (tracing, cache
-filling and the autotuner's ramp-up happen there). ``xla_compilations``: how many times XLA compiled during the
+filling and the autotuner's ramp-up happen there); ``first_step_s`` is the first step alone (with
+``train.steps_per_execution`` K, its call's time over K), most of it tracing and optimizing the step's graph,
+which ``train.fused_updates`` shrinks. ``xla_compilations``: how many times XLA compiled during the
 whole run (warm-up, measured steps and the step-in-parts timing), counted by TensorFlow's profiler
 (:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``) or SCST's
 compiled sampling (``scst.xla_sampling``) compiles again for every new input shape, about 1.4 s each here.
@@ -115,6 +117,8 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
         "ingestion_share": sum(ingestion) / total,
         "xla_compilations": counted["xla_compilations"],
         "step_ms": 1000 * statistics.fmean(step),
+        # the first step's whole time: tracing the step, TensorFlow's graph optimizations and its first run
+        "first_step_s": result.step_s[0],
         "iteration_ms": 1000 * total / len(step),
         "examples_per_s": captions * len(step) / total,
         "captions_per_s": captions * len(step) / total,
@@ -168,7 +172,7 @@ def summary(result: dict) -> str:
                 f"with {' '.join(result['compare'])}: {result['captions_per_s_ratio']:.2f}x the captions/s "
                 f"(best of {result['rounds']} runs each, alternated)")
     return (f"iteration {result['iteration_ms']:.1f} ms = ingestion {result['ingestion_ms']['mean']:.2f} ms "
-            f"+ train step {result['step_ms']:.1f} ms; ingestion share {result['ingestion_share']:.4f} "
+            f"+ train step {result['step_ms']:.1f} ms (the first {result['first_step_s']:.1f} s); ingestion share {result['ingestion_share']:.4f} "
             f"(target <= {TARGET_INGESTION_SHARE}); {result['captions_per_s']:.0f} captions/s, "
             f"{result['images_per_s']:.0f} images/s, encoder images per caption "
             f"{result['encoder_images_per_caption']:.2f}"

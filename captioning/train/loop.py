@@ -98,7 +98,8 @@ class Trainer:
             self.model.build_all()
             # a fine-tuned encoder learns at train.encoder_lr_scale times the decoder's rate
             self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16",
-                                            self.model.encoder.trainable_variables, cfg.train.encoder_lr_scale)
+                                            self.model.encoder.trainable_variables, cfg.train.encoder_lr_scale,
+                                            fused=cfg.train.fused_updates)
             # Keras 3 optimizers must create their slots inside the scope before the first
             # distributed step, or the first step fails on an unfed 'cond' placeholder.
             self.optimizer.build(self.model.trainable_variables)

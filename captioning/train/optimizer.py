@@ -213,7 +213,8 @@ def make_optimizer(t: TrainConfig, steps_per_epoch: int, mixed_float16: bool, sc
     """The optimizer of ``train.*``; the learning rate of the ``scaled`` variables is ``scale`` times the others'
     (a fine-tuned encoder's at ``train.encoder_lr_scale``: im2txt's second stage and BLIP's fine-tuning train
     the image encoder slower than the decoder). ``fused``: each variable's update as one TensorFlow kernel
-    (:class:`_FusedUpdates`); False gives Keras' own element-wise update, the reference tests hold it to."""
+    (:class:`_FusedUpdates`, ``train.fused_updates``); False gives Keras' own element-wise update, the reference
+    the tests hold the fused one to."""
     schedule = LearningRate(t.learning_rate, t.lr_schedule, round(t.lr_decay_epochs * steps_per_epoch),
                             t.lr_decay_factor, t.steps, t.warmup_steps)
     if t.optimizer == "sgd":
