@@ -85,6 +85,7 @@ def test_benchmark_train(tmp_path, prepared_dir):
         assert positive(result[key])
     assert result["iteration_ms"] >= result["step_ms"]
     assert result["first_step_s"] * 1000 > 5 * result["step_ms"]  # it traces and optimizes the step
+    assert 500 < result["step_graph_nodes"] < 20_000
     assert f"(the first {result['first_step_s']:.1f} s)" in done.stdout
     assert result["settings"]["steps"] == 6
     # every caption its own example: one encoder image per caption, 8 captions a step

@@ -6,7 +6,7 @@ during any training); this benchmark runs it for ``warmup + steps`` steps in a s
 with evaluation and sample captions off, and reports the steps after the warm-up (tracing, cache
 filling and the autotuner's ramp-up happen there); ``first_step_s`` is the first step alone (with
 ``train.steps_per_execution`` K, its call's time over K), most of it tracing and optimizing the step's graph,
-which ``train.fused_updates`` shrinks. ``xla_compilations``: how many times XLA compiled during the
+whose size ``step_graph_nodes`` gives (``train.fused_updates`` shrinks it). ``xla_compilations``: how many times XLA compiled during the
 whole run (warm-up, measured steps and the step-in-parts timing), counted by TensorFlow's profiler
 (:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``) or SCST's
 compiled sampling (``scst.xla_sampling``) compiles again for every new input shape, about 1.4 s each here.
@@ -100,7 +100,8 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
                  model_dir)
         parts: dict = {}
         with common.counting_xla_compilations() as counted:
-            result = train(cfg, model_dir, progress=progress, then=lambda trainer: parts.update(_parts(trainer)))
+            result = train(cfg, model_dir, progress=progress,
+                           then=lambda trainer: parts.update(_parts(trainer), graph_nodes=_graph_nodes(trainer)))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
@@ -110,6 +111,7 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     extra = objective.measure(cfg, images / result.replicas, per_image, 1000 * statistics.fmean(step))
     if extra:  # what the objective measured of its own, and one line about it
         extra["objective_note"] = objective.summarize(extra)
+    graph_nodes = parts.pop("graph_nodes", None)
     if parts:  # its step in parts, timed with the run's model
         extra["parts_ms"] = parts["parts_ms"]
         extra["objective_note"] = "\n".join(filter(None, (extra.get("objective_note"), parts["note"])))
@@ -119,6 +121,7 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
         "step_ms": 1000 * statistics.fmean(step),
         # the first step's whole time: tracing the step, TensorFlow's graph optimizations and its first run
         "first_step_s": result.step_s[0],
+        "step_graph_nodes": graph_nodes,
         "iteration_ms": 1000 * total / len(step),
         "examples_per_s": captions * len(step) / total,
         "captions_per_s": captions * len(step) / total,
@@ -145,6 +148,18 @@ def _parts(trainer) -> dict:
     dataset = trainer.distributed_dataset(trainer.cfg.data.train_split, training=True)
     batch = trainer.strategy.experimental_local_results(next(iter(dataset)))[0]
     return trainer.objective.breakdown(trainer.model, batch)
+
+
+def _graph_nodes(trainer) -> int | None:
+    """The nodes of the training step's graph, with those of the functions it calls (what TensorFlow traces
+    and optimizes before the first step); None for an interrupted run, or when the loop did not call the one
+    step function (``train.accumulate_steps`` or ``train.steps_per_execution`` above 1)."""
+    t = trainer.cfg.train
+    if trainer.current_step() < t.steps or trainer.accumulation is not None or t.steps_per_execution > 1:
+        return None
+    step = trainer.train_step_for(trainer.distributed_dataset(trainer.cfg.data.train_split, training=True))
+    graph = step.get_concrete_function().graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
 
 
 def per_step(cfg: config_lib.Config, captions_per_image: float, replicas: int) -> tuple[float, float]:
