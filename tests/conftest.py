@@ -289,12 +289,9 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
                           ["ema", data, "ema"],  # tests/test_ema.py
                           ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
                           ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py
-            # the fused updates first: placed after eval_losses, its first variable's broadcast met one of another
-            # shape from the other worker, so after eval_losses' 8 evaluations (2 splits x 4 batch sizes) the two
-            # workers' collectives no longer pair up (not yet explained). A training run evaluating every 2 steps on
-            # the same uneven split, then the fused scenario, was fine (2026-11-26).
-            "multi_worker": [["fused", data, "fused"], ["multi_worker", data, "xe"],
-                             ["multi_worker_scst", data, "scst"], ["multi_worker", regions, "regions", *REGIONS],
-                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"]]})
+            "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
+                             ["multi_worker", regions, "regions", *REGIONS],
+                             ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"],
+                             ["fused", data, "fused"]]})
 
     return built_once(tmp_path_factory, "distributed_runs", build)

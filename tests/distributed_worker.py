@@ -27,6 +27,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # a scenario that imports tests.distributed_worker gets this very module, and so
+    sys.modules.setdefault("tests.distributed_worker", sys.modules[__name__])  # the one multi-worker strategy
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
