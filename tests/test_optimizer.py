@@ -100,9 +100,13 @@ def _gradients(steps, seed=0):
             for _ in range(steps)]
 
 
-def _run(kind, fused, gradients, start=None):
+def _start():
     rng = np.random.default_rng(1)
-    variables = [tf.Variable(rng.normal(size=s).astype(np.float32)) for s in SHAPES]
+    return [rng.normal(size=s).astype(np.float32) for s in SHAPES]
+
+
+def _run(kind, fused, gradients, start=None):
+    variables = [tf.Variable(x) for x in _start()]
     optimizer = _optimizer(kind, fused, variables)
     if start is not None:
         tf.train.Checkpoint(optimizer=optimizer, variables=variables).read(start).assert_consumed()
@@ -171,10 +175,8 @@ def replicated(data_dir, out_dir):
     gradients = _gradients(4)
     out = {"replicas": strategy.num_replicas_in_sync}
     for kind in KINDS:
-        rng = np.random.default_rng(1)
-        start = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
         with strategy.scope():
-            variables = [tf.Variable(x) for x in start]
+            variables = [tf.Variable(x) for x in _start()]
             optimizer = _optimizer(kind, True, variables)
 
         @tf.function(autograph=False)
@@ -184,14 +186,11 @@ def replicated(data_dir, out_dir):
 
         for g in gradients:
             step([tf.constant(x) for x in g])
-        reference = [tf.Variable(x) for x in start]
-        keras_own = _optimizer(kind, False, reference)
-        for g in gradients:
-            keras_own.apply([tf.constant(x) for x in g], reference)
+        reference, keras_own, _ = _run(kind, False, gradients)  # Keras' own, on one device
         for name, vs in (("two", list(variables) + list(optimizer.variables)),
                          ("one", reference + list(keras_own.variables))):
             for i, v in enumerate(vs):
-                out[f"{name}/{kind}/{i}"] = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+                out[f"{name}/{kind}/{i}"] = v.numpy()
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", "one")
     np.savez(os.path.join(out_dir, f"fused-{task}.npz"), **out)
 

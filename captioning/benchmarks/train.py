@@ -6,9 +6,9 @@ during any training); this benchmark runs it for ``warmup + steps`` steps in a s
 with evaluation and sample captions off, and reports the steps after the warm-up (tracing, cache
 filling and the autotuner's ramp-up happen there); ``first_step_s`` is the first step alone (with
 ``train.steps_per_execution`` K, its call's time over K), most of it tracing and optimizing the step's graph,
-whose size ``step_graph_nodes`` gives (``train.fused_updates`` shrinks it). ``xla_compilations``: how many times XLA compiled during the
-whole run (warm-up, measured steps and the step-in-parts timing), counted by TensorFlow's profiler
-(:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``) or SCST's
+whose size ``step_graph_nodes`` gives (``train.fused_updates`` shrinks it). ``xla_compilations``: how many
+times XLA compiled during the whole run (warm-up, measured steps and the step-in-parts timing), counted by
+TensorFlow's profiler (:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``) or SCST's
 compiled sampling (``scst.xla_sampling``) compiles again for every new input shape, about 1.4 s each here.
 
 Any config runs on any prepared records (``--data DIR`` sets ``data.dir``; ``--photos`` the COCO-like
@@ -187,7 +187,8 @@ def summary(result: dict) -> str:
                 f"with {' '.join(result['compare'])}: {result['captions_per_s_ratio']:.2f}x the captions/s "
                 f"(best of {result['rounds']} runs each, alternated)")
     return (f"iteration {result['iteration_ms']:.1f} ms = ingestion {result['ingestion_ms']['mean']:.2f} ms "
-            f"+ train step {result['step_ms']:.1f} ms (the first {result['first_step_s']:.1f} s); ingestion share {result['ingestion_share']:.4f} "
+            f"+ train step {result['step_ms']:.1f} ms (the first {result['first_step_s']:.1f} s); "
+            f"ingestion share {result['ingestion_share']:.4f} "
             f"(target <= {TARGET_INGESTION_SHARE}); {result['captions_per_s']:.0f} captions/s, "
             f"{result['images_per_s']:.0f} images/s, encoder images per caption "
             f"{result['encoder_images_per_caption']:.2f}"
