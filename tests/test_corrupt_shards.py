@@ -189,7 +189,6 @@ def damage_many(data_dir):
     return kept, lost
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 def test_skip_corrupt_reads_every_intact_record_and_counts_the_rest(data_copy, caplog):
     kept, lost = damage_many(data_copy)
     cfg = small_train_config(data_copy, "data.skip_corrupt=true")

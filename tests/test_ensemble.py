@@ -59,7 +59,6 @@ def test_each_step_is_the_log_of_the_models_averaged_probabilities(mixed):
     assert npy(penalty).shape == (B,) and not npy(penalty).any()
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 def test_beam_search_and_greedy_decoding_over_an_ensemble(mixed):
     from captioning.model.decode import beam_search
     from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID

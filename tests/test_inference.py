@@ -317,7 +317,6 @@ def test_export_again_is_a_no_op_and_overwrite_swaps_in_a_complete_export(traine
     assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary or old folder left beside it
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 def test_decoding_follows_the_models_decode_section_and_flags_override_it(trained_model_dir, user_images, tmp_path):
     """config.yaml's decode: section is how the model decodes; a flag overrides one setting for one call.
     An impossible combination is named by parameter in the library and by flag on the command line."""
@@ -365,7 +364,7 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     assert refused.returncode == 2 and "must look like decode.KEY=VALUE" in refused.stderr
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
+@pytest.mark.slow  # 18 s alone (2026-11-27, a slow VM), its fixture 5 s more: two evaluations
 def test_evaluate_with_other_decoding_settings_is_another_evaluation(trained_model_dir, tmp_path):
     """--set decode.KEY=VALUE in evaluate: the settings are kept in the result, whose key they change (a plain
     beam search result is never replaced by a sampled one)."""

@@ -165,7 +165,6 @@ def trained(prepared_dir, tmp_path_factory):
     return runs
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 @pytest.mark.parametrize("name", NAMES)
 def test_a_few_steps_move_the_weights_and_report_the_declared_parts(name, trained):
     trainer, before, result = trained[name]
@@ -179,7 +178,6 @@ def test_a_few_steps_move_the_weights_and_report_the_declared_parts(name, traine
     assert np.isfinite(float(out["loss"])) and float(out["weight"]) > 0
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 @pytest.mark.parametrize("name", NAMES)
 def test_a_replica_with_no_example_adds_nothing(name, trained):
     """Under a strategy the last batch may leave a replica empty: its loss sum, weight and gradients are 0

@@ -25,7 +25,6 @@ def data_dir(prepared_dir):
 small_config = small_train_config
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 def test_training_lowers_the_loss(data_dir, tmp_path):
     """Also train.profile_steps (steps 3 and 4 profiled, a trace in the train logs): one run for both."""
     from captioning.train import Trainer
@@ -243,7 +242,6 @@ def test_train_cli_runs_and_resumes(data_dir, distributed_runs, tmp_path):
     assert os.path.exists(os.path.join(out, "m", "ckpt-9.index"))
 
 
-@pytest.mark.slow  # 10-30 s: out of the quick loop (setup.cfg's marker, docs/reliability.md)
 def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
     """COCO images have 5 to 7 captions: feature caching, samples and evaluation batch such images. The run
     is also test_features_cache_needs_a_frozen_encoder_and_no_augmentation's allowed case (data.cache:
