@@ -6,10 +6,10 @@ during any training); this benchmark runs it for ``warmup + steps`` steps in a s
 with evaluation and sample captions off, and reports the steps after the warm-up (tracing, cache
 filling and the autotuner's ramp-up happen there); ``first_step_s`` is the first step alone (with
 ``train.steps_per_execution`` K, its call's time over K), most of it tracing and optimizing the step's graph,
-whose size ``step_graph_nodes`` gives (``train.fused_updates`` shrinks it). ``xla_compilations``: how many
-times XLA compiled during the whole run (warm-up, measured steps and the step-in-parts timing), counted by
-TensorFlow's profiler (:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``) or SCST's
-compiled sampling (``scst.xla_sampling``) compiles again for every new input shape, about 1.4 s each here.
+whose size ``step_graph_nodes`` gives (``train.fused_updates`` shrinks it). ``xla_compilations``: how many times XLA
+compiled during the whole run (warm-up, measured steps and the step-in-parts timing), counted by TensorFlow's
+profiler (:func:`captioning.benchmarks.common.counting_xla_compilations`): a compiled step (``train.jit_compile``)
+or SCST's compiled sampling (``scst.xla_sampling``) compiles again for every new input shape, about 1.4 s each here.
 
 Any config runs on any prepared records (``--data DIR`` sets ``data.dir``; ``--photos`` the COCO-like
 benchmark photos of ``benchmark input``). ``--compare SECTION.KEY=VALUE`` measures the config with and

@@ -119,12 +119,12 @@ class _ScaledRates:
 class _FusedUpdates:
     """Keras' update of a variable as TensorFlow's fused kernel for it: one ``ResourceApply*`` operation a
     variable (``ResourceApplyAdam``, ``ResourceApplyKerasMomentum``, ``ResourceApplyGradientDescent``: the
-    kernels ``tf.keras`` 2 optimizers ran) instead of the element-wise operations Keras 3 writes for each
-    (about 30 for Adam, 7 for SGD with momentum), with the step's scalars (the cast learning rate, Adam's
-    ``beta ** t``) computed once a step rather than once a variable. The formula and the slot variables are Keras' own, so checkpoints do not
-    change. SGD's kernels give Keras' bits; Adam's computes ``1 - beta_2`` in float32 (0.00099998713, not
-    0.001), so its second moments differ from Keras' in the fifth digit. Anything else (an
-    ``IndexedSlices`` gradient, a dtype the kernel lacks, AMSGrad, Nesterov) takes Keras' update.
+    kernels ``tf.keras`` 2 optimizers ran) instead of the element-wise operations Keras 3 writes for each (about 30 for
+    Adam, 7 for SGD with momentum), with the step's scalars (the cast learning rate, Adam's ``beta ** t``) computed
+    once a step rather than once a variable. The formula and the slot variables are Keras' own, so checkpoints do
+    not change. SGD's kernels give Keras' bits; Adam's computes ``1 - beta_2`` in float32 (0.00099998713, not
+    0.001), so its second moments differ from Keras' in the fifth digit. Anything else (an ``IndexedSlices``
+    gradient, a dtype the kernel lacks, AMSGrad, Nesterov) takes Keras' update.
 
     Under a distribution strategy each replica's kernel updates its own copy: Keras calls ``update_step``
     inside ``strategy.extended.update``, where a mirrored variable's ``handle`` is the current device's.
