@@ -4,8 +4,10 @@ from a file before the contract tests (tests/test_decoders.py) are collected. He
 
 import fcntl
 import os
+import resource
 import shutil
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -18,6 +20,31 @@ from tests.helpers import coco_split_args, small_train_config
 def pytest_addoption(parser):
     parser.addoption("--decoder", action="append", default=[], metavar="FILE:NAME",
                      help="register the decoder class that FILE's module names DECODER as NAME (repeatable)")
+    parser.addoption("--cpu-log", metavar="FILE", default=None,
+                     help="append a line per test to FILE: its id, CPU seconds in its process and in the children "
+                          "it waited for, wall seconds, worker (tab-separated; docs/reliability.md)")
+
+
+def _cpu_and_wall():
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime, time.time()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """``--cpu-log FILE``: what each test cost, its setup (the fixtures it is the first to ask for) and teardown
+    included. CPU seconds rather than durations: the workers share two cores with each other and with the
+    processes tests start, so a duration in the full suite says little about the test (a test of 1.7 s alone
+    took 10-30 s there). The children's seconds count once they have ended and been waited for."""
+    path = item.config.getoption("--cpu-log")
+    before = _cpu_and_wall() if path else None
+    yield
+    if path:
+        after = _cpu_and_wall()
+        own, children, wall = (b - a for a, b in zip(before, after))
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+        with open(path, "a", encoding="utf-8") as f:  # one short append a line: the workers' lines stay whole
+            f.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{wall:.2f}\t{worker}\n")
 
 
 # Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built

@@ -270,6 +270,42 @@ def test_the_suites_schedule_names_test_files_and_make_keeps_its_order():
     assert len(runs) == 2 and all("--dist loadfile --no-loadscope-reorder" in run for run in runs), runs
 
 
+def test_the_cpu_log_counts_a_tests_own_cpu_and_its_childrens(request, monkeypatch, tmp_path):
+    """``--cpu-log FILE`` (tests/conftest.py, docs/reliability.md): the hook around a test, driven here around
+    this test's own item, appends one line with the CPU seconds spent in this process and in a child it waited
+    for, each counted where it was spent."""
+    import subprocess
+    import sys
+    import time
+
+    from tests import conftest
+
+    log = tmp_path / "cpu.tsv"
+    monkeypatch.setattr(request.config.option, "cpu_log", str(log))
+    for burn in (True, False):  # a second test's line goes after the first's
+        hook = conftest.pytest_runtest_protocol(request.node, None)
+        next(hook)
+        if burn:
+            start = time.process_time()
+            while time.process_time() - start < 0.3:  # 0.3 s of CPU here
+                pass
+            subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() "
+                            "- t < 1.0: pass"], check=True)  # 1 s in a child
+        with pytest.raises(StopIteration):
+            hook.send(None)
+    lines = [line.split("\t") for line in log.read_text().splitlines()]
+    assert [(node, worker) for node, *_, worker in lines] == [
+        (request.node.nodeid, os.environ.get("PYTEST_XDIST_WORKER", "-"))] * 2
+    (own, children, wall), (_, later, _) = ([float(x) for x in line[1:4]] for line in lines)
+    assert 0.3 <= own < 1.0 and 1.0 <= children < 1.5 and wall >= 1.3 and later == 0.0
+    monkeypatch.undo()
+    hook = conftest.pytest_runtest_protocol(request.node, None)  # without the option: nothing is written
+    next(hook)
+    with pytest.raises(StopIteration):
+        hook.send(None)
+    assert len(log.read_text().splitlines()) == 2
+
+
 def test_the_test_modules_rewritten_before_the_workers_start_are_what_pytest_reads(tmp_path):
     """tests/rewrite_cache.py (run by the Makefile before pytest's workers start) writes each module's
     assertion-rewritten bytecode where pytest reads it, under PYTHONDONTWRITEBYTECODE too; a rerun writes nothing.
