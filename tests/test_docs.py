@@ -298,8 +298,8 @@ def test_the_cpu_log_counts_a_tests_own_cpu_and_its_childrens(request, monkeypat
         (request.node.nodeid, os.environ.get("PYTEST_XDIST_WORKER", "-"))] * 2
     (own, children, wall), (_, later, _) = ([float(x) for x in line[1:4]] for line in lines)
     assert 0.3 <= own < 1.0 and 1.0 <= children < 1.5 and wall >= 1.3 and later == 0.0
-    monkeypatch.undo()
-    hook = conftest.pytest_runtest_protocol(request.node, None)  # without the option: nothing is written
+    monkeypatch.setattr(request.config.option, "cpu_log", None)  # without the option: nothing is written
+    hook = conftest.pytest_runtest_protocol(request.node, None)
     next(hook)
     with pytest.raises(StopIteration):
         hook.send(None)
