@@ -43,6 +43,7 @@ def pytest_runtest_protocol(item, nextitem):
         after = _cpu_and_wall()
         own, children, wall = (b - a for a, b in zip(before, after))
         worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # runs/ is not in a fresh clone
         with open(path, "a", encoding="utf-8") as f:  # one short append a line: the workers' lines stay whole
             f.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{wall:.2f}\t{worker}\n")
 

@@ -280,7 +280,7 @@ def test_the_cpu_log_counts_a_tests_own_cpu_and_its_childrens(request, monkeypat
 
     from tests import conftest
 
-    log = tmp_path / "cpu.tsv"
+    log = tmp_path / "runs" / "cpu.tsv"  # in a folder that is not there yet
     monkeypatch.setattr(request.config.option, "cpu_log", str(log))
     for burn in (True, False):  # a second test's line goes after the first's
         hook = conftest.pytest_runtest_protocol(request.node, None)
