@@ -18,7 +18,7 @@ from captioning.fileio import atomic_write_json
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and its finished children (user + system)."""
+    """CPU time of this process (user + system), its threads included; its child processes are not counted."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     return own.ru_utime + own.ru_stime
 
