@@ -17,7 +17,7 @@ from captioning.model import DECODERS, build_model
 from captioning.model import scheduled_sampling as ss
 from captioning.train.objectives import CrossEntropy, caption_loss_sum, fit_config
 from captioning.train.objectives.base import step_seed
-from captioning.vocab import PAD_ID
+from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 from tests.helpers import run_cli
 from tests.test_decoders import V, inputs, npy, tiny, tiny_regions, region_batch
 
@@ -76,7 +76,7 @@ def test_the_mixed_pass_feeds_the_models_own_words_with_the_probability(name):
 
 def test_the_share_of_replaced_words_and_the_draws_follow_the_probability_and_the_model():
     """At p = 0.25 about a quarter of the replaceable words are replaced over many captions; the words drawn
-    after <start> for one image follow the model's own distribution there."""
+    after <start> for one image follow the model's own distribution there (over the words decoding proposes)."""
     model = tiny("show_and_tell")
     model.logits.bias.assign(np.random.default_rng(0).normal(0, 1.5, V))  # a distribution far from uniform
     image, caption = inputs(seed=2, batch=1, steps=6)
@@ -91,11 +91,36 @@ def test_the_share_of_replaced_words_and_the_draws_follow_the_probability_and_th
     state = tf.nest.map_structure(lambda s: tf.repeat(s, many, axis=0), one)
     everything = ss.mixed_teacher_forced(model, state, tf.constant(np.repeat(caption[:, :2], many, 0)), 1.0, SEED,
                                          training=False)
-    first = tf.nn.softmax(model({"image": image, "input_ids": caption[:, :1]})[0, 0]).numpy()
+    logits = model({"image": image, "input_ids": caption[:, :1]})[0]  # [1, V]: the words decoding may propose
+    first = tf.nn.softmax(ss.drawable(logits))[0].numpy()
     counts = np.bincount(npy(everything.words)[:, 1], minlength=V) / many
     uniform = np.full(V, 1 / V)
     assert 0.5 * np.abs(first - uniform).sum() > 0.15  # the model's distribution is far from uniform ...
     assert 0.5 * np.abs(counts - first).sum() < 0.06  # ... and the draws follow it
+
+
+def test_the_draws_never_feed_a_word_decoding_never_proposes():
+    """Logits that put almost all of the softmax on ``<pad>``, ``<start>`` and ``<unk>``: the words fed are never
+    one of them (decoding's mask, :func:`~captioning.model.search_tools.never_proposed`), and follow the rest of
+    the distribution renormalised (here almost all on one word, ``<end>`` still drawn as decoding proposes it)."""
+    model = tiny("show_and_tell")
+    bias = np.zeros(V, np.float32)
+    bias[[PAD_ID, START_ID, UNK_ID]] = 40.0  # exp(40) against exp(8): a full-softmax draw is one of these
+    bias[END_ID], bias[7] = 4.0, 8.0  # of the others: word 7 (p 0.98), <end> (p 0.018)
+    model.logits.bias.assign(bias)
+    model.logits.kernel.assign(model.logits.kernel * 0.01)  # the bias decides
+    image, caption = inputs(seed=6, batch=1, steps=5)
+    rows = 2000
+    state = tf.nest.map_structure(lambda s: tf.repeat(s, rows, axis=0), model.initial_state(model.encode(image)))
+    mixed = ss.mixed_teacher_forced(model, state, tf.constant(np.repeat(caption, rows, 0)), 1.0, SEED,
+                                    training=False)
+    drawn = npy(mixed.words)[:, 1:]
+    assert npy(mixed.replaced)[:, 1:].all()
+    assert not np.isin(drawn, [PAD_ID, START_ID, UNK_ID]).any(), np.unique(drawn, return_counts=True)
+    share = np.bincount(drawn.ravel(), minlength=V) / drawn.size
+    assert share[7] > 0.95 and 0.005 < share[END_ID] < 0.04, share  # 8,000 draws: the renormalised softmax
+    masked = npy(ss.drawable(tf.constant(bias[None] * 0.0)))[0]  # the mask itself, on equal logits
+    assert (masked[[PAD_ID, START_ID, UNK_ID]] < -1e8).all() and (masked[[END_ID, 4, V - 1]] == 0).all()
 
 
 def test_the_probability_in_the_graph_is_the_configs_at_every_step():

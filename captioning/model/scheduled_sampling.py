@@ -14,14 +14,18 @@ reference's word — self-critical.pytorch's ``AttModel._forward`` with ``ss_pro
                             or a draw        or a draw        or a draw
                             from p(·|0)      from p(·|0..1)   from p(·|0..2)
 
-The draw is a sample of the full softmax of the previous step's logits (torch.multinomial of their exp, as
-there), taken without gradient: the loss differentiates through what the model computes from the word it
-was fed, never through which word was chosen. Two choices of this project where self-critical.pytorch is
-silent or different: a caption's padding stays padding (only a real input word, not ``<pad>``, is ever
-replaced: self-critical.pytorch replaces padding too and masks the loss there, which changes no loss but
-would count padded steps in the attention decoder's coverage), and the draws are stateless random numbers
-seeded per call (:func:`replica_seed`: the run's seed, the optimizer step, the micro-batch and the replica),
-never a global random state, so a run is reproducible and two replicas or micro-batches draw apart.
+The draw is a sample of the softmax of the previous step's logits (torch.multinomial of their exp, as
+there) over the words decoding may propose (:func:`drawable`), taken without gradient: the loss
+differentiates through what the model computes from the word it was fed, never through which word was
+chosen. Three choices of this project where self-critical.pytorch is silent or different: ``<pad>``,
+``<start>`` and ``<unk>`` are never drawn (decoding never proposes them: beam search's and sampling's mask,
+:func:`~captioning.model.search_tools.never_proposed`; self-critical.pytorch draws from the full softmax),
+while ``<end>`` may be, as decoding proposes it (the caption then goes on with the reference's next words);
+a caption's padding stays padding (only a real input word, not ``<pad>``, is ever replaced:
+self-critical.pytorch replaces padding too and masks the loss there, which changes no loss but would count
+padded steps in the attention decoder's coverage); and the draws are stateless random numbers seeded per
+call (:func:`replica_seed`: the run's seed, the optimizer step, the micro-batch and the replica), never a
+global random state, so a run is reproducible and two replicas or micro-batches draw apart.
 
 The probability follows the optimizer step in the graph: :func:`probability` is
 :meth:`~captioning.config_sections.ScheduledSamplingConfig.probability` as TensorFlow ops of the step counter
@@ -38,6 +42,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from captioning.config_sections import ScheduledSamplingConfig
+from captioning.model.search_tools import never_proposed
 from captioning.vocab import PAD_ID
 
 
@@ -58,6 +63,13 @@ def probability(section: ScheduledSamplingConfig, step) -> tf.Tensor:
         return tf.constant(0.0, tf.float32)
     rises = tf.cast(tf.math.floordiv(tf.cast(step, tf.int64), section.increase_every), tf.float64)
     return tf.cast(tf.minimum(section.start + section.increase * rises, section.max), tf.float32)
+
+
+def drawable(logits) -> tf.Tensor:
+    """``logits [B, V]`` with decoding's dead score on the words it never proposes (``<pad>``, ``<start>``,
+    ``<unk>``: :func:`~captioning.model.search_tools.never_proposed`'s row 0), so a draw from their softmax is
+    never one of them."""
+    return logits + never_proposed(logits.shape[-1], 0)[0]
 
 
 def replica_seed(step_seed) -> tf.Tensor:
@@ -85,9 +97,10 @@ def mixed_teacher_forced(model, state, input_ids, p, draw_seed, training=True) -
     words_ta = tf.TensorArray(tf.int32, size=steps)
 
     def body(t, state, previous, logits_ta, words_ta):
-        # the inverse CDF of softmax(previous) at a uniform number: a draw from the model's distribution
-        cdf = tf.cumsum(tf.nn.softmax(tf.stop_gradient(previous)), axis=1)
-        drawn = tf.reduce_sum(tf.cast(cdf < where[t][:, None] * cdf[:, -1:], tf.int32), axis=1)
+        # the inverse CDF of softmax(previous) at a uniform number in [0, 1): a draw from the model's distribution
+        # over the words decoding proposes; `<=` skips the words of probability 0 (the masked ones) at 0 too
+        cdf = tf.cumsum(tf.nn.softmax(drawable(tf.stop_gradient(previous))), axis=1)
+        drawn = tf.reduce_sum(tf.cast(cdf <= where[t][:, None] * cdf[:, -1:], tf.int32), axis=1)
         drawn = tf.minimum(drawn, tf.shape(previous)[1] - 1)
         word = tf.stop_gradient(tf.where(replace[t], drawn, input_ids[:, t]))
         logits, state = model.step(word, state, training=training)
