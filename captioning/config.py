@@ -129,7 +129,8 @@ class Config:
 
     def given(self, key: str) -> str | None:
         """Where ``key`` (``"data.captions_per_image"``) got its value when this config was loaded:
-        ``"file"`` (a config file or one of its bases), ``"set"`` (an override), or None (its default)."""
+        ``"file"`` (the config file named), ``"base"`` (one of its ``base:`` files, or a program's
+        ``defaults``), ``"set"`` (an override), or None (its default)."""
         return getattr(self, "_given", {}).get(key)
 
 
@@ -199,14 +200,23 @@ def _set(config: Config, key: str, value, from_text: bool) -> list[str]:
     return [key]
 
 
-def _set_section(config: Config, section: str, values, where: str, given: dict) -> None:
+def _set_section(config: Config, section: str, values, where: str, given: dict, how: str = "file") -> None:
     if values is None:  # "train:" with nothing under it
         return
     if not isinstance(values, dict):
         raise InputError(f"{where}: section {section!r} must be a mapping of keys")
     for name, value in values.items():
         for key in _set(config, f"{section}.{name}", value, from_text=False):
-            given[key] = "file"
+            given[key] = how
+
+
+def _set_overrides(config: Config, overrides: typing.Sequence[str], given: dict, how: str) -> None:
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if not eq:
+            raise InputError(f"`overrides` {excerpt(override)} must look like section.key=value", params=("overrides",))
+        for set_key in _set(config, key.strip(), value, from_text=True):
+            given[set_key] = how
 
 
 def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
@@ -242,8 +252,11 @@ def _read_yaml(path: str, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]
     return layers + [(shown, data)]
 
 
-def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False) -> Config:
-    """Defaults ← ``path`` and its bases ← ``overrides`` (``"section.key=value"`` strings).
+def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), complete: bool = False,
+                defaults: typing.Sequence[str] = ()) -> Config:
+    """Defaults ← ``defaults`` ← ``path``'s bases ← ``path`` ← ``overrides`` (``"section.key=value"`` strings).
+    ``defaults`` are a program's own values under everything the user gives, counted as a base's
+    (:meth:`Config.given`: a component that does not read one is not told, ``captioning.model.resolve``).
 
     ``complete=True`` is for a config this project wrote with every key (a model folder's
     ``config.yaml``): an older format is migrated first (:mod:`captioning.config_migrations`), then a
@@ -251,7 +264,9 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
     default (a component's keys: when its stage types them with ``complete=True``)."""
     config = Config()
     given: dict[str, str] = {}
-    for source, data in _read_yaml(path) if path else []:
+    _set_overrides(config, defaults, given, "base")
+    layers = _read_yaml(path) if path else []
+    for i, (source, data) in enumerate(layers):
         if complete:
             data = migrate(data, f"config {source}")
         else:
@@ -259,18 +274,13 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
         for section, values in data.items():
             if section not in _ALL:
                 raise _unknown(str(section))
-            _set_section(config, section, values, f"config {source}", given)
+            _set_section(config, section, values, f"config {source}", given, "file" if i == len(layers) - 1 else "base")
     if complete:
         missing = [k for k in all_keys() if k not in given]
         if missing:
             raise InputError(f"config {path} lacks {len(missing)} of its keys ({', '.join(missing[:3])}"
                              f"{', ...' if len(missing) > 3 else ''}): it is cut short or damaged")
-    for override in overrides:
-        key, eq, value = override.partition("=")
-        if not eq:
-            raise InputError(f"`overrides` {excerpt(override)} must look like section.key=value", params=("overrides",))
-        for set_key in _set(config, key.strip(), value, from_text=True):
-            given[set_key] = "set"
+    _set_overrides(config, overrides, given, "set")
     for name in _SECTIONS:
         getattr(config, name).check(f"{name}.")
     object.__setattr__(config, "_given", given)

@@ -37,13 +37,14 @@ from captioning.config import load_config  # noqa: E402
 
 
 def small_config(data_dir, *extra):
+    """The LSTM decoders' sizes come as defaults (a base's values): a Transformer in ``extra`` reads none of them."""
     return load_config(None, [
         f"data.dir={data_dir}", "data.image_size=32", "data.resize_size=36", "data.bucket_boundaries=[6,10]",
         "data.random_flip=false", "data.deterministic=true", "data.shuffle_buffer=64",
-        "model.encoder=small_cnn", "model.encoder_trainable=true", "model.embedding_size=16",
-        "model.lstm_units=16", "model.dropout=0.0", "train.batch_size=8", "train.optimizer=sgd",
-        "train.learning_rate=0.5", "train.lr_schedule=constant", "train.eval_every_steps=0",
-        "train.log_every_steps=1", "train.checkpoint_every_steps=100", *extra])
+        "model.encoder=small_cnn", "model.encoder_trainable=true", "model.dropout=0.0", "train.batch_size=8",
+        "train.optimizer=sgd", "train.learning_rate=0.5", "train.lr_schedule=constant", "train.eval_every_steps=0",
+        "train.log_every_steps=1", "train.checkpoint_every_steps=100", *extra],
+        defaults=["model.embedding_size=16", "model.lstm_units=16"])
 
 
 def weights(model):

@@ -435,11 +435,58 @@ def test_empty_section_keeps_defaults(tmp_path):
     assert load_config(write(tmp_path / "c.yaml", "train:\nmodel:\n  lstm_units: 8\n")).train == TrainConfig()
 
 
-def test_another_decoders_key_is_left_out_and_an_unknown_one_named():
-    c = load_config(overrides=["model.attention_size=64", "model.lstm_units=8"])  # show_and_tell: no attention
-    assert c.model.options == {"embedding_size": 512, "lstm_units": 8, "init_scale": 0.08}
+def test_another_components_key_given_by_the_user_is_refused_naming_who_reads_it(tmp_path):
+    """Issue 48 item 13: with --set, or in the config file itself, a key the chosen decoder and encoder do not
+    read is one line naming the key, the components that read it and the chosen one (the registries asked);
+    from a base: it is left out quietly."""
+    for overrides, said in (
+            (["model.encoder=vit", f"model.encoder_preset={tmp_path}"],
+             "model.encoder_preset is read by the keras_hub encoder, not vit: leave it out (given with --set), or "
+             "choose model.encoder: keras_hub"),
+            (["model.encoder=small_cnn", "model.vit_patch_size=4"],
+             "model.vit_patch_size is read by the vit encoder, not small_cnn: leave it out (given with --set), or "
+             "choose model.encoder: vit"),
+            (["model.attention_size=64", "model.lstm_units=8"],  # show_and_tell: no attention
+             "model.attention_size is read by the attention and updown decoders, not show_and_tell: leave it out "
+             "(given with --set), or choose model.decoder: attention")):
+        assert load_error(None, None, overrides) == said
+    assert load_error(tmp_path, "model:\n  decoder: transformer\n  lstm_units: 8\n") == (
+        "model.lstm_units is read by the show_and_tell, attention and updown decoders, not transformer: leave it out "
+        "(set in the config file), or choose model.decoder: show_and_tell")
+    # a base's keys stay quiet: the base serves other experiments
+    write(tmp_path / "base.yaml", "model:\n  decoder: attention\n  attention_size: 64\n  encoder: vit\n"
+                                  "  vit_patch_size: 4\n")
+    child = write(tmp_path / "child.yaml", "base: base.yaml\nmodel:\n  decoder: show_and_tell\n"
+                                           "  encoder: small_cnn\n")
+    assert load_config(child).model.options == {"embedding_size": 512, "lstm_units": 512, "init_scale": 0.08}
     assert load_config(overrides=["model.decoder=attention", "model.attention_size=64"]).model.options[
         "attention_size"] == 64
+
+
+def test_a_files_key_whose_component_set_switched_is_left_out_with_a_warning(tmp_path, caplog):
+    """--config shapes.yaml --set model.decoder=transformer: the file's LSTM sizes were right for the file's own
+    decoder; one warning each, not an error. A program's defaults (load_config's) count as a base's."""
+    path = write(tmp_path / "c.yaml", "model:\n  lstm_units: 8\n")
+    c = load_config(path, ["model.decoder=transformer"])
+    assert "lstm_units" not in c.model.options
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "model.lstm_units in the config file is read by the show_and_tell, attention and updown decoders, not "
+        "transformer, which --set chose: it is left out"]
+    quiet = model_lib.resolve(load_core(None, ["model.decoder=transformer"], defaults=["model.lstm_units=8"]))
+    assert "lstm_units" not in quiet.model.options and quiet.given("model.lstm_units") == "base"
+
+
+def test_train_refuses_another_components_key_in_one_line_before_anything_is_written(tmp_path):
+    """The issue's command: a random ViT trained while the user believes a preset was loaded; now exit 2."""
+    from tests.helpers import run_cli
+
+    folder = tmp_path / "m"
+    done = run_cli("train", "--config", "experiments/shapes.yaml", "--set", "model.encoder=vit", "--set",
+                   f"model.encoder_preset={tmp_path}", "--model-dir", folder)
+    assert (done.returncode, [line for line in done.stderr.splitlines() if "error" in line]) == (2, [
+        "captioning train: error: model.encoder_preset is read by the keras_hub encoder, not vit: leave it out "
+        "(given with --set), or choose model.encoder: keras_hub"]), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not folder.exists()
     message = load_error(None, None, ["model.atention_size=64"])
     assert message.startswith("unknown config key 'model.atention_size'; did you mean model.attention_size")
     assert load_error(None, None, ["model.decoder=atention"]) == \

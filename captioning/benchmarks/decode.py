@@ -120,7 +120,7 @@ def _untrained_model(config: str | None, overrides: tuple[str, ...], vocab_size:
 
     defaults = ["data.image_size=32", "data.resize_size=36", "model.encoder=small_cnn", "model.dropout=0",
                 "model.embedding_size=256", "model.lstm_units=256"] if config is None else []
-    cfg = resolve(load_config(config, [*defaults, *overrides]))
+    cfg = resolve(load_config(config, overrides, defaults=defaults))  # the LSTM's sizes unread by a Transformer
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
     model = build_model(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
     return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir="")

@@ -13,7 +13,10 @@ every entry.
 The decoder's and the encoder's settings are written in ``model:`` beside the shared keys
 (``model.lstm_units``, ``model.vit_layers``). The config loader keeps them as given; :func:`resolve` types and
 checks them against the chosen decoder's and encoder's dataclasses (a key another component declares is not
-this one's business and is left out; a key no component declares is an error).
+this one's business and is left out; a key no component declares is an error). A key the user gave — with
+``--set``, or in the config file itself — that neither the chosen decoder nor the chosen encoder reads is an error
+naming the components that read it (:func:`check_read`): a user who sets ``model.encoder_preset`` believes a
+preset is loaded. A key of a config's ``base:`` may stay quiet (a base serves several experiments).
 """
 
 from __future__ import annotations
@@ -66,6 +69,46 @@ def _options_of(model_cfg: ModelConfig, cls) -> dict:
     return out
 
 
+def _declared(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls.settings_class)}
+
+
+def _names(names: list[str], kind: str) -> str:
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"the {listed} {kind}{'s' if len(names) > 1 else ''}"
+
+
+def check_read(cfg: config_lib.Config) -> None:
+    """The rule for a component's key that the chosen components do not read (``model.encoder_preset`` under
+    ``model.encoder: vit``, ``model.attention_size`` under ``show_and_tell``): the registries are asked which
+    decoders and encoders declare it. Given with ``--set``, or in the config file itself, it is an InputError
+    naming the key, the components that read it and the chosen one; from a ``base:`` (or a program's
+    defaults) it is left out quietly. One exception, a warning instead: a key in the config file whose choice
+    (``model.decoder`` for a decoder's key) was changed with ``--set`` — the file's key was right for the file's
+    own choice (``--config experiments/shapes.yaml --set model.decoder=transformer``). A key no component
+    declares is left to :func:`settings_of` (unknown, with the nearest ones)."""
+    model = cfg.model
+    registries = {"decoder": DECODERS, "encoder": ENCODERS}  # model.decoder, model.encoder choose from them
+    for key in model.options:
+        how = cfg.given(f"model.{key}")
+        readers = {kind: [name for name, cls in registry.items() if key in _declared(cls)]
+                   for kind, registry in registries.items()}
+        readers = {kind: names for kind, names in readers.items() if names}
+        if how not in ("set", "file") or not readers or any(getattr(model, kind) in names
+                                                            for kind, names in readers.items()):
+            continue
+        who = " and ".join(_names(names, kind) for kind, names in readers.items())
+        chosen = " or ".join(getattr(model, kind) for kind in readers)
+        if how == "file" and any(cfg.given(f"model.{kind}") == "set" for kind in readers):
+            log.warning("model.%s in the config file is read by %s, not %s, which --set chose: it is left out",
+                        key, who, chosen)
+            continue
+        kind, names = next(iter(readers.items()))
+        where = "given with --set" if how == "set" else "set in the config file"
+        raise InputError(f"model.{key} is read by {who}, not {chosen}: leave it out ({where}), or choose "
+                         f"model.{kind}: {names[0]}")
+
+
 def settings_of(model_cfg: ModelConfig, complete: bool = False):
     """The chosen decoder's settings (an instance of its ``settings_class``), typed and checked.
     ``complete``: every one of them must be given (a saved config.yaml)."""
@@ -84,7 +127,10 @@ def encoder_settings_of(model_cfg: ModelConfig, complete: bool = False):
 def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config:
     """A copy of ``cfg`` whose ``model.options`` are exactly the decoder's and the encoder's settings, typed
     (every one of them, defaults included; the encoder's paths made absolute): what training records and
-    compares."""
+    compares. A key the user gave that neither reads is refused first (:func:`check_read`; not in a saved
+    config.yaml, ``complete``, which holds theirs only)."""
+    if not complete:
+        check_read(cfg)
     out = copy.copy(cfg)
     encoder = encoder_settings_of(cfg.model, complete)
     for key in encoder_class(cfg.model.encoder).path_keys:  # a folder or file named relative to here, made absolute
@@ -153,5 +199,5 @@ def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 
 
 
 __all__ = ["CaptionModel", "DECODERS", "ENCODERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
-           "all_layers", "architecture_diff", "build_encoder", "build_model", "check_caption_length", "decoder_class",
-           "encoder_class", "encoder_settings_of", "resolve", "settings_of"]
+           "all_layers", "architecture_diff", "build_encoder", "build_model", "check_caption_length", "check_read",
+           "decoder_class", "encoder_class", "encoder_settings_of", "resolve", "settings_of"]
