@@ -118,6 +118,47 @@ def test_large_beam_finds_the_exhaustive_optimum(seed):
         assert not out["ids"][i, 0, int(out["lengths"][i, 0]):].numpy().any()  # zero after the caption
 
 
+def with_end(words, max_length=3):
+    """A caption's length as the penalty counts it: its words and ``<end>``, which it has below max_length."""
+    return len(words) + (len(words) < max_length)
+
+
+def penalised(best, form, alpha, counted=with_end, divide=True):
+    """``exhaustive``'s captions ranked by the length-penalised score, written out here apart from decode.py:
+    (score, log_prob, words), best first; the score is log_prob / length ** α (``avg``) or / ((5 + length) / 6)
+    ** α (``gnmt``). ``counted`` and ``divide`` may apply it otherwise (a deliberately wrong reference)."""
+    def score(lp, words):
+        n = counted(words)
+        penalty = n ** alpha if form == "avg" else ((5 + n) / 6) ** alpha
+        return lp / penalty if divide else lp * penalty
+    return sorted(((score(lp, words), lp, words) for lp, words in best), key=lambda s: -s[0])
+
+
+@pytest.mark.parametrize("form, alpha, seed", [("avg", 1.0, 5), ("avg", 0.7, 11), ("gnmt", 2.0, 5)])
+def test_large_beam_finds_the_exhaustive_optimum_under_a_length_penalty(form, alpha, seed):
+    """With α > 0 a beam as wide as the search space (3 words, at most 3 of them: 40 captions, 27 live at most)
+    returns the three best captions of exhaustive search ranked by the penalised score, in order, with their
+    log-probabilities and scores. On these models that ranking differs from α = 0's, from one counting the
+    words without ``<end>``, from one multiplying by the penalty and from the other form's: a beam applying
+    the penalty in any of those ways would fail here."""
+    model = tiny_model(seed)
+    features = model.encode(images(2, seed=seed))
+    out = beam_search(model, features, beam_size=64, max_length=3, top_k=3, length_normalization=alpha,
+                      length_penalty_form=form)
+    for i, f in enumerate(features):
+        best = exhaustive(model, f, 3)
+        right = penalised(best, form, alpha)
+        top = [words for _, _, words in right[:3]]
+        wrong = [penalised(best, form, 0.0), penalised(best, form, alpha, counted=lambda words: max(len(words), 1)),
+                 penalised(best, form, alpha, divide=False), penalised(best, "gnmt" if form == "avg" else "avg", alpha)]
+        assert all(top != [words for _, _, words in other[:3]] for other in wrong), (top, wrong)
+        for rank in range(3):
+            n = int(out["lengths"][i, rank])
+            assert list(out["ids"][i, rank, :n].numpy()) == top[rank]
+            assert float(out["log_probs"][i, rank]) == pytest.approx(right[rank][1], abs=1e-4)
+            assert float(out["scores"][i, rank]) == pytest.approx(right[rank][0], abs=1e-4)
+
+
 def test_returned_scores_are_the_models_log_probabilities():
     model = tiny_model(6, end_bias=-1.0)
     features = model.encode(images(3, seed=6))
