@@ -234,8 +234,9 @@ def test_settings_are_checked_and_refused_in_one_line(hub_presets, tmp_path, mon
     assert "vit_heads" in model_error("model.encoder=vit", "model.vit_width=10", "model.vit_heads=3", "data.image_size=32",
                                      "data.resize_size=36")
     assert "encoder_preset" in model_error("model.encoder=keras_hub")
-    assert "not a keras-hub preset folder" in model_error("model.encoder=keras_hub",
-                                                          f"model.encoder_preset={tmp_path / 'nothing'}")
+    (tmp_path / "empty").mkdir()
+    assert "not a keras-hub preset folder (no config.json" in model_error("model.encoder=keras_hub",
+                                                                          f"model.encoder_preset={tmp_path / 'empty'}")
     assert "75 px" in model_error("model.encoder=inception_v3", "data.image_size=32", "data.resize_size=36")
     # a relative preset folder is made absolute as a run starts (a model folder is read from anywhere)
     monkeypatch.chdir(os.path.dirname(hub_presets["clip"]))
@@ -261,6 +262,51 @@ def test_a_preset_reads_its_own_size_and_normalisation(hub_presets, tmp_path):
     encoder = build_encoder(dataclasses.replace(cfg, options={**cfg.options, "encoder_preset": bare}), 32)
     np.testing.assert_allclose(npy(encoder.model(images[:, :32, :32])),
                                npy(keras_hub.models.Backbone.from_preset(bare)(images[:, :32, :32] / 255.0)), atol=1e-4)
+
+
+def hub_error(preset: str) -> str:
+    with pytest.raises(InputError) as e:
+        build_encoder(ModelConfig(encoder="keras_hub", options={"encoder_preset": preset}), 32)
+    return str(e.value)
+
+
+def test_a_preset_that_cannot_be_read_says_why_in_one_line(tmp_path):
+    """Issue 48 item 21: a misspelt name lists every name it may be (not keras-hub's 'must be a one of:' cut
+    off); a folder that is not there (moved since) says so; a text model's preset is not a vision backbone."""
+    import keras_hub
+
+    m = keras_hub.models
+    names = sorted({*m.ViTBackbone.presets, *m.CLIPBackbone.presets, *m.SigLIPBackbone.presets,
+                    *m.DINOV2Backbone.presets})
+    assert {"clip_vit_base_patch16", "siglip_base_patch16_224", "dinov2_base", "vit_base_patch16_224_imagenet"} <= \
+        set(names)
+    assert hub_error("clip_vit_base_patch61") == (
+        "model.encoder_preset: 'clip_vit_base_patch61' is not a keras-hub preset (did you mean clip_vit_base_patch16?); "
+        f"it must be one of: {', '.join(names)}; a local preset folder; or a kaggle://, hf:// or modelscope:// handle")
+    moved = tmp_path / "presets" / "clip"
+    assert hub_error(str(moved)) == f"model.encoder_preset: the folder {moved} does not exist (moved or deleted?)"
+    text = str(tmp_path / "bert")
+    m.BertBackbone(vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=24,
+                   max_sequence_length=8).save_to_preset(text)
+    assert hub_error(text) == (f"model.encoder_preset: {text} holds a BertBackbone, not a vision backbone (the "
+                               "keras_hub encoder reads ViT, CLIP, SigLIP and DINOv2 presets)")
+
+
+def test_a_preset_whose_converter_and_backbone_disagree_is_read_at_the_backbones_size(tmp_path, caplog):
+    """Issue 48 item 15: a 32 px ViT whose image converter says 48 px (a preset put together by hand) crashed
+    in the backbone; it reads the backbone's 32 px, scaled as the converter says, and a warning names both."""
+    import keras_hub
+
+    folder = write_preset("vit", str(tmp_path / "mixed"), size=32, converter=False)
+    keras_hub.layers.ImageConverter(image_size=(48, 48), scale=1 / 127.5, offset=-1.0).save_to_preset(folder)
+    encoder = build_encoder(ModelConfig(encoder="keras_hub", options={"encoder_preset": folder}), 48)
+    assert encoder.layout == TokenLayout(4, 4, prefix=1) and encoder.preset_size == (32, 32)
+    images = np.random.default_rng(0).integers(0, 256, (2, 48, 48, 3), np.uint8)
+    resized = tf.image.resize(tf.cast(images, tf.float32), (32, 32))
+    expected = keras_hub.models.Backbone.from_preset(folder)(resized / 127.5 - 1.0)
+    np.testing.assert_allclose(npy(encoder.model(images)), npy(expected), atol=1e-4)
+    assert f"model.encoder_preset {folder}: its image converter's size is 48 × 48 px but its backbone reads " \
+           "32 × 32 px: images are resized to the backbone's 32 × 32" in [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])

@@ -9,7 +9,14 @@ starts). The preset is loaded with keras-hub's own ``Backbone.from_preset``; a C
 two-tower model, of which the vision tower is kept. The preset's image converter (``image_converter.json``)
 gives its image size and normalisation, applied inside the encoder: pixels are resized to the preset's size
 when ``data.image_size`` differs (set it to the preset's to skip that) and scaled as the preset was trained.
-A preset without one reads pixels scaled to [0, 1] at its backbone's image size.
+A preset without one reads pixels scaled to [0, 1] at its backbone's image size. A converter whose size is
+not its backbone's input size (a preset put together by hand) is read at the backbone's size — the only one
+its position embeddings take — with a warning naming both.
+
+Refused in one line before any download: a name that is none of keras-hub's ViT, CLIP, SigLIP and DINOv2
+presets (the message lists them all; a ``kaggle://``, ``hf://`` or ``modelscope://`` handle goes to keras-hub
+as it is), a folder that does not exist (a preset moved since a model was trained from it) or holds no
+``config.json``; after loading, a preset that is not a vision backbone (a text model: its class is named).
 
 The tokens are the backbone's last hidden states: a class token (and DINOv2's registers) first, then the
 patches row by row (ViT-B/16 at 224 px: 1 + 14 × 14 = 197 tokens of 768). SigLIP has no class token, and its
@@ -24,6 +31,7 @@ folder's checkpoints hold them too, and rebuilding a folder reads only the prese
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from dataclasses import dataclass
@@ -50,6 +58,16 @@ def _is_path(preset: str) -> bool:
     return os.sep in preset or preset.startswith(".") or os.path.exists(preset)
 
 
+FAMILIES = ("ViTBackbone", "CLIPBackbone", "SigLIPBackbone", "DINOV2Backbone")  # keras_hub.models' classes read
+
+
+def preset_names() -> list[str]:
+    """keras-hub's preset names of the vision backbones this encoder reads (ViT, CLIP, SigLIP, DINOv2)."""
+    import keras_hub
+
+    return sorted({name for family in FAMILIES for name in getattr(keras_hub.models, family).presets})
+
+
 class KerasHub(ImageEncoder):
     """A keras-hub vision backbone's tokens (module docstring)."""
 
@@ -58,14 +76,26 @@ class KerasHub(ImageEncoder):
     path_keys = ("encoder_preset",)
     tiny_settings = {}  # the contract tests write a tiny preset of each family into a temporary folder
 
+    @classmethod
+    def random_weights(cls, cfg, settings) -> bool:
+        return False  # its preset's
+
     def check(self) -> None:
         preset = self.settings.encoder_preset
         if not preset:
             raise InputError("model.encoder: keras_hub needs model.encoder_preset: a keras-hub preset name or a "
                              "local preset folder")
+        if _is_path(preset) and not os.path.exists(preset):
+            raise InputError(f"model.encoder_preset: the folder {preset} does not exist (moved or deleted?)")
         if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
             raise InputError(f"model.encoder_preset: {preset} is not a keras-hub preset folder (no config.json; "
                              "write one with save_to_preset)")
+        if not _is_path(preset) and "://" not in preset and preset not in preset_names():
+            near = difflib.get_close_matches(preset, preset_names(), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise InputError(f"model.encoder_preset: {preset!r} is not a keras-hub preset{hint}; it must be one of: "
+                             f"{', '.join(preset_names())}; a local preset folder; or a kaggle://, hf:// or "
+                             "modelscope:// handle")
         if (self.cfg.encoder_weights or "none") != "none":
             raise InputError("model.encoder_weights: a keras_hub encoder's weights are its preset's "
                              "(model.encoder_preset); leave model.encoder_weights: none")
@@ -80,14 +110,22 @@ class KerasHub(ImageEncoder):
             raise InputError(f"model.encoder_preset: cannot load keras-hub preset {preset}: "
                              f"{str(e).splitlines()[0][:200]}") from None
         vision = getattr(backbone, "vision_encoder", backbone)  # CLIP, SigLIP: the vision tower
+        if len(vision.inputs) != 1 or len(vision.inputs[0].shape) != 4:  # images [B, H, W, C] in
+            raise InputError(f"model.encoder_preset: {preset} holds a {type(backbone).__name__}, not a vision backbone "
+                             "(the keras_hub encoder reads ViT, CLIP, SigLIP and DINOv2 presets)")
         try:
             converter = keras_hub.layers.ImageConverter.from_preset(preset)
             size, scale, offset = converter.image_size, converter.scale, converter.offset
         except (ValueError, FileNotFoundError, OSError):
             size, scale, offset = None, 1.0 / 255.0, 0.0
             log.info("model.encoder_preset %s has no image converter: pixels scaled to [0, 1]", preset)
-        shape = getattr(vision, "image_shape", None) or (None, None)
-        size = tuple(size) if size is not None else tuple(shape[:2])
+        shape = tuple(vision.inputs[0].shape[1:3])  # what the backbone takes (None: any size)
+        if size is not None and None not in shape and tuple(size) != shape:
+            log.warning("model.encoder_preset %s: its image converter's size is %s px but its backbone reads %s px: "
+                        "images are resized to the backbone's %s", preset, " × ".join(map(str, size)),
+                        " × ".join(map(str, shape)), " × ".join(map(str, shape)))
+            size = shape
+        size = tuple(size) if size is not None else shape
         if None in size:
             raise InputError(f"model.encoder_preset: {preset} declares no image size")
         return vision, size, scale, offset
