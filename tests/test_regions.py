@@ -224,6 +224,38 @@ def test_detections_drop_what_is_not_a_box_and_refuse_a_file_with_none(tmp_path)
         read_detections([str(results)], max_boxes=101)
 
 
+def test_extract_refuses_a_configs_encoder_of_random_weights_in_one_line(tmp_path):
+    """Issue 48 item 14: --config with model.encoder_weights: none pooled an untrained encoder without a word.
+    Refused before any work (the registry's random_weights: a ViT always, a keras_hub preset never); a key no chosen
+    component reads is refused as train refuses it (item 13)."""
+    from captioning.config import ModelConfig
+    from captioning.model import encoder_settings_of
+    from captioning.model.encoders import ENCODERS
+
+    config = tmp_path / "encoder.yaml"
+    config.write_text("model:\n  encoder: small_cnn\ndata:\n  image_size: 32\n  resize_size: 36\n")
+    data_dir = tmp_path / "data"
+    base = ["features", "extract", "--data-dir", data_dir, "--images", tmp_path, "--grid-cells", "2", "--config", config]
+    for extra, said in (
+            ([], "--config: model.encoder small_cnn would pool regions from random weights (model.encoder_weights: "
+                 "none): give model.encoder_weights (imagenet or a weights file), a keras_hub preset, or a trained "
+                 "model with --model-dir"),
+            (["--set", "model.encoder_weights=imagenet", "--set", "model.vit_patch_size=4"],
+             "model.vit_patch_size is read by the vit encoder, not small_cnn: leave it out (given with --set), or "
+             "choose model.encoder: vit")):
+        done = run_cli(*base, *extra)
+        assert (done.returncode, [line for line in done.stderr.splitlines() if "error" in line]) == (
+            2, [f"captioning features: error: {said}"]), done.stderr[-2000:]
+    assert not data_dir.exists()
+
+    def random(name, **values):
+        cfg = ModelConfig(encoder=name, **values)
+        return ENCODERS[name].random_weights(cfg, encoder_settings_of(cfg))
+
+    assert random("vit") and random("mobilenet_v2") and not random("mobilenet_v2", encoder_weights="imagenet")
+    assert not random("small_cnn", encoder_weights=str(config)) and not random("keras_hub")
+
+
 def test_every_size_extract_takes_has_a_bound_checked_before_any_work(tmp_path):
     """--grid-cells 100000 (killed for memory) and --false-boxes 1e9 (a 14.9 GiB allocation) among them: one
     line, exit 2, before a model or dataset is read (neither exists here)."""

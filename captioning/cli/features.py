@@ -119,10 +119,15 @@ def run_extract(args) -> int:
                          params=("model_dir", "config"))
     if args.config:  # a config's encoder, with the weights it names
         from captioning.config import load_config
-        from captioning.model import build_encoder, encoder_settings_of
+        from captioning.model import build_encoder, encoder_class, encoder_settings_of, resolve
 
-        config = load_config(args.config, args.overrides)
-        encoder = build_encoder(config.model, config.data.image_size, settings=encoder_settings_of(config.model))
+        config = resolve(load_config(args.config, args.overrides))  # a key no chosen component reads: refused
+        settings = encoder_settings_of(config.model)
+        if encoder_class(config.model.encoder).random_weights(config.model, settings):
+            raise InputError(f"--config: model.encoder {config.model.encoder} would pool regions from random weights "
+                             "(model.encoder_weights: none): give model.encoder_weights (imagenet or a weights file), "
+                             "a keras_hub preset, or a trained model with --model-dir", params=("config",))
+        encoder = build_encoder(config.model, config.data.image_size, settings=settings)
         if encoder.layout is None:
             raise InputError(f"--config: model.encoder {config.model.encoder} declares no layout of its tokens, so "
                              "there is no map to pool regions from", params=("config",))

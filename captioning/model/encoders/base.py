@@ -9,7 +9,8 @@ under ``model.encoder``'s name) declares, as class attributes and methods:
 * :attr:`~ImageEncoder.incompatible_keys` — which of them change its variables' shapes (a model folder
   refuses a config that changes them), and :meth:`~ImageEncoder.shapes_follow_image_size` — whether
   ``data.image_size`` does (``small_cnn`` flattens its map when pooled; a ViT's position embeddings);
-* :attr:`~ImageEncoder.can_train` — whether ``model.encoder_trainable: true`` may fine-tune it;
+* :attr:`~ImageEncoder.can_train` — whether ``model.encoder_trainable: true`` may fine-tune it, and
+  :meth:`~ImageEncoder.random_weights` — whether nothing would bring its weights;
 * :attr:`~ImageEncoder.tiny_settings` and :attr:`~ImageEncoder.tiny_image_size` — an instance small enough
   for the contract tests (tests/test_encoders.py) to build and step with every decoder in a second;
 * :meth:`~ImageEncoder.check` — the rules between its settings and the image size (one-line errors);
@@ -103,6 +104,13 @@ class ImageEncoder:
 
     # ---- what a subclass declares ----------------------------------------------------------------------
     path_keys: tuple[str, ...] = ()  # settings naming files or folders: made absolute when a run starts
+
+    @classmethod
+    def random_weights(cls, cfg: ModelConfig, settings) -> bool:
+        """Whether it would be built with random weights: no file, ImageNet download or preset brings them (the
+        default: ``model.encoder_weights: none``). ``captioning features extract --config`` refuses such an
+        encoder (its regions would be noise)."""
+        return (cfg.encoder_weights or "none") == "none"
 
     @classmethod
     def shapes_follow_image_size(cls, settings, pooled: bool) -> bool:
