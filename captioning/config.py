@@ -337,6 +337,22 @@ def save_config(config: Config, path: str) -> None:
     atomic_write_text(path, yaml.safe_dump({"format_version": FORMAT_VERSION, **to_dict(config)}, sort_keys=False))
 
 
+def ineffective(config: Config) -> list[str]:
+    """One line for each setting that does nothing with the others, across sections (a warning, not an error, as
+    :meth:`~captioning.config_sections.DecodeConfig.ineffective`'s: a base config may serve several runs).
+
+    >>> ineffective(Config(train=TrainConfig(encoder_lr_scale=0.1)))[0]
+    'train.encoder_lr_scale 0.1 does nothing: the encoder is frozen (model.encoder_trainable: false)'
+    """
+    out = []
+    d, m, t = config.data, config.model, config.train
+    if t.encoder_lr_scale != TrainConfig().encoder_lr_scale and (not m.encoder_trainable or d.features == "regions"):
+        why = ("the encoder is frozen (model.encoder_trainable: false)" if not m.encoder_trainable else
+               "the encoder is not trained when the decoder reads regions (data.features: regions)")
+        out.append(f"train.encoder_lr_scale {t.encoder_lr_scale:g} does nothing: {why}")
+    return out
+
+
 def validate(config: Config) -> None:
     """Checks that concern several sections at once (each section checks its own keys as it loads);
     raises InputError."""

@@ -169,3 +169,24 @@ def test_a_grouped_batch_says_what_it_holds_and_epochs_count_images(prepared_dir
         line = re.search(r"training from step 0 to 1: (.*) on 1 replica\(s\), (\d+) steps per epoch", caplog.text)
         assert line and int(line.group(2)) == split.images // images
         assert line.group(1) == said
+
+
+def test_an_encoder_learning_rate_scale_with_a_frozen_encoder_is_said_to_do_nothing(prepared_dir, tmp_path, caplog):
+    """Issue 48 item 16: train.encoder_lr_scale with model.encoder_trainable: false (or regions read, whose encoder
+    is not trained) was ignored without a word; one warning line, as decode's settings that do nothing get."""
+    from captioning.config import ineffective
+    from captioning.train import Trainer
+
+    def lines(*overrides):
+        return ineffective(small_train_config(prepared_dir, *overrides))
+
+    said = "train.encoder_lr_scale 0.1 does nothing: the encoder is frozen (model.encoder_trainable: false)"
+    assert lines("model.encoder_trainable=false", "train.encoder_lr_scale=0.1") == [said]
+    assert lines("train.encoder_lr_scale=0.1", "data.features=regions") == [
+        "train.encoder_lr_scale 0.1 does nothing: the encoder is not trained when the decoder reads regions "
+        "(data.features: regions)"]
+    assert lines("train.encoder_lr_scale=0.1") == lines("model.encoder_trainable=false") == []
+    with caplog.at_level("WARNING", logger="captioning.train"):
+        Trainer(small_train_config(prepared_dir, "model.encoder_trainable=false", "train.encoder_lr_scale=0.1",
+                                   "train.steps=1"), str(tmp_path / "m"))
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [said]

@@ -60,6 +60,8 @@ class Trainer:
         (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
         cfg = fit_config(resolve(cfg))  # the decoder's settings typed; the batches the objective needs
         config_lib.validate(cfg)
+        for line in config_lib.ineffective(cfg):  # train.encoder_lr_scale with a frozen encoder, ...
+            log.warning("%s", line)
         check_caption_lengths(cfg)  # what evaluate decodes and what the objective decodes, against the decoder
         self.dataset = PreparedDataset.load(cfg.data.dir)
         cfg, self.extractor = regions_fitted(cfg, self.dataset)
