@@ -88,6 +88,7 @@ def check_read(cfg: config_lib.Config) -> None:
     own choice (``--config experiments/shapes.yaml --set model.decoder=transformer``). A key no component
     declares is left to :func:`settings_of` (unknown, with the nearest ones)."""
     model = cfg.model
+    decoder_class(model.decoder), encoder_class(model.encoder)  # an unknown choice is its own error, first
     registries = {"decoder": DECODERS, "encoder": ENCODERS}  # model.decoder, model.encoder choose from them
     for key in model.options:
         how = cfg.given(f"model.{key}")
