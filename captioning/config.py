@@ -45,7 +45,9 @@ objective's module (``captioning.train.objectives.scst.ScstSettings``). This mod
 it keeps those keys as given — in :attr:`ModelConfig.options`, and in a :class:`ComponentSection` for
 ``scst:`` — and the component's stage types and checks them with the same ``section_from``
 (``captioning.model.resolve``, ``captioning.train.objectives.resolve``; ``captioning train`` and
-``benchmark train`` do both before anything is read or written). A new decoder or objective adds no
+``benchmark train`` do both before anything is read or written). There a decoder's or encoder's key that the
+user gave (with ``--set`` or in the file itself, not in a ``base:``: :meth:`Config.given` says which) and the
+chosen ones do not read is refused (``captioning.model.check_read``). A new decoder or objective adds no
 field here; a new objective section adds one :class:`Config` field (tests/test_objectives.py checks
 that they match).
 
