@@ -281,8 +281,9 @@ def test_a_preset_that_cannot_be_read_says_why_in_one_line(tmp_path):
     assert {"clip_vit_base_patch16", "siglip_base_patch16_224", "dinov2_base", "vit_base_patch16_224_imagenet"} <= \
         set(names)
     assert hub_error("clip_vit_base_patch61") == (
-        "model.encoder_preset: 'clip_vit_base_patch61' is not a keras-hub preset (did you mean clip_vit_base_patch16?); "
-        f"it must be one of: {', '.join(names)}; a local preset folder; or a kaggle://, hf:// or modelscope:// handle")
+        "model.encoder_preset: 'clip_vit_base_patch61' is not a keras-hub ViT, CLIP, SigLIP or DINOv2 preset (did you "
+        f"mean clip_vit_base_patch16?); it must be one of: {', '.join(names)}; a local preset folder; or a "
+        "kaggle://, hf:// or modelscope:// handle")
     moved = tmp_path / "presets" / "clip"
     assert hub_error(str(moved)) == f"model.encoder_preset: the folder {moved} does not exist (moved or deleted?)"
     text = str(tmp_path / "bert")

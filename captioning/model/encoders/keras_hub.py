@@ -93,7 +93,8 @@ class KerasHub(ImageEncoder):
         if not _is_path(preset) and "://" not in preset and preset not in preset_names():
             near = difflib.get_close_matches(preset, preset_names(), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]}?)" if near else ""
-            raise InputError(f"model.encoder_preset: {preset!r} is not a keras-hub preset{hint}; it must be one of: "
+            raise InputError(f"model.encoder_preset: {preset!r} is not a keras-hub ViT, CLIP, SigLIP or DINOv2 preset"
+                             f"{hint}; it must be one of: "
                              f"{', '.join(preset_names())}; a local preset folder; or a kaggle://, hf:// or "
                              "modelscope:// handle")
         if (self.cfg.encoder_weights or "none") != "none":
