@@ -63,7 +63,9 @@ split, given for every image: the floor any model must clear.
 ``--instances FILE`` (an instances file of the split: the shapes' ``instances_test.json`` or COCO's own
 ``instances_val2014.json``, told apart by their content; it must list every image of the split, checked
 before any decoding) adds object hallucination (:mod:`captioning.evaluation.hallucination`): ``"chair_i"``
-(CHAIRi), ``"chair_s"`` (CHAIRs) and ``"object_recall"``, with their counts under ``"hallucination"``;
+(CHAIRi), ``"chair_s"`` (CHAIRs) and ``"object_recall"``, with their counts under ``"hallucination"`` (for
+COCO's file chair.py's reading, as published, and the corrected one's as ``"chair_i_corrected"`` … under
+``"hallucination_corrected"``: :data:`captioning.evaluation.hallucination.RULES`);
 and for the shapes' file ``"grounding"``: the share of the images' shapes whose colour and kind the
 captions name, by number of shapes, the share of the relations they name between two shapes that hold
 (:mod:`captioning.evaluation.relations`), and for an attention decoder how much of each colour or kind
@@ -210,7 +212,7 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     result["diversity"] = diversity(every, len(trained.vocab), train_texts)
     result.update(bad_endings(candidates.values()))
     if objects is not None:
-        result.update(hallucination.chair(objects, candidates, refs).to_result(os.path.abspath(instances)))
+        result.update(hallucination.results(objects, candidates, refs, os.path.abspath(instances)))
     if baseline:
         constant = most_frequent_caption(train_texts)
         log.info("baseline: the most frequent training caption for every image: %r", constant)
@@ -328,10 +330,11 @@ def _stored(path: str, baseline: bool, spice: bool, grounded: bool, instances: s
     if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoints[0] \
             or stored.get("members") != members:
         return None
-    chair = (stored.get("hallucination") or {}).get("instances")
     if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
-            (grounded and "relations" not in stored.get("grounding", {})) or (instances and chair != instances) or \
+            (grounded and "relations" not in stored.get("grounding", {})) or \
+            (instances and not hallucination.holds(stored, instances)) or \
             "distinct_2_per_bigram" not in stored.get("diversity", {}) or "bad_ending_rate" not in stored:
-        # (results of before relations, diversity, CHAIR or bad endings were measured, or of distinct_2 per bigram)
+        # (results of before relations, diversity, CHAIR (COCO's: both readings, named) or bad endings were measured,
+        # or of distinct_2 per bigram)
         return None
     return stored

@@ -11,13 +11,20 @@ each image. Three numbers, over the captions scored (the best caption of each im
 
 :func:`load_objects` tells the two kinds of instances file apart by their content:
 
-**COCO** (``instances_train2014.json`` …: no ``attributes``, every category one of COCO's 80). The
-mentions are those of :func:`captioning.evaluation.coco_objects.object_mentions` (the synonym table and
-rules of the reference ``chair.py``), and the objects present in an image are the categories of its
-instances ∪ the objects its reference captions name, as in ``chair.py``. A mention is hallucinated when
-its category is not among them. ``chair.py`` does not measure recall; here it is the categories named
-among those present. The shapes' grounding (naming, relations, attention) is not measured on such a file:
-it reads the colours and sizes only the synthetic data has (the result says so).
+**COCO** (``instances_train2014.json`` …: no ``attributes``, every category one of COCO's 80). A
+caption's mentions are read by each of the :data:`RULES`: ``"published"``, chair.py's reading bug for bug
+(:mod:`captioning.evaluation.chair_published`), whose numbers are ``chair_i``, ``chair_s`` and
+``object_recall`` (the published CHAIR tables come from that script: numbers under CHAIR's name stay
+comparable with them, as BLEU keeps pycocoevalcap's smoothing); and ``"corrected"``, the paper's definition
+(:func:`captioning.evaluation.coco_objects.corrected_mentions`), as ``chair_i_corrected``,
+``chair_s_corrected`` and ``object_recall_corrected``, with its counts under ``hallucination_corrected``.
+Both cost milliseconds, so a COCO result always holds both (docs/using.md lists every known difference).
+The objects present in an image are the categories of its instances ∪ the objects its reference captions
+name (read by the same rules), as in ``chair.py``. A mention is hallucinated when its category is not among
+them. ``chair.py`` does not measure recall; here it is the categories named among those present. The
+shapes' grounding (naming, relations, attention) is not measured on such a file: it reads the colours and
+sizes only the synthetic data has (the result says so). :func:`coco_sentences` gives each caption's
+mentions and hallucinated objects, as chair.py's per-sentence output.
 
 **The synthetic shapes** (``captioning synth``'s files: a colour per shape). The caption is read as noun
 phrases (:mod:`captioning.evaluation.phrases`, the colours and kinds of the file and of the hard scenes);
@@ -49,16 +56,34 @@ from __future__ import annotations
 
 import collections
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from captioning.data.scenes import HARD_COLORS, HARD_KINDS
 from captioning.errors import InputError
-from captioning.evaluation.coco_objects import CATEGORIES, object_mentions
+from captioning.evaluation import chair_published
+from captioning.evaluation.coco_objects import CATEGORIES, corrected_mentions
 from captioning.evaluation.grounding import Instances, image_of, parse_shapes, read_instances_file
 from captioning.evaluation.phrases import noun_phrases
+from captioning.settings import registered
 from captioning.text import tokenize_caption
 
-SCALARS = ("chair_i", "chair_s", "object_recall")  # the result's keys, and TensorBoard's tags
+
+@dataclass(frozen=True)
+class Rules:
+    """One reading of COCO objects in a caption: ``mentions`` (a caption → its (word, category) mentions) and
+    ``suffix``, that of its result's keys (``chair_i<suffix>``, ``hallucination<suffix>``)."""
+
+    mentions: Callable[[str], list[tuple[str, str]]]
+    suffix: str
+    title: str
+
+
+# the readings of a COCO caption (module docstring), the first the default: chair() takes one by name
+RULES = {"published": Rules(chair_published.mentions, "", "chair.py's reading, as published"),
+         "corrected": Rules(corrected_mentions, "_corrected", "the corrected reading")}
+DEFAULT_RULES = next(iter(RULES))
+# the result's keys, and TensorBoard's tags
+SCALARS = tuple(f"{key}{rules.suffix}" for rules in RULES.values() for key in ("chair_i", "chair_s", "object_recall"))
 COCO_NOTE = ("a COCO instances file: CHAIR over COCO's 80 categories; the shapes' grounding (naming, relations, "
              "attention) needs the synthetic data's colours and sizes and is not measured")
 
@@ -121,6 +146,7 @@ class Chair:
     objects_present: int
     objects_named: int
     hallucinated: tuple[tuple[str, int], ...] = ()  # the most often hallucinated objects, with their counts
+    rules: str | None = None  # of RULES, for a COCO file (the shapes have one reading)
 
     @property
     def chair_i(self) -> float | None:
@@ -136,26 +162,69 @@ class Chair:
 
     def to_result(self, instances: str) -> dict:
         """The evaluation result's keys: ``chair_i``, ``chair_s``, ``object_recall`` and the counts under
-        ``hallucination``."""
+        ``hallucination``, each with its rules' suffix (``chair_i_corrected``; the shapes': none)."""
         counts = {**asdict(self), "instances": instances, "hallucinated": [list(p) for p in self.hallucinated]}
         if self.objects == "coco":
             counts["note"] = COCO_NOTE
-        return {"chair_i": self.chair_i, "chair_s": self.chair_s, "object_recall": self.object_recall,
-                "hallucination": counts}
+        suffix = RULES[self.rules].suffix if self.rules else ""
+        return {f"chair_i{suffix}": self.chair_i, f"chair_s{suffix}": self.chair_s,
+                f"object_recall{suffix}": self.object_recall, f"hallucination{suffix}": counts}
 
 
-def chair(objects: CocoObjects | Instances, captions: Mapping[int, str],
-          references: Mapping[int, Sequence[str]] | None = None) -> Chair:
-    """CHAIRi, CHAIRs and object recall (module docstring) of ``captions`` (image id → caption) on the images of
-    ``objects`` (:func:`load_objects`); ``references`` (image id → its reference captions) add the objects they
-    name to those present, for a COCO file."""
-    coco = isinstance(objects, CocoObjects)
-    judge = _coco_judge(objects, references or {}) if coco else _shapes_judge(objects)
-    totals, missed = collections.Counter(), collections.Counter()
+@dataclass(frozen=True)
+class Sentence:
+    """One caption as chair.py's per-sentence output has it: its mentions (word, category) in order, and those
+    whose category the image lacks; ``present``: the image's objects (instances ∪ references')."""
+
+    mentions: tuple[tuple[str, str], ...]
+    hallucinated: tuple[tuple[str, str], ...]
+    present: frozenset[str]
+
+    @property
+    def chair_i(self) -> float | None:
+        return len(self.hallucinated) / len(self.mentions) if self.mentions else None
+
+    @property
+    def chair_s(self) -> int:
+        return int(bool(self.hallucinated))
+
+
+def coco_sentences(objects: CocoObjects, captions: Mapping[int, str],
+                   references: Mapping[int, Sequence[str]] | None = None,
+                   rules: str = DEFAULT_RULES) -> dict[int, Sentence]:
+    """Each caption of ``captions`` (image id → caption) read by ``rules`` (a name of :data:`RULES`) and
+    judged against its image in ``objects`` and the objects its ``references`` name."""
+    read = registered(RULES, "rules", rules).mentions
+    found = {}
     for image_id, caption in captions.items():
         if not isinstance(caption, str):
             raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
-        present, mentions = judge(image_id, tokenize_caption(caption))
+        present = set(image_of(objects, image_id, "captions"))
+        for text in (references or {}).get(image_id, ()):
+            present.update(node for _, node in read(text))
+        said = tuple(read(caption))
+        found[image_id] = Sentence(said, tuple(m for m in said if m[1] not in present), frozenset(present))
+    return found
+
+
+def chair(objects: CocoObjects | Instances, captions: Mapping[int, str],
+          references: Mapping[int, Sequence[str]] | None = None, rules: str = DEFAULT_RULES) -> Chair:
+    """CHAIRi, CHAIRs and object recall (module docstring) of ``captions`` (image id → caption) on the images of
+    ``objects`` (:func:`load_objects`); ``references`` (image id → its reference captions) add the objects they
+    name to those present, for a COCO file, read by ``rules`` (a name of :data:`RULES`; the shapes have one
+    reading: the default)."""
+    coco = isinstance(objects, CocoObjects)
+    if not coco and registered(RULES, "rules", rules) is not RULES[DEFAULT_RULES]:
+        raise InputError(f"the synthetic shapes are read one way: rules {rules!r} are for a COCO instances file",
+                         params=("rules",))
+    totals, missed = collections.Counter(), collections.Counter()
+    if coco:
+        judged = [(s.present, [(node, node in s.present, node) for _, node in s.mentions])
+                  for s in coco_sentences(objects, captions, references, rules).values()]
+    else:
+        judge = _shapes_judge(objects)
+        judged = [judge(image_id, caption) for image_id, caption in captions.items()]
+    for present, mentions in judged:  # mentions: (what it names, whether it is right, the object it recalls)
         wrong = [name for name, right, _ in mentions if not right]
         missed.update(wrong)
         named = {key for _, right, key in mentions if right and key is not None}
@@ -165,27 +234,44 @@ def chair(objects: CocoObjects | Instances, captions: Mapping[int, str],
     fields = ("captions", "mentions", "hallucinated_mentions", "hallucinated_captions", "objects_present",
               "objects_named")
     return Chair("coco" if coco else "shapes", *(int(totals[f]) for f in fields),
-                 hallucinated=tuple(sorted(missed.items(), key=lambda p: (-p[1], p[0]))[:10]))
+                 hallucinated=tuple(sorted(missed.items(), key=lambda p: (-p[1], p[0]))[:10]),
+                 rules=rules if coco else None)
 
 
-# A judge: (image id, the caption's words) -> (the objects present, the caption's mentions as (what it names, whether
+def results(objects: CocoObjects | Instances, captions: Mapping[int, str],
+            references: Mapping[int, Sequence[str]] | None, instances: str) -> dict:
+    """The evaluation result's CHAIR keys (:meth:`Chair.to_result`): for a COCO file those of every one of
+    :data:`RULES`, for the shapes' their one reading's."""
+    found = {}
+    for rules in RULES if isinstance(objects, CocoObjects) else (DEFAULT_RULES,):
+        found.update(chair(objects, captions, references, rules).to_result(instances))
+    return found
+
+
+def holds(stored: Mapping, instances: str) -> bool:
+    """Whether a stored evaluation result has CHAIR of ``instances`` as :func:`results` gives it now: for a
+    COCO file every reading's, each under its own name (a result of before the readings were named held the
+    corrected one's numbers under the plain keys, unnamed: it is evaluated again, not reused)."""
+    found = stored.get("hallucination") or {}
+    if found.get("instances") != instances:
+        return False
+    return found.get("objects") != "coco" or all(
+        (stored.get(f"hallucination{r.suffix}") or {}).get("rules") == name and
+        stored[f"hallucination{r.suffix}"].get("instances") == instances for name, r in RULES.items())
+
+
+# The shapes' judge: (image id, caption) -> (the objects present, the caption's mentions as (what it names, whether
 # it is right, the object present it recalls or None)).
-
-
-def _coco_judge(objects: CocoObjects, references: Mapping[int, Sequence[str]]):
-    def judge(image_id, words):
-        present = set(image_of(objects, image_id, "captions"))
-        for text in references.get(image_id, ()):
-            present.update(node for _, node in object_mentions(tokenize_caption(text)))
-        return present, [(node, node in present, node) for _, node in object_mentions(words)]
-    return judge
 
 
 def _shapes_judge(instances: Instances):
     colors = tuple(sorted(set(instances.colors) | set(HARD_COLORS)))
     kinds = tuple(dict.fromkeys(instances.kinds + HARD_KINDS))
 
-    def judge(image_id, words):
+    def judge(image_id, caption):
+        if not isinstance(caption, str):
+            raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
+        words = tokenize_caption(caption)
         shapes = image_of(instances, image_id, "captions").shapes
         present = {(s.color, s.kind) for s in shapes}
         mentions = []
@@ -202,23 +288,29 @@ def _shapes_judge(instances: Instances):
 
 
 def describe(result: Mapping) -> str:
-    """CHAIR in plain words, for ``captioning evaluate``'s summary ("" without it)."""
-    found = result.get("hallucination")
-    if not found:
+    """CHAIR in plain words, for ``captioning evaluate``'s summary ("" without it): a line for each reading
+    the result holds (COCO: chair.py's, as published, then the corrected one)."""
+    if not result.get("hallucination"):
         return ""
-    what = "COCO's 80 objects" if found["objects"] == "coco" else "shapes by kind and colour"
 
     def share(value):
         return "-" if value is None else f"{value:.3f}"
 
-    lines = [f"hallucination ({what}): CHAIRi {share(result['chair_i'])} ({found['hallucinated_mentions']} of "
-             f"{found['mentions']} object mentions name an object the image lacks), CHAIRs "
-             f"{share(result['chair_s'])} ({found['hallucinated_captions']} of {found['captions']} captions), "
-             f"object recall {share(result['object_recall'])} ({found['objects_named']} of {found['objects_present']} "
-             "objects present named)"]
-    if found.get("hallucinated"):
-        lines.append("  most hallucinated: " + ", ".join(f"{name} {n}" for name, n in found["hallucinated"]))
-    if found.get("note"):
-        lines.append(f"  ({found['note']})")
+    lines, note = [], None
+    for rules in RULES.values():
+        found, suffix = result.get(f"hallucination{rules.suffix}"), rules.suffix
+        if not found:
+            continue
+        what = ("shapes by kind and colour" if found["objects"] != "coco" else
+                f"COCO's 80 objects, {rules.title if found.get('rules') else 'an earlier reading'}")
+        lines.append(f"hallucination ({what}): CHAIRi {share(result[f'chair_i{suffix}'])} "
+                     f"({found['hallucinated_mentions']} of {found['mentions']} object mentions name an object the "
+                     f"image lacks), CHAIRs {share(result[f'chair_s{suffix}'])} ({found['hallucinated_captions']} of "
+                     f"{found['captions']} captions), object recall {share(result[f'object_recall{suffix}'])} "
+                     f"({found['objects_named']} of {found['objects_present']} objects present named)")
+        if found.get("hallucinated"):
+            lines.append("  most hallucinated: " + ", ".join(f"{name} {n}" for name, n in found["hallucinated"]))
+        note = found.get("note") or note
+    if note:
+        lines.append(f"  ({note})")
     return "\n".join(lines)
-

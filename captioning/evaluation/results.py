@@ -112,7 +112,12 @@ class EvaluationResult(dict):
     diversity: dict | None = _key("diversity")  # captioning.evaluation.diversity
     members: list[str] | None = _key("members")  # an ensemble: its models' checkpoints (one model: None)
     bad_ending_rate: float | None = _key("bad_ending_rate")  # captioning.evaluation.endings
-    chair_i: float | None = _key("chair_i")  # with an instances file (captioning.evaluation.hallucination)
+    # with an instances file (captioning.evaluation.hallucination); for COCO's, chair.py's reading, as published
+    chair_i: float | None = _key("chair_i")
     chair_s: float | None = _key("chair_s")
     object_recall: float | None = _key("object_recall")
-    hallucination: dict | None = _key("hallucination")  # CHAIR's counts
+    hallucination: dict | None = _key("hallucination")  # CHAIR's counts ("rules": "published" for COCO's)
+    chair_i_corrected: float | None = _key("chair_i_corrected")  # COCO's file: the corrected reading
+    chair_s_corrected: float | None = _key("chair_s_corrected")
+    object_recall_corrected: float | None = _key("object_recall_corrected")
+    hallucination_corrected: dict | None = _key("hallucination_corrected")
