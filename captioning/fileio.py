@@ -201,20 +201,79 @@ def _looks_like(path: str, kind: str) -> str | None:
     return next((name for magic, name in _MAGIC if head.startswith(magic)), "another kind of file")
 
 
+# the largest existing JSON file read to tell whether this command wrote it (its outputs are far smaller)
+_MAX_JSON_READ = 64 << 20
+
+
+def _json_written(path: str, keys: tuple[str, ...]) -> bool:
+    """Whether the file ``path`` is a JSON object holding every one of ``keys`` (how a command recognises
+    the JSON it wrote, see :func:`check_output_file`), or is empty."""
+    try:
+        if os.path.getsize(path) == 0:
+            return True
+        if os.path.getsize(path) > _MAX_JSON_READ:
+            return False
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(key in data for key in keys)
+
+
+def _within(path: str, folder: str) -> bool:
+    """True when ``path`` is ``folder`` or lies inside it (both resolved)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def refuse_inputs(path: str, what: str, params: tuple[str, ...] = (), inputs: Iterable[str] = (),
+                  read_folders: dict[str, str] | None = None, contains: bool = False) -> None:
+    """The one rule of every output path of the command line: it is never one of the command's inputs. An
+    InputError naming ``what`` when ``path`` is empty, is (the same file as) one of the files ``inputs``, or
+    is or lies inside one of ``read_folders`` (``{folder: what it is}``: a prepared dataset, a keras-hub
+    preset, a model folder's own files are :meth:`captioning.model.folder.ModelDir.refuse_output`'s), any of
+    which the write would replace or change. ``contains`` (an output folder, which a rerun may replace
+    whole): also when an input lies inside ``path``. Inputs that do not exist are skipped."""
+    if not path.strip():
+        raise InputError(f"{what} is empty: give the name of the output to write", params=params)
+    for given in inputs:
+        if not given or not os.path.exists(given):
+            continue
+        if (os.path.exists(path) and os.path.samefile(path, given)) or os.path.realpath(path) == \
+                os.path.realpath(given) or (contains and _within(given, path)):
+            raise InputError(f"{what} {path} is also an input ({given}): writing it would overwrite that input; give "
+                             "another name", params=params)
+    for folder, name in (read_folders or {}).items():
+        if not folder or not os.path.isdir(folder):
+            continue
+        if _within(path, folder) or (contains and _within(folder, path)):
+            where = "is" if os.path.realpath(path) == os.path.realpath(folder) else \
+                ("holds" if contains and _within(folder, path) else "lies inside")
+            raise InputError(f"{what} {path} {where} {name} {folder}, which this command reads: writing there would "
+                             "change an input; give a name outside it", params=params)
+
+
 def check_output_file(path: str, what: str, params: tuple[str, ...] = (), inputs: Iterable[str] = (),
-                      kind: str | None = None) -> None:
+                      kind: str | None = None, keys: tuple[str, ...] = (),
+                      read_folders: dict[str, str] | None = None) -> None:
     """Makes sure ``path`` can be written *before* the work that produces it, and that writing it destroys
-    nothing but an earlier output: it must be a regular file or not exist (a device, a FIFO, a socket or a
-    symbolic link would be *replaced* by the rename that completes the write: ``--html /dev/null`` as root
-    would replace /dev/null), it must not be one of ``inputs`` (``caption --html photo.jpg other.jpg``
-    would overwrite the photo), its folder is created if missing, and a file really can be written there
-    (a probe of a few KiB, removed at once: only trying tells a read-only or pseudo file system, even for
-    root, or a disk already full). With ``kind`` (``"html"``, ``"json"``) an existing file is replaced
-    only when it is one of that kind, an earlier output: ``caption --html photo.jpg other.jpg``, ``--html``
-    used as if it took no value, must not turn the photo into a web page. One line naming ``what``
-    otherwise (:class:`DiskFullError` for a full disk)."""
+    nothing but an earlier output: it must not be empty, must be a regular file or not exist (a device, a
+    FIFO, a socket or a symbolic link would be *replaced* by the rename that completes the write:
+    ``--html /dev/null`` as root would replace /dev/null), it must not be one of the command's inputs
+    (:func:`refuse_inputs`: ``inputs``, files; ``read_folders``, folders: ``caption --html photo.jpg
+    other.jpg`` would overwrite the photo, ``evaluate --output DATA/manifest.json`` the dataset's manifest),
+    its folder is created if missing, and a file really can be written there (a probe of a few KiB, removed
+    at once: only trying tells a read-only or pseudo file system, even for root, or a disk already full).
+    With ``kind`` (``"html"``, ``"json"``) an existing file is replaced only when it is one of that kind, an
+    earlier output: ``caption --html photo.jpg other.jpg``, ``--html`` used as if it took no value, must not
+    turn the photo into a web page. With ``keys`` (JSON) only a JSON object holding all of them is: what
+    this command writes always holds them (``evaluate``: ``metrics``, ``split``, ``checkpoint_step``;
+    ``score``: ``metrics``; ``benchmark``: ``benchmark``), a dataset's manifest or a preset's config.json
+    does not. An empty file may always be replaced (nothing is lost). One line naming ``what`` otherwise
+    (:class:`DiskFullError` for a full disk)."""
+    refuse_inputs(path, what, params, (), read_folders)  # empty; inside a folder read (files: below)
     found = _kind(path)
-    if found == "a folder":
+    if found == "a folder" or (path.endswith(os.sep) and not found):
         raise InputError(f"{what} {path} is a folder; give a file name", params=params)
     if found:
         raise InputError(f"{what} {path} is {found}, not a regular file: writing it would replace it; give the name "
@@ -223,10 +282,10 @@ def check_output_file(path: str, what: str, params: tuple[str, ...] = (), inputs
     if other:
         raise InputError(f"{what} {path} exists and is {other}, not {kind.upper()} this command wrote: writing would "
                          f"overwrite it; {what} takes the name of the {kind.upper()} file to write", params=params)
-    for given in inputs:
-        if os.path.exists(path) and os.path.exists(given) and os.path.samefile(path, given):
-            raise InputError(f"{what} {path} is also an input ({given}): writing it would overwrite that input; give "
-                             "another file name", params=params)
+    refuse_inputs(path, what, params, inputs)
+    if keys and os.path.isfile(path) and not _json_written(path, keys):
+        raise InputError(f"{what} {path} exists and is not a result this command wrote (no {', '.join(keys)} in it): "
+                         "writing would overwrite it; give a new file name", params=params)
     make_dirs(os.path.dirname(os.path.abspath(path)), f"{what} {path}: its folder", params)
     probe = f"{path}.tmp{os.getpid()}"
     try:
@@ -240,3 +299,15 @@ def check_output_file(path: str, what: str, params: tuple[str, ...] = (), inputs
         raise disk_full_error(e, path, what) or InputError(f"{what} {path}: cannot write it ({e.strerror or e})",
                                                            params=params) from None
     os.remove(probe)
+
+
+def check_output_folder(path: str, what: str, params: tuple[str, ...] = (), inputs: Iterable[str] = (),
+                        read_folders: dict[str, str] | None = None, contains: bool = False) -> None:
+    """:func:`check_output_file`'s rule for an output that is a folder (``prepare --output-dir``, ``train
+    --model-dir``, a work folder): not empty, not a file, not one of the ``inputs`` (files or folders) nor
+    inside one of ``read_folders``; with ``contains`` (a command that may replace the folder whole) holding
+    no input either. Writes nothing; each command makes the folder when its work starts (:func:`make_dirs`)
+    and keeps its own rules for what may already be inside (``prepare``'s manifest, an export's marker)."""
+    refuse_inputs(path, what, params, inputs, read_folders, contains)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{what} {path} is a file, not a folder", params=params)

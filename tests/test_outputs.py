@@ -143,3 +143,182 @@ def test_export_overwrite_never_takes_a_users_files_and_cleans_what_a_killed_exp
     from captioning.fileio import clean_folder_leftovers
 
     assert clean_folder_leftovers(str(out)) == [f"export.old{dead}"] and (out / "saved_model.pb").exists()
+
+
+# ---- one rule over every output path of the command line (issue 48, items 1 and 11) ----------------------------
+
+@pytest.fixture()
+def world(trained_model_dir, prepared_dir, shapes_dir, hub_presets, tmp_path):
+    """Copies of every kind of input a command reads, in ``tmp_path/inputs`` (whose bytes each case checks
+    untouched): a prepared dataset, the shapes' images and annotations, a keras-hub preset, a config, and a
+    JSON file of somebody else; and a model folder whose config.yaml reads that dataset and that preset (the
+    refusals come before any model loads, so its checkpoint need not match the preset)."""
+    from captioning.config import save_config
+    from captioning.model import resolve
+    from tests.helpers import small_train_config
+
+    root = tmp_path / "inputs"
+    shutil.copytree(prepared_dir, root / "records")
+    shutil.copytree(shapes_dir, root / "shapes")
+    shutil.copytree(hub_presets["vit"], root / "preset")
+    (root / "other.json").write_text('{"mine": true}\n')
+    save_config(resolve(small_train_config(str(root / "records"), "train.steps=1")), str(root / "config.yaml"))
+    model = copy_model(trained_model_dir, tmp_path / "model")
+    config = (tmp_path / "model" / "config.yaml").read_text().replace(prepared_dir, str(root / "records"))
+    config = config.replace("encoder: small_cnn", f"encoder: keras_hub\n  encoder_preset: {root / 'preset'}", 1)
+    (tmp_path / "model" / "config.yaml").write_text(config)
+    return {"root": root, "model": model, "records": str(root / "records"), "preset": str(root / "preset"),
+            "annotations": str(root / "shapes" / "annotations"), "images": str(root / "shapes" / "images"),
+            "instances": str(root / "shapes" / "annotations" / "instances_test.json"),
+            "config": str(root / "config.yaml"), "other": str(root / "other.json"), "tmp": tmp_path}
+
+
+def _tree(root) -> dict:
+    return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(root) for n in names}
+
+
+# (command line, the flag, the words of its refusal): the command line's every output flag at least once
+REFUSALS = {
+    "evaluate --output DATA/manifest.json": (
+        lambda w: ["evaluate", "--model-dir", w["model"], "--output", f"{w['records']}/manifest.json"], "--output",
+        "lies inside the prepared dataset"),
+    "evaluate --output --data-dir's file": (
+        lambda w: ["evaluate", "--model-dir", w["model"], "--data-dir", w["records"], "--output",
+                   f"{w['records']}/vocab.txt"], "--output", "lies inside the prepared dataset"),
+    "evaluate --output PRESET/config.json": (
+        lambda w: ["evaluate", "--model-dir", w["model"], "--output", f"{w['preset']}/config.json"], "--output",
+        "lies inside model.encoder_preset"),
+    "evaluate --output a JSON file of others": (
+        lambda w: ["evaluate", "--model-dir", w["model"], "--output", w["other"]], "--output",
+        "is not a result this command wrote (no metrics, split, checkpoint_step in it)"),
+    "evaluate --output the instances file": (
+        lambda w: ["evaluate", "--model-dir", w["model"], "--instances", w["instances"], "--output", w["instances"]],
+        "--output", "is also an input"),
+    "evaluate --output ''": (
+        lambda w: ["evaluate", "--model-dir", w["model"], "--output", ""], "--output", "--output is empty"),
+    "score --json a JSON file of others": (
+        lambda w: ["score", "--annotations", f"{w['annotations']}/captions_test.json", "--results", w["other"],
+                   "--json", f"{w['records']}/manifest.json"], "--json", "is not a result this command wrote"),
+    "caption --html ''": (
+        lambda w: ["caption", "--model-dir", w["model"], "--html", "", w["images"]], "--html", "--html is empty"),
+    "score --json ''": (
+        lambda w: ["score", "--annotations", f"{w['annotations']}/captions_test.json", "--results", w["other"],
+                   "--json", ""], "--json", "--json is empty"),
+    "caption --html PRESET/gallery.html": (
+        lambda w: ["caption", "--model-dir", w["model"], "--html", f"{w['preset']}/gallery.html", w["images"]],
+        "--html", "lies inside model.encoder_preset"),
+    "export --output ''": (
+        lambda w: ["export", "--model-dir", w["model"], "--output", ""], "--output", "--output is empty"),
+    "export --output PRESET": (
+        lambda w: ["export", "--model-dir", w["model"], "--output", w["preset"]], "--output",
+        "is model.encoder_preset"),
+    "export --format litert --output ''": (
+        lambda w: ["export", "--model-dir", w["model"], "--format", "litert", "--output", ""], "--output",
+        "--output is empty"),
+    "export --format litert --output PRESET/model.tflite": (
+        lambda w: ["export", "--model-dir", w["model"], "--format", "litert", "--output",
+                   f"{w['preset']}/model.tflite"], "--output", "lies inside model.encoder_preset"),
+    "train --model-dir DATA": (
+        lambda w: ["train", "--config", w["config"], "--model-dir", w["records"]], "--model-dir",
+        "is the prepared dataset"),
+    "train --model-dir CONFIG": (
+        lambda w: ["train", "--config", w["config"], "--model-dir", w["config"]], "--model-dir", "is also an input"),
+    "prepare --output-dir the images": (
+        lambda w: ["prepare", "--split", f"train={w['annotations']}/captions_train.json:{w['images']}",
+                   "--output-dir", w["images"]], "--output-dir", "is also an input"),
+    "prepare --output-dir ''": (
+        lambda w: ["prepare", "--split", f"train={w['annotations']}/captions_train.json:{w['images']}",
+                   "--output-dir", ""], "--output-dir", "--output-dir is empty"),
+    "synth --output-dir a file": (
+        lambda w: ["synth", "--output-dir", w["other"], "--num-images", "3"], "--output-dir", "is a file"),
+    "benchmark decode --json PRESET/config.json": (
+        lambda w: ["benchmark", "decode", "--model-dir", w["model"], "--json", f"{w['preset']}/config.json"], "--json",
+        "lies inside model.encoder_preset"),
+    "benchmark input --json DATA/manifest.json": (
+        lambda w: ["benchmark", "input", "--data", w["records"], "--json", f"{w['records']}/manifest.json"], "--json",
+        "lies inside the prepared dataset"),
+    "benchmark quality --model-dir DATA": (
+        lambda w: ["benchmark", "quality", "--config", w["config"], "--data", w["records"], "--model-dir",
+                   w["records"]], "--model-dir", "is the prepared dataset"),
+    "data-service dispatcher --work-dir a file": (
+        lambda w: ["data-service", "dispatcher", "--port", "1", "--work-dir", w["other"]], "--work-dir", "is a file"),
+}
+# each benchmark: its required flags; each writes --json, and most make photos in --work-dir
+BENCHMARKS = {"input": [], "train": ["--config", "config"], "quality": ["--config", "config"], "decode": [],
+              "serve": ["--model-dir", "model"], "litert": ["--model-dir", "model"], "prepare": []}
+for _name, _needs in BENCHMARKS.items():
+    def _args(w, name=_name, needs=_needs):
+        return ["benchmark", name] + [w[word] if i % 2 else word for i, word in enumerate(needs)]
+
+    REFUSALS[f"benchmark {_name} --json a JSON file of others"] = (
+        lambda w, args=_args: args(w) + ["--json", w["other"]], "--json", "is not a result this command wrote")
+    if _name not in ("quality", "decode"):
+        REFUSALS[f"benchmark {_name} --work-dir a file"] = (
+            lambda w, args=_args: args(w) + ["--work-dir", w["other"]], "--work-dir", "is a file")
+# the flags naming a file or folder that a command only reads
+INPUT_FLAGS = {
+    "prepare --split", "prepare --karpathy-json", "prepare --images-root", "prepare --tfds-data-dir",
+    "prepare --vocab", "train --config", "train --init-from", "evaluate --model-dir", "evaluate --data-dir",
+    "evaluate --checkpoint", "evaluate --instances", "caption --model-dir",
+    "caption --detections", "export --model-dir", "serve --model-dir", "features import --data-dir",
+    "features import --tsv", "features import --npz-dir", "features import --boxes-dir", "features import --hdf5",
+    "features extract --data-dir", "features extract --images", "features extract --model-dir",
+    "features extract --config", "features extract --detections", "benchmark input --data",
+    "benchmark input --config", "benchmark train --config", "benchmark train --data", "benchmark quality --config",
+    "benchmark quality --data", "benchmark decode --model-dir", "benchmark decode --config",
+    "benchmark decode --ensemble-with", "benchmark serve --model-dir", "benchmark litert --model-dir",
+}
+
+
+def _path_flags():
+    """Every flag of the command line that takes a file or a folder: ``"COMMAND --flag"``."""
+    import argparse
+    import re
+
+    from captioning.cli import build_parser
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, prefix + [name])
+            elif action.option_strings and action.nargs != 0:
+                yield " ".join(prefix), action
+
+    found = set()
+    for command, action in walk(build_parser(), []):
+        flag = action.option_strings[-1]
+        if re.search(r"(-dir|output|json|html|-out|log|file|path|from|config)$", flag) or \
+                re.search(r"FILE|DIR|OUT|PATH|ROOT|\.json", str(action.metavar or "")):
+            found.add(f"{command} {flag}")
+    return found
+
+
+def test_every_output_flag_is_in_the_table_of_refusals():
+    """A new flag naming a file or folder is either an input (INPUT_FLAGS) or an output with a case in
+    REFUSALS: the one rule cannot miss a command."""
+    import itertools
+
+    outputs = {" ".join(itertools.takewhile(lambda word: not word.startswith("-"), make(_FAKE))) + " " + flag
+               for make, flag, _ in REFUSALS.values()}
+    assert _path_flags() == outputs | INPUT_FLAGS, (_path_flags() - outputs - INPUT_FLAGS,
+                                                    (outputs | INPUT_FLAGS) - _path_flags())
+
+
+_FAKE = {key: f"/nonexistent/{key}" for key in ("root", "model", "records", "preset", "annotations", "images",
+                                                 "instances", "config", "other", "tmp")}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_no_command_writes_over_its_inputs_or_files_it_did_not_write(case, world):
+    """Every command taking an output path refuses, in one line and before any work, an output that is one of
+    its inputs (a model's files, the dataset, a preset, a config, images, an instances file), lies in a
+    folder it reads, is empty, or is an existing file it did not write; every input stays as it was."""
+    make, flag, words = REFUSALS[case]
+    before = _tree(world["root"]), _tree(world["model"])
+    code, out, err = run_main(*make(world))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("captioning "), err
+    assert flag in lines[0] and words in lines[0], lines[0]
+    assert (_tree(world["root"]), _tree(world["model"])) == before

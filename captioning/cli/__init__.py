@@ -15,7 +15,8 @@
     captioning data-service  a tf.data service dispatcher or worker        captioning.data.service
 
 This package is the only code that wires stages together (``data_prep`` included). Flags live in
-:mod:`.commands`, :mod:`.serve`, :mod:`.features`, :mod:`.benchmark` and :mod:`.data_service`, shared parsing in :mod:`.parsing`.
+:mod:`.commands`, :mod:`.export`, :mod:`.serve`, :mod:`.features`, :mod:`.benchmark` and :mod:`.data_service`,
+shared parsing in :mod:`.parsing`.
 
 Exit codes: 0 success; 1 finished with errors on some inputs (``train``: a non-finite loss under
 ``train.nan_policy: stop``); 2 usage or input error (one line on stderr, no traceback; a library error
@@ -37,6 +38,7 @@ from captioning import __version__
 from captioning.cli import commands
 from captioning.cli.benchmark import add_benchmark
 from captioning.cli.data_service import add_data_service
+from captioning.cli.export import add_export
 from captioning.cli.features import add_features
 from captioning.cli.parsing import Parser
 from captioning.cli.serve import add_serve
@@ -55,7 +57,7 @@ def build_parser() -> Parser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, TensorFlow's included")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (commands.add_synth, commands.add_prepare, commands.add_train, commands.add_evaluate,
-                commands.add_score, commands.add_caption, commands.add_export, add_serve, add_features, add_benchmark,
+                commands.add_score, commands.add_caption, add_export, add_serve, add_features, add_benchmark,
                 add_data_service):
         add(sub)
     return parser

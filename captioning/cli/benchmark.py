@@ -144,17 +144,23 @@ def run_benchmark(args) -> int:
     import importlib
 
     from captioning.benchmarks.common import write_json
-    from captioning.fileio import check_output_file
+    from captioning.fileio import check_output_file, check_output_folder
+    from captioning.model.folder import ModelDir
 
-    if args.json:  # before minutes of measuring
-        check_output_file(args.json, "`json`", params=("json",), kind="json")
+    # before minutes of measuring, never over what it reads: the dataset, the config, the model's files and preset
+    data = {args.data_dir: "the prepared dataset"} if getattr(args, "data_dir", None) else {}
+    for flag in ("work_dir",) + (("model_dir",) if args.benchmark == "quality" else ()):  # folders it writes
+        if getattr(args, flag, None) is not None:
+            check_output_folder(getattr(args, flag), f"`{flag}`", params=(flag,),
+                                inputs=(getattr(args, "config", None),), read_folders=data)
+    if args.json is not None:  # a JSON file of others (no "benchmark" key, as every result here has) is refused
         if getattr(args, "model_dir", None):
-            from captioning.model.folder import ModelDir
-
             ModelDir(args.model_dir).refuse_output(args.json, "`json`", params=("json",))
+        check_output_file(args.json, "`json`", params=("json",), kind="json", keys=("benchmark",),
+                          inputs=(getattr(args, "config", None),), read_folders=data)
     bench = importlib.import_module(f"captioning.benchmarks.{args.benchmark}")  # input, train, quality, ...
     values = {"shorter_side": args.shorter_side or None} if args.benchmark == "prepare" else {}  # 0: keep size
     result = call(bench.run, args, progress=not args.quiet, **values)
     print(bench.summary(result))
-    write_json(args.json, result)
+    write_json(args.json, {"benchmark": args.benchmark, **result})
     return 0

@@ -1,7 +1,7 @@
 """The commands of the data's path, one ``add_*`` (its flags) and one ``run_*`` (its work) each:
-``synth``, ``prepare``, ``train``, ``evaluate``, ``score``, ``caption``, ``export``. Each ``run_*``
-imports its stage when it runs, so ``--help`` is instant and a stage never pays for another's imports
-(TensorFlow takes seconds to load). Parameters reach the library through
+``synth``, ``prepare``, ``train``, ``evaluate``, ``score``, ``caption`` (``export``'s:
+:mod:`captioning.cli.export`). Each ``run_*`` imports its stage when it runs, so ``--help`` is instant and a
+stage never pays for another's imports (TensorFlow takes seconds to load). Parameters reach the library through
 :func:`captioning.cli.parsing.options` and :func:`~captioning.cli.parsing.call`, never copied by hand.
 """
 
@@ -18,7 +18,7 @@ from captioning.cli.parsing import (MAX_IMAGES_PER_SHARD, MAX_SEED, MAX_SHARDS, 
                                     key_int, options, within)
 from captioning.settings import MAX_DECODE_BATCH, MAX_WORDS
 from captioning.data.scenes import SCENES
-from captioning.fileio import check_output_file
+from captioning.fileio import check_output_file, check_output_folder
 
 log = logging.getLogger("captioning")
 
@@ -48,6 +48,7 @@ def add_synth(sub) -> None:
 def run_synth(args) -> int:
     from data_prep.synth import synthesize
 
+    check_output_folder(args.output_dir, "`output_dir`", params=("output_dir",))
     log.info("writing %d synthetic images (%s scenes) to %s", args.num_images, args.scenes, args.output_dir)
     counts = call(synthesize, args, progress=not args.quiet)
     print(f"{args.scenes} dataset in {args.output_dir}: " + ", ".join(f"{k} {v} images" for k, v in counts.items()))
@@ -111,7 +112,12 @@ def add_prepare(sub) -> None:
 
 def run_prepare(args) -> int:
     from data_prep.prepare import PrepareOptions, prepare, summarize
+    from data_prep.sources import parse_split_arg
 
+    # never one of the files or folders it reads (it writes vocab.txt, manifest.json and shards there)
+    sources = [path for arg in args.split for path in parse_split_arg(arg)[1:]]
+    check_output_folder(args.output_dir, "`output_dir`", params=("output_dir",), inputs=sources + [
+        args.karpathy_json, args.images_root, args.vocab, args.tfds_data_dir])
     dataset = prepare(options(PrepareOptions, args, shards=dict(args.shards)), progress=not args.quiet)
     print(f"prepared dataset in {args.output_dir}")
     print(summarize(dataset))
@@ -152,6 +158,11 @@ def run_train(args) -> int:
 
     # the decoder's own settings, the objective's batches: before TensorFlow's runtime starts
     cfg = fit_config(resolve(cfg))
+    from captioning.model.folder import read_folders
+
+    # never the prepared dataset, a preset or the config it reads
+    check_output_folder(args.model_dir, "`model_dir`", params=("model_dir",), inputs=(args.config,),
+                        read_folders=read_folders(cfg, data=True))
 
     try:
         result = train(cfg, args.model_dir, progress=not args.quiet, init_from=args.init_from)
@@ -283,10 +294,10 @@ def run_score(args) -> int:
     from captioning.fileio import atomic_write_json
     from captioning.evaluation.metrics import format_table, score_files
 
-    if args.json:
+    if args.json is not None:
         # before the scoring, not after it; never over the files it reads
         check_output_file(args.json, "`json`", params=("json",), inputs=(args.annotations, args.results),
-                          kind="json")
+                          kind="json", keys=("metrics",))
     scores = score_files(args.annotations, args.results, spice=args.spice)
     print(format_table({"results": scores}))
     if args.json:
@@ -321,7 +332,7 @@ def run_caption(args) -> int:
     _decoding_given(args)  # before anything is read
     files = caption.collect_paths(args.paths)
     folders = [ModelDir(path) for path in args.model_dir]
-    if args.html:  # before the model loads, not after captioning; never over an image or the models' files
+    if args.html is not None:  # before the model loads, not after captioning; never over an image or a model's files
         for folder in folders:
             folder.refuse_output(args.html, "`html`", params=("html",))
         check_output_file(args.html, "`html`", params=("html",), inputs=files + (args.detections or []), kind="html")
@@ -341,55 +352,3 @@ def run_caption(args) -> int:
     if args.html:
         caption.write_gallery(args.html, results, f"captions by {' + '.join(args.model_dir)}")
     return caption.print_results(results, args.json)
-
-
-def add_export(sub) -> None:
-    p = sub.add_parser(
-        "export", help="export a SavedModel (or a LiteRT .tflite file) that captions images",
-        description="Writes a SavedModel whose serving signature takes a batch of encoded images (JPEG, PNG) "
-                    "and returns the top captions and their log-probabilities, beam search inside. It loads "
-                    "with tf.saved_model.load, without this project. With --format litert: one .tflite file "
-                    "that captions one decoded uint8 image, the search inside, LiteRT built-in ops only "
-                    "(docs/litert.md).")
-    add_model_dirs(p)
-    p.add_argument("--output", required=True,
-                   help="the SavedModel folder to write (--format litert: the .tflite file)")
-    p.add_argument("--format", choices=("savedmodel", "litert"), default="savedmodel",
-                   help="savedmodel (default): a SavedModel folder; litert: one .tflite file for ai-edge-litert")
-    p.add_argument("--quantize", choices=("none", "float16", "dynamic_int8"), default=None,  # litert.QUANTIZE
-                   help="--format litert only: none (default, float32 weights), float16 weights, or dynamic_int8 "
-                        "(dynamic range quantization: int8 weights)")
-    decoding_flags(p, top_k=True)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace --output if it holds an earlier export (never a folder or file of others)")
-    p.set_defaults(handler=run_export)
-
-
-def run_export(args) -> int:
-    if args.format == "litert":
-        return _run_export_litert(args)
-    if args.quantize is not None:
-        from captioning.errors import InputError
-
-        raise InputError("--quantize applies to --format litert only (a SavedModel keeps its float32 weights)",
-                         params=("quantize",))
-    from captioning.inference.export import check_output, export
-
-    _decoding_given(args)
-    check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
-    print(f"exported to {call(export, args, captioner=_captioner(args))}")
-    return 0
-
-
-def _run_export_litert(args) -> int:
-    from captioning.inference.litert import check_output, export_litert
-
-    _decoding_given(args)
-    args.quantize = args.quantize or "none"
-    check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
-    output = call(export_litert, args, captioner=_captioner(args))
-    print(f"exported to {output} (LiteRT, {args.quantize}, {os.path.getsize(output):,} bytes; built-in ops "
-          "only: no Flex delegate needed)")
-    return 0
-
-

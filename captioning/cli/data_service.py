@@ -74,7 +74,10 @@ def add_data_service(sub) -> None:
 
 def run_dispatcher(args) -> int:
     from captioning.data import service as data_service
+    from captioning.fileio import check_output_folder
 
+    if args.work_dir is not None:  # not empty, not a file: before a server starts
+        check_output_folder(args.work_dir, "`work_dir`", params=("work_dir",))
     call(data_service.run_dispatcher, args)
     return 0
 

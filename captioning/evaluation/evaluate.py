@@ -107,6 +107,10 @@ from captioning.train import evaluation_loss
 
 log = logging.getLogger("captioning.evaluation.evaluate")
 
+# the keys every result holds: how ``--output`` tells an earlier result, which it may replace, from a JSON file of
+# others (a dataset's manifest, a preset's config.json), which it refuses (fileio.check_output_file)
+RESULT_KEYS = ("metrics", "split", "checkpoint_step")
+
 
 def most_frequent_caption(texts) -> str:
     """The most common caption after normalisation (ties: alphabetical), e.g. for a constant baseline."""
@@ -144,11 +148,11 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
     folder = ModelDir(dirs[0])
-    if output:  # never over the models' own files, nor over the instances file it reads
-        for path in dirs:
-            ModelDir(path).refuse_output(output, "`output`", params=("output",))
+    if output is not None:  # never over what it reads (models' files, presets, data, instances) nor others' JSON
+        for path in dirs + ([os.path.dirname(checkpoint) or "."] if checkpoint else []):
+            ModelDir(path).refuse_output(output, "`output`", params=("output",), data=True, data_dir=data_dir)
         check_output_file(output, "`output`", params=("output",), inputs=(instances,) if instances else (),
-                          kind="json")
+                          kind="json", keys=RESULT_KEYS)
     objects = hallucination.load_objects(instances) if instances else None  # the synthetic shapes' or COCO's
     shapes = hallucination.shapes_of(objects)  # what grounding reads (None for COCO's)
     trained = inference.load(dirs, checkpoint, weights)  # weights: "ema", "raw", None (the average when there is one)

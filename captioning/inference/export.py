@@ -59,7 +59,8 @@ import tensorflow as tf
 
 from captioning.data.schema import IMAGE_ENCODED
 from captioning.errors import InputError
-from captioning.fileio import atomic_folder, atomic_write_json, clean_folder_leftovers, disk_full_error
+from captioning.fileio import (atomic_folder, atomic_write_json, clean_folder_leftovers, disk_full_error,
+                               refuse_inputs)
 from captioning.inference.captioner import Captioner
 from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
@@ -165,9 +166,10 @@ def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
     """Refuses an ``output`` that export must never write (see the module docstring), before any work.
     Returns what the export already there records (its :data:`MARKER`), or None when there is none.
     ``model_dir``: a model folder, or an ensemble's (a list)."""
+    refuse_inputs(output, "`output`", params=("output",))  # the shared rule (not empty; its inputs: below)
     target = os.path.realpath(output)
     dirs = model_dirs(model_dir)
-    for path in dirs:
+    for path in dirs:  # its files, a preset it is built from
         ModelDir(path).refuse_output(output, "`output`", params=("output",))
     for what, folder in [("the model folder", path) for path in dirs] + [("the working directory", os.getcwd())]:
         if inside(os.path.realpath(folder), target):

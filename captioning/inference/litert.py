@@ -58,6 +58,7 @@ from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_e
 from captioning.inference.captioner import Captioner
 from captioning.inference.export import inside, trained_record
 from captioning.model.ensemble import model_dirs
+from captioning.model.folder import ModelDir
 
 QUANTIZE = ("none", "float16", "dynamic_int8")
 METADATA = "captioning_export"  # the flatbuffer metadata entry holding the export's record
@@ -319,7 +320,9 @@ def check_output(output: str, model_dir, overwrite: bool = False) -> dict | None
     if os.path.isdir(output):
         raise InputError(f"`output` {output} is a folder; --format litert writes one file (e.g. caption.tflite)",
                          params=("output",))
-    check_output_file(output, "`output`", params=("output",))
+    for folder in model_dirs(model_dir):  # a preset it is built from
+        ModelDir(folder).refuse_output(output, "`output`", params=("output",))
+    check_output_file(output, "`output`", params=("output",))  # the shared rule: not empty, a regular file, ...
     if not os.path.exists(output):
         return None
     existing = read_record(output)

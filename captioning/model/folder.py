@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from captioning import config as config_lib
 from captioning.errors import InputError
-from captioning.fileio import atomic_write_text, make_dirs
+from captioning.fileio import atomic_write_text, make_dirs, refuse_inputs
 from captioning.model.checkpoints import CHECKPOINT_FILE, STATE_TEMP, STATE, CheckpointFiles
 from captioning.vocab import Vocabulary
 
@@ -55,6 +55,23 @@ LOCK = "training.lock"  # held by the training run writing into the folder
 DOCUMENT_FREQUENCIES = "cider_document_frequencies.npz"  # scst's reward (captioning.train.document_frequencies)
 # what a run creates in the folder besides checkpoints (all of it removed again when the run is refused)
 OWN_NAMES = frozenset({CONFIG, HISTORY, VOCAB, LOCK, DOCUMENT_FREQUENCIES, "logs", "cache", "eval"})
+
+
+def read_folders(cfg: config_lib.Config, whose: str = "", data: bool = False) -> dict[str, str]:
+    """The folders a model of ``cfg`` is built from, ``{folder: what it is}``, which no output may lie in
+    (:func:`captioning.fileio.refuse_inputs`): a preset folder named by one of the encoder's path settings
+    (``model.encoder_preset``, kept absolute in config.yaml), and with ``data`` the prepared dataset
+    (``data.dir``). ``whose``: words after the setting's name in a message."""
+    from captioning.model.encoders import encoder_class
+
+    folders = {}
+    for key in encoder_class(cfg.model.encoder).path_keys:
+        value = (cfg.model.options or {}).get(key)
+        if value and os.path.isdir(value):
+            folders[value] = f"model.{key}{' ' + whose if whose else ','}"
+    if data and cfg.data.dir:
+        folders[cfg.data.dir] = "the prepared dataset"
+    return folders
 
 
 @dataclass
@@ -139,11 +156,28 @@ class ModelDir(CheckpointFiles):
         log.info("checkpoint %s is of another model folder, %s, with the same vocabulary and architecture", checkpoint,
                  other.path)
 
-    def refuse_output(self, path: str, what: str, params: tuple[str, ...] = ()) -> None:
-        """An InputError naming ``what`` when ``path`` is one of this folder's own files (:meth:`owns`)."""
+    def refuse_output(self, path: str, what: str, params: tuple[str, ...] = (), data: bool = False,
+                      data_dir: str | None = None) -> None:
+        """An InputError naming ``what`` when ``path`` is one of this folder's own files (:meth:`owns`) or
+        lies in a folder its model is built from (:meth:`read_folders`: a keras-hub preset; with ``data``,
+        the command reads the prepared dataset too: ``data_dir``, or config.yaml's ``data.dir``). A new name
+        inside the model folder is no input of any command (``caption --html MODEL/gallery.html``)."""
         if self.owns(path):
             raise InputError(f"{what} {path} is a file of the model folder {self.path}, which only `captioning train` "
                              "writes; give a file name outside it, or a new name", params=params)
+        refuse_inputs(path, what, params, read_folders=self.read_folders(data, data_dir))
+
+    def read_folders(self, data: bool = False, data_dir: str | None = None) -> dict[str, str]:
+        """:func:`read_folders` of config.yaml (empty for a folder without a readable one: the command's own
+        load says why)."""
+        try:
+            cfg = self.read_config() if os.path.isdir(self.path) else None
+        except InputError:
+            cfg = None
+        folders = read_folders(cfg, f"of {self.path},") if cfg is not None else {}
+        if data and (data_dir or cfg is not None):
+            folders[data_dir or cfg.data.dir] = "the prepared dataset"
+        return folders
 
     def checkpoint(self, step: int) -> str:
         """The path (prefix) of the checkpoint of ``step``, as training names it."""
