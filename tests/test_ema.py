@@ -1,6 +1,8 @@
 """train.ema_decay: the weight average (captioning.train.ema) — its value after each applied step, skipped steps,
 loss scaling, resuming, 2 replicas (the scenario ``mirrored/ema`` of conftest's ``distributed_runs``:
-:func:`mirrored`), steps_per_execution, and --weights ema|raw in caption, export and evaluate."""
+:func:`mirrored`), steps_per_execution, and --weights ema|raw in caption, export and evaluate. The models here
+fine-tune the small CNN encoder, so its batch-norm moving statistics are averaged with the weights; a checkpoint
+written before they were (its average of the trainable weights only) still loads."""
 
 import json
 import logging
@@ -21,9 +23,19 @@ def trainable_positions(model) -> list[int]:
     return [position[id(v)] for v in model.trainable_variables]
 
 
+def statistics_positions(model) -> list[int]:
+    """The batch-norm layers' moving statistics' positions in ``model.variables``, found by their names."""
+    return [i for i, v in enumerate(model.variables) if v.name in ("moving_mean", "moving_variance")]
+
+
+def averaged_positions(model) -> list[int]:
+    """What the average covers here (the encoder trains): the trainable weights and the moving statistics."""
+    return trainable_positions(model) + statistics_positions(model)
+
+
 def averages(trainer) -> dict[int, np.ndarray]:
-    positions = trainable_positions(trainer.model)
-    return {i: average.numpy() for i, (_, average) in zip(positions, trainer.average.pairs)}
+    position = {id(v): i for i, v in enumerate(trainer.model.variables)}
+    return {position[id(v)]: average.numpy() for v, average in trainer.average.pairs}
 
 
 def raw(model, positions) -> dict[int, np.ndarray]:
@@ -60,7 +72,7 @@ def averaged(prepared_dir, tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("ema") / "m")
     cfg = small_train_config(prepared_dir, "train.steps=4", f"train.ema_decay={DECAY}")
     trainer = Trainer(cfg, folder)
-    positions = trainable_positions(trainer.model)
+    positions = averaged_positions(trainer.model)
     dataset = trainer.distributed_dataset("train", training=True)
     step, batches = trainer.train_step_for(dataset), iter(dataset)
     record = {"raw": [raw(trainer.model, positions)], "average": [averages(trainer)], "applied": [None]}
@@ -74,7 +86,8 @@ def averaged(prepared_dir, tmp_path_factory):
         record["average"].append(averages(trainer))
     trainer.save()
     trainer.folder.release()
-    return {"folder": folder, "cfg": cfg, "positions": positions, **record}
+    return {"folder": folder, "cfg": cfg, "positions": positions, "trainable": trainable_positions(trainer.model),
+            "statistics": statistics_positions(trainer.model), **record}
 
 
 def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
@@ -92,6 +105,22 @@ def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
     saved = checkpoint_averages(os.path.join(averaged["folder"], "ckpt-4"))
     assert_same(saved, averaged["average"][4], rtol=0)  # the checkpoint holds every trainable weight's average
     assert max(np.abs(saved[i] - averaged["raw"][4][i]).max() for i in saved) > 1e-3  # not the raw weights
+
+
+def test_the_fine_tuned_encoders_batch_norm_statistics_are_averaged_with_its_weights(averaged):
+    """The small CNN's moving means and variances (5 layers' here) moved in training, and the checkpoint holds
+    their average, the one recomputed in numpy from their values after each applied step (as the weights')."""
+    statistics = averaged["statistics"]
+    assert len(statistics) == 10 and set(statistics) <= set(averaged["positions"])
+    raw_start, raw_end = averaged["raw"][0], averaged["raw"][4]
+    assert min(np.abs(raw_end[i] - raw_start[i]).max() for i in statistics) > 1e-3  # training moved each
+    saved = checkpoint_averages(os.path.join(averaged["folder"], "ckpt-4"))
+    expected = {i: raw_start[i] for i in statistics}
+    for number in range(1, 5):
+        if averaged["applied"][number]:
+            expected = next_average(expected, averaged["raw"][number])
+    assert_same({i: saved[i] for i in statistics}, expected)
+    assert min(np.abs(saved[i] - raw_end[i]).max() for i in statistics) > 1e-4  # an average, not the raw values
 
 
 def test_a_resumed_run_restores_the_average_and_one_without_starts_it_from_its_weights(
@@ -116,12 +145,65 @@ def test_a_resumed_run_restores_the_average_and_one_without_starts_it_from_its_w
     later = Trainer(cfg, trained_model_dir)
     later.folder.release()
     assert later.current_step() == 60
-    assert_same(averaged_of(later), raw(later.model, trainable_positions(later.model)), rtol=0)
+    assert_same(averaged_of(later), raw(later.model, averaged_positions(later.model)), rtol=0)
     assert "ckpt-60 holds no weight average: train.ema_decay's average starts from its weights" in caplog.text
 
 
 def averaged_of(trainer):
     return averages(trainer)
+
+
+@pytest.fixture(scope="module")
+def older(averaged, tmp_path_factory):
+    """A copy of ``averaged``'s folder whose ckpt-4 holds what a checkpoint written before the batch-norm
+    statistics were averaged held: the same model, optimizer and step, and the trainable weights' average only."""
+    import tensorflow as tf
+
+    from captioning.model.checkpoints import AVERAGE
+    from captioning.train import Trainer
+
+    folder = str(tmp_path_factory.mktemp("ema-older") / "m")
+    shutil.copytree(averaged["folder"], folder)
+    trainer = Trainer(averaged["cfg"], folder)  # resumed from ckpt-4: the weights, optimizer, step and average
+    trainer.folder.release()
+    keep = {str(i) for i in averaged["trainable"]}
+    before = tf.Module()
+    before.averages = {key: average for key, average in trainer.average.holder.averages.items() if key in keep}
+    for name in os.listdir(folder):
+        if name.startswith("ckpt-4."):
+            os.remove(os.path.join(folder, name))
+    checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer, step=trainer.step,
+                                     **{AVERAGE: before})
+    checkpoint.save_counter.assign(3)  # as the run's manager saves it: ckpt-4, its save counter with it
+    assert checkpoint.save(os.path.join(folder, "ckpt")).endswith("ckpt-4")
+    return folder
+
+
+def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged, older, caplog):
+    """Such a checkpoint (written before the statistics were averaged): ``--weights ema`` puts in the average of
+    the trainable weights and keeps the raw statistics, as before; a run resumed from it restores that average
+    and starts the statistics' from their restored values, and says how many."""
+    import dataclasses
+
+    from captioning.model.folder import ModelDir
+    from captioning.train import Trainer
+
+    trainable, statistics = averaged["trainable"], averaged["statistics"]
+    average, weights = averaged["average"][4], averaged["raw"][4]
+    assert sorted(checkpoint_averages(os.path.join(older, "ckpt-4"))) == sorted(trainable)
+    loaded = ModelDir(older).load()
+    assert loaded.weights == "ema"
+    assert_same(raw(loaded.model, trainable), {i: average[i] for i in trainable}, rtol=0)
+    assert_same(raw(loaded.model, statistics), {i: weights[i] for i in statistics}, rtol=0)
+    caplog.set_level(logging.INFO, logger="captioning.train")
+    cfg = averaged["cfg"]
+    trainer = Trainer(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6)), older)
+    trainer.folder.release()
+    got = averaged_of(trainer)
+    assert_same({i: got[i] for i in trainable}, {i: average[i] for i in trainable}, rtol=0)
+    assert_same({i: got[i] for i in statistics}, {i: weights[i] for i in statistics}, rtol=0)
+    assert ("resumed the weight average (train.ema_decay 0.5) from ckpt-4; 10 weights or statistics without one "
+            "there start from their values") in caplog.text
 
 
 @pytest.mark.slow
@@ -165,7 +247,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
     step = tf.function(make_train_step(trainer.model, optimizer, trainer.strategy, trainer.objective, trainer.step,
                                        0.0, False, after_update=trainer.average.after_update), autograph=False)
     batches = iter(trainer.distributed_dataset("train", training=True))
-    positions = trainable_positions(trainer.model)
+    positions, trainable = averaged_positions(trainer.model), trainable_positions(trainer.model)
     expected, weights, applied = averages(trainer), raw(trainer.model, positions), []
     for number in range(3):
         batch = next(batches)
@@ -177,7 +259,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
         step(batch)
         applied.append(int(optimizer.iterations.numpy()) > iterations)
         after = raw(trainer.model, positions)
-        assert applied[-1] == any(not np.array_equal(after[i], weights[i]) for i in after)
+        assert applied[-1] == any(not np.array_equal(after[i], weights[i]) for i in trainable)
         if applied[-1]:
             expected = next_average(expected, after)
         assert_same(averages(trainer), expected, rtol=0 if not applied[-1] else 1e-6)
@@ -194,7 +276,7 @@ def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_di
     folder = tmp_path / "m"
     trainer = Trainer(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
                                          "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}"), str(folder))
-    positions, expected = trainable_positions(trainer.model), averages(trainer)
+    positions, expected = averaged_positions(trainer.model), averages(trainer)
     assert trainer.run(progress=False)["step"] == 2
     for number in (1, 2):
         trainer.checkpoint.restore(str(folder / f"ckpt-{number}")).expect_partial()
@@ -269,6 +351,19 @@ def test_evaluate_keeps_the_average_and_the_raw_weights_as_two_results(averaged)
         "test-step4-beam1-len20-norm0", "test-step4-beam1-len20-norm0-ema"], stored
     again = evaluate(folder, split="test", beam_size=1, max_images=2, progress=False, weights="ema")  # stored: as is
     assert again.perplexity == ema.perplexity
+
+
+@pytest.mark.slow
+def test_evaluate_with_the_average_reads_the_averaged_statistics(averaged, older):
+    """The two folders differ only in the statistics' average (the raw weights evaluate alike): evaluating the
+    average gives another perplexity where the checkpoint holds the statistics' average than where it does not."""
+    from captioning.evaluation.evaluate import evaluate
+
+    def perplexity(folder, weights):
+        return evaluate(folder, split="test", beam_size=1, max_images=2, progress=False, weights=weights).perplexity
+
+    assert perplexity(older, "raw") == perplexity(averaged["folder"], "raw")
+    assert perplexity(older, "ema") != pytest.approx(perplexity(averaged["folder"], "ema"), rel=1e-6)
 
 
 def mirrored(data_dir, out_dir):

@@ -10,11 +10,12 @@ start again from step 0 over the folder). What a killed save left (``ckpt-N_temp
 step that the state file does not name, TF's temporary state files) is removed at the next training start.
 
 **The weight average** (``train.ema_decay``, :mod:`captioning.train.ema`) is a checkpoint item of its own,
-``ema``: for each trainable weight, its average under the key of the weight's position in ``model.variables``
-(the model's build order, the same in every process; Keras' generated layer names are not). ``evaluate``,
-``caption`` and ``export`` read the average into the model in place of the raw weights (:meth:`CheckpointFiles.
-use_weights`, ``--weights ema|raw``): by default when the checkpoint holds one, a weight without an average
-(a frozen encoder's) keeping its raw value.
+``ema``: for each trainable weight (and batch-norm moving statistic that training moves), its average under the
+key of the variable's position in ``model.variables`` (the model's build order, the same in every process;
+Keras' generated layer names are not). ``evaluate``, ``caption`` and ``export`` read the average into the model in
+place of the raw weights (:meth:`CheckpointFiles.use_weights`, ``--weights ema|raw``): by default when the
+checkpoint holds one, a variable without an average (a frozen encoder's; the statistics in a checkpoint written
+before they were averaged) keeping its raw value.
 
 **Reading while training writes**: :meth:`~captioning.model.folder.ModelDir.load` restores the latest
 checkpoint; if training deletes it in the meantime (``train.keep_checkpoints``), it takes the new latest

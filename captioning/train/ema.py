@@ -1,6 +1,18 @@
-"""The weight average (``train.ema_decay`` d > 0): an exponential moving average of the trainable weights, kept
-in the checkpoint beside them and read by ``evaluate``, ``caption`` and ``export`` (``--weights ema|raw``,
+"""The weight average (``train.ema_decay`` d > 0): an exponential moving average of the trainable weights and of
+the batch-norm moving statistics a training forward pass moves (a fine-tuned encoder's ``moving_mean`` and
+``moving_variance``: :func:`captioning.train.steps.forward_state`), kept in the checkpoint beside them and read by
+``evaluate``, ``caption`` and ``export`` (``--weights ema|raw``,
 :meth:`captioning.model.folder.ModelDir.use_weights`).
+
+**Why the statistics too.** Batch norm at inference normalises by its moving statistics, which describe the
+activations of the weights that produced them; averaged weights with the raw (latest) statistics mix two
+models. So they are averaged with the weights, at the same decay and the same steps (as TensorFlow's
+EfficientNet reference code averages ``moving_mean`` and ``moving_variance`` beside the trainable variables, and
+timm's ``ModelEmaV2`` the whole state dict, batch-norm buffers included). Other non-trainable variables are not: a frozen encoder's
+weights and statistics never move (its average would be a copy), and step counters and random-number states
+are no model state. A checkpoint written before the statistics were averaged holds an average of the trainable
+weights only: inference then keeps the raw statistics, as it did; a run resumed from it starts their average
+from their restored values (the log line of a weight without an average).
 
 After each optimizer step that updated the weights, each weight's average becomes ::
 
@@ -42,7 +54,7 @@ evaluates with them (unless ``ema_overwrite_frequency`` writes the average into 
 evaluate`` scores the average by default and the raw weights with ``--weights raw``, as two results.
 
 **The checkpoint** holds the averages as its item ``ema`` (:data:`captioning.model.checkpoints.AVERAGE`), each
-under its weight's position in ``model.variables``, which is how inference finds the weight it replaces.
+under its variable's position in ``model.variables``, which is how inference finds the variable it replaces.
 """
 
 from __future__ import annotations
@@ -53,13 +65,15 @@ import os
 import tensorflow as tf
 
 from captioning.model.checkpoints import AVERAGE, CheckpointFiles
+from captioning.train.steps import forward_state
 
 log = logging.getLogger("captioning.train")
 
 
 class WeightAverage:
-    """The exponential moving average of ``model``'s trainable weights at ``decay`` (none at 0: no variables,
-    no checkpoint item, no step hook). Made inside ``strategy.scope()``."""
+    """The exponential moving average of ``model``'s trainable weights and the batch-norm statistics training
+    moves (:func:`~captioning.train.steps.forward_state`) at ``decay`` (none at 0: no variables, no checkpoint
+    item, no step hook). Made inside ``strategy.scope()``."""
 
     def __init__(self, model, decay: float, strategy: tf.distribute.Strategy):
         self.decay, self.strategy = float(decay), strategy
@@ -68,7 +82,7 @@ class WeightAverage:
             (v, tf.Variable(tf.convert_to_tensor(v.value), trainable=False, name=f"average_{position[id(v)]}",
                             synchronization=tf.VariableSynchronization.ON_WRITE,
                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
-            for v in model.trainable_variables]
+            for v in [*model.trainable_variables, *forward_state(model)]]
         self.holder = tf.Module()  # the checkpoint item: {"averages": {"<position>": average}}
         self.holder.averages = {str(position[id(v)]): average for v, average in self.pairs}
 
@@ -112,4 +126,4 @@ class WeightAverage:
         tf.train.Checkpoint(**self.checkpoint_items).restore(latest).expect_partial()
         fresh = len(set(self.holder.averages) - {str(i) for i in held})
         log.info("resumed the weight average (train.ema_decay %g) from %s%s", self.decay, name,
-                 f"; {fresh} weights without one there start from their values" if fresh else "")
+                 f"; {fresh} weights or statistics without one there start from their values" if fresh else "")
