@@ -121,8 +121,15 @@ def test_export_somewhere_it_cannot_write_is_one_line(trained_model_dir, tmp_pat
 def test_export_overwrite_never_takes_a_users_files_and_cleans_what_a_killed_export_left(trained_model_dir,
                                                                                        tmp_path):
     out = tmp_path / "export"
-    assert run_main("export", "--model-dir", trained_model_dir, "--output", out)[0] == 0
-    marker = json.loads((out / "captioning_export.json").read_text())
+    code, said, err = run_main("export", "--model-dir", trained_model_dir, "--output", out)
+    assert code == 0 and said == f"exported to {out}\n", err
+    marker_file = out / "captioning_export.json"
+    before = os.stat(marker_file)
+    # the same export again writes nothing, and says so instead of "exported to" (issue 48, item 21)
+    code, said, err = run_main("export", "--model-dir", trained_model_dir, "--output", out)
+    assert code == 0 and said == f"already exported to {out} (unchanged: the same model, checkpoint and settings)\n"
+    assert os.stat(marker_file).st_ino == before.st_ino
+    marker = json.loads(marker_file.read_text())
     assert sorted(marker["files"]) == sorted(os.listdir(out))
     (out / "NOTES.txt").write_text("mine")
     one_error(*run_main("export", "--model-dir", trained_model_dir, "--output", out, "--overwrite", "--beam-size",
