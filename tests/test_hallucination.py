@@ -109,8 +109,10 @@ def test_chair_on_coco_files_equals_an_independent_count(tmp_path):
     assert result["chair_i"] == 0.25 and result["hallucination"]["objects"] == "coco"
     assert "not measured" in result["hallucination"]["note"]  # the shapes' grounding is left out
     check_covers(objects, list(IMAGES), "test", instances)  # every image listed
-    with pytest.raises(InputError, match="lists 1 of the 7 images"):
+    with pytest.raises(InputError, match="lists 6 of the 7 images"):  # the number listed, not the 1 missing
         check_covers(objects, [*IMAGES, 99], "test", instances)
+    with pytest.raises(InputError, match="lists 2 of the 10 images .* image 7"):
+        check_covers(objects, [1, 2, *range(7, 15)], "test", instances)
 
 
 def test_hand_made_cases(tmp_path):

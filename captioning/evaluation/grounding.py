@@ -140,7 +140,7 @@ def check_covers(instances: Instances, image_ids, split: str, path: str) -> None
     missing = [i for i in ids if i not in instances.images]
     if not missing:
         return
-    which = "none" if len(missing) == len(ids) else f"{len(missing)}"
+    which = "none" if len(missing) == len(ids) else f"{len(ids) - len(missing)}"  # the number it lists
     raise InputError(f"`instances` {path} lists {which} of the {len(ids)} images of split {split} (e.g. image "
                      f"{missing[0]}): give that split's instances file (captioning synth writes "
                      f"annotations/instances_{split}.json)", params=("instances",))
