@@ -112,6 +112,19 @@ def describe_range(bounds) -> str:
     return f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}{')' if high_open else ']'}"
 
 
+def closed_range(bounds, kind: type = float) -> tuple:
+    """The smallest and largest values of ``kind`` inside ``bounds``: an open end moved to the nearest value
+    inside (the next integer, the next float), as an HTML input's inclusive ``min`` and ``max`` need.
+
+    >>> closed_range(more_than(0.0)["range"]), closed_range(between(0, 10, low_open=True)["range"], int)
+    ((5e-324, None), (1, 10))
+    """
+    low, low_open, high, high_open = bounds
+    step = (lambda x, to: x + (1 if to > x else -1)) if kind is int else math.nextafter
+    return (step(low, math.inf) if low is not None and low_open else low,
+            step(high, -math.inf) if high is not None and high_open else high)
+
+
 def in_range(value: float, bounds) -> bool:
     low, low_open, high, high_open = bounds
     above = value > low if low_open else value >= low

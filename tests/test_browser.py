@@ -268,11 +268,36 @@ def test_a_file_that_is_not_an_image_shows_an_error_and_the_page_goes_on(driver,
     bad.write_text("not an image, whatever its name says\n")
     assert run_and_wait(driver, lambda: pick(driver, [str(bad)])) in ("done", "error")
     error = card(driver, "notes.jpg").find_element(By.CSS_SELECTOR, ".error")
-    assert error.is_displayed() and error.text.strip()
+    assert error.is_displayed() and error.text.strip() == "not an image (unrecognised format)"
+    assert card(driver, "notes.jpg").find_elements(By.CSS_SELECTOR, "img") == []  # the reason, no broken picture
     assert driver.find_elements(By.CSS_SELECTOR, "#results .caption") == []  # no caption for a non-image
     top_k = int(option(driver, "decode.top_k"))
     assert run_and_wait(driver, lambda: pick(driver, images[:1])) == "done"
     changed = {} if top_k == 3 else {"decode.top_k": str(top_k)}  # as the test before left the control
     record = post_caption(server, images[:1], changed)[0]
     check_card(driver, card(driver, os.path.basename(images[0])), record, top_k)
+    check_clean(driver, server)
+
+
+def test_the_page_refuses_a_temperature_the_server_refuses(driver, server, images):
+    """``decode.temperature`` must be more than 0: the control's ``min`` is the first float above it, so the page
+    says "check the options" for 0 instead of sending what the server answers with 400."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    if driver.current_url != server + "/":
+        driver.get(server + "/")
+    assert run_and_wait(driver, lambda: pick(driver, images[:1])) == "done"
+    control = driver.find_element(By.CSS_SELECTOR, '#options [name="decode.temperature"]')
+    valid = "return [arguments[0].checkValidity(), arguments[0].validity.rangeUnderflow]"
+    for value, expected in (("0", [False, True]), ("0.0", [False, True]), ("0.01", [True, False])):
+        set_option(driver, "decode.temperature", value)
+        assert driver.execute_script(valid, control) == expected, value
+    set_option(driver, "decode.temperature", "0")
+    driver.find_element(By.ID, "caption").click()
+    status = driver.find_element(By.ID, "status")
+    WebDriverWait(driver, WAIT_S).until(lambda d: status.get_attribute("data-state") == "error")
+    assert status.text == "check the options"
+    set_option(driver, "decode.temperature", "1")
+    assert driver.execute_script(valid, control) == [True, False]
     check_clean(driver, server)

@@ -198,27 +198,33 @@ def boxes_report(results: list[Result]) -> list[str]:
     return lines
 
 
-def caption_each(call, items: list) -> list[tuple[list | None, str | None]]:
+def caption_each(call, items: list, image_errors: tuple | None = None) -> list[tuple[list | None, str | None]]:
     """Per item, ``(captions, None)`` or ``(None, error)``: ``call(items)`` (a list of captions per item) once,
-    and when that call fails (an image TensorFlow cannot decode must not sink the others) each item alone, a
-    failing one getting its one-line error. ``caption`` runs its batches of files so, ``captioning serve`` its
-    model calls.
+    and when that call fails with an image's error (an image TensorFlow cannot decode must not sink the others)
+    each item alone, a failing one getting its one-line error. ``image_errors``: the exception types that are an
+    image's fault (default: TensorFlow's ``InvalidArgumentError``, what its decoders raise); any other (out of
+    memory, a fault of the model) is raised as it is, never reported as an image's. ``caption`` runs its batches
+    of files so, ``captioning serve`` its model calls.
 
     >>> def call(items):
     ...     if "bad" in items:
     ...         raise ValueError("not a JPEG\\nmore")
     ...     return [[item.upper()] for item in items]
-    >>> caption_each(call, ["a", "bad"])
+    >>> caption_each(call, ["a", "bad"], image_errors=(ValueError,))
     [(['A'], None), (None, 'cannot decode: not a JPEG')]
     """
+    if image_errors is None:
+        import tensorflow as tf
+
+        image_errors = (tf.errors.InvalidArgumentError,)
     try:
         return [(captions, None) for captions in call(items)]
-    except Exception:
+    except image_errors:
         out = []
         for item in items:
             try:
                 out.append((call([item])[0], None))
-            except Exception as e:  # TensorFlow's decode errors have many types
+            except image_errors as e:  # TensorFlow's decode errors
                 out.append((None, f"cannot decode: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"))
         return out
 

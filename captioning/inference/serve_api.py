@@ -28,9 +28,13 @@ or more images than the per-request bound (:class:`Limits`).
 from __future__ import annotations
 
 import dataclasses
-import email.parser
-import email.policy
+import io
+import itertools
 import threading
+import typing
+
+from werkzeug.http import parse_options_header
+from werkzeug.sansio import multipart
 
 from captioning.config_sections import DecodeConfig
 from captioning.errors import InputError
@@ -38,6 +42,9 @@ from captioning.images import ImageError
 from captioning.inference.caption import Result, json_record, model_bytes, word_pictures
 
 MAX_FIELD_BYTES = 10_000  # a text field's value (decode.bad_endings lists words)
+CHUNK = 64 * 1024  # bytes of a body fed to the multipart decoder at a time
+MAX_HEAD_BYTES = 16 * 1024  # before the first boundary, and a part's headers
+_HEAD_STATES = (multipart.State.PREAMBLE, multipart.State.PART)
 
 # Pillow's decompression-bomb limit is a module global that model_bytes lifts while it decodes a huge image
 # (captioning.images): the request threads decode their uploads one at a time.
@@ -65,27 +72,56 @@ class ApiError(Exception):
         self.status, self.results = status, results
 
 
-def parse_multipart(content_type: str, body: bytes) -> list[tuple[str, str | None, bytes]]:
-    """The parts of a ``multipart/form-data`` body as ``(field name, file name or None, bytes)``, parsed by the
-    standard library's ``email`` parser; an :class:`ApiError` (400) when the body is not such a form (no
-    boundary, no closing boundary: a truncated upload, a part without a name)."""
-    if not content_type.lower().startswith("multipart/form-data"):
+def parse_multipart(content_type: str, body: bytes | typing.Iterable[bytes]
+                    ) -> list[tuple[str, str | None, bytes]]:
+    """The parts of a ``multipart/form-data`` body as ``(field name, file name or None, bytes)``; an
+    :class:`ApiError` (400) when the body is not such a form (no boundary, no closing boundary: a truncated
+    upload, a part without a name).
+
+    ``body``: the bytes, or the body's pieces as they were read. It is parsed as a stream by Werkzeug's
+    multipart decoder (``werkzeug.sansio.multipart``; TensorBoard's web server brings Werkzeug already), fed
+    :data:`CHUNK` bytes at a time, so the parse holds the parts' own bytes and about a chunk more; a preamble
+    or a part's headers over :data:`MAX_HEAD_BYTES` is refused. Python's ``email`` parser, used before, held
+    about 10x the upload and spent about 1.5 CPU s a MB on a part of newlines (docs/serving.md, measured)."""
+    kind, params = parse_options_header(content_type)
+    if kind.lower() != "multipart/form-data":
         raise ApiError(400, f"send the images as multipart/form-data (curl -F image=@photo.jpg), not "
                             f"{content_type.split(';')[0].strip() or 'a body without a Content-Type'}")
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    broken = [type(d).__name__ for d in message.defects]
-    if not message.is_multipart() or broken:
-        raise ApiError(400, "malformed multipart/form-data body" + (f" ({', '.join(broken)})" if broken else
-                                                                     " (no parts)"))
-    parts = []
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not name or part.get_content_disposition() != "form-data":
-            raise ApiError(400, "malformed multipart/form-data body: a part without Content-Disposition: "
-                                "form-data; name=...")
-        data = part.get_payload(decode=True)
-        parts.append((str(name), part.get_filename(), data if data is not None else b""))
+    boundary = params.get("boundary", "")
+    if not boundary or len(boundary) > 70 or not boundary.isascii():  # RFC 2046: 1 to 70 ASCII characters
+        raise ApiError(400, "malformed multipart/form-data body (no boundary in its Content-Type)")
+    pieces = [body] if isinstance(body, (bytes, bytearray, memoryview)) else body
+    chunks = (view[i:i + CHUNK] for piece in pieces for view in [memoryview(piece)] for i in range(0, len(view), CHUNK))
+    decoder, parts, part, ended = multipart.MultipartDecoder(boundary.encode("ascii")), [], None, False
+    try:
+        for chunk in itertools.chain(chunks, [None]):
+            decoder.receive_data(chunk)
+            while not isinstance(event := decoder.next_event(), multipart.NeedData):
+                if isinstance(event, (multipart.Field, multipart.File)):
+                    disposition, _ = parse_options_header(event.headers.get("Content-Disposition", ""))
+                    if disposition.lower() != "form-data" or not event.name:
+                        raise ApiError(400, "malformed multipart/form-data body: a part without "
+                                            "Content-Disposition: form-data; name=...")
+                    part = (event.name, getattr(event, "filename", None), io.BytesIO())
+                elif isinstance(event, multipart.Data) and part is not None:
+                    part[2].write(event.data)
+                    if not event.more_data:
+                        parts.append((part[0], part[1], part[2].getvalue()))  # no copy
+                        part = None
+                elif isinstance(event, multipart.Epilogue):
+                    ended = True
+                    break
+            if decoder.state in _HEAD_STATES and len(decoder.buffer) > MAX_HEAD_BYTES:  # searched, not found
+                raise ApiError(400, f"malformed multipart/form-data body (no boundary, or a part's headers not "
+                                    f"ended, within {MAX_HEAD_BYTES:,} bytes)")
+    except ValueError as e:  # the decoder's: a body cut short, not a form; a header that is not UTF-8
+        said = "it ends before its closing boundary" if chunk is None else (
+            str(e).splitlines()[0][:100] if str(e) else type(e).__name__)
+        raise ApiError(400, f"malformed multipart/form-data body ({said})") from None
+    if not ended:
+        raise ApiError(400, "malformed multipart/form-data body (no closing boundary)")
+    if not parts:
+        raise ApiError(400, "malformed multipart/form-data body (no parts)")
     return parts
 
 

@@ -9,12 +9,18 @@ option set starves another. This is what TF Serving's batching does (``max_batch
 ``batch_timeout_micros``: a batch closes when full or when its oldest request has waited that long), with one
 batch queue per distinct option set, as TF Serving keeps one per model signature.
 
-Each distinct option set (a :class:`~captioning.config_sections.DecodeConfig`) has its own Captioner (its own
-``tf.function``, traced on its first call), kept in a least-recently-used cache of at most
-:data:`MAX_CAPTIONERS`; the server's own options (the model's ``decode:`` config and the command's flags) are
-always kept. A batch whose call fails (an image TensorFlow cannot decode after Pillow read it) is captioned
-again image by image, so one bad image gets its own error and never sinks the others, as ``captioning
-caption`` does.
+Each option set that decodes differently has its own Captioner (its own ``tf.function``, traced on its first
+call): option sets are told apart by what the search reads of them
+(:func:`captioning.model.decode.search_arguments`, and ``bad_endings``), so a ``decode.seed`` under beam search,
+which nothing reads, is the server's own Captioner. At most :data:`MAX_CAPTIONERS` are kept besides the server's
+own (always kept), least recently used dropped first; but one used within the last :data:`IDLE_S` seconds is
+never dropped for a new one: a request whose options would need a new trace then is refused
+(:class:`OptionSetsBusy`, HTTP 503), so a client cycling options causes at most about :data:`MAX_CAPTIONERS`
+traces a :data:`IDLE_S` seconds, not one a request. A batch whose call fails with an image's error (an image
+TensorFlow cannot decode after Pillow read it) is captioned again image by image, so one bad image gets its own
+error and never sinks the others, as ``captioning caption`` does; any other failure of the model call (out of
+memory) is the server's: logged once with its cause, and each request of the batch gets :class:`ModelError`
+(HTTP 500).
 
 >>> batcher = Batcher(Captioner(trained), max_batch=16, wait_ms=5)       # doctest: +SKIP
 >>> captions = batcher.caption(batcher.captioner_for(decode), [jpeg_bytes])   # doctest: +SKIP
@@ -34,10 +40,20 @@ import time
 from captioning.config_sections import DecodeConfig
 from captioning.inference.caption import caption_each
 from captioning.inference.captioner import Captioner
+from captioning.model.decode import search_arguments
 
 log = logging.getLogger("captioning.serve")
 
 MAX_CAPTIONERS = 8  # option sets kept ready at once (each a traced tf.function), the server's own not counted
+IDLE_S = 60.0  # a Captioner used within this many seconds is not dropped for a new option set
+
+
+class OptionSetsBusy(Exception):
+    """A new option set refused: every kept Captioner was used too recently to drop (HTTP 503)."""
+
+
+class ModelError(Exception):
+    """The model call failed for a reason that is not an image's (HTTP 500); its ``__cause__`` is the error."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,6 +65,7 @@ class _Item:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     captions: list | None = None
     error: str | None = None
+    failure: BaseException | None = None  # the model call's own error (not an image's)
 
 
 class Batcher:
@@ -61,7 +78,8 @@ class Batcher:
         """``default``: the server's own Captioner (its model and options); other option sets get theirs."""
         self.trained, self.default = default.trained, default
         self.max_batch, self.wait = max_batch, wait_ms / 1000.0
-        self._captioners: collections.OrderedDict = collections.OrderedDict()
+        self._captioners: collections.OrderedDict = collections.OrderedDict()  # key -> (Captioner, last use)
+        self.max_captioners, self.idle_s = MAX_CAPTIONERS, IDLE_S
         self._cache_lock = threading.Lock()
         self._queue: collections.deque[_Item] = collections.deque()
         self._ready = threading.Condition()
@@ -72,23 +90,31 @@ class Batcher:
 
     @staticmethod
     def key(decode: DecodeConfig) -> str:
-        """What tells option sets apart: every setting's value."""
-        return json.dumps(dataclasses.asdict(decode), sort_keys=True)
+        """What tells option sets apart: what the search reads of them (:func:`search_arguments`) and the words
+        captions may not end with."""
+        return json.dumps([search_arguments(decode), sorted(set(decode.bad_endings))], sort_keys=True)
 
     def captioner_for(self, decode: DecodeConfig) -> Captioner:
         """The Captioner of an option set, made (and checked: an InputError for a value the model cannot use, e.g. a
-        ``bad_endings`` word its vocabulary lacks) on its first use, in the caller's thread."""
+        ``bad_endings`` word its vocabulary lacks) on its first use, in the caller's thread; an
+        :class:`OptionSetsBusy` when it is new and every kept one was used within :attr:`idle_s` seconds."""
         key = self.key(decode)
         if key == self.key(self.default.settings):
             return self.default
         with self._cache_lock:
-            captioner = self._captioners.get(key)
+            now = time.monotonic()
+            captioner = self._captioners.pop(key, (None, 0.0))[0]
             if captioner is None:
+                if len(self._captioners) >= self.max_captioners:
+                    oldest, (_, used) = next(iter(self._captioners.items()))
+                    if now - used < self.idle_s:
+                        raise OptionSetsBusy(
+                            f"{len(self._captioners)} other sets of decoding options were used in the last "
+                            f"{self.idle_s:g} s, each kept traced: try again in {self.idle_s - (now - used):.0f} s, "
+                            "or use options already in use (or the server's own)")
+                    del self._captioners[oldest]
                 captioner = Captioner(self.trained, decode)
-                self._captioners[key] = captioner
-                while len(self._captioners) > MAX_CAPTIONERS:
-                    self._captioners.popitem(last=False)
-            self._captioners.move_to_end(key)
+            self._captioners[key] = (captioner, now)  # the most recently used last
             return captioner
 
     def caption(self, captioner: Captioner, images: list[bytes]) -> list[tuple[list | None, str | None]]:
@@ -102,6 +128,11 @@ class Batcher:
             self._ready.notify()
         for item in items:
             item.done.wait()
+        failed = next((item.failure for item in items if item.failure is not None), None)
+        if failed is not None:  # TensorFlow's messages start with where the graph ran: its first line of its own
+            said = next((line for line in map(str.strip, str(failed).splitlines()) if line and not line.startswith(
+                ("Graph execution error", "Detected at node", "File ", "[[", "Hint:"))), "")[:200]
+            raise ModelError(f"the model failed: {type(failed).__name__}" + (f": {said}" if said else "")) from failed
         return [(item.captions, item.error) for item in items]
 
     def stop(self) -> None:
@@ -135,8 +166,15 @@ class Batcher:
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
             captioner = batch[0].captioner  # one undecodable image must not sink the batch: caption_each
-            for item, (item.captions, item.error) in zip(batch, caption_each(lambda items: self._call(captioner, items),
-                                                                             batch)):
+            try:
+                done = caption_each(lambda items: self._call(captioner, items), batch)
+            except Exception as e:  # the model's failure, not an image's: logged once here, each request a 500
+                log.error("a model call failed (%d image(s)): every request in it gets an error 500", len(batch),
+                          exc_info=True)
+                done = [(None, None)] * len(batch)
+                for item in batch:
+                    item.failure = e
+            for item, (item.captions, item.error) in zip(batch, done):
                 item.done.set()
 
     def _call(self, captioner: Captioner, items: list[_Item]) -> list:

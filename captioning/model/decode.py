@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from captioning.model.word_rules import DEAD as _DEAD
 from captioning.model.search_tools import best_of, log_normalizer, never_proposed, one_loop, search_over, traced_back
-from captioning.model.word_rules import bad_ending_ids, blocked_words
+from captioning.model.word_rules import DEAD as _DEAD, bad_ending_ids, blocked_words
 from captioning.vocab import END_ID, RESERVED, START_ID
 
 
@@ -379,20 +378,23 @@ def empty_captions_warning(best) -> str | None:
 
 
 def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
-    """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`)
-    say: beam search, greedy decoding (a beam of 1) or sampling, in :func:`beam_search`'s output format.
-    ``bad_endings``: word ids (:func:`captioning.model.word_rules.bad_ending_ids`); ``keys [B]``: the images' sampling keys. Every caption
-    has at least one word (``<end>`` is never the first: ``min_length`` 1), whichever the method."""
-    common = {"max_length": settings.max_length, "block_ngrams": settings.block_ngrams, "bad_endings": bad_endings,
-              "min_length": 1}
-    if settings.method == "sample":
+    """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`) say, in
+    :func:`beam_search`'s format (greedy: a beam of 1; or sampling); ``bad_endings``: word ids, ``keys [B]``: seeds."""
+    search, arguments = search_arguments(settings)
+    if search == "sample":
         from captioning.model.sampling import sample_search
+        return sample_search(model, initial_state, keys=keys, bad_endings=bad_endings, **arguments)
+    return beam_search(model, None, initial_state=initial_state, bad_endings=bad_endings, **arguments)
 
-        return sample_search(model, initial_state, samples=settings.top_k, temperature=settings.temperature,
-                             sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p,
-                             seed=settings.seed, keys=keys, **common)
+
+def search_arguments(settings) -> tuple[str, dict]:
+    """The search :func:`generate` runs for ``settings`` and all it reads of them but ``bad_endings``: the same
+    arguments, the same captions and graph (``captioning serve`` keys its decoders so: a beam's seed traces nothing)."""
+    common = dict(max_length=settings.max_length, block_ngrams=settings.block_ngrams, min_length=1)
+    if settings.method == "sample":
+        return "sample", dict(samples=settings.top_k, temperature=settings.temperature, seed=settings.seed,
+                              sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p, **common)
     beam = 1 if settings.method == "greedy" else settings.beam_size
-    return beam_search(model, None, beam_size=beam, top_k=1 if settings.method == "greedy" else settings.top_k,
-                       length_normalization=settings.length_normalization, initial_state=initial_state,
-                       length_penalty_form=settings.length_penalty, beam_groups=settings.beam_groups if beam > 1 else 1,
-                       diversity=settings.diversity, **common)
+    return "beam", dict(beam_size=beam, top_k=1 if settings.method == "greedy" else settings.top_k,
+                        length_normalization=settings.length_normalization, length_penalty_form=settings.length_penalty,
+                        beam_groups=settings.beam_groups if beam > 1 else 1, diversity=settings.diversity, **common)
