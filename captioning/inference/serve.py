@@ -1,9 +1,8 @@
 """``captioning serve``: a trained model (or an ensemble) behind a web page and a JSON API, on the standard library.
 
-The server is Python's ``http.server.ThreadingHTTPServer`` (a thread per connection, HTTP/1.1), with
-Werkzeug's streaming multipart decoder for uploads (:func:`~captioning.inference.serve_api.parse_multipart`):
-no web framework, nothing fetched at run time (docs/serving.md weighs uvicorn and Starlette, and Gradio,
-measured). Routes::
+The server is Python's ``http.server.ThreadingHTTPServer`` (a thread per connection, HTTP/1.1) and the
+standard library's ``email`` parser for multipart bodies: no web framework, no new dependency, nothing
+fetched at run time (docs/serving.md says why not Gradio, measured). Routes::
 
     GET  /          the page (serve_page.html, shipped with the package): drop or pick images, see captions
     POST /caption   the JSON API (captioning.inference.serve_api): images in, `caption --json` records out
@@ -15,14 +14,17 @@ own answer (:mod:`captioning.inference.serve_api`).
 
 **Limits.** A body over ``--max-upload-mb`` (default 32) is refused with 413 from its ``Content-Length``
 before a byte of it is read (and before ``100 Continue``, which curl waits for on uploads over 1 MB); a body
-without a ``Content-Length`` (chunked) is 411. More than ``--max-images`` images (default 32) is 413. A client
-has :data:`READ_TIMEOUT` seconds to send each piece of its request (then 408), and at most
-:data:`MAX_IN_FLIGHT` requests are read and captioned at once (the others wait up to :data:`BUSY_WAIT` seconds,
-then 503), so memory stays within about ``MAX_IN_FLIGHT x --max-upload-mb``.
+without a ``Content-Length`` (chunked) is 411, a ``Content-Length`` that is not ASCII digits 400. More than
+``--max-images`` images (default 32) is 413. The connections' deadlines and bounds are
+:mod:`captioning.inference.serve_connections`'s: a whole request within 30 s of its first byte (then 408), its
+body read before it waits for one of the 32 model slots (then 503 after 30 s), at most 256 connections open
+(then 503 at once). The bodies held at once are at most ``max_in_flight x --max-upload-mb`` bytes (more: 503).
 
 **Security.** It binds 127.0.0.1 by default: only this machine can reach it. There is no authentication, so
 ``--host`` with another address (``0.0.0.0``) lets anyone who reaches the port caption images, and the command
-says so in a warning line (as TF Serving and Gradio leave access control to what is in front of them).
+says so in a warning line (as TF Serving and Gradio leave access control to what is in front of them). A
+``Host`` that is not the served address (or an ``--allowed-host``) and a cross-origin ``POST`` are 403
+(:class:`~captioning.inference.serve_connections.Addresses`).
 
 **The page's DOM** (tests/test_browser.py drives it in a real browser; keep these ids and classes):
 
@@ -36,7 +38,7 @@ says so in a warning line (as TF Serving and Gradio leave access control to what
   ``<img class="thumb">``, the best caption in ``<p class="caption">``, its log-probability in
   ``<span class="score">``, the top-k list ``<ol class="alternatives"><li>...``, and for an attention decoder
   ``<div class="attention">`` holding one ``<img class="word-attention" alt="attention for WORD">`` per word; an
-  image that cannot be read shows ``<p class="error">`` and no thumbnail;
+  image that cannot be read shows ``<p class="error">``;
 - ``<div id="status">``, whose ``data-state`` is ``busy`` while a request runs and ``done`` (or ``error``) after.
 
 **In a program or a test**, :func:`start` runs the server in a thread (``port=0``: a free port) and returns a
@@ -54,34 +56,32 @@ handle with ``url`` and ``stop()``::
 from __future__ import annotations
 
 import dataclasses
-import errno
 import html
 import inspect
 import io
-import ipaddress
 import json
 import logging
 import os
 import signal
-import socket
 import threading
 import tokenize
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from captioning.config_sections import DecodeConfig
 from captioning.errors import InputError
 from captioning.inference.serve_api import (ApiError, Form, Limits, check_usable, decode_options, parse_multipart,
                                             read_images, records)
-from captioning.inference.serve_batching import Batcher, ModelError, OptionSetsBusy
-from captioning.settings import closed_range, describe_range, fields_of, type_hints
+from captioning.inference.serve_batching import Batcher
+from captioning.inference.serve_connections import (Addresses, Budget, Connections, DeadlineReader, Late, Server,
+                                                    declared_length, read_body)
+from captioning.inference.serve_connections import bind as _bind
+from captioning.inference.serve_connections import is_loopback  # noqa: F401 (the command's import)
+from captioning.settings import describe_range, fields_of, type_hints
 
 log = logging.getLogger("captioning.serve")
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_page.html")  # package data (setup.cfg)
-READ_TIMEOUT = 30  # seconds a client may take to send each piece of its request
-MAX_IN_FLIGHT = 32  # requests read and captioned at once
-BUSY_WAIT = 30  # seconds a request waits for one of them
 ROUTES = {"/": "GET", "/caption": "POST"}
 
 
@@ -125,7 +125,7 @@ def option_controls(decode: DecodeConfig) -> str:
                               for c in f.metadata["choices"])
             control = f'<select name="{key}" data-default="{html.escape(value)}">{options}</select>'
         elif kind in (int, float):
-            low, high = closed_range(f.metadata.get("range", (None, False, None, False)), kind)
+            low, _, high, _ = f.metadata.get("range", (None, False, None, False))
             bounds = (f' min="{_number(low)}"' if low is not None else "") + (
                 f' max="{_number(high)}"' if high is not None else "")
             step = "1" if kind is int else "any"
@@ -159,12 +159,41 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "captioning-serve"
-    timeout = READ_TIMEOUT
+
+    def setup(self):  # the socket read through the connection's deadlines
+        super().setup()
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, self.server))
+
+    def handle_one_request(self):
+        """One request, whole within its deadline (else 408 and the connection closed); none once stopping."""
+        self.command, self.request_version, self.requestline = "", self.default_request_version, ""
+        self.rfile.raw.next_request()
+        try:
+            super().handle_one_request()
+        except Late as e:
+            self.close_connection = True
+            self._json(408, {"error": str(e)}, close=True)
+        if self.server.stopping:
+            self.close_connection = True
+
+    def parse_request(self) -> bool:  # then, before any route: Host and Origin (403 unless this server's)
+        return super().parse_request() and self._addressed()
+
+    def _addressed(self) -> bool:
+        addresses: Addresses = self.server.addresses
+        said = addresses.refuses_host(self.headers.get("Host"))
+        if not said and self.command not in ("GET", "HEAD"):
+            said = addresses.refuses_origin(self.headers.get("Origin"), self.headers.get("Host"))
+        if said:
+            self._json(403, {"error": said}, close=True)
+        return not said
 
     def log_message(self, format, *args):  # one debug line a request (-v), not stderr noise
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: bytes, content_type: str, close: bool = False, allow: str | None = None):
+        self.connection.settimeout(self.server.connections.request_timeout)  # for a client that does not read
+        close = close or self.server.stopping
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -203,20 +232,26 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if not self._route():
             return
-        if not self.server.in_flight.acquire(timeout=BUSY_WAIT):
-            self._json(503, {"error": "the server is busy: try again"}, close=True)
-            return
+        body = []  # read before a model slot is taken: a slow client holds a connection, never a slot
         try:
-            status, answer, close = self._caption()
-        except ApiError as e:
+            body = read_body(self.rfile, declared_length(self.headers, self.server.limits), self.server.budget)
+            if not self.server.in_flight.acquire(timeout=self.server.connections.busy_wait):
+                raise ApiError(503, "the server is busy: try again")
+            try:
+                status, answer, close = self._caption(body)
+            finally:
+                self.server.in_flight.release()
+        except ApiError as e:  # with the body not read whole, the connection closes (the rest is not a request)
             status, answer, close = e.status, {"error": str(e), **({"results": e.results} if e.results else {})}, \
-                e.status in (408, 411, 413)
+                e.status in (408, 411, 413) or not body
+        except Late:  # 408 (handle_one_request)
+            raise
         except Exception as e:  # a fault of the server's own: this request fails in one line, the server goes on
             log.exception("POST /caption failed")
             said = str(e).splitlines()[0][:200] if str(e) else repr(e)
             status, answer, close = 500, {"error": f"internal error: {said}"}, True
         finally:
-            self.server.in_flight.release()
+            self.server.budget.give(sum(map(len, body)))
         self._json(status, answer, close=close)
 
     def _not_allowed(self):
@@ -225,36 +260,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
-    def _length(self) -> int:
-        """The body's declared length; an :class:`ApiError` when absent (411) or over the bound (413)."""
-        limits: Limits = self.server.limits
-        length = self.headers.get("Content-Length")
-        if length is None or not length.strip().isdigit():
-            raise ApiError(411, "send a Content-Length (a chunked body is not read)")
-        if int(length) > limits.max_bytes:
-            raise ApiError(413, f"the request is {int(length) / 2**20:.1f} MB: at most {limits.max_upload_mb} MB "
-                                "(--max-upload-mb)")
-        return int(length)
-
     def handle_expect_100(self):
-        """``Expect: 100-continue`` (curl's, for uploads over 1 MB): the size is refused before the body comes."""
+        """``Expect: 100-continue`` (curl's, for uploads over 1 MB): the address and the size are refused before
+        the body comes."""
         if urlsplit(self.path).path == "/caption" and self.command == "POST":
+            if not self._addressed():
+                return False
             try:
-                self._length()
+                declared_length(self.headers, self.server.limits)
             except ApiError as e:
                 self._json(e.status, {"error": str(e)}, close=True)
                 return False
         return super().handle_expect_100()
 
-    def _caption(self) -> tuple[int, list, bool]:
-        length = self._length()
-        try:
-            body = self.rfile.read(length)
-        except (TimeoutError, socket.timeout):
-            raise ApiError(408, f"the body did not arrive within {READ_TIMEOUT} s") from None
-        if len(body) < length:
-            raise ApiError(400, f"the body ended after {len(body)} of its {length} bytes")
-        form = Form(parse_multipart(self.headers.get("Content-Type", ""), body))
+    def _caption(self, body: list[bytes]) -> tuple[int, list, bool]:
+        form = Form(parse_multipart(self.headers.get("Content-Type", ""), b"".join(body)))
         if not form.images:
             raise ApiError(400, "no image: send each as a field named image (curl -F image=@photo.jpg)")
         limits: Limits = self.server.limits
@@ -266,93 +286,56 @@ class _Handler(BaseHTTPRequestHandler):
             captioner = batcher.captioner_for(decode)
         except InputError as e:  # e.g. a bad_endings word the vocabulary lacks
             raise ApiError(400, str(e)) from None
-        except OptionSetsBusy as e:  # a new trace, with every kept one in use
-            raise ApiError(503, str(e)) from None
         results = read_images(form)
         check_usable(results)
         ready = [r for r in results if not r.error]
-        try:
-            captioned = batcher.caption(captioner, [r.data for r in ready])
-        except ModelError as e:  # the server's fault, logged once by the model thread with its cause
-            raise ApiError(500, str(e)) from None
-        for r, (captions, error) in zip(ready, captioned):
+        for r, (captions, error) in zip(ready, batcher.caption(captioner, [r.data for r in ready])):
             r.captioned(captions, error, captioner.token_layout)
         return 200, records(results, form.pictures), False
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):  # a client gone mid-answer: one debug line, no traceback
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
-
-
-def bind(host: str = "127.0.0.1", port: int = 0) -> _Server:
+def bind(host: str = "127.0.0.1", port: int = 0) -> Server:
     """The listening server (not serving yet); an InputError naming ``host`` or ``port`` when it cannot bind."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError):
-        raise InputError(f"`host` {host!r} is not an address or a name of this machine", params=("host",)) from None
-    kind = type("_Server", (_Server,), {"address_family": infos[0][0]})  # IPv4 or IPv6, as the host is
-    try:
-        server = kind(infos[0][4][:2], _Handler)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise InputError(f"`port` {port} is in use on {host}: stop what listens there or choose another "
-                             "(--port 0: any free port)", params=("port",)) from None
-        if e.errno in (errno.EACCES, errno.EPERM):
-            raise InputError(f"`port` {port}: not allowed to listen there (ports below 1024 need privileges)",
-                             params=("port",)) from None
-        raise InputError(f"`host` {host!r}: cannot listen there ({e.strerror or e})", params=("host",)) from None
-    return server
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only reaches this machine (127.0.0.0/8, ::1, localhost).
-
-    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
-    (True, True, False)
-    """
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    return _bind(host, port, _Handler)
 
 
 @dataclasses.dataclass
 class Running:
     """A server running in a thread: ``url`` (``http://HOST:PORT/``), ``batcher`` (its model calls), ``stop()``."""
 
-    server: _Server
+    server: Server
     thread: threading.Thread
     batcher: Batcher
     url: str
 
     def stop(self) -> None:
-        """Stops accepting, finishes the captions handed in, closes the socket."""
-        self.server.shutdown()
-        self.server.server_close()
+        """Stops accepting, answers each request in flight (within its deadline), then stops the model thread."""
+        self.server.stop()
         self.batcher.stop()
         self.thread.join()
 
 
 def start(captioner, host: str = "127.0.0.1", port: int = 0, limits: Limits = Limits(), max_batch: int = 16,
-          batch_wait_ms: float = 5.0, server: _Server | None = None, title: str = "captioning") -> Running:
+          batch_wait_ms: float = 5.0, server: Server | None = None, title: str = "captioning",
+          connections: Connections = Connections(), allowed_hosts=()) -> Running:
     """Serves ``captioner`` (a :class:`~captioning.inference.captioner.Captioner`: a model or an ensemble, and the
     server's decoding options, which a request's ``decode.*`` fields override) in a thread of this process;
-    ``server``: one :func:`bind` made (default: bound here to ``host`` and ``port``)."""
+    ``server``: one :func:`bind` made (default: bound here to ``host`` and ``port``); ``connections``: the
+    deadlines and bounds (:mod:`~captioning.inference.serve_connections`); ``allowed_hosts``: the names besides
+    its address a request's ``Host`` may give (``--allowed-host``)."""
     if any(member.model.reads_regions for member in captioner.trained.members):
         raise InputError("the model reads regions, which need each image's boxes from a detector: `captioning "
                          "serve` takes images alone (use `captioning caption --detections`)")
     server = server or bind(host, port)
     batcher = Batcher(captioner, max_batch=max_batch, wait_ms=batch_wait_ms)
-    server.batcher, server.limits = batcher, limits
-    server.page, server.in_flight = page(batcher, limits, title), threading.BoundedSemaphore(MAX_IN_FLIGHT)
+    address, real_port = server.server_address[:2]
+    server.batcher, server.limits, server.connections = batcher, limits, connections
+    server.page, server.in_flight = page(batcher, limits, title), threading.BoundedSemaphore(connections.max_in_flight)
+    server.budget = Budget(connections.max_in_flight * limits.max_bytes)
+    server.addresses = Addresses(server.host, address, real_port, allowed_hosts)
+    server.socket.listen(max(server.request_queue_size, connections.max_connections))  # the backlog: the bound
     thread = threading.Thread(target=server.serve_forever, name="captioning-serve", daemon=True)
     thread.start()
-    address, real_port = server.server_address[:2]
     shown = f"[{address}]" if ":" in address else address
     return Running(server, thread, batcher, f"http://{shown}:{real_port}/")
 
