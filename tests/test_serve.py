@@ -2,9 +2,9 @@
 
 One server a model for the module (the soft-attention fixture model, whose answers carry attention pictures, and
 Show and Tell), started in a thread with :func:`captioning.inference.serve.start`; bad requests of every kind go to
-the same server, which must still answer at the end. The real command runs once in a process of its own (start,
-a request, SIGTERM, exit 0); its other errors (a port in use, a bad host or folder) are in-process, as they come
-before the model loads.
+the same server, which must still answer at the end. The real command runs once in a process of its own, in
+tests/test_serve_clients.py (start, requests, SIGTERM with requests in flight, exit 0); its errors (a port in use,
+a bad host or folder) are in-process here, as they come before the model loads.
 """
 
 import base64
@@ -14,11 +14,7 @@ import io
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -263,29 +259,6 @@ def test_cli_errors_come_before_the_model_loads(attention_server, trained_attent
     assert code == 2 and len(err.strip().splitlines()) == 1 and "nothing" in err
     code, _, err = run_main("serve", "--model-dir", trained_attention_dir, "--max-upload-mb", "5000")
     assert code == 2 and "--max-upload-mb: must be an integer in [1, 1,024], got 5000" in err
-
-
-def test_the_serve_command_answers_and_stops_on_sigterm(trained_attention_dir, photos):
-    """The real command in its own process, on every interface: it warns, says its URL, answers, exits 0."""
-    process = subprocess.Popen([sys.executable, "-m", "captioning", "serve", "--model-dir", trained_attention_dir,
-                                "--port", "0", "--host", "0.0.0.0"], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    try:
-        line = process.stdout.readline()  # once the model is loaded and the server answers
-        match = re.search(r"on http://0\.0\.0\.0:(\d+)/ ", line)
-        assert match, line + process.stderr.read() if process.poll() is not None else line
-        url = f"http://127.0.0.1:{match[1]}/caption"
-        status, body = post(url, images(photos, "photo0.jpg"))
-        assert status == 200 and json.loads(body)[0]["captions"][0]["caption"]
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 0 and out.strip() == "stopped"
-    assert "listening on 0.0.0.0: anyone who can reach this port can caption images (there is no authentication)" \
-        in err and "Traceback" not in err
 
 
 def test_benchmark_serve_reports_latency_throughput_and_batching(trained_model_dir, tmp_path):

@@ -2,8 +2,8 @@
 
 One server for the module (the soft-attention fixture model, in a thread of this process), its connection limits
 scaled down (:class:`~captioning.inference.serve_connections.Connections`: a 5 s request deadline, 4 model slots,
-48 connections) so that slow clients and bursts cost seconds; the real command in its own process once, for
-SIGTERM with requests in flight.
+48 connections) so that slow clients and bursts cost seconds; the real command in its own process once (the
+only one of the serve tests), for SIGTERM with requests in flight.
 """
 
 import dataclasses
@@ -260,15 +260,16 @@ def test_allowed_host_is_checked_and_bounded(trained_attention_dir):
 
 
 def test_sigterm_answers_every_request_in_flight_then_exits_0(trained_attention_dir, photo):
-    """Item 8: the real command, 6 requests in flight (their bodies half sent), SIGTERM: it stops accepting, each
-    of the 6 gets its whole 200 once its body is complete, and the process exits 0."""
+    """Item 8: the real command in its own process, on every interface (it warns and says its URL), answers; with
+    6 requests in flight (their bodies half sent), SIGTERM: it stops accepting, each of the 6 gets its whole 200
+    once its body is complete, and the process prints "stopped" and exits 0."""
     process = subprocess.Popen([sys.executable, "-m", "captioning", "serve", "--model-dir", trained_attention_dir,
-                                "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                "--port", "0", "--host", "0.0.0.0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     sockets = []
     try:
         line = process.stdout.readline()  # once the model is loaded and the server answers
-        match = re.search(r"on http://127\.0\.0\.1:(\d+)/ ", line)
+        match = re.search(r"on http://0\.0\.0\.0:(\d+)/ ", line)
         assert match, line + process.stderr.read() if process.poll() is not None else line
         port = int(match[1])
         assert exchange(port, request(port, photo))[0] == 200  # traced: the slow ones wait for no trace
@@ -296,3 +297,5 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(trained_attention_
     for status, records in answers:
         assert status == 200 and records[0]["image"] == "photo.jpg" and records[0]["captions"][0]["caption"], records
     assert process.returncode == 0 and out.strip() == "stopped" and "Traceback" not in err, err
+    assert "listening on 0.0.0.0: anyone who can reach this port can caption images (there is no authentication)" \
+        in err
