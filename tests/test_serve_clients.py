@@ -264,8 +264,8 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(trained_attention_
     6 requests in flight (their bodies half sent), SIGTERM: it stops accepting, each of the 6 gets its whole 200
     once its body is complete, and the process prints "stopped" and exits 0."""
     process = subprocess.Popen([sys.executable, "-m", "captioning", "serve", "--model-dir", trained_attention_dir,
-                                "--port", "0", "--host", "0.0.0.0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                                "--port", "0", "--host", "0.0.0.0"], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     sockets = []
     try:
         line = process.stdout.readline()  # once the model is loaded and the server answers
@@ -299,3 +299,17 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(trained_attention_
     assert process.returncode == 0 and out.strip() == "stopped" and "Traceback" not in err, err
     assert "listening on 0.0.0.0: anyone who can reach this port can caption images (there is no authentication)" \
         in err
+
+
+def test_the_docs_connection_table_is_the_defaults():
+    """docs/serving.md's "Connections" table states the defaults of Connections and the body budget."""
+    from captioning.inference.serve_connections import Connections, Server
+
+    text = open(os.path.join(REPO, "docs", "serving.md"), encoding="utf-8").read()
+    table = text.split("## Connections")[1].split("\n\n")[2]
+    rows = {cells[1].strip(): cells[2].strip() for cells in (row.split("|") for row in table.splitlines()[2:])}
+    d = Connections()
+    assert list(rows.values()) == [f"{d.request_timeout:g} s", f"{d.idle_timeout:g} s", str(d.max_connections),
+                                   str(Server.request_queue_size), str(d.max_in_flight),
+                                   f"{d.max_in_flight} × `--max-upload-mb`"]
+    assert f"| a request waits up to {d.busy_wait:g} s, then 503 |" in table
