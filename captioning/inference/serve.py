@@ -1,8 +1,9 @@
 """``captioning serve``: a trained model (or an ensemble) behind a web page and a JSON API, on the standard library.
 
-The server is Python's ``http.server.ThreadingHTTPServer`` (a thread per connection, HTTP/1.1) and the
-standard library's ``email`` parser for multipart bodies: no web framework, no new dependency, nothing
-fetched at run time (docs/serving.md says why not Gradio, measured). Routes::
+The server is Python's ``http.server.ThreadingHTTPServer`` (a thread per connection, HTTP/1.1), with
+Werkzeug's streaming multipart decoder for uploads (:func:`~captioning.inference.serve_api.parse_multipart`):
+no web framework, nothing fetched at run time (docs/serving.md weighs uvicorn and Starlette, and Gradio,
+measured). Routes::
 
     GET  /          the page (serve_page.html, shipped with the package): drop or pick images, see captions
     POST /caption   the JSON API (captioning.inference.serve_api): images in, `caption --json` records out
@@ -38,7 +39,7 @@ says so in a warning line (as TF Serving and Gradio leave access control to what
   ``<img class="thumb">``, the best caption in ``<p class="caption">``, its log-probability in
   ``<span class="score">``, the top-k list ``<ol class="alternatives"><li>...``, and for an attention decoder
   ``<div class="attention">`` holding one ``<img class="word-attention" alt="attention for WORD">`` per word; an
-  image that cannot be read shows ``<p class="error">``;
+  image that cannot be read shows ``<p class="error">`` and no thumbnail;
 - ``<div id="status">``, whose ``data-state`` is ``busy`` while a request runs and ``done`` (or ``error``) after.
 
 **In a program or a test**, :func:`start` runs the server in a thread (``port=0``: a free port) and returns a
@@ -72,12 +73,12 @@ from captioning.config_sections import DecodeConfig
 from captioning.errors import InputError
 from captioning.inference.serve_api import (ApiError, Form, Limits, check_usable, decode_options, parse_multipart,
                                             read_images, records)
-from captioning.inference.serve_batching import Batcher
+from captioning.inference.serve_batching import Batcher, ModelError, OptionSetsBusy
 from captioning.inference.serve_connections import (Addresses, Budget, Connections, DeadlineReader, Late, Server,
                                                     declared_length, read_body)
 from captioning.inference.serve_connections import bind as _bind
 from captioning.inference.serve_connections import is_loopback  # noqa: F401 (the command's import)
-from captioning.settings import describe_range, fields_of, type_hints
+from captioning.settings import closed_range, describe_range, fields_of, type_hints
 
 log = logging.getLogger("captioning.serve")
 
@@ -125,7 +126,7 @@ def option_controls(decode: DecodeConfig) -> str:
                               for c in f.metadata["choices"])
             control = f'<select name="{key}" data-default="{html.escape(value)}">{options}</select>'
         elif kind in (int, float):
-            low, _, high, _ = f.metadata.get("range", (None, False, None, False))
+            low, high = closed_range(f.metadata.get("range", (None, False, None, False)), kind)
             bounds = (f' min="{_number(low)}"' if low is not None else "") + (
                 f' max="{_number(high)}"' if high is not None else "")
             step = "1" if kind is int else "any"
@@ -274,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
         return super().handle_expect_100()
 
     def _caption(self, body: list[bytes]) -> tuple[int, list, bool]:
-        form = Form(parse_multipart(self.headers.get("Content-Type", ""), b"".join(body)))
+        form = Form(parse_multipart(self.headers.get("Content-Type", ""), body))
         if not form.images:
             raise ApiError(400, "no image: send each as a field named image (curl -F image=@photo.jpg)")
         limits: Limits = self.server.limits
@@ -286,10 +287,16 @@ class _Handler(BaseHTTPRequestHandler):
             captioner = batcher.captioner_for(decode)
         except InputError as e:  # e.g. a bad_endings word the vocabulary lacks
             raise ApiError(400, str(e)) from None
+        except OptionSetsBusy as e:  # a new trace, with every kept one in use
+            raise ApiError(503, str(e)) from None
         results = read_images(form)
         check_usable(results)
         ready = [r for r in results if not r.error]
-        for r, (captions, error) in zip(ready, batcher.caption(captioner, [r.data for r in ready])):
+        try:
+            captioned = batcher.caption(captioner, [r.data for r in ready])
+        except ModelError as e:  # the server's fault, logged once by the model thread with its cause
+            raise ApiError(500, str(e)) from None
+        for r, (captions, error) in zip(ready, captioned):
             r.captioned(captions, error, captioner.token_layout)
         return 200, records(results, form.pictures), False
 
