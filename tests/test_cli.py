@@ -179,3 +179,28 @@ def test_a_size_beyond_its_bound_stops_the_command_in_one_line_writing_nothing(a
     result = run_cli(*argv, cwd=str(tmp_path))
     assert (result.returncode, result.stderr.strip().splitlines()) == (2, [said])
     assert os.listdir(tmp_path) == []
+
+
+def test_tensorflows_internals_stay_out_of_the_users_log(tmp_path):
+    """TensorFlow's C++ lines ("E0000 … oneDNN supports DT_UINT8 only …", "E0000 … layout failed", absl's
+    pre-init notice) and its Python retracing warnings are no news to a user: a real ``captioning`` process,
+    started as a user starts it (no TF_CPP_MIN_LOG_LEVEL in the environment), logs only the project's own
+    lines. ``benchmark decode`` with several decoding settings does what prints them: it decodes JPEGs through
+    a SavedModel and traces the captioner's search once a setting (issue 48, item 21). One process, a tiny
+    untrained model, 4 images."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = REPO
+    options = [a for n in range(2, 7) for a in ("--option", f"decode.block_ngrams={n}")]
+    done = subprocess.run([sys.executable, "-m", "captioning", "benchmark", "decode", "--images", "4", "--batch-size",
+                           "2", "--max-length", "4", "--rounds", "1", *options], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines and all(re.match(r"\d\d:\d\d:\d\d \S", line) for line in lines), done.stderr  # the log's own lines
+    assert "retracing" not in done.stderr and "E0000" not in done.stderr and "absl" not in done.stderr

@@ -66,8 +66,11 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
+    if not args.verbose:  # TensorFlow's C++ logs of its internals (captioning.tf_import), before it is first imported
+        from captioning.tf_import import CPP_LOG_LEVEL, quiet_python_logs
+
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", CPP_LOG_LEVEL)
+        quiet_python_logs()
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if not args.verbose:  # TensorFlow's own Python logger narrates internals (checkpoint sharding, ...)
