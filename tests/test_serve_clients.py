@@ -313,3 +313,21 @@ def test_the_docs_connection_table_is_the_defaults():
                                    str(Server.request_queue_size), str(d.max_in_flight),
                                    f"{d.max_in_flight} × `--max-upload-mb`"]
     assert f"| a request waits up to {d.busy_wait:g} s, then 503 |" in table
+
+
+def test_a_client_gone_mid_body_is_no_server_error(server, photo, caplog):
+    """A connection reset halfway through its body ends that connection with a debug line, not an error logged
+    with a traceback as if the server had failed; nothing of the body stays held."""
+    import struct
+
+    data = request(server.port, photo)
+    with caplog.at_level("DEBUG", logger="captioning.serve"):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(data[: len(data) // 2])
+        time.sleep(0.3)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        sock.close()
+        time.sleep(0.5)
+        assert exchange(server.port, data)[0] == 200
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+    assert errors == [] and server.server.budget.held == 0, [r.getMessage() for r in errors]

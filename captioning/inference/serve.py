@@ -245,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as e:  # with the body not read whole, the connection closes (the rest is not a request)
             status, answer, close = e.status, {"error": str(e), **({"results": e.results} if e.results else {})}, \
                 e.status in (408, 411, 413) or not body
-        except Late:  # 408 (handle_one_request)
+        except (Late, ConnectionError):  # 408 (handle_one_request); a client gone: its connection ends
             raise
         except Exception as e:  # a fault of the server's own: this request fails in one line, the server goes on
             log.exception("POST /caption failed")
