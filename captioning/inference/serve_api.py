@@ -82,7 +82,8 @@ def parse_multipart(content_type: str, body: bytes | typing.Iterable[bytes]
     multipart decoder (``werkzeug.sansio.multipart``; TensorBoard's web server brings Werkzeug already), fed
     :data:`CHUNK` bytes at a time, so the parse holds the parts' own bytes and about a chunk more; a preamble
     or a part's headers over :data:`MAX_HEAD_BYTES` is refused. Python's ``email`` parser, used before, held
-    about 10x the upload and spent about 1.5 CPU s a MB on a part of newlines (docs/serving.md, measured)."""
+    about 10x the upload and spent about 1.5 CPU s a MB on a part of newlines (docs/serving.md, measured). A
+    part's ``Content-Transfer-Encoding`` is not applied: RFC 7578 deprecates it, and browsers and curl send none."""
     kind, params = parse_options_header(content_type)
     if kind.lower() != "multipart/form-data":
         raise ApiError(400, f"send the images as multipart/form-data (curl -F image=@photo.jpg), not "
