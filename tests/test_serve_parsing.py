@@ -2,7 +2,7 @@
 part of newlines), what tells decoding option sets apart, which errors are an image's, the page's number ranges.
 
 The requests through a real server (the 503 for a new option set, the 500 of a failing model) are in
-tests/test_serve.py."""
+tests/test_serve_options.py."""
 
 import io
 import re
