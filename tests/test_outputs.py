@@ -263,7 +263,8 @@ for _name, _needs in BENCHMARKS.items():
     if _name not in ("quality", "decode"):
         REFUSALS[f"benchmark {_name} --work-dir a file"] = (
             lambda w, args=_args: args(w) + ["--work-dir", w["other"]], "--work-dir", "is a file")
-# the flags naming a file or folder that a command only reads
+# the flags naming a file or folder that a command only reads (`features` writes only DATA/features/NAME, NAME a
+# folder name: captioning.data.features_store.check_name; `serve` writes nothing)
 INPUT_FLAGS = {
     "prepare --split", "prepare --karpathy-json", "prepare --images-root", "prepare --tfds-data-dir",
     "prepare --vocab", "train --config", "train --init-from", "evaluate --model-dir", "evaluate --data-dir",
