@@ -1,7 +1,9 @@
 """``captioning export``: a SavedModel that captions encoded images, beam search inside.
 
-The serving signature (``serving_default``) takes ``images``: a 1-D batch of JPEG/PNG (or GIF/BMP) bytes,
-and returns ``captions`` (``string [batch, top_k]``, best first) and ``log_probs``
+The serving signature (``serving_default``) takes ``images``: a 1-D batch of JPEG/PNG (or GIF/BMP) bytes, a
+JPEG turned upright by its EXIF orientation inside the graph (:func:`captioning.data.reading.exif_orientation`:
+a phone photo tagged "rotated 90°" is captioned as ``caption`` and ``serve`` caption it), and returns
+``captions`` (``string [batch, top_k]``, best first) and ``log_probs``
 (``float32 [batch, top_k]``); for an attention decoder also ``attention`` (``float32 [batch, max_length,
 rows, cols]``: for each word of the best caption, its weights over the encoder's map, as its token layout
 declares it; zeros after the caption's last word), and for an encoder with tokens before its map (a ViT's
