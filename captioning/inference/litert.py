@@ -2,7 +2,9 @@
 search (greedy or beam) inside the graph, LiteRT built-in ops only (no Flex delegate).
 
 Its one signature, ``serving_default``, takes ``image``: ``uint8 [height, width, 3]``, one decoded RGB image
-of any size (a camera frame, or a photo decoded by the app). Inside, the image is resized to
+of any size, upright (a camera frame, or a photo decoded and turned by its EXIF orientation, as ``caption`` turns
+it), as the input tensor's name (:data:`INPUT_NAME`) and the metadata's ``"input"`` say; grey, RGBA or a batch fail
+in the interpreter ("RESHAPE ... failed to prepare"): docs/litert.md's snippet converts them. Inside, it is resized to
 ``data.resize_size`` (bilinear, half-pixel centres, rounded, as :func:`captioning.data.reading.model_input`
 does) and its central ``data.image_size`` crop is captioned, so it gives the SavedModel's captions for the
 same pixels. It returns, best first (``top_k`` rows of ``decode.max_length`` words):
@@ -16,10 +18,9 @@ same pixels. It returns, best first (``top_k`` rows of ``decode.max_length`` wor
   [max_length, rows, cols]`` over the encoder's map (``attention_prefix`` ``[max_length, prefix]`` for a
   ViT's class token; ``[max_length, tokens]`` for an encoder without a layout), zeros after its last word.
 
-Why a decoded image and not JPEG bytes: the JPEG decoder (``tf.io.decode_jpeg``) is not a LiteRT built-in op;
-with ``SELECT_TF_OPS`` it converts, but the interpreter of the ``ai-edge-litert`` wheel has no Flex delegate
-and refuses it at run time ("Select TensorFlow op(s) ... not supported by this interpreter": measured with
-ai-edge-litert 2.3.0). Apps decode images with the platform's own decoder anyway.
+Why a decoded image and not JPEG bytes: ``tf.io.decode_jpeg`` is not a LiteRT built-in op; with ``SELECT_TF_OPS``
+it converts, but the ``ai-edge-litert`` wheel's interpreter has no Flex delegate and refuses it at run time
+(measured with 2.3.0). Apps decode images with the platform's own decoder anyway.
 
 What converts (the search's options are constants of the graph, as the export's ``decode:`` settings say):
 greedy and beam search with every option (length penalty, n-gram blocking, bad endings, diverse groups),
@@ -29,15 +30,13 @@ draws hash strings, ``tf.strings``, which are not built-in ops) and models readi
 (``data.features: regions``: their pooling, ``tf.image.crop_and_resize``, is not a built-in op either).
 
 ``quantize``: ``none`` (float32 weights), ``float16`` (the converter's: weights stored as float16, computed in
-float32) or ``dynamic_int8`` (dynamic range quantization by Google's ``ai-edge-quantizer``, recipe
-``dynamic_wi8_afp32``: weights int8, activations quantized on the fly, int8 compute; every decoder's
-vocabulary projection, the layer ``logits``, kept float32: :func:`dynamic_int8` says why).
+float32) or ``dynamic_int8`` (Google's ``ai-edge-quantizer``, ``dynamic_wi8_afp32``: weights int8, activations
+quantized on the fly; but the vocabulary projection and small convolutions float16: :func:`dynamic_int8`).
 
-The file records what was exported in its own metadata (the flatbuffer's ``metadata`` entry
-:data:`METADATA`, JSON: model folder, checkpoint, step, weights, decoding settings, ``quantize``), so it stays
-one file, written atomically (a temporary name, then a rename). Exporting the same checkpoint with the same
-settings to it again is a no-op; another export is replaced only with ``overwrite``; a file without that
-metadata (not written by this command) is never replaced; an output inside a model folder is refused.
+The file records what was exported in its own metadata (the flatbuffer's ``metadata`` entry :data:`METADATA`,
+JSON: model folder, checkpoint, step, weights, decoding settings, ``quantize``, ``input``), so it stays one file,
+written atomically (a temporary name, then a rename). The same export again is a no-op; another is replaced only
+with ``overwrite``; a file without that metadata is never replaced; an output inside a model folder is refused.
 """
 
 from __future__ import annotations
@@ -62,6 +61,8 @@ from captioning.model.folder import ModelDir
 
 QUANTIZE = ("none", "float16", "dynamic_int8")
 METADATA = "captioning_export"  # the flatbuffer metadata entry holding the export's record
+INPUT_CONTRACT = "uint8 [height, width, 3]: one RGB image, upright (EXIF orientation applied), any size"
+INPUT_NAME = "image_uint8_height_width_3_upright_rgb"  # the input tensor's name: the contract, where tools show it
 
 
 def pixels_resized(image, size: int):
@@ -190,16 +191,39 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
     return dynamic_int8(data) if quantize == "dynamic_int8" else data
 
 
-FLOAT_OPS = r"(^|/)logits(_\d+)?/"  # the ops dynamic_int8 keeps in float32: each decoder's vocabulary projection
+FLOAT_OPS = r"(^|/)logits(_\d+)?/"  # the ops dynamic_int8 keeps in float16: each decoder's vocabulary projection
+FLOAT16_CONV_WEIGHTS = 100_000  # a convolution of at most this many weights is stored float16 by dynamic_int8
+
+
+def small_convolutions(data: bytes) -> list[str]:
+    """The output tensor names of the ``CONV_2D`` ops of the float flatbuffer ``data`` whose filters hold at most
+    :data:`FLOAT16_CONV_WEIGHTS` weights (the demo's ``small_cnn``: its first three of four)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = unpacked(data)
+    names = []
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            code = model.operatorCodes[op.opcodeIndex]
+            if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.CONV_2D:
+                if int(np.prod(subgraph.tensors[op.inputs[1]].shape)) <= FLOAT16_CONV_WEIGHTS:
+                    names.append(subgraph.tensors[op.outputs[0]].name.decode())
+    return names
 
 
 def dynamic_int8(data: bytes) -> bytes:
     """The float ``.tflite`` flatbuffer ``data`` with dynamic range quantization (ai-edge-quantizer's
     ``dynamic_wi8_afp32`` recipe: weights int8 per output channel, activations quantized on the fly by the
-    kernels) on every op it supports except the vocabulary projection (:data:`FLOAT_OPS`, the Dense layer named
-    ``logits``), which stays float32. Measured on the demo model (docs/litert.md): quantizing that layer alone
-    changes 9.5% of the best captions (it scores words whose probabilities are near-ties, "big" or "large"), more
-    than any other layer, and it holds few weights (1.4% of the demo's).
+    kernels) on every op it supports but two kinds:
+
+    * the vocabulary projection (:data:`FLOAT_OPS`, the Dense layer ``logits``): quantized alone it changed 9.5%
+      of a demo model's best captions (it scores near-tied words, "big" or "large"), more than any other layer;
+    * the small convolutions (:func:`small_convolutions`, the encoder's first layers, run once an image):
+      quantized alone, the demo's four changed 6% of the best captions (the first, of 864 weights, 3.5%).
+
+    Those are stored float16 and computed in float32 (ai-edge-quantizer's float casting). The largest convolution
+    (147,456 weights) stays int8: float16 there too made the file 0.363x of ``none``, over the 0.35x this recipe is
+    held to (docs/litert.md, benchmarks/RESULTS.md).
 
     >>> from captioning.inference.litert import FLOAT_OPS
     >>> import re
@@ -211,11 +235,17 @@ def dynamic_int8(data: bytes) -> bytes:
     from ai_edge_quantizer import qtyping, quantizer
     from ai_edge_quantizer.algorithm_manager import AlgorithmName
 
-    everything = qtyping.TFLOperationName.ALL_SUPPORTED
+    ops = qtyping.TFLOperationName
     quant = quantizer.Quantizer(data)
-    quant.add_dynamic_config(regex=".*", operation_name=everything, num_bits=8)  # = recipe.dynamic_wi8_afp32()
-    quant.update_quantization_recipe(regex=FLOAT_OPS, operation_name=everything,
-                                     algorithm_key=AlgorithmName.NO_QUANTIZE)  # the later rule wins for its ops
+    quant.add_dynamic_config(regex=".*", operation_name=ops.ALL_SUPPORTED, num_bits=8)  # = dynamic_wi8_afp32()
+    float16 = qtyping.OpQuantizationConfig(  # weights stored float16, computed float32 (later rules win)
+        weight_tensor_config=qtyping.TensorQuantizationConfig(num_bits=16, dtype=qtyping.TensorDataType.FLOAT),
+        compute_precision=qtyping.ComputePrecision.FLOAT, explicit_dequantize=True)
+    convolutions = "|".join(map(re.escape, small_convolutions(data)))
+    for regex, op in [(FLOAT_OPS, ops.FULLY_CONNECTED)] + ([(f"^({convolutions});$", ops.CONV_2D)] if convolutions
+                                                           else []):  # (an op's scope: its outputs' names, then ;)
+        quant.update_quantization_recipe(regex=regex, operation_name=op, op_config=float16,
+                                         algorithm_key=AlgorithmName.FLOAT_CASTING)
     root, quiet = logging.getLogger(), io.StringIO()
     level = root.level
     root.setLevel(max(level, logging.WARNING))  # its "Serializing model..." line, logged at INFO on the root logger
@@ -266,6 +296,8 @@ def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[
         entry.name, entry.tensorIndex = name, named[tensor]
         return entry
 
+    if key == "serving_default" and "image" in inputs:  # the input tensor's name states what it takes
+        subgraph.tensors[named[inputs["image"]]].name = INPUT_NAME
     signature = schema.SignatureDefT()
     signature.signatureKey, signature.subgraphIndex = key, 0
     signature.inputs = [tensor_map(name, tensor) for name, tensor in sorted(inputs.items())]
@@ -334,9 +366,11 @@ def check_output(output: str, model_dir, overwrite: bool = False) -> dict | None
 
 def record_of(captioner: Captioner, model_dir, quantize: str) -> dict:
     """What the file records of its export (compared to tell a rerun)."""
-    record = {"format": "litert", "quantize": quantize, **trained_record(captioner, model_dir), "flex_delegate": False}
+    record = {"format": "litert", "quantize": quantize, **trained_record(captioner, model_dir), "flex_delegate": False,
+              "input": {"image": INPUT_CONTRACT}}
     if quantize == "dynamic_int8":  # how: a file of an earlier recipe is another export
-        record["quantizer"] = f"ai-edge-quantizer dynamic_wi8_afp32, float32 ops {FLOAT_OPS}"
+        record["quantizer"] = (f"ai-edge-quantizer dynamic_wi8_afp32, float16 ops {FLOAT_OPS} and convolutions of "
+                               f"at most {FLOAT16_CONV_WEIGHTS} weights")
     return record
 
 
