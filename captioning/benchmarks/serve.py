@@ -8,7 +8,9 @@ first. For each it reports the latency of a request (p50, p99, in milliseconds),
 the failed requests (any answer but 200 with a caption for every image: must be 0) and the model calls made:
 fewer calls than requests is the batching at work (:mod:`captioning.inference.serve_batching`).
 
-A warm-up (a request alone and a burst at the concurrency, not counted) traces the model first.
+A warm-up (a request alone and a burst at the concurrency, not counted) traces the model first. Then
+:func:`parse_cost`: what parsing one upload costs (peak Python memory and CPU seconds a MB), for a noise JPEG of
+about 2 MB and a part of 8 MB of newlines.
 
 >>> body, content_type = form_body([("image", "a.jpg", b"\\xff\\xd8"), ("decode.beam_size", None, b"2")])
 >>> content_type.startswith("multipart/form-data; boundary="), body.count(b"Content-Disposition")
@@ -55,6 +57,44 @@ def post(url: str, fields: list[tuple[str, str | None, bytes]], timeout: float =
             return answer.status, answer.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def parse_cost(content_type: str, body: bytes) -> dict:
+    """Parsing ``body`` (:func:`~captioning.inference.serve_api.parse_multipart`): the peak of the Python memory
+    it allocates (``tracemalloc``) as a multiple of the body, and its CPU seconds a MB; ``parts`` what it returned
+    (or ``error``, an ApiError's line)."""
+    import tracemalloc
+
+    from captioning.inference.serve_api import ApiError, parse_multipart
+
+    tracemalloc.start()
+    started = time.process_time()
+    try:
+        out = {"parts": parse_multipart(content_type, body)}
+    except ApiError as e:
+        out = {"error": str(e)}
+    cpu = time.process_time() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {**out, "body_mb": round(len(body) / 2**20, 2), "peak_x": round(peak / len(body), 2),
+            "cpu_s_per_mb": round(cpu / (len(body) / 2**20), 4)}
+
+
+def upload_costs() -> dict:
+    """:func:`parse_cost` of a noise JPEG of about 2 MB (noise does not compress) and of a part of 8 MB of
+    newlines (Python's ``email`` parser, used before, held 10.5x and 14.4x them: docs/serving.md)."""
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 255, (1300, 1300, 3), dtype=np.uint8)
+    jpeg = io.BytesIO()
+    Image.fromarray(pixels).save(jpeg, "JPEG", quality=95)
+    out = {}
+    for name, payload in (("jpeg", jpeg.getvalue()), ("newlines", b"\n" * (8 * 2**20))):
+        body, content_type = form_body([("image", "upload.jpg", payload)])
+        out[name] = {k: v for k, v in parse_cost(content_type, body).items() if k != "parts"}
+    return out
 
 
 def _ok(status: int, body: bytes, images: int) -> bool:
@@ -136,7 +176,7 @@ def run(model_dir: str, requests: int = 300, concurrency: int = 8, images_per_re
             "batch_wait_ms": batch_wait_ms, "photo_size": [640, 480], "sequential": sequential,
             "concurrent": concurrent,
             "speedup": round(concurrent["images_per_s"] / max(sequential["images_per_s"], 1e-9), 2),
-            "machine": machine()}
+            "upload_parse": upload_costs(), "machine": machine()}
 
 
 def summary(result: dict) -> str:
@@ -149,4 +189,7 @@ def summary(result: dict) -> str:
                      f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, {r['images_per_s']:.1f} images/s, "
                      f"{r['model_calls']} model calls ({r['images_per_call']:.2f} images a call)")
     lines.append(f"  concurrent / sequential throughput: {result['speedup']:.2f}x")
+    for name, r in result.get("upload_parse", {}).items():
+        lines.append(f"  parsing an upload ({name}, {r['body_mb']:.1f} MB): peak {r['peak_x']:.2f}x its size in "
+                     f"Python memory, {r['cpu_s_per_mb']:.4f} CPU s a MB")
     return "\n".join(lines)
