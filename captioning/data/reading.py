@@ -125,8 +125,9 @@ def exif_orientation(encoded: tf.Tensor) -> tf.Tensor:
 
     def number(index, size):  # unsigned, in the TIFF header's byte order, at each of ``index``
         digits = at(index[..., None] + tf.range(size, dtype=tf.int64))
-        weights = tf.constant([256 ** i for i in range(size)], tf.int64)
-        return tf.where(little, tf.reduce_sum(digits * weights, -1), tf.reduce_sum(digits * weights[::-1], -1))
+        low_first = tf.constant([256 ** i for i in range(size)], tf.int64)  # two constants: a reversed slice
+        high_first = tf.constant([256 ** i for i in reversed(range(size))], tf.int64)  # trips grappler's layout pass
+        return tf.where(little, tf.reduce_sum(digits * low_first, -1), tf.reduce_sum(digits * high_first, -1))
 
     ifd = tiff + tf.minimum(number(tiff + 4, 4), EXIF_HEAD)
     entries = ifd + 2 + 12 * tf.range(EXIF_ENTRIES, dtype=tf.int64)
