@@ -33,9 +33,13 @@ def averaged_positions(model) -> list[int]:
     return trainable_positions(model) + statistics_positions(model)
 
 
+def averages_of(model, average) -> dict[int, np.ndarray]:
+    position = {id(v): i for i, v in enumerate(model.variables)}
+    return {position[id(v)]: a.numpy() for v, a in average.pairs}
+
+
 def averages(trainer) -> dict[int, np.ndarray]:
-    position = {id(v): i for i, v in enumerate(trainer.model.variables)}
-    return {position[id(v)]: average.numpy() for v, average in trainer.average.pairs}
+    return averages_of(trainer.model, trainer.average)
 
 
 def raw(model, positions) -> dict[int, np.ndarray]:
@@ -51,10 +55,14 @@ def checkpoint_averages(path) -> dict[int, np.ndarray]:
     return {i: reader.get_tensor(name) for i, name in CheckpointFiles.averaged(path).items()}
 
 
-def next_average(average: dict, weights: dict) -> dict:
-    """One step of the average, in numpy: d × average + (1 − d) × weight, in float32."""
-    d = np.float32(DECAY)
-    return {i: d * average[i] + (np.float32(1) - d) * weights[i] for i in average}
+def next_average(average: dict, weights: dict, statistics=(), decay=DECAY, statistics_decay=0.0) -> dict:
+    """One step of the average, in numpy: d × average + (1 − d) × weight, in float32; the positions
+    ``statistics`` (batch-norm moving statistics) at ``statistics_decay``. At DECAY 0.5 that is 0, their raw
+    values: their own delay (Keras' momentum 0.99: 99 steps) is longer than the average's (1 step)."""
+    def step(i):
+        d = np.float32(statistics_decay if i in statistics else decay)
+        return d * average[i] + (np.float32(1) - d) * weights[i]
+    return {i: step(i) for i in average}
 
 
 def assert_same(got: dict, want: dict, rtol=1e-6):
@@ -96,7 +104,7 @@ def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
     assert_same(averaged["average"][0], expected, rtol=0)
     for number in range(1, 5):
         if averaged["applied"][number]:
-            expected = next_average(expected, averaged["raw"][number])
+            expected = next_average(expected, averaged["raw"][number], averaged["statistics"])
         else:  # the skipped step: neither the weights nor their average moved
             for i in expected:
                 np.testing.assert_array_equal(averaged["raw"][number][i], averaged["raw"][number - 1][i])
@@ -107,20 +115,53 @@ def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
     assert max(np.abs(saved[i] - averaged["raw"][4][i]).max() for i in saved) > 1e-3  # not the raw weights
 
 
-def test_the_fine_tuned_encoders_batch_norm_statistics_are_averaged_with_its_weights(averaged):
-    """The small CNN's moving means and variances (5 layers' here) moved in training, and the checkpoint holds
-    their average, the one recomputed in numpy from their values after each applied step (as the weights')."""
+def test_the_fine_tuned_encoders_batch_norm_statistics_are_in_the_average(averaged):
+    """The small CNN's moving means and variances (5 layers') moved in training, and the checkpoint holds their
+    average beside the weights': at DECAY 0.5, their values after the last applied step (see next_average)."""
     statistics = averaged["statistics"]
     assert len(statistics) == 10 and set(statistics) <= set(averaged["positions"])
     raw_start, raw_end = averaged["raw"][0], averaged["raw"][4]
     assert min(np.abs(raw_end[i] - raw_start[i]).max() for i in statistics) > 1e-3  # training moved each
     saved = checkpoint_averages(os.path.join(averaged["folder"], "ckpt-4"))
-    expected = {i: raw_start[i] for i in statistics}
-    for number in range(1, 5):
-        if averaged["applied"][number]:
-            expected = next_average(expected, averaged["raw"][number])
-    assert_same({i: saved[i] for i in statistics}, expected)
-    assert min(np.abs(saved[i] - raw_end[i]).max() for i in statistics) > 1e-4  # an average, not the raw values
+    assert_same({i: saved[i] for i in statistics}, {i: raw_end[i] for i in statistics}, rtol=0)
+
+
+def test_the_statistics_average_makes_up_the_delay_the_weights_average_has_beyond_theirs():
+    """A real small CNN fine-tuned 3 steps (SGD; forward passes in training mode move its batch norms'
+    statistics), averaged at d 0.992: the weights at 0.992 (124 steps late), the statistics (momentum 0.99: 99
+    steps late already) at the decay of the 25 steps left, 25 / 26; each average the one recomputed in numpy,
+    which neither the weights' decay nor the raw statistics give."""
+    import keras
+    import tensorflow as tf
+
+    from captioning.model import all_layers
+    from captioning.train.ema import WeightAverage, statistics_decay
+    from captioning.train.objectives import caption_loss_sum
+    from tests.test_decoders import inputs, tiny
+
+    model = tiny("show_and_tell")
+    norms = [layer for layer in all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(norms) == 5 and {layer.momentum for layer in norms} == {0.99}
+    trainable, statistics = trainable_positions(model), statistics_positions(model)
+    average = WeightAverage(model, 0.992, tf.distribute.get_strategy())
+    assert average.decays == [0.992] * len(trainable) + [pytest.approx(25 / 26, abs=1e-12)] * 10
+    assert statistics_decay(0.992, 0.99, micro_batches=4) == pytest.approx(99.25 / 100.25, abs=1e-12)  # 124 − 99 / 4
+    optimizer = keras.optimizers.SGD(0.5)
+    images, ids = inputs(seed=7)
+    batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1),
+             "mask": np.ones(ids.shape, np.float32)}
+    expected = {d: raw(model, trainable + statistics) for d in (25 / 26, 0.992, 0.0)}  # the statistics' decay
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = caption_loss_sum(model, batch, training=True)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        average.update()
+        now = raw(model, trainable + statistics)
+        expected = {d: next_average(e, now, statistics, 0.992, d) for d, e in expected.items()}
+    got = averages_of(model, average)
+    assert_same(got, expected[25 / 26])
+    for wrong in (0.992, 0.0):
+        assert max(np.abs(got[i] - expected[wrong][i]).max() for i in statistics) > 1e-4, wrong
 
 
 def test_a_resumed_run_restores_the_average_and_one_without_starts_it_from_its_weights(
@@ -153,30 +194,36 @@ def averaged_of(trainer):
     return averages(trainer)
 
 
-@pytest.fixture(scope="module")
-def older(averaged, tmp_path_factory):
-    """A copy of ``averaged``'s folder whose ckpt-4 holds what a checkpoint written before the batch-norm
-    statistics were averaged held: the same model, optimizer and step, and the trainable weights' average only."""
+def rewritten(averaged, folder, averages):
+    """A copy of ``averaged``'s folder in ``folder`` whose ckpt-4 holds the same model, optimizer and step, and
+    as its average what ``averages(trainer, holder's averages)`` returns ({key: variable})."""
     import tensorflow as tf
 
     from captioning.model.checkpoints import AVERAGE
     from captioning.train import Trainer
 
-    folder = str(tmp_path_factory.mktemp("ema-older") / "m")
     shutil.copytree(averaged["folder"], folder)
     trainer = Trainer(averaged["cfg"], folder)  # resumed from ckpt-4: the weights, optimizer, step and average
     trainer.folder.release()
-    keep = {str(i) for i in averaged["trainable"]}
-    before = tf.Module()
-    before.averages = {key: average for key, average in trainer.average.holder.averages.items() if key in keep}
+    holder = tf.Module()
+    holder.averages = averages(trainer, dict(trainer.average.holder.averages))
     for name in os.listdir(folder):
         if name.startswith("ckpt-4."):
             os.remove(os.path.join(folder, name))
     checkpoint = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer, step=trainer.step,
-                                     **{AVERAGE: before})
+                                     **{AVERAGE: holder})
     checkpoint.save_counter.assign(3)  # as the run's manager saves it: ckpt-4, its save counter with it
     assert checkpoint.save(os.path.join(folder, "ckpt")).endswith("ckpt-4")
     return folder
+
+
+@pytest.fixture(scope="module")
+def older(averaged, tmp_path_factory):
+    """What a checkpoint written before the batch-norm statistics were averaged held: the trainable weights'
+    average only."""
+    keep = {str(i) for i in averaged["trainable"]}
+    return rewritten(averaged, str(tmp_path_factory.mktemp("ema-older") / "m"),
+                     lambda trainer, held: {key: average for key, average in held.items() if key in keep})
 
 
 def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged, older, caplog):
@@ -235,7 +282,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
     expected = averaged["average"][4]
     for number in (5, 6):
         trainer.checkpoint.restore(os.path.join(tmp_path / "k1", f"ckpt-{number}")).expect_partial()
-        expected = next_average(expected, raw(trainer.model, averaged["positions"]))
+        expected = next_average(expected, raw(trainer.model, averaged["positions"]), averaged["statistics"])
     assert_same(ends[1], expected)
     assert_same(ends[2], ends[1], rtol=1e-4)
 
@@ -261,7 +308,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
         after = raw(trainer.model, positions)
         assert applied[-1] == any(not np.array_equal(after[i], weights[i]) for i in trainable)
         if applied[-1]:
-            expected = next_average(expected, after)
+            expected = next_average(expected, after, averaged["statistics"])
         assert_same(averages(trainer), expected, rtol=0 if not applied[-1] else 1e-6)
         weights = after
     assert applied[0] is False and applied[2] is True
@@ -280,7 +327,7 @@ def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_di
     assert trainer.run(progress=False)["step"] == 2
     for number in (1, 2):
         trainer.checkpoint.restore(str(folder / f"ckpt-{number}")).expect_partial()
-        expected = next_average(expected, raw(trainer.model, positions))
+        expected = next_average(expected, raw(trainer.model, positions), statistics_positions(trainer.model))
     assert_same(checkpoint_averages(str(folder / "ckpt-2")), expected)
 
 
@@ -354,16 +401,28 @@ def test_evaluate_keeps_the_average_and_the_raw_weights_as_two_results(averaged)
 
 
 @pytest.mark.slow
-def test_evaluate_with_the_average_reads_the_averaged_statistics(averaged, older):
-    """The two folders differ only in the statistics' average (the raw weights evaluate alike): evaluating the
-    average gives another perplexity where the checkpoint holds the statistics' average than where it does not."""
+def test_evaluate_with_the_average_reads_the_statistics_average(averaged, tmp_path):
+    """A copy whose checkpoint's average holds the statistics the run started from (as a slow average would)
+    in place of the saved ones: ``evaluate --weights ema`` gives another perplexity there, the raw weights
+    the same one (the copy differs in nothing else)."""
     from captioning.evaluation.evaluate import evaluate
+
+    start = {str(i): averaged["raw"][0][i] for i in averaged["statistics"]}
+
+    def initial_statistics(trainer, held):
+        for key, value in start.items():
+            held[key].assign(value)
+        return held
+
+    other = rewritten(averaged, str(tmp_path / "m"), initial_statistics)
+    saved = checkpoint_averages(os.path.join(other, "ckpt-4"))
+    assert_same({i: saved[i] for i in averaged["statistics"]}, {int(k): v for k, v in start.items()}, rtol=0)
 
     def perplexity(folder, weights):
         return evaluate(folder, split="test", beam_size=1, max_images=2, progress=False, weights=weights).perplexity
 
-    assert perplexity(older, "raw") == perplexity(averaged["folder"], "raw")
-    assert perplexity(older, "ema") != pytest.approx(perplexity(averaged["folder"], "ema"), rel=1e-6)
+    assert perplexity(other, "raw") == perplexity(averaged["folder"], "raw")
+    assert perplexity(other, "ema") != pytest.approx(perplexity(averaged["folder"], "ema"), rel=1e-6)
 
 
 def mirrored(data_dir, out_dir):

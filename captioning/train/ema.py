@@ -1,18 +1,24 @@
 """The weight average (``train.ema_decay`` d > 0): an exponential moving average of the trainable weights and of
-the batch-norm moving statistics a training forward pass moves (a fine-tuned encoder's ``moving_mean`` and
-``moving_variance``: :func:`captioning.train.steps.forward_state`), kept in the checkpoint beside them and read by
-``evaluate``, ``caption`` and ``export`` (``--weights ema|raw``,
+the batch-norm moving statistics training moves (a fine-tuned encoder's ``moving_mean`` and ``moving_variance``),
+kept in the checkpoint beside them and read by ``evaluate``, ``caption`` and ``export`` (``--weights ema|raw``,
 :meth:`captioning.model.folder.ModelDir.use_weights`).
 
-**Why the statistics too.** Batch norm at inference normalises by its moving statistics, which describe the
-activations of the weights that produced them; averaged weights with the raw (latest) statistics mix two
-models. So they are averaged with the weights, at the same decay and the same steps (as TensorFlow's
-EfficientNet reference code averages ``moving_mean`` and ``moving_variance`` beside the trainable variables, and
-timm's ``ModelEmaV2`` the whole state dict, batch-norm buffers included). Other non-trainable variables are not: a frozen encoder's
-weights and statistics never move (its average would be a copy), and step counters and random-number states
-are no model state. A checkpoint written before the statistics were averaged holds an average of the trainable
-weights only: inference then keeps the raw statistics, as it did; a run resumed from it starts their average
-from their restored values (the log line of a weight without an average).
+**Why the statistics too, and at which decay.** Batch norm at inference normalises by its moving statistics,
+which should describe the activations of the weights it normalises. They are themselves an exponential moving
+average of each training batch's statistics (Keras' ``momentum`` m, 0.99 by default), so they describe the
+weights of about m / (1 − m) steps ago (99); the weight average at d describes those of about d / (1 − d)
+steps ago (999 at 0.999). The statistics' average makes up the difference: each statistic is averaged at
+the decay whose delay is the rest, :func:`statistics_decay` (``train.accumulate_steps`` K: the statistics
+move K times a step, so their own delay is m / (1 − m) / K steps); where the weight average is no slower
+than the statistics (d ≤ m at K = 1), their average is the raw statistics of the last applied step. Averaged
+at d itself they would lag by the two delays together: at d ≈ m, twice the weights' (as TensorFlow's
+EfficientNet reference code averages ``moving_mean`` and ``moving_variance``, and timm's ``ModelEmaV2`` the
+whole state dict, batch-norm buffers included; docs/training.md has the measurements that chose this). Other
+non-trainable variables are not averaged: a frozen encoder's weights and statistics never move, and step
+counters and random-number states are no model state. A checkpoint written before the statistics were
+averaged holds an average of the trainable weights only: inference then keeps its raw statistics, as it did;
+a run resumed from it starts their average from their restored values (the log line of a weight without an
+average).
 
 After each optimizer step that updated the weights, each weight's average becomes ::
 
@@ -65,24 +71,46 @@ import os
 import tensorflow as tf
 
 from captioning.model.checkpoints import AVERAGE, CheckpointFiles
-from captioning.train.steps import forward_state
+from captioning.train.steps import training_batch_norms
 
 log = logging.getLogger("captioning.train")
 
 
-class WeightAverage:
-    """The exponential moving average of ``model``'s trainable weights and the batch-norm statistics training
-    moves (:func:`~captioning.train.steps.forward_state`) at ``decay`` (none at 0: no variables, no checkpoint
-    item, no step hook). Made inside ``strategy.scope()``."""
+def statistics_decay(decay: float, momentum: float, micro_batches: int = 1) -> float:
+    """The decay at which a batch-norm moving statistic (``momentum``, moved ``micro_batches`` times a step) is
+    averaged beside weights averaged at ``decay``: the statistic's delay, momentum / (1 − momentum) /
+    micro_batches steps, plus its average's must be the weights' average's, decay / (1 − decay) steps; 0 (the
+    raw statistic of the last applied step) where the statistic's own delay is as long.
 
-    def __init__(self, model, decay: float, strategy: tf.distribute.Strategy):
+    >>> statistics_decay(0.99, 0.99), round(statistics_decay(0.999, 0.99), 6), statistics_decay(0.5, 0.9)
+    (0.0, 0.99889, 0.0)
+    >>> round(statistics_decay(0.99, 0.99, micro_batches=3), 6)  # delays 99 and 33: 66 steps more, 66 / 67
+    0.985075
+    """
+    if momentum >= 1:  # a statistic that never moves: any average of it is itself
+        return 0.0
+    rest = decay / (1 - decay) - momentum / (1 - momentum) / micro_batches
+    return rest / (1 + rest) if rest > 0 else 0.0
+
+
+class WeightAverage:
+    """The exponential moving average of ``model``'s trainable weights at ``decay`` and of the moving statistics
+    of its batch-norm layers that train (:func:`~captioning.train.steps.training_batch_norms`), each at
+    :func:`statistics_decay` (none at 0: no variables, no checkpoint item, no step hook); ``micro_batches``:
+    ``train.accumulate_steps``. Made inside ``strategy.scope()``."""
+
+    def __init__(self, model, decay: float, strategy: tf.distribute.Strategy, micro_batches: int = 1):
         self.decay, self.strategy = float(decay), strategy
+        averaged = [] if decay <= 0 else [(v, self.decay) for v in model.trainable_variables] + [
+            (v, statistics_decay(self.decay, float(layer.momentum), micro_batches))
+            for layer in training_batch_norms(model) for v in (layer.moving_mean, layer.moving_variance)]
         position = {id(v): i for i, v in enumerate(model.variables)}  # the key inference reads them back by
-        self.pairs = [] if decay <= 0 else [
+        self.pairs = [
             (v, tf.Variable(tf.convert_to_tensor(v.value), trainable=False, name=f"average_{position[id(v)]}",
                             synchronization=tf.VariableSynchronization.ON_WRITE,
                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
-            for v in [*model.trainable_variables, *forward_state(model)]]
+            for v, _ in averaged]
+        self.decays = [d for _, d in averaged]  # each pair's
         self.holder = tf.Module()  # the checkpoint item: {"averages": {"<position>": average}}
         self.holder.averages = {str(position[id(v)]): average for v, average in self.pairs}
 
@@ -99,14 +127,14 @@ class WeightAverage:
     def update(self) -> None:
         """One step of the average, in cross-replica context, after the optimizer's update: each replica's
         copy from the same replica's copy of the weight."""
-        decay = self.decay
+        def step_at(decay):
+            @tf.autograph.experimental.do_not_convert  # (the strategy's update converts what it calls otherwise)
+            def step(average, weight):
+                return average.assign(decay * average + (1.0 - decay) * weight)
+            return step
 
-        @tf.autograph.experimental.do_not_convert  # (the strategy's update converts what it calls otherwise)
-        def step(average, weight):
-            return average.assign(decay * average + (1.0 - decay) * weight)
-
-        for variable, average in self.pairs:
-            self.strategy.extended.update(average, step, args=(variable.value,), group=False)
+        for (variable, average), decay in zip(self.pairs, self.decays):
+            self.strategy.extended.update(average, step_at(decay), args=(variable.value,), group=False)
 
     def start(self, latest: str | None) -> None:
         """Where the average starts, once the run's weights are in place: from the checkpoint ``latest`` the

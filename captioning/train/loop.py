@@ -106,7 +106,8 @@ class Trainer:
             # distributed step, or the first step fails on an unfed 'cond' placeholder.
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self.average = WeightAverage(self.model, cfg.train.ema_decay, self.strategy)  # train.ema_decay (0: none)
+            self.average = WeightAverage(self.model, cfg.train.ema_decay, self.strategy,  # train.ema_decay (0: none)
+                                         cfg.train.accumulate_steps)
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                               **self.average.checkpoint_items)

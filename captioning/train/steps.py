@@ -37,15 +37,19 @@ from captioning.tf_internals import install_backward_walk
 from captioning.train.objectives import Objective, caption_loss_sum, perplexity
 
 
-def forward_state(model) -> list:
-    """The variables a training forward pass assigns: the moving statistics of batch-norm layers that
-    train (a frozen encoder's run in inference mode and stay put)."""
+def training_batch_norms(model) -> list:
+    """The batch-norm layers that train, each once (a frozen encoder's run in inference mode and stay put)."""
     found = {}
     for layer in all_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
-            for v in (layer.moving_mean, layer.moving_variance):
-                found[id(v)] = v
+            found[id(layer)] = layer
     return list(found.values())
+
+
+def forward_state(model) -> list:
+    """The variables a training forward pass assigns: the moving statistics of batch-norm layers that
+    train (:func:`training_batch_norms`)."""
+    return [v for layer in training_batch_norms(model) for v in (layer.moving_mean, layer.moving_variance)]
 
 
 class Compiled:
