@@ -24,7 +24,7 @@ def add_export(sub) -> None:
                    help="savedmodel (default): a SavedModel folder; litert: one .tflite file for ai-edge-litert")
     p.add_argument("--quantize", choices=("none", "float16", "dynamic_int8"), default=None,  # litert.QUANTIZE
                    help="--format litert only: none (default, float32 weights), float16 weights, or dynamic_int8 "
-                        "(dynamic range quantization: int8 weights)")
+                        "(int8 weights computed in float32, a few layers float16: docs/litert.md)")
     decoding_flags(p, top_k=True)
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output if it holds an earlier export (never a folder or file of others)")

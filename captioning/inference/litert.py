@@ -30,8 +30,8 @@ draws hash strings, ``tf.strings``, which are not built-in ops) and models readi
 (``data.features: regions``: their pooling, ``tf.image.crop_and_resize``, is not a built-in op either).
 
 ``quantize``: ``none`` (float32 weights), ``float16`` (the converter's: weights stored as float16, computed in
-float32) or ``dynamic_int8`` (Google's ``ai-edge-quantizer``, ``dynamic_wi8_afp32``: weights int8, activations
-quantized on the fly; but the vocabulary projection and small convolutions float16: :func:`dynamic_int8`).
+float32) or ``dynamic_int8`` (Google's ``ai-edge-quantizer``: weights int8, computed in float32; but the vocabulary
+projection, word embeddings and convolutions float16: :func:`captioning.inference.litert_int8.dynamic_int8`).
 
 The file records what was exported in its own metadata (the flatbuffer's ``metadata`` entry :data:`METADATA`,
 JSON: model folder, checkpoint, step, weights, decoding settings, ``quantize``, ``input``), so it stays one file,
@@ -41,10 +41,7 @@ with ``overwrite``; a file without that metadata is never replaced; an output in
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import re
 
@@ -56,6 +53,7 @@ from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_error
 from captioning.inference.captioner import Captioner
 from captioning.inference.export import inside, trained_record
+from captioning.inference.litert_int8 import FLOAT_OPS, SIZE_BOUND, dynamic_int8, packed, unpacked
 from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
 
@@ -191,94 +189,6 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
     return dynamic_int8(data) if quantize == "dynamic_int8" else data
 
 
-FLOAT_OPS = r"(^|/)logits(_\d+)?/"  # the ops dynamic_int8 keeps in float16: each decoder's vocabulary projection
-FLOAT16_CONV_WEIGHTS = 100_000  # a convolution of at most this many weights is stored float16 by dynamic_int8
-
-
-def small_convolutions(data: bytes) -> list[str]:
-    """The output tensor names of the ``CONV_2D`` ops of the float flatbuffer ``data`` whose filters hold at most
-    :data:`FLOAT16_CONV_WEIGHTS` weights (the demo's ``small_cnn``: its first three of four)."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = unpacked(data)
-    names = []
-    for subgraph in model.subgraphs:
-        for op in subgraph.operators:
-            code = model.operatorCodes[op.opcodeIndex]
-            if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.CONV_2D:
-                if int(np.prod(subgraph.tensors[op.inputs[1]].shape)) <= FLOAT16_CONV_WEIGHTS:
-                    names.append(subgraph.tensors[op.outputs[0]].name.decode())
-    return names
-
-
-def dynamic_int8(data: bytes) -> bytes:
-    """The float ``.tflite`` flatbuffer ``data`` with dynamic range quantization (ai-edge-quantizer's
-    ``dynamic_wi8_afp32`` recipe: weights int8 per output channel, activations quantized on the fly by the
-    kernels) on every op it supports but two kinds:
-
-    * the vocabulary projection (:data:`FLOAT_OPS`, the Dense layer ``logits``): quantized alone it changed 9.5%
-      of a demo model's best captions (it scores near-tied words, "big" or "large"), more than any other layer;
-    * the small convolutions (:func:`small_convolutions`, the encoder's first layers, run once an image):
-      quantized alone, the demo's four changed 6% of the best captions (the first, of 864 weights, 3.5%).
-
-    Those are stored float16 and computed in float32 (ai-edge-quantizer's float casting). The largest convolution
-    (147,456 weights) stays int8: float16 there too made the file 0.363x of ``none``, over the 0.35x this recipe is
-    held to (docs/litert.md, benchmarks/RESULTS.md).
-
-    >>> from captioning.inference.litert import FLOAT_OPS
-    >>> import re
-    >>> bool(re.search(FLOAT_OPS, "while/logits_1/MatMul;while/logits_1/BiasAdd"))
-    True
-    >>> bool(re.search(FLOAT_OPS, "while/lstm_cell_1/MatMul1"))
-    False
-    """
-    from ai_edge_quantizer import qtyping, quantizer
-    from ai_edge_quantizer.algorithm_manager import AlgorithmName
-
-    ops = qtyping.TFLOperationName
-    quant = quantizer.Quantizer(data)
-    quant.add_dynamic_config(regex=".*", operation_name=ops.ALL_SUPPORTED, num_bits=8)  # = dynamic_wi8_afp32()
-    float16 = qtyping.OpQuantizationConfig(  # weights stored float16, computed float32 (later rules win)
-        weight_tensor_config=qtyping.TensorQuantizationConfig(num_bits=16, dtype=qtyping.TensorDataType.FLOAT),
-        compute_precision=qtyping.ComputePrecision.FLOAT, explicit_dequantize=True)
-    convolutions = "|".join(map(re.escape, small_convolutions(data)))
-    for regex, op in [(FLOAT_OPS, ops.FULLY_CONNECTED)] + ([(f"^({convolutions});$", ops.CONV_2D)] if convolutions
-                                                           else []):  # (an op's scope: its outputs' names, then ;)
-        quant.update_quantization_recipe(regex=regex, operation_name=op, op_config=float16,
-                                         algorithm_key=AlgorithmName.FLOAT_CASTING)
-    root, quiet = logging.getLogger(), io.StringIO()
-    level = root.level
-    root.setLevel(max(level, logging.WARNING))  # its "Serializing model..." line, logged at INFO on the root logger
-    try:  # and its progress bar, which ai-edge-quantizer 0.10 shows for a large model whatever it is told
-        with contextlib.redirect_stderr(quiet):
-            return bytes(quant.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
-    finally:
-        root.setLevel(level)
-
-
-def unpacked(data: bytes):
-    """The flatbuffer model ``data`` as ai-edge-litert's object API's ``ModelT``, every buffer's bytes inside it
-    (a buffer stored after the flatbuffer, as ai-edge-quantizer and the converter of a large model write them, is
-    read in: packing the object again writes only the flatbuffer)."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
-    for buffer in model.buffers:
-        if buffer.offset > 1:
-            buffer.data = np.frombuffer(data, np.uint8, buffer.size, buffer.offset)
-            buffer.offset = buffer.size = 0
-    return model
-
-
-def packed(model, size: int) -> bytes:
-    """The ``.tflite`` flatbuffer of ``model`` (a ``ModelT``, :func:`unpacked`'s), ``size`` about its bytes."""
-    import flatbuffers
-
-    builder = flatbuffers.Builder(size + 4096)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
-
-
 def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[str, str]) -> bytes:
     """The flatbuffer ``data`` of one subgraph with the signature ``key``: ``inputs`` maps each input's name to
     the name of the subgraph's input tensor, ``outputs`` each output tensor's name to the output's (sorted by
@@ -369,8 +279,8 @@ def record_of(captioner: Captioner, model_dir, quantize: str) -> dict:
     record = {"format": "litert", "quantize": quantize, **trained_record(captioner, model_dir), "flex_delegate": False,
               "input": {"image": INPUT_CONTRACT}}
     if quantize == "dynamic_int8":  # how: a file of an earlier recipe is another export
-        record["quantizer"] = (f"ai-edge-quantizer dynamic_wi8_afp32, float16 ops {FLOAT_OPS} and convolutions of "
-                               f"at most {FLOAT16_CONV_WEIGHTS} weights")
+        record["quantizer"] = (f"ai-edge-quantizer weight_only_wi8_afp32, float16 ops {FLOAT_OPS}, word embeddings and "
+                               f"convolutions (all within {SIZE_BOUND}x, else the small ones)")
     return record
 
 
