@@ -66,7 +66,7 @@ FILE_SECONDS = {
     "test_browser": 12,  # wall seconds: Chromium is not its child
     "test_corrupt_shards": 11, "test_security": 10, "test_serve": 10, "test_metrics": 9, "test_prepare": 9,
     "test_optimizer": 10, "test_regions": 6, "test_uneven_splits": 6, "test_outputs": 5, "test_config": 5,
-    "test_scheduled_sampling": 5, "test_cli_edges": 5}
+    "test_scheduled_sampling": 5, "test_cli_edges": 5, "test_orientation": 6, "test_serve_clients": 5}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -85,7 +85,7 @@ def model_weights(path):
 def test_signal_finishes_the_step_saves_and_exits_0(data_dir, tmp_path, signum, decoder):
     """Either decoder: the step under way finishes, is saved, exit 0; the same command resumes there."""
     config = write_config(tmp_path / "c.yaml", data_dir, "train.steps=100000", "train.checkpoint_every_steps=1000",
-                          f"model.decoder={decoder}", "model.attention_size=16")
+                          f"model.decoder={decoder}", *(["model.attention_size=16"] if decoder == "attention" else []))
     model_dir = tmp_path / "m"
     cli = Cli(tmp_path, "run", "--config", config, "--model-dir", str(model_dir))
     cli.wait_for_step(3)
