@@ -181,6 +181,7 @@ def test_a_size_beyond_its_bound_stops_the_command_in_one_line_writing_nothing(a
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a real process that traces five searches (9 CPU s): end to end
 def test_tensorflows_internals_stay_out_of_the_users_log(tmp_path):
     """TensorFlow's C++ lines ("E0000 … oneDNN supports DT_UINT8 only …", "E0000 … layout failed", absl's
     pre-init notice) and its Python retracing warnings are no news to a user: a real ``captioning`` process,
