@@ -208,6 +208,22 @@ def test_chair_on_the_synthetic_shapes(shapes_dir):
     assert (found.chair_i, found.chair_s, found.object_recall) == (2 / 3, 1.0, 0.0)
 
 
+
+def test_a_caption_that_is_not_text_is_one_line_in_every_measure(shapes_dir, tmp_path):
+    """CHAIR (the shapes' and COCO's, each reading), naming and relations check each caption alike."""
+    from captioning.evaluation.grounding import naming_accuracy
+    from captioning.evaluation.relations import relation_accuracy
+
+    shapes = load_objects(os.path.join(shapes_dir, "annotations", "instances_test.json"))
+    coco = load_objects(write_coco(tmp_path)[0])
+    calls = [lambda: chair(shapes, {next(iter(shapes.images)): 5}), lambda: naming_accuracy(
+        shapes, {next(iter(shapes.images)): 5}), lambda: relation_accuracy(shapes, {next(iter(shapes.images)): 5})]
+    calls += [lambda r=r: chair(coco, {next(iter(coco.images)): 5}, rules=r) for r in ("published", "corrected")]
+    for call in calls:
+        with pytest.raises(InputError, match=r"^`captions` has 5 for image \S+, not a caption$"):
+            call()
+
+
 def test_bad_ending_rate():
     found = bad_endings(["a man riding a horse", "a dog playing with a", "A cat on the.", "two cats and", "",
                          "a red circle with"])

@@ -177,6 +177,13 @@ def image_of(instances: Instances, image_id, param: str) -> ImageShapes:
                          params=(param,)) from None
 
 
+def checked_caption(image_id, caption) -> str:
+    """``caption``, the caption given for ``image_id`` in ``captions``; an InputError when it is not a string."""
+    if not isinstance(caption, str):
+        raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
+    return caption
+
+
 def group_names(images: list[ImageShapes]) -> list[str]:
     counts = {str(len(image.shapes)) for image in images} | set(GROUPS)
     return sorted(counts, key=int) + ["all"]
@@ -234,8 +241,7 @@ def naming_accuracy(instances: Instances, captions: Mapping[int, str]) -> Naming
     totals, images = {}, []
     for image_id, caption in captions.items():
         image = image_of(instances, image_id, "captions")
-        if not isinstance(caption, str):
-            raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
+        caption = checked_caption(image_id, caption)
         images.append(image)
         row = np.array([1, len(image.shapes), *naming_hits(tokenize_caption(caption), image.shapes,
                                                             instances.colors, instances.kinds)])

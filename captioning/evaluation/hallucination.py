@@ -62,7 +62,7 @@ from captioning.data.scenes import HARD_COLORS, HARD_KINDS
 from captioning.errors import InputError
 from captioning.evaluation import chair_published
 from captioning.evaluation.coco_objects import CATEGORIES, corrected_mentions
-from captioning.evaluation.grounding import Instances, image_of, parse_shapes, read_instances_file
+from captioning.evaluation.grounding import Instances, checked_caption, image_of, parse_shapes, read_instances_file
 from captioning.evaluation.phrases import noun_phrases
 from captioning.settings import registered
 from captioning.text import tokenize_caption
@@ -197,8 +197,7 @@ def coco_sentences(objects: CocoObjects, captions: Mapping[int, str],
     read = registered(RULES, "rules", rules).mentions
     found = {}
     for image_id, caption in captions.items():
-        if not isinstance(caption, str):
-            raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
+        caption = checked_caption(image_id, caption)
         present = set(image_of(objects, image_id, "captions"))
         for text in (references or {}).get(image_id, ()):
             present.update(node for _, node in read(text))
@@ -269,9 +268,7 @@ def _shapes_judge(instances: Instances):
     kinds = tuple(dict.fromkeys(instances.kinds + HARD_KINDS))
 
     def judge(image_id, caption):
-        if not isinstance(caption, str):
-            raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
-        words = tokenize_caption(caption)
+        words = tokenize_caption(checked_caption(image_id, caption))
         shapes = image_of(instances, image_id, "captions").shapes
         present = {(s.color, s.kind) for s in shapes}
         mentions = []

@@ -33,8 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from captioning.data.scenes import relations
-from captioning.errors import InputError
-from captioning.evaluation.grounding import Instances, group_names, image_of
+from captioning.evaluation.grounding import Instances, checked_caption, group_names, image_of
 from captioning.evaluation.phrases import named, noun_phrases, relation_mentions
 from captioning.text import tokenize_caption
 
@@ -68,9 +67,7 @@ def relation_accuracy(instances: Instances, captions: Mapping[int, str]) -> Rela
     images = []
     for image_id, caption in captions.items():
         images.append(image := image_of(instances, image_id, "captions"))
-        if not isinstance(caption, str):
-            raise InputError(f"`captions` has {caption!r} for image {image_id}, not a caption", params=("captions",))
-        words = tokenize_caption(caption)
+        words = tokenize_caption(checked_caption(image_id, caption))
         tally = collections.Counter(images=1)
         for a, relation, b in relation_mentions(words, noun_phrases(words, instances.colors, instances.kinds)):
             tally["mentions"] += 1
