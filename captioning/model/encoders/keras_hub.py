@@ -90,12 +90,13 @@ class KerasHub(ImageEncoder):
         if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
             raise InputError(f"model.encoder_preset: {preset} is not a keras-hub preset folder (no config.json; "
                              "write one with save_to_preset)")
-        if not _is_path(preset) and "://" not in preset and preset not in preset_names():
-            near = difflib.get_close_matches(preset, preset_names(), n=1, cutoff=0.6)
+        names = [] if _is_path(preset) or "://" in preset else preset_names()
+        if names and preset not in names:
+            near = difflib.get_close_matches(preset, names, n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]}?)" if near else ""
             raise InputError(f"model.encoder_preset: {preset!r} is not a keras-hub ViT, CLIP, SigLIP or DINOv2 preset"
                              f"{hint}; it must be one of: "
-                             f"{', '.join(preset_names())}; a local preset folder; or a kaggle://, hf:// or "
+                             f"{', '.join(names)}; a local preset folder; or a kaggle://, hf:// or "
                              "modelscope:// handle")
         if (self.cfg.encoder_weights or "none") != "none":
             raise InputError("model.encoder_weights: a keras_hub encoder's weights are its preset's "
