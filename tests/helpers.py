@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def model_config(**values):
     """A ModelConfig from keyword values, the decoder's own settings (``lstm_units``, ...) among them."""
     from captioning.config import ModelConfig
-    from captioning.settings import keys_of
+    from captioning.config.settings import keys_of
 
     shared = {k: v for k, v in values.items() if k in keys_of(ModelConfig)}
     return ModelConfig(**shared, options={k: v for k, v in values.items() if k not in shared})

@@ -64,14 +64,15 @@ def stage(module: str) -> int:
     parts = module.split(".")
     if module == "captioning.__main__":  # ``python -m captioning``: the command line
         return captioning.STAGES.index("cli")
-    if len(parts) < 2 or f"captioning.{parts[1]}" in MODULES and not os.path.isdir(os.path.join(PACKAGE, parts[1])):
+    if len(parts) < 2 or parts[1] in captioning.BASE_PACKAGES or (
+            f"captioning.{parts[1]}" in MODULES and not os.path.isdir(os.path.join(PACKAGE, parts[1]))):
         return -1
     return captioning.STAGES.index(parts[1])
 
 
 def test_the_stages_are_the_folders():
     folders = sorted(name for name in os.listdir(PACKAGE) if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py")))
-    assert folders == sorted(captioning.STAGES)
+    assert folders == sorted(captioning.STAGES + captioning.BASE_PACKAGES)
 
 
 def test_no_stage_imports_a_later_one():

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from captioning import model as model_lib
 from captioning.config import Config, ModelConfig, TrainConfig, all_keys as core_keys, from_dict, save_config, to_dict
-from captioning.config_sections import ScheduledSamplingConfig
+from captioning.config.sections import ScheduledSamplingConfig
 from captioning.config import load_config as load_core
-from captioning.config_migrations import FORMAT_VERSION as CONFIG_FORMAT
+from captioning.config.migrations import FORMAT_VERSION as CONFIG_FORMAT
 from captioning.errors import InputError
-from captioning.settings import describe_range, keys_of
+from captioning.config.settings import describe_range, keys_of
 from captioning.train import objectives
 
 
@@ -777,7 +777,7 @@ def test_there_is_one_migration_for_each_older_format_in_order():
     order of the file (a new one is appended), and a second one for the same format is refused at import."""
     import inspect
 
-    from captioning import config_migrations
+    from captioning.config import migrations as config_migrations
 
     assert list(config_migrations.MIGRATIONS) == list(range(1, CONFIG_FORMAT))
     lines = [inspect.getsourcelines(f)[1] for f in config_migrations.MIGRATIONS.values()]

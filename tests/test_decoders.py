@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from captioning.config import ModelConfig
 from captioning.model.layout import TokenLayout
-from captioning.settings import describe_range
+from captioning.config.settings import describe_range
 from captioning.model import DECODERS, architecture_diff, build_model, resolve
 from tests.helpers import REPO, run_distributed_worker
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.errors import InputError
 from captioning.data.pipeline import make_dataset
 from data_prep.prepare import PrepareOptions, prepare
@@ -19,7 +19,7 @@ from tests.helpers import REPO
 
 SLOW_WRITER = """
 import sys, time
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data.pipeline import make_dataset
 cfg = DataConfig(dir=sys.argv[1], image_size=32, resize_size=40, cache="disk", shuffle_buffer=2, length_window=1)
 for i, batch in enumerate(make_dataset(cfg, "train", training=True, batch_size=2, cache_dir=sys.argv[2])):

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from captioning.config import ModelConfig
-from captioning.settings import describe_range, keys_of
+from captioning.config.settings import describe_range, keys_of
 from captioning.errors import InputError
 from captioning.model import DECODERS, build_encoder, build_model
 from captioning.model.encoders import ENCODERS, register
@@ -314,7 +314,7 @@ def test_a_preset_whose_converter_and_backbone_disagree_is_read_at_the_backbones
 def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer):
     """train.encoder_lr_scale: the encoder's update is that share of the one it would get at the decoder's rate
     (SGD exactly; Adam's first step is lr × sign, so the same), the decoder's unchanged; AdamW's decay too."""
-    from captioning.config_sections import TrainConfig
+    from captioning.config.sections import TrainConfig
     from captioning.train.objectives import caption_loss_sum
     from captioning.train.optimizer import make_optimizer
 

@@ -62,7 +62,7 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
     """A frozen keras-hub backbone of each family: its tokens cached once (float16), a Transformer trained over
     them, captions with attention over its tokens (a class token apart), an evaluation with grounding, and a
     SavedModel that captions as the captioner does, with its attention split as the layout says."""
-    from captioning.config_sections import DecodeConfig
+    from captioning.config.sections import DecodeConfig
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference import Captioner, load
     from captioning.inference.export import export

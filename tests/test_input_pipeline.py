@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from captioning.data import schema
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data.prepared import PreparedDataset
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import decode_and_resize

@@ -110,7 +110,7 @@ def decisive_models(prepared_dir, tmp_path_factory):
 def litert(decisive_models, tmp_path_factory):
     sat_dir, att_dir = decisive_models
     from data_prep.synth import synthesize
-    from captioning.config_sections import DecodeConfig
+    from captioning.config.sections import DecodeConfig
     from captioning.inference import Captioner, load
     from captioning.inference.caption import model_bytes
     from captioning.inference.litert import export_litert
@@ -263,7 +263,7 @@ def test_dynamic_int8_is_at_most_035_of_none_on_a_model_of_the_demos_size(traine
     193 words are enough for the beam's chunked top-k, padded (search_tools.best_of; the fixtures' few words are ranked
     whole): the `none` file captions an image as the Captioner does, in LiteRT's built-in ops."""
     from captioning.config import Config, ModelConfig
-    from captioning.config_sections import DecodeConfig
+    from captioning.config.sections import DecodeConfig
     from captioning.inference import Captioner
     from captioning.inference.litert import convert
     from captioning.model import build_model
@@ -449,7 +449,7 @@ def test_every_decoder_and_encoder_converts_and_captions_as_the_captioner(decode
     from ai_edge_litert.interpreter import Interpreter
 
     from captioning.config import Config, ModelConfig
-    from captioning.config_sections import DecodeConfig
+    from captioning.config.sections import DecodeConfig
     from captioning.inference import Captioner
     from captioning.inference.litert import convert
     from captioning.model import DECODERS, build_model

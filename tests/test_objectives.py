@@ -58,7 +58,7 @@ def test_each_objective_with_settings_has_its_config_section_and_no_other_does()
     given (a Config field holding a ComponentSection) for each objective that declares a settings_class, and
     each such class is a Section dataclass whose every key has a default."""
     from captioning.config import COMPONENT_SECTIONS, ComponentSection, Config
-    from captioning.settings import Section
+    from captioning.config.settings import Section
 
     with_settings = {name for name, cls in OBJECTIVES.items() if cls.settings_class is not None}
     assert set(COMPONENT_SECTIONS) == with_settings == {"scst"}
@@ -73,7 +73,7 @@ def test_the_loader_keeps_an_objectives_section_as_given_and_the_training_stage_
     """``scst:`` is read by the loader without the objective's class (so the config loads before TensorFlow),
     then typed with the same engine as every key, whichever objective the run trains with."""
     from captioning.config import to_dict
-    from captioning.settings import Given
+    from captioning.config.settings import Given
     from captioning.train.objectives import resolve
     from captioning.train.objectives.scst import ScstSettings
 

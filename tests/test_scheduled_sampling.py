@@ -10,7 +10,7 @@ import tensorflow as tf
 import yaml
 
 from captioning.config import load_config
-from captioning.config_sections import ScheduledSamplingConfig
+from captioning.config.sections import ScheduledSamplingConfig
 from captioning.errors import InputError
 from captioning.config import ModelConfig
 from captioning.model import DECODERS, build_model

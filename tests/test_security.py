@@ -8,7 +8,7 @@ import socket
 import time
 
 
-from captioning.service_probe import exposure, listening_addresses, warn_if_exposed
+from captioning.data.service_probe import exposure, listening_addresses, warn_if_exposed
 from tests.helpers import Background, free_port
 
 CLI = [os.sys.executable, "-m", "captioning"]

@@ -230,8 +230,8 @@ def test_concurrent_requests_share_model_calls_and_get_their_own_captions(attent
 
 
 def test_the_page_keeps_the_dom_contract_and_loads_nothing_from_outside(attention_server):
-    from captioning.config_sections import DecodeConfig
-    from captioning.settings import keys_of
+    from captioning.config.sections import DecodeConfig
+    from captioning.config.settings import keys_of
 
     with urllib.request.urlopen(attention_server.url, timeout=30) as answer:
         assert answer.status == 200 and answer.headers["Content-Type"] == "text/html; charset=utf-8"

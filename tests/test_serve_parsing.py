@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from captioning.benchmarks.serve import form_body, parse_cost
-from captioning.config_sections import DecodeConfig
+from captioning.config.sections import DecodeConfig
 from captioning.inference.serve_api import ApiError, parse_multipart
 
 MB = 2**20
@@ -99,7 +99,7 @@ def test_only_an_images_error_is_an_images():
 
 def test_the_pages_number_controls_refuse_what_the_server_refuses():
     from captioning.inference.serve import option_controls
-    from captioning.settings import fields_of, in_range
+    from captioning.config.settings import fields_of, in_range
 
     controls = option_controls(DecodeConfig())
     assert re.search(r'name="decode.temperature"[^>]* min="5e-324"', controls)

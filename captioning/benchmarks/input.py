@@ -44,7 +44,7 @@ import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
 from captioning import config as config_lib
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data import schema
 from captioning.benchmarks import common, offload
 from captioning.benchmarks.photos import cached_photos

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from captioning.benchmarks import common
 from captioning.data.pipeline import make_dataset
-from captioning.service_probe import wait_for_dispatcher
+from captioning.data.service_probe import wait_for_dispatcher
 
 log = logging.getLogger("captioning.benchmark")
 

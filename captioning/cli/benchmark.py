@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from captioning.cli.parsing import (MAX_BENCHMARK_IMAGES, MAX_BENCHMARK_STEPS, MAX_CIDER, MAX_ROUNDS, MAX_SIDE,
                                     MAX_WORKERS, batching_flags, call, config_flags, decoding_flags, size, within)
-from captioning.settings import MAX_DECODE_BATCH, MAX_SECONDS, MAX_STEPS
+from captioning.config.settings import MAX_DECODE_BATCH, MAX_SECONDS, MAX_STEPS
 
 IMAGES, STEPS, ROUNDS = within(1, MAX_BENCHMARK_IMAGES), within(1, MAX_BENCHMARK_STEPS), within(1, MAX_ROUNDS)
 MAX_CLIENTS = 256  # benchmark serve --concurrency: client threads on this machine

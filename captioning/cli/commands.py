@@ -16,7 +16,7 @@ import sys
 from captioning.cli.parsing import (MAX_IMAGES_PER_SHARD, MAX_SEED, MAX_SHARDS, MAX_SIDE, MAX_SPLIT_IMAGES,
                                     MAX_SYNTH_IMAGES, MAX_WORD_COUNT, MAX_WORKERS, call, config_flags, decoding_flags,
                                     key_int, options, within)
-from captioning.settings import MAX_DECODE_BATCH, MAX_WORDS
+from captioning.config.settings import MAX_DECODE_BATCH, MAX_WORDS
 from captioning.data.scenes import SCENES
 from captioning.fileio import check_output_file, check_output_folder
 
@@ -196,7 +196,7 @@ def add_model_dirs(p) -> None:
 def _decoding_given(args) -> dict:
     """The decoding flags given (None: not given), every value checked on its own with the ``--set decode.KEY``
     overrides (a type, a range, the sizes' upper bounds): one line before a model loads."""
-    from captioning.config_sections import DecodeConfig
+    from captioning.config.sections import DecodeConfig
 
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(DecodeConfig)}
     DecodeConfig.check_given(getattr(args, "decode_overrides", ()), **flags)

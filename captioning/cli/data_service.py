@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from captioning.cli.parsing import call, within
-from captioning.settings import MAX_SECONDS
+from captioning.config.settings import MAX_SECONDS
 
 
 def _port(low: int):

@@ -67,7 +67,7 @@ class Parser(argparse.ArgumentParser):
 
 
 # The upper bounds of the sizes the flags take (docs/reliability.md, "Upper bounds of sizes"; the decoding sizes
-# and the config's are captioning.settings' MAX_*, the features commands' captioning.cli.features'): generous for
+# and the config's are captioning.config.settings' MAX_*, the features commands' captioning.cli.features'): generous for
 # research use, they stop an absurd value in one line before any work starts.
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 256  # processes or servers started on one machine
@@ -149,9 +149,9 @@ def config_flags(p, required: bool = True, help: str | None = None) -> None:
 
 def decoding_flags(p, top_k: bool = False, sets: bool = True) -> None:
     """The flags that override the model's ``decode:`` config for one call (default None: the config's
-    value; the defaults themselves live in :class:`captioning.config_sections.DecodeConfig` alone, and so do
+    value; the defaults themselves live in :class:`captioning.config.sections.DecodeConfig` alone, and so do
     the sizes' upper bounds)."""
-    from captioning.settings import MAX_BEAM, MAX_LENGTH_NORMALIZATION, MAX_WORDS
+    from captioning.config.settings import MAX_BEAM, MAX_LENGTH_NORMALIZATION, MAX_WORDS
 
     p.add_argument("--beam-size", type=within(1, MAX_BEAM), default=None,
                    help=f"beam width, at most {MAX_BEAM}; 1 is greedy decoding (default: the model's decode.beam_size, 3)")
@@ -192,7 +192,7 @@ MAX_BATCH_WAIT_MS = 1000  # --batch-wait-ms: a second is already far more than b
 def batching_flags(p) -> None:
     """``--max-batch`` and ``--batch-wait-ms``: how ``captioning serve`` batches concurrent requests (its own
     flags, and ``benchmark serve``'s for the server it starts)."""
-    from captioning.settings import MAX_DECODE_BATCH
+    from captioning.config.settings import MAX_DECODE_BATCH
 
     p.add_argument("--max-batch", type=within(1, MAX_DECODE_BATCH), default=16,
                    help=f"most images captioned in one model call, at most {MAX_DECODE_BATCH:,} (default 16)")

@@ -25,7 +25,7 @@ import math
 import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data.seeds import WINDOWS, seeded
 from captioning.vocab import PAD_ID
 
@@ -37,7 +37,7 @@ def epoch_captions_per_image(cfg: DataConfig, stored: float) -> float:
     all of them (``all``; ``grouped``), one (``sample``), or ``data.group_captions`` (``grouped``, k ≥ 1;
     fewer for an image that has fewer).
 
-    >>> from captioning.config_sections import DataConfig
+    >>> from captioning.config.sections import DataConfig
     >>> [epoch_captions_per_image(DataConfig(captions_per_image=c, group_captions=k), 5.2)
     ...  for c, k in (("all", 0), ("sample", 0), ("grouped", 0), ("grouped", 3), ("grouped", 7))]
     [5.2, 1.0, 5.2, 3.0, 5.2]

@@ -36,7 +36,7 @@ import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.data import disk_cache
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data.prepared import PreparedDataset
 from captioning.fileio import disk_full_error
 from captioning.data.integrity import ShardReader

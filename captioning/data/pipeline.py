@@ -48,7 +48,7 @@ from typing import Callable
 import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data import disk_cache
 from captioning.data.batching import epoch_captions_per_image, grouped_batches, length_grouped_batches
 from captioning.data.feature_cache import features_dataset

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data import schema
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset

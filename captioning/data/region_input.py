@@ -39,7 +39,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.data import features_store as store_lib
 from captioning.data.features_store import FeaturesStore
 from captioning.data.prepared import PreparedDataset

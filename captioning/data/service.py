@@ -39,7 +39,7 @@ no dispatcher at the address           TF's ``distribute`` waits forever; :func:
 =====================================  ================================================================
 
 Reachability is checked with one gRPC call, the dispatcher's own ``GetVersion``, not a TCP connect
-(:mod:`captioning.service_probe` says why; it holds the address and port checks and the watch, in plain
+(:mod:`captioning.data.service_probe` says why; it holds the address and port checks and the watch, in plain
 Python and gRPC, so ``captioning data-service`` answers a wrong address before TensorFlow loads).
 """
 
@@ -54,8 +54,8 @@ import threading
 
 from captioning import tf_internals
 from captioning.errors import InputError, ServiceLostError
-from captioning.service_probe import (ADDRESS, check_port_free, is_loopback, parse_address, wait_for_dispatcher,
-                                      warn_if_exposed, watch_dispatcher)
+from captioning.config.addresses import ADDRESS, is_loopback, parse_address
+from captioning.data.service_probe import check_port_free, wait_for_dispatcher, warn_if_exposed, watch_dispatcher
 
 __all__ = ["MODES", "run_dispatcher", "run_worker", "distribute", "service_error", "watch_dispatcher",
            "wait_for_dispatcher", "parse_address", "check_port_free"]

@@ -44,7 +44,7 @@ each model's default unless ``--weights`` is given, the hash of its key covering
 **Ensembles.** Several model folders (``--model-dir A --model-dir B``; :mod:`captioning.model.ensemble`) are
 evaluated as one model: each step averages their word probabilities, and the perplexity is the averaged
 distribution's. They must share a vocabulary and read the same input (the same image sizes, or the same
-features store: :meth:`captioning.config_sections.DataConfig.evaluation_input`). The result is kept in the first
+features store: :meth:`captioning.config.sections.DataConfig.evaluation_input`). The result is kept in the first
 folder, its key marked ``-ensemble<M>-<hash of the checkpoints>`` and its document holding ``"members"``
 (each model's checkpoint); ``checkpoint_step`` and the default decoding are the first model's.
 

@@ -64,7 +64,7 @@ from captioning.evaluation import chair_published
 from captioning.evaluation.coco_objects import CATEGORIES, corrected_mentions
 from captioning.evaluation.grounding import Instances, checked_caption, image_of, parse_shapes, read_instances_file
 from captioning.evaluation.phrases import noun_phrases
-from captioning.settings import registered
+from captioning.config.settings import registered
 from captioning.text import tokenize_caption
 
 

@@ -36,11 +36,11 @@ def settings_label(beam_size: int | None, max_length: int, length_normalization:
 
 
 def used_decoding(decode):
-    """``decode`` (a checked :class:`captioning.config_sections.DecodeConfig`) as it runs, and the beam size that runs
+    """``decode`` (a checked :class:`captioning.config.sections.DecodeConfig`) as it runs, and the beam size that runs
     (None: sampling, no beam search). Greedy decoding is a beam of 1 whatever ``beam_size`` says, so its
     result is keyed and recorded as beam 1.
 
-    >>> from captioning.config_sections import DecodeConfig
+    >>> from captioning.config.sections import DecodeConfig
     >>> used_decoding(DecodeConfig(beam_size=7, method="greedy"))[1], used_decoding(DecodeConfig(beam_size=7))[1]
     (1, 7)
     >>> used_decoding(DecodeConfig(beam_size=7, method="sample", top_k=2))[1] is None
@@ -70,7 +70,7 @@ def options_label(decode) -> str:
     search, one caption per image), else ``-`` and the method and a hash of them (and of ``top_k``: several
     captions per image add their diversity to the result): another decoding is another evaluation.
 
-    >>> from captioning.config_sections import DecodeConfig
+    >>> from captioning.config.sections import DecodeConfig
     >>> options_label(DecodeConfig()), options_label(DecodeConfig(method="sample", top_k=5))[:8]
     ('', '-sample-')
     """

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.model.decode import bad_ending_ids, generate, ids_to_text
-from captioning.config_sections import DecodeConfig
+from captioning.config.sections import DecodeConfig
 from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
 from captioning.errors import InputError

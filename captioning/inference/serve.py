@@ -33,7 +33,7 @@ says so in a warning line (as TF Serving and Gradio leave access control to what
   dropping files captions them at once; the button ``id="caption"`` captions the chosen images again with the
   current options;
 - the option controls inside ``<form id="options">``, each ``name`` a ``decode.*`` key (``decode.beam_size``),
-  made from :class:`~captioning.config_sections.DecodeConfig`'s fields (:func:`option_controls`), each holding the
+  made from :class:`~captioning.config.sections.DecodeConfig`'s fields (:func:`option_controls`), each holding the
   server's value; the page sends only those changed;
 - the results in ``<div id="results">``: per image ``<div class="result" data-name="FILE NAME">`` with
   ``<img class="thumb">``, the best caption in ``<p class="caption">``, its log-probability in
@@ -69,7 +69,7 @@ import tokenize
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-from captioning.config_sections import DecodeConfig
+from captioning.config.sections import DecodeConfig
 from captioning.errors import InputError
 from captioning.inference.serve_api import (ApiError, Form, Limits, check_usable, decode_options, parse_multipart,
                                             read_images, records)
@@ -78,7 +78,7 @@ from captioning.inference.serve_connections import (Addresses, Budget, Connectio
                                                     declared_length, read_body)
 from captioning.inference.serve_connections import bind as _bind
 from captioning.inference.serve_connections import is_loopback  # noqa: F401 (the command's import)
-from captioning.settings import closed_range, describe_range, fields_of, type_hints
+from captioning.config.settings import closed_range, describe_range, fields_of, type_hints
 
 log = logging.getLogger("captioning.serve")
 

@@ -6,7 +6,7 @@ A request is ``multipart/form-data`` (what ``curl -F`` and a browser's ``FormDat
   reads a file: :func:`captioning.inference.caption.model_bytes`). Its file name is the record's ``image``.
 - ``decode.KEY``: a decoding option for this request, as ``--set decode.KEY=VALUE`` takes it (e.g.
   ``decode.beam_size=5``, ``decode.method=sample``, ``decode.bad_endings=english``), typed and checked by the
-  same settings engine (:class:`captioning.config_sections.DecodeConfig`) over the server's own options;
+  same settings engine (:class:`captioning.config.sections.DecodeConfig`) over the server's own options;
 - ``pictures``: ``1`` (or ``true``) to get, for an attention decoder, each word of the best caption with its
   attention picture (the gallery's of ``caption --html``) as a PNG data URI.
 
@@ -36,7 +36,7 @@ import typing
 from werkzeug.http import parse_options_header
 from werkzeug.sansio import multipart
 
-from captioning.config_sections import DecodeConfig
+from captioning.config.sections import DecodeConfig
 from captioning.errors import InputError
 from captioning.images import ImageError
 from captioning.inference.caption import Result, json_record, model_bytes, word_pictures

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 
-from captioning.config_sections import DecodeConfig
+from captioning.config.sections import DecodeConfig
 from captioning.inference.caption import caption_each
 from captioning.inference.captioner import Captioner
 from captioning.model.decode import search_arguments

@@ -28,7 +28,7 @@ import logging
 import os
 
 from captioning import config as config_lib
-from captioning import settings as settings_lib
+from captioning.config import settings as settings_lib
 from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model.attention import ShowAttendTell

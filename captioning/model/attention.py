@@ -49,7 +49,7 @@ import tensorflow as tf
 from keras import layers
 
 from captioning.config import ModelConfig
-from captioning.settings import MAX_FACTOR, MAX_INIT_SCALE, MAX_WIDTH, between
+from captioning.config.settings import MAX_FACTOR, MAX_INIT_SCALE, MAX_WIDTH, between
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel, masked_mean, masked_scores
 from captioning.vocab import PAD_ID

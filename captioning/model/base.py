@@ -66,7 +66,7 @@ import numpy as np
 import tensorflow as tf
 
 from captioning.config import ModelConfig
-from captioning.settings import section_from
+from captioning.config.settings import section_from
 from captioning.model.encoders.base import ImageEncoder, NoSettings
 from captioning.model.layout import TokenLayout
 from captioning.model.scheduled_sampling import mixed_teacher_forced

@@ -28,7 +28,7 @@ call (:func:`replica_seed`: the run's seed, the optimizer step, the micro-batch 
 global random state, so a run is reproducible and two replicas or micro-batches draw apart.
 
 The probability follows the optimizer step in the graph: :func:`probability` is
-:meth:`~captioning.config_sections.ScheduledSamplingConfig.probability` as TensorFlow ops of the step counter
+:meth:`~captioning.config.sections.ScheduledSamplingConfig.probability` as TensorFlow ops of the step counter
 (``p = min(start + increase × floor(step / increase_every), max)``), so a compiled step needs no retrace as
 it rises. Only a decoder whose :attr:`~captioning.model.base.CaptionModel.scheduled_sampling` is true takes it
 (the recurrent ones: their teacher-forced pass is a loop over the words anyway); a Transformer's reads every
@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from captioning.config_sections import ScheduledSamplingConfig
+from captioning.config.sections import ScheduledSamplingConfig
 from captioning.model.search_tools import never_proposed
 from captioning.vocab import PAD_ID
 

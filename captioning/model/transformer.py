@@ -54,7 +54,7 @@ import tensorflow as tf
 from keras import layers
 
 from captioning.config import ModelConfig
-from captioning.settings import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, between, choices
+from captioning.config.settings import MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_WIDTH, between, choices
 from captioning.errors import InputError
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.base import CaptionModel

@@ -27,7 +27,7 @@ import re
 import tensorflow as tf
 
 from captioning import tf_internals
-from captioning.config_sections import DistributeConfig
+from captioning.config.sections import DistributeConfig
 from captioning.errors import InputError, PeerLostError
 
 log = logging.getLogger("captioning.distribute")
@@ -97,7 +97,7 @@ def make_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
 def _warn_if_exposed(tf_config: dict) -> None:
     """One warning line when this worker's gRPC server (TF's, at its TF_CONFIG address's port, on every
     interface: docs/distributed.md, "Trust model") can be reached from other machines."""
-    from captioning.service_probe import warn_if_exposed
+    from captioning.data.service_probe import warn_if_exposed
 
     task = tf_config.get("task", {})
     try:

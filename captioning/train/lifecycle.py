@@ -32,7 +32,7 @@ import time
 import tensorflow as tf
 
 from captioning import tf_internals
-from captioning.service_probe import wait_for_dispatcher, watch_dispatcher
+from captioning.data.service_probe import wait_for_dispatcher, watch_dispatcher
 from captioning.train.distribute import PEER_ERRORS
 from captioning.train.result import Interrupted
 
@@ -133,7 +133,7 @@ class StopOnSignal:
 
 
 def wait_for_service(service: str, timeout_s: float) -> None:
-    """:func:`captioning.service_probe.wait_for_dispatcher` with a live worker; a SIGINT or SIGTERM meanwhile
+    """:func:`captioning.data.service_probe.wait_for_dispatcher` with a live worker; a SIGINT or SIGTERM meanwhile
     raises :class:`~captioning.train.result.Interrupted` (a second one exits at once, as during training)."""
     with StopOnSignal(first=None) as stop:
         answered = wait_for_dispatcher(service, timeout_s, "data.service", stop.stopped, need_worker=True)
@@ -316,7 +316,7 @@ def service_watch(data_cfg, gate: Gate, save):
     """``data.service``: TensorFlow waits forever for a tf.data dispatcher that is gone, or for workers
     when none is left alive; the watch ends the run with one line (exit 1) once the dispatcher has not
     answered, or no registered worker has, for ``data.service_timeout_s``
-    (:func:`captioning.service_probe.watch_dispatcher`), after saving the last step with ``save`` (None:
+    (:func:`captioning.data.service_probe.watch_dispatcher`), after saving the last step with ``save`` (None:
     nothing saved; multi-worker runs, whose saves need every worker). A no-op without a service."""
     if not data_cfg.service:
         return contextlib.nullcontext()

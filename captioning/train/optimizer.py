@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from captioning import config as config_lib
-from captioning.config_sections import TrainConfig
+from captioning.config.sections import TrainConfig
 from dataclasses import dataclass
 
 from captioning.data.batching import epoch_captions_per_image, images_per_batch

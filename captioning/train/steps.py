@@ -238,7 +238,7 @@ def steps_in_call(cfg, done: int) -> int:
     ``steps_per_execution``, fewer to end at the next checkpoint, evaluation, the last step, or the edges
     of the profiled steps.
 
-    >>> from captioning.config_sections import TrainConfig
+    >>> from captioning.config.sections import TrainConfig
     >>> cfg = TrainConfig(steps=100, steps_per_execution=8, checkpoint_every_steps=20, eval_every_steps=0)
     >>> [steps_in_call(cfg, done) for done in (0, 8, 16, 20, 96)]
     [8, 8, 4, 8, 4]

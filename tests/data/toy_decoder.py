@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 from keras import layers
 
-from captioning.settings import MAX_WIDTH, between
+from captioning.config.settings import MAX_WIDTH, between
 from captioning.model.base import CaptionModel
 
 

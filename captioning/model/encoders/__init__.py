@@ -30,7 +30,7 @@ from captioning.model.encoders.base import ImageEncoder, NoSettings, all_layers
 from captioning.model.encoders.keras_hub import KerasHub
 from captioning.model.encoders.small_cnn import SmallCnn
 from captioning.model.encoders.vit import ViT
-from captioning.settings import registered
+from captioning.config.settings import registered
 
 ENCODERS: dict[str, type[ImageEncoder]] = {
     "inception_v3": InceptionV3, "resnet50": ResNet50, "efficientnet_b0": EfficientNetB0,

@@ -44,7 +44,7 @@ import numpy as np
 from keras import layers
 
 from captioning.config import ModelConfig
-from captioning.settings import section_from
+from captioning.config.settings import section_from
 from captioning.errors import InputError
 from captioning.model.layout import TokenLayout
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import keras
 
-from captioning.settings import MAX_HEADS, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_WIDTH, between
+from captioning.config.settings import MAX_HEADS, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_WIDTH, between
 from captioning.errors import InputError
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.layout import TokenLayout

@@ -8,7 +8,7 @@ needs, its own checks), :func:`objective_class` finds it.
 An objective's own settings are the config section named after it (``scst:``), declared by its module as
 a dataclass (:attr:`~.base.Objective.settings_class`). The config loader, which imports no stage, keeps
 such a section as given (:class:`captioning.config.ComponentSection`); :func:`resolve` types and checks
-it with the loader's own engine (:func:`captioning.settings.section_from`), for every objective that has
+it with the loader's own engine (:func:`captioning.config.settings.section_from`), for every objective that has
 settings, whichever one the run trains with — as ``captioning.model.resolve`` does a decoder's keys.
 """
 
@@ -19,9 +19,9 @@ import dataclasses
 import logging
 
 from captioning import config as config_lib
-from captioning.config_sections import DataConfig
+from captioning.config.sections import DataConfig
 from captioning.errors import InputError
-from captioning.settings import fields_of, section_from
+from captioning.config.settings import fields_of, section_from
 from captioning.model import check_caption_length
 from captioning.train.objectives.base import (Objective, ReplicaLoss, RunContext, caption_loss_sum,
                                               perplexity)

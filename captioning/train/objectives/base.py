@@ -9,7 +9,7 @@ replicas (and a replica with no example contributes nothing).
 An objective class declares what the rest of the code asks about it, so that the loop, the summaries
 and the benchmarks never name one:
 
-* ``settings_class`` — its own settings, if it has any: a :class:`~captioning.settings.Section` dataclass
+* ``settings_class`` — its own settings, if it has any: a :class:`~captioning.config.settings.Section` dataclass
   whose fields are the keys of the config section named after it (SCST's ``scst:``), typed and checked by
   :func:`captioning.train.objectives.resolve` (the config loader keeps that section as given);
 * ``needs`` — the ``data.*`` settings its batches must have (SCST: whole images with all their

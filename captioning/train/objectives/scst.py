@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from captioning.errors import InputError
-from captioning.settings import MAX_BEAM, MAX_FACTOR, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
+from captioning.config.settings import MAX_BEAM, MAX_FACTOR, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
 from captioning.train.cider import CiderD, caption_lengths
 from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext, caption_loss_sum, step_seed
 from captioning.train.objectives.scst_cost import breakdown, describe

@@ -28,7 +28,7 @@ class CrossEntropy(Objective):
 
     def __init__(self, split_padding: bool = False, label_smoothing: float = 0.0, scheduled_sampling=None,
                  step=None, seed: int = 0):
-        """``scheduled_sampling``: a :class:`~captioning.config_sections.ScheduledSamplingConfig` that is on
+        """``scheduled_sampling``: a :class:`~captioning.config.sections.ScheduledSamplingConfig` that is on
         (None: off), its probability read from the optimizer step counter ``step`` (a variable); ``seed``: the
         run's (``train.seed``), for its draws."""
         self.split_padding, self.label_smoothing = split_padding, label_smoothing

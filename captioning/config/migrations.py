@@ -8,7 +8,7 @@ decorated ``@migration(N)`` at the end and bumps :data:`FORMAT_VERSION`; no migr
 released.
 
 A migration works on the file's mapping of sections (``{"train": {...}, "scst": {...}}``), before any
-section is typed, so it needs no section's class: the shared sections' (:mod:`captioning.config_sections`)
+section is typed, so it needs no section's class: the shared sections' (:mod:`captioning.config.sections`)
 and the components' (a decoder's ``model.*`` keys, an objective's ``scst:``) alike.
 """
 

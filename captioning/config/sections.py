@@ -1,6 +1,6 @@
 """The sections every stage reads: ``data:``, ``train:``, ``distribute:`` and ``decode:``.
 
-Each is a :class:`~captioning.settings.Section` dataclass: its fields are its keys, each with its
+Each is a :class:`~captioning.config.settings.Section` dataclass: its fields are its keys, each with its
 default, its type and its choices or range, and a comment saying what it does; :meth:`check` holds the
 rules between its own keys. The config loader (:mod:`captioning.config`) reads them from YAML and
 ``--set``; :func:`captioning.config.validate` adds the rules that span sections.
@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 
 from captioning.errors import InputError, excerpt
-from captioning.settings import (MAX_ACCUMULATE_STEPS, MAX_BATCH, MAX_BEAM, MAX_CPUS, MAX_DECODE_BATCH, MAX_EPOCHS,
+from captioning.config.settings import (MAX_ACCUMULATE_STEPS, MAX_BATCH, MAX_BEAM, MAX_CPUS, MAX_DECODE_BATCH, MAX_EPOCHS,
                                  MAX_EVAL_BATCHES, MAX_FACTOR, MAX_GRADIENT_NORM, MAX_GROUP_CAPTIONS, MAX_IMAGE_SIZE, MAX_KEPT_CHECKPOINTS,
                                  MAX_LENGTH_NORMALIZATION, MAX_LENGTH_WINDOW, MAX_REGION_PAD_MULTIPLE, MAX_RESIZE_SIZE, MAX_SAMPLE_TOP_K,
                                  MAX_SECONDS, MAX_SHUFFLE_BUFFER, MAX_STEPS, MAX_STEPS_PER_EXECUTION, MAX_TEMPERATURE,
@@ -115,7 +115,7 @@ class DataConfig(Section):
                              f"{prefix}cache: none or memory")
         if not self.service:
             return
-        from captioning.service_probe import parse_address
+        from captioning.config.addresses import parse_address
 
         parse_address(self.service, f"{prefix}service")
         if self.cache == "features":

@@ -21,7 +21,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import socket
 import sys
 import threading
@@ -30,42 +29,10 @@ import time
 import grpc
 
 from captioning import tf_internals
-from captioning.errors import InputError, ServiceLostError, excerpt
+from captioning.config.addresses import named, params_of, parse_address
+from captioning.errors import InputError, ServiceLostError
 
 log = logging.getLogger("captioning.data.service")
-
-ADDRESS = re.compile(r"(?:grpc://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?):(\d{1,5})")
-
-
-def named(param: str) -> str:
-    """How a message names ``param``: a config key (``data.service``) as it is, a parameter marked for
-    :class:`InputError` (```service```)."""
-    return param if "." in param else f"`{param}`"
-
-
-def _params(param: str) -> tuple[str, ...]:
-    return () if "." in param else (param,)
-
-
-def parse_address(text: str, param: str = "service") -> tuple[str, int]:
-    """``HOST:PORT`` (``grpc://`` allowed in front, IPv6 hosts in brackets) as ``(host, port)``; an
-    :class:`InputError` naming ``param`` otherwise.
-
-    >>> parse_address("grpc://data0:5050")
-    ('data0', 5050)
-    >>> parse_address("[::1]:5050", "dispatcher")
-    ('[::1]', 5050)
-    >>> parse_address("data0", "dispatcher")
-    Traceback (most recent call last):
-    ...
-    captioning.errors.InputError: `dispatcher` must look like HOST:PORT, e.g. data0:5050, got 'data0'
-    """
-    match = ADDRESS.fullmatch(text.strip())
-    if not match or not 1 <= int(match[2]) <= 65535:
-        raise InputError(f"{named(param)} must look like HOST:PORT, e.g. data0:5050, got {excerpt(text)}",
-                         params=_params(param))
-    return match[1], int(match[2])
-
 
 def check_port_free(port: int, param: str = "port") -> None:
     """An :class:`InputError` naming ``param`` if something listens on ``port`` on this machine.
@@ -141,7 +108,7 @@ def wait_for_dispatcher(service: str, timeout_s: float = 60.0, param: str = "ser
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise InputError(f"{address} answers, but it is not a tf.data dispatcher ({detail or 'unimplemented'}):"
                                  f" {named(param)} must be the address the dispatcher logs, not a worker's",
-                                 params=_params(param)) from None
+                                 params=params_of(param)) from None
             listed = None
             if "refused" in detail.lower():
                 reason = "connection refused"
@@ -153,15 +120,10 @@ def wait_for_dispatcher(service: str, timeout_s: float = 60.0, param: str = "ser
             if listed is not None:
                 raise InputError(f"the tf.data dispatcher at {address} has no workers ("
                                  + (_listed(listed) if listed else "none has registered") + f" within {timeout_s:g} s): start one there (captioning "
-                                 f"data-service worker --dispatcher {address})", params=_params(param))
+                                 f"data-service worker --dispatcher {address})", params=params_of(param))
             raise InputError(f"no tf.data dispatcher answered at {address} within {timeout_s:g} s ({reason}): start one "
                              f"there (captioning data-service dispatcher --port {port}), or correct {named(param)}",
-                             params=_params(param))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (as :func:`parse_address` returns it) names this machine's loopback interface."""
-    return host.strip("[]") in ("localhost", "::1") or host.startswith("127.")
+                             params=params_of(param))
 
 
 def exit_with(error: ServiceLostError, command: str = "captioning", then: str = "") -> None:

@@ -5,7 +5,7 @@ another config (a path relative to the file) whose values come first; chains are
 errors. ``--set section.key=value`` overrides come last and are parsed by the key's type (``true``/``no``
 for booleans, ``[8, 12]`` or ``8,12`` for lists). An unknown key, a value of the wrong type, a value
 outside its choices or outside its range (every number has one, with an upper bound: ``train.warmup_steps``
-in [0, 10⁹], ``model.dropout`` in [0, 1), the ``MAX_*`` constants of :mod:`captioning.settings`) is an
+in [0, 10⁹], ``model.dropout`` in [0, 1), the ``MAX_*`` constants of :mod:`captioning.config.settings`) is an
 :class:`~captioning.errors.InputError` naming the key and what it takes (a component's key, below: when
 its stage types it); so are a number that is not
 finite (``nan``, ``inf``, ``1e999``), an integer beyond 64 bits and a config file that cannot be read (a
@@ -25,16 +25,16 @@ Example (``experiments/show_and_tell_coco_finetune.yaml``)::
 sections (:func:`validate`), writing a config back (:func:`save_config`). Beside it, in the base every
 stage may import:
 
-* :mod:`captioning.settings` — the one typing engine: what a section is (a dataclass whose fields are
-  its keys, each with its default, type, choices or range), :func:`~captioning.settings.section_from`,
+* :mod:`captioning.config.settings` — the one typing engine: what a section is (a dataclass whose fields are
+  its keys, each with its default, type, choices or range), :func:`~captioning.config.settings.section_from`,
   which types and checks a mapping of values against one, and the sizes' upper bounds (``MAX_*``);
-* :mod:`captioning.config_sections` — the sections every stage reads, ``data:``, ``train:``,
+* :mod:`captioning.config.sections` — the sections every stage reads, ``data:``, ``train:``,
   ``distribute:`` and ``decode:``. They stay in the base rather than moving into the stage that uses each
   most: the loader types them, before TensorFlow loads, and the base imports no stage (a stage's modules
   bring TensorFlow, and the layering forbids it); and several stages read each (its docstring says
   which). ``model:``'s shared keys (:class:`ModelConfig`) are here, beside the loader that keeps the
   decoder's keys in the same section;
-* :mod:`captioning.config_migrations` — the format versions of a saved config and the migrations
+* :mod:`captioning.config.migrations` — the format versions of a saved config and the migrations
   between them, a module that only grows.
 
 **Components own their settings.** ``model:`` holds the keys every model has (:class:`ModelConfig`: the
@@ -64,11 +64,11 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from captioning.config_migrations import FORMAT_VERSION, migrate
-from captioning.config_sections import DataConfig, DecodeConfig, DistributeConfig, TrainConfig
+from captioning.config.migrations import FORMAT_VERSION, migrate
+from captioning.config.sections import DataConfig, DecodeConfig, DistributeConfig, TrainConfig
 from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
-from captioning.settings import (MAX_FEATURE_SIZE, Given, Section, between, choices, convert, fields_of, type_hints,
+from captioning.config.settings import (MAX_FEATURE_SIZE, Given, Section, between, choices, convert, fields_of, type_hints,
                                  unknown_key)
 
 
@@ -106,8 +106,8 @@ class ModelConfig(Section):
 
 class ComponentSection(dict):
     """A section whose keys a component declares (``scst:``, the SCST objective's settings): ``{name:
-    value}`` as the config gave it (a value from ``--set`` as a :class:`~captioning.settings.Given`), kept
-    until the component's stage types it with :func:`~captioning.settings.section_from` and puts its
+    value}`` as the config gave it (a value from ``--set`` as a :class:`~captioning.config.settings.Given`), kept
+    until the component's stage types it with :func:`~captioning.config.settings.section_from` and puts its
     settings dataclass in its place (``captioning.train.objectives.resolve``). A model folder's
     ``config.yaml`` read by the model stage keeps it so (no command but ``train`` reads it)."""
 
@@ -261,7 +261,7 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
     (:meth:`Config.given`: a component that does not read one is not told, ``captioning.model.resolve``).
 
     ``complete=True`` is for a config this project wrote with every key (a model folder's
-    ``config.yaml``): an older format is migrated first (:mod:`captioning.config_migrations`), then a
+    ``config.yaml``): an older format is migrated first (:mod:`captioning.config.migrations`), then a
     missing key means the file was cut short or damaged, an InputError naming it, instead of a silent
     default (a component's keys: when its stage types them with ``complete=True``)."""
     config = Config()
@@ -341,7 +341,7 @@ def save_config(config: Config, path: str) -> None:
 
 def ineffective(config: Config) -> list[str]:
     """One line for each setting that does nothing with the others, across sections (a warning, not an error, as
-    :meth:`~captioning.config_sections.DecodeConfig.ineffective`'s: a base config may serve several runs).
+    :meth:`~captioning.config.sections.DecodeConfig.ineffective`'s: a base config may serve several runs).
 
     >>> ineffective(Config(train=TrainConfig(encoder_lr_scale=0.1)))[0]
     'train.encoder_lr_scale 0.1 does nothing: the encoder is frozen (model.encoder_trainable: false)'
