@@ -215,11 +215,33 @@ def prepare(opts: PrepareOptions, progress: bool = True) -> PreparedDataset:
 
 
 def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) -> PreparedDataset:
-
+    """The steps of the module docstring, in order; ``stack`` holds the output folder's lock."""
     opts.check()
     # a file, under a file, /proc, no permission: before any work
     make_dirs(opts.output_dir, "`output_dir`", params=("output_dir",))
     source = make_source(opts)
+    usable, skipped, caption_counts = _usable_captions(opts, source)
+    vocab = _vocabulary(opts, usable)
+    tasks = _plan(usable, opts, source.streamed, vocab)
+    fingerprint = _fingerprint(tasks, opts, source.describe())
+    complete = complete_dataset(opts, fingerprint)
+    if complete is not None:  # --resume of a run that finished: a no-op
+        return complete
+    done = prepare_output_dir(opts, fingerprint, stack)
+    vocab.save(os.path.join(opts.output_dir, VOCAB))
+    results = _write_remaining_shards(opts, source, tasks, done, progress)
+    splits, all_skipped = _split_infos(opts, usable, tasks, results, caption_counts, skipped)
+    dataset = PreparedDataset.create(opts.output_dir, splits, len(vocab), all_skipped,
+                                     {**asdict(opts), "source": source.describe()}, fingerprint)
+    dataset.write()  # last: a folder with a manifest is a complete dataset
+    shutil.rmtree(os.path.join(opts.output_dir, PARTIAL), ignore_errors=True)
+    return dataset
+
+
+def _usable_captions(opts: PrepareOptions, source) -> tuple[dict, list, dict]:
+    """Steps 1 and 2: the source's splits read and tokenized (:func:`_tokenize`'s three results), refused
+    when ``shards`` names a split the source lacks, a split has no usable caption, ``strict`` meets a
+    skipped image, or (file sources) none of a split's image files exists."""
     log.info("reading annotations (%s)", source.describe()["kind"])
     splits = source.load()
     for name in opts.shards:
@@ -234,7 +256,11 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
         raise InputError(f"`strict=True`: {skipped[0]['image']} skipped ({skipped[0]['reason']})", params=("strict",))
     if not source.streamed:
         _check_image_files(usable)
+    return usable, skipped, caption_counts
 
+
+def _vocabulary(opts: PrepareOptions, usable: dict) -> Vocabulary:
+    """Step 3: ``opts.vocab`` loaded, or the vocabulary of the ``train`` split's captions."""
     if opts.vocab:
         vocab = Vocabulary.load(opts.vocab)
         log.info("vocabulary: %d tokens from %s", len(vocab), opts.vocab)
@@ -245,15 +271,12 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
     else:
         raise InputError(f"no 'train' split to build the vocabulary from (splits: {', '.join(sorted(usable))}); "
                          "name one train, or pass `vocab`", params=("vocab",))
+    return vocab
 
-    tasks = _plan(usable, opts, source.streamed, vocab)
-    fingerprint = _fingerprint(tasks, opts, source.describe())
-    complete = complete_dataset(opts, fingerprint)
-    if complete is not None:  # --resume of a run that finished: a no-op
-        return complete
-    done = prepare_output_dir(opts, fingerprint, stack)
-    vocab.save(os.path.join(opts.output_dir, VOCAB))
 
+def _write_remaining_shards(opts: PrepareOptions, source, tasks: list[ShardTask], done, progress: bool) -> dict:
+    """Step 5: the shards not ``done`` (a resumed run's finished ones) written by the workers; returns every
+    shard's statistics by its file name (a finished shard's read from ``.partial/``)."""
     results = {}
     for task in tasks:
         name = os.path.basename(task.path)
@@ -278,8 +301,15 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
     else:
         stream = todo
     write_shards(stream, sum(len(t.items) for t in todo), workers, progress, on_done,
-         os.path.join(opts.output_dir, PARTIAL, LOCK))
+                 os.path.join(opts.output_dir, PARTIAL, LOCK))
+    return results
 
+
+def _split_infos(opts: PrepareOptions, usable: dict, tasks: list[ShardTask], results: dict, caption_counts: dict,
+                 skipped: list) -> tuple[dict, list]:
+    """The manifest's :class:`SplitInfo` of each split from its shards' statistics, and every skipped image
+    (``skipped``, those without a usable caption, first). A split left with no image is refused, and what the
+    run wrote removed."""
     splits = {}
     all_skipped = list(skipped)
     for name in usable:
@@ -302,11 +332,7 @@ def _prepare(opts: PrepareOptions, progress: bool, stack: contextlib.ExitStack) 
             tuple(s["bytes"] if s.get("bytes") is not None else os.path.getsize(t.path)
                   for s, t in zip(stats, split_tasks)),
             caption_counts[name]["empty_captions"], caption_counts[name]["clipped_captions"])
-    dataset = PreparedDataset.create(opts.output_dir, splits, len(vocab), all_skipped,
-                                     {**asdict(opts), "source": source.describe()}, fingerprint)
-    dataset.write()  # last: a folder with a manifest is a complete dataset
-    shutil.rmtree(os.path.join(opts.output_dir, PARTIAL), ignore_errors=True)
-    return dataset
+    return splits, all_skipped
 
 
 def summarize(dataset: PreparedDataset) -> str:
