@@ -171,104 +171,23 @@ def check_sizes(images_per_shard: int, checkpoint_every: int) -> None:
 
 def _write(data_dir, dataset, work, rows_from, state: Progress, name, progress, what, params,
            checkpoint_every, allow_missing=False) -> None:
-    images = dataset.image_records()  # id -> split, size, captions
-    ids = sorted(images)
-    per_shard = state.plan["images_per_shard"]
-    by_split = {split: [i for i in ids if images[i].split == split] for split in dataset.splits}
-    counts = {split: max(1, math.ceil(len(members) / per_shard)) for split, members in by_split.items()}
-    # each image's shard: the run of its split's sorted ids it falls in
-    shard_of = {image_id: shard_name(split, k // per_shard, counts[split]) for split, members in by_split.items()
-                for k, image_id in enumerate(members)}
-    seen = set(state.seen)
-    records, held = collections.Counter(state.shard_records), collections.Counter(state.held)
-    writers: dict[str, RecordWriter] = {}
-
-    def checkpoint():
-        for writer in writers.values():
-            writer.sync()
-        state.shard_bytes = {shard: os.path.getsize(os.path.join(work, shard)) for shard in records}
-        state.shard_records, state.held, state.seen = dict(records), dict(held), sorted(seen)
-        state.write(os.path.join(work, PROGRESS))
-
-    bar = tqdm(total=len(ids), initial=len(seen), desc="features", unit="img", disable=None if progress else True,
-               mininterval=0.5)
-    try:
-        for row in rows_from(state.done):
-            state.done += 1
-            if isinstance(row, Malformed):
-                state.malformed.add(str(row.args[0]))
-            elif row.image_id not in images:
-                state.extra.add(str(row.image_id))
-            else:
-                record = images[row.image_id]  # a source that does not say the image's size: the stored one's
-                width, height = (row.width, row.height) if row.width and row.height else (record.width, record.height)
-                reason = "features of this image came before" if row.image_id in seen else check_row(row, state.size)
-                if reason is None and state.boxes is not None and (row.boxes is not None) != state.boxes:
-                    reason = "boxes where the first row had none, or none where it had them"
-                features, boxes, clean = row.features, row.boxes, None
-                if reason is None and boxes is not None:  # the one rule: clipped to the image, degenerate dropped
-                    clean = clean_boxes(boxes, width, height)
-                    features, boxes = features[clean.kept], clean.boxes
-                    if not len(boxes):
-                        reason = f"none of its {len(clean.kept)} boxes has an area inside its {width}x{height} image"
-                if reason:
-                    state.malformed.add(f"image {row.image_id}: {reason}")
-                else:
-                    state.size, state.boxes = int(features.shape[1]), boxes is not None
-                    seen.add(row.image_id)
-                    dropped = row.dropped + (clean.dropped if clean else 0)
-                    clipped = row.clipped + (clean.clipped if clean else 0)
-                    if dropped:
-                        state.boxes_dropped.add(f"image {row.image_id}: {dropped}", dropped)
-                    if clipped:
-                        state.boxes_clipped.add(f"image {row.image_id}: {clipped}", clipped)
-                    shard = shard_of[row.image_id]
-                    if shard not in writers:
-                        writers[shard] = RecordWriter(os.path.join(work, shard), append=True)
-                    boxes = boxes if boxes is not None else np.zeros((len(features), 4), np.float32)
-                    writers[shard].write(encode_regions(image_id=row.image_id, features=features, boxes=boxes,
-                                                        width=width, height=height, captions=record.captions))
-                    records[shard] += 1
-                    held[record.split] += len(features)
-                    bar.update(1)
-            if state.done % checkpoint_every == 0:
-                checkpoint()
-    except InputError as e:  # the source stopped making sense: what came before it stays, for a rerun
-        if not seen:
-            raise
-        checkpoint()
-        raise KeptWork(f"{e}; the {len(seen)} images before it are kept (in {work}) and the rerun goes on from "
-                       "there", params=e.params) from None
-    finally:
-        bar.close()
-        for writer in writers.values():
-            writer.close()
+    """The store written in ``work`` from the source's rows after the ``state.done`` already written, ``store.json``
+    last; an InputError, and nothing finished, when no row (or, unless ``allow_missing``, too few) fits the dataset."""
+    layout = _Layout.of(dataset, state.plan["images_per_shard"])
+    shards = _Shards(work, state)
+    _write_rows(rows_from, state, layout, shards, progress, checkpoint_every)
+    seen = shards.seen
     if not seen:
-        raise InputError(f"{what} has features of none of the {len(ids)} images of {data_dir}"
+        raise InputError(f"{what} has features of none of the {len(layout.ids)} images of {data_dir}"
                          + (f" (e.g. {', '.join(state.extra.ids)} are not in it)" if state.extra.ids else ""),
                          params=params)
-    splits = {}
-    for split, members in by_split.items():
-        shards = [shard_name(split, k, counts[split]) for k in range(counts[split])]
-        for shard in shards:  # a run without features is an empty shard: every shard exists; all on disk
-            with open(os.path.join(work, shard), "ab") as f:  # before store.json says they are complete
-                os.fsync(f.fileno())
-        splits[split] = StoreSplit(
-            sum(1 for i in members if i in seen), held[split], tuple(shards), tuple(records[s] for s in shards),
-            tuple(os.path.getsize(os.path.join(work, shard)) for shard in shards),
-            tuple(members[k * per_shard] for k in range(counts[split])) if members else (0,))
+    splits = _store_splits(work, layout, shards)
     missing = Tally()
-    for image_id in ids:
+    for image_id in layout.ids:
         if image_id not in seen:
             missing.add(str(image_id))
-    if len(seen) < MIN_SHARE * len(ids) and not allow_missing:
-        unread = (f"; {state.malformed.count} rows could not be read (e.g. {'; '.join(state.malformed.ids[:2])})"
-                  if state.malformed.count else "")
-        raise InputError(f"{what} has features of only {len(seen)} of the {len(ids)} images of {data_dir} "
-                         f"({len(seen) / len(ids):.1%}; a store needs at least {MIN_SHARE:.0%} of them): "
-                         f"{missing.count} missing (e.g. {', '.join(missing.ids[:3])}){unread}; nothing was written: "
-                         "complete the source, or pass `allow_missing=True` to write the store anyway",
-                         params=tuple(params) + ("allow_missing",))
+    if len(seen) < MIN_SHARE * len(layout.ids) and not allow_missing:
+        _refuse_too_few(state, missing, len(seen), len(layout.ids), data_dir, what, params)
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(work, PROGRESS))  # a store, no longer work
     FeaturesStore.create(work, name=name, feature_size=int(state.size), boxes=bool(state.boxes), splits=splits,
@@ -276,6 +195,174 @@ def _write(data_dir, dataset, work, rows_from, state: Progress, name, progress, 
                          left={"missing": missing.left(), "extra": state.extra.left(),
                                "malformed": state.malformed.left(), "boxes_dropped": state.boxes_dropped.left(),
                                "boxes_clipped": state.boxes_clipped.left()}).write()
+
+
+@dataclasses.dataclass
+class _Layout:
+    """Where each of the dataset's images goes: ``images`` (id -> split, size, captions), their sorted ``ids``,
+    each split's sorted ids (``by_split``) cut into ``shard_counts[split]`` runs of ``per_shard``, and the shard
+    of each image (``shard_of``)."""
+
+    images: dict
+    ids: list
+    per_shard: int
+    by_split: dict
+    shard_counts: dict
+    shard_of: dict
+
+    @classmethod
+    def of(cls, dataset: PreparedDataset, per_shard: int) -> "_Layout":
+        images = dataset.image_records()
+        ids = sorted(images)
+        by_split = {split: [i for i in ids if images[i].split == split] for split in dataset.splits}
+        shard_counts = {split: max(1, math.ceil(len(members) / per_shard)) for split, members in by_split.items()}
+        # each image's shard: the run of its split's sorted ids it falls in
+        shard_of = {image_id: shard_name(split, position // per_shard, shard_counts[split])
+                    for split, members in by_split.items() for position, image_id in enumerate(members)}
+        return cls(images, ids, per_shard, by_split, shard_counts, shard_of)
+
+    def shards(self, split: str) -> list[str]:
+        return [shard_name(split, index, self.shard_counts[split]) for index in range(self.shard_counts[split])]
+
+
+class _Shards:
+    """The shards being written in ``work``, resumed from ``state``: their open writers, the records of each
+    shard, the regions held by each split and the images ``seen``; :meth:`checkpoint` records them in ``state``
+    and ``progress.json``."""
+
+    def __init__(self, work: str, state: Progress):
+        self.work, self.state = work, state
+        self.seen = set(state.seen)
+        self.records, self.held = collections.Counter(state.shard_records), collections.Counter(state.held)
+        self.writers: dict[str, RecordWriter] = {}
+
+    def write(self, shard: str, split: str, example: bytes, regions: int) -> None:
+        if shard not in self.writers:
+            self.writers[shard] = RecordWriter(os.path.join(self.work, shard), append=True)
+        self.writers[shard].write(example)
+        self.records[shard] += 1
+        self.held[split] += regions
+
+    def checkpoint(self) -> None:
+        for writer in self.writers.values():
+            writer.sync()
+        state = self.state
+        state.shard_bytes = {shard: os.path.getsize(os.path.join(self.work, shard)) for shard in self.records}
+        state.shard_records, state.held, state.seen = dict(self.records), dict(self.held), sorted(self.seen)
+        state.write(os.path.join(self.work, PROGRESS))
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+
+def _write_rows(rows_from, state: Progress, layout: _Layout, shards: _Shards, progress: bool,
+                checkpoint_every: int) -> None:
+    """Every row of the source after ``state.done`` counted (malformed, extra) or written, with a checkpoint every
+    ``checkpoint_every`` rows; a source that stops making sense after some images were written keeps them
+    (:class:`KeptWork`) for a rerun."""
+    bar = tqdm(total=len(layout.ids), initial=len(shards.seen), desc="features", unit="img",
+               disable=None if progress else True, mininterval=0.5)
+    try:
+        for row in rows_from(state.done):
+            state.done += 1
+            if isinstance(row, Malformed):
+                state.malformed.add(str(row.args[0]))
+            elif row.image_id not in layout.images:
+                state.extra.add(str(row.image_id))
+            elif _write_row(row, layout, state, shards):
+                bar.update(1)
+            if state.done % checkpoint_every == 0:
+                shards.checkpoint()
+    except InputError as e:  # the source stopped making sense: what came before it stays, for a rerun
+        if not shards.seen:
+            raise
+        shards.checkpoint()
+        raise KeptWork(f"{e}; the {len(shards.seen)} images before it are kept (in {shards.work}) and the rerun "
+                       "goes on from there", params=e.params) from None
+    finally:
+        bar.close()
+        shards.close()
+
+
+@dataclasses.dataclass
+class _Regions:
+    """A row's regions as stored: its features and boxes (None when the source gives none), after
+    :func:`~captioning.data.features_store.clean_boxes`; its image's size; the boxes dropped and clipped in all."""
+
+    features: np.ndarray
+    boxes: np.ndarray | None
+    width: int
+    height: int
+    dropped: int
+    clipped: int
+
+
+def _write_row(row: Row, layout: _Layout, state: Progress, shards: _Shards) -> bool:
+    """One row of a dataset image written to its shard (True), or counted as malformed (False)."""
+    record = layout.images[row.image_id]
+    regions = _stored_regions(row, record, state, shards.seen)
+    if isinstance(regions, str):
+        state.malformed.add(f"image {row.image_id}: {regions}")
+        return False
+    state.size, state.boxes = int(regions.features.shape[1]), regions.boxes is not None
+    shards.seen.add(row.image_id)
+    if regions.dropped:
+        state.boxes_dropped.add(f"image {row.image_id}: {regions.dropped}", regions.dropped)
+    if regions.clipped:
+        state.boxes_clipped.add(f"image {row.image_id}: {regions.clipped}", regions.clipped)
+    boxes = regions.boxes if regions.boxes is not None else np.zeros((len(regions.features), 4), np.float32)
+    example = encode_regions(image_id=row.image_id, features=regions.features, boxes=boxes, width=regions.width,
+                             height=regions.height, captions=record.captions)
+    shards.write(layout.shard_of[row.image_id], record.split, example, len(regions.features))
+    return True
+
+
+def _stored_regions(row: Row, record, state: Progress, seen: set) -> _Regions | str:
+    """What of ``row`` is stored (``record``: its dataset image), or why it cannot be: a repeated image, a row
+    :func:`check_row` refuses, boxes where the first row had none (or none where it had them), or no box left."""
+    # a source that does not say the image's size: the stored one's
+    width, height = (row.width, row.height) if row.width and row.height else (record.width, record.height)
+    reason = "features of this image came before" if row.image_id in seen else check_row(row, state.size)
+    if reason is None and state.boxes is not None and (row.boxes is not None) != state.boxes:
+        reason = "boxes where the first row had none, or none where it had them"
+    if reason:
+        return reason
+    features, boxes, clean = row.features, row.boxes, None
+    if boxes is not None:  # the one rule: clipped to the image, degenerate dropped
+        clean = clean_boxes(boxes, width, height)
+        features, boxes = features[clean.kept], clean.boxes
+        if not len(boxes):
+            return f"none of its {len(clean.kept)} boxes has an area inside its {width}x{height} image"
+    return _Regions(features, boxes, width, height, row.dropped + (clean.dropped if clean else 0),
+                    row.clipped + (clean.clipped if clean else 0))
+
+
+def _store_splits(work: str, layout: _Layout, shards: _Shards) -> dict[str, StoreSplit]:
+    """Each split's :class:`StoreSplit`, every one of its shards on disk (a shard no row went to is empty) before
+    ``store.json`` says they are complete."""
+    splits = {}
+    for split, members in layout.by_split.items():
+        names = layout.shards(split)
+        for shard in names:
+            with open(os.path.join(work, shard), "ab") as f:
+                os.fsync(f.fileno())
+        splits[split] = StoreSplit(
+            sum(1 for i in members if i in shards.seen), shards.held[split], tuple(names),
+            tuple(shards.records[s] for s in names), tuple(os.path.getsize(os.path.join(work, s)) for s in names),
+            tuple(members[index * layout.per_shard] for index in range(len(names))) if members else (0,))
+    return splits
+
+
+def _refuse_too_few(state: Progress, missing: Tally, found: int, images: int, data_dir, what, params) -> None:
+    """The InputError of a source with features of fewer than :data:`MIN_SHARE` of the dataset's ``images``."""
+    unread = (f"; {state.malformed.count} rows could not be read (e.g. {'; '.join(state.malformed.ids[:2])})"
+              if state.malformed.count else "")
+    raise InputError(f"{what} has features of only {found} of the {images} images of {data_dir} "
+                     f"({found / images:.1%}; a store needs at least {MIN_SHARE:.0%} of them): "
+                     f"{missing.count} missing (e.g. {', '.join(missing.ids[:3])}){unread}; nothing was written: "
+                     "complete the source, or pass `allow_missing=True` to write the store anyway",
+                     params=tuple(params) + ("allow_missing",))
 
 
 def report(store: FeaturesStore) -> list[str]:
