@@ -13,6 +13,8 @@ MAX_CLIENTS = 256  # benchmark serve --concurrency: client threads on this machi
 
 
 def add_benchmark(sub) -> None:
+    """The ``benchmark`` command and its benchmarks, each one's flags in a function of its own below (in the
+    order ``--help`` lists them)."""
     p = sub.add_parser(
         "benchmark", help="measure the input pipeline, training loop, decoding and prepare against their ceilings",
         description="Benchmarks: each measures the project's own code against a baseline and a ceiling on this "
@@ -20,13 +22,19 @@ def add_benchmark(sub) -> None:
                     "this project's results and how to read them). Each takes under 3 minutes with its defaults "
                     "on 2 cores.")
     kinds = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for add in (_add_input, _add_train, _add_quality, _add_decode, _add_serve, _add_litert, _add_prepare):
+        add(kinds)
 
-    def common(q, work_dir=True):
-        q.add_argument("--json", metavar="OUT", help="write the results as JSON to this file")
-        if work_dir:
-            q.add_argument("--work-dir", default="runs/benchmarks",
-                           help="where benchmark photos are made once and reused (default runs/benchmarks)")
 
+def _common(q, work_dir=True) -> None:
+    """The flags every benchmark takes: --json, and --work-dir where it makes photos."""
+    q.add_argument("--json", metavar="OUT", help="write the results as JSON to this file")
+    if work_dir:
+        q.add_argument("--work-dir", default="runs/benchmarks",
+                       help="where benchmark photos are made once and reused (default runs/benchmarks)")
+
+
+def _add_input(kinds) -> None:
     q = kinds.add_parser("input", help="input pipeline vs the naive pipeline and the decode ceiling",
                          description="Images/s of the naive seed-style pipeline, the training input pipeline and "
                                      "bare decode + resize on the same records; padding efficiency; cache speed-ups.")
@@ -44,9 +52,11 @@ def add_benchmark(sub) -> None:
     q.add_argument("--service", type=within(0, MAX_WORKERS), default=0, metavar="N",
                    help="also measure the pipeline through a tf.data service dispatcher and N workers started in "
                         "this process, on the same cores (default 0: not measured)")
-    common(q)
+    _common(q)
     q.set_defaults(handler=run_benchmark)
 
+
+def _add_train(kinds) -> None:
     q = kinds.add_parser("train", help="the training loop: ingestion vs train-step time",
                          description="Runs the real training loop and splits each iteration into ingestion time "
                                      "(waiting for the batch) and train step time.")
@@ -61,9 +71,11 @@ def add_benchmark(sub) -> None:
                         "data.captions_per_image=grouped")
     q.add_argument("--rounds", type=ROUNDS, default=2,
                    help="with --compare: runs of each, alternated, fastest kept (default 2)")
-    common(q)
+    _common(q)
     q.set_defaults(handler=run_benchmark)
 
+
+def _add_quality(kinds) -> None:
     q = kinds.add_parser("quality", help="time to quality: training time until a test CIDEr is reached",
                          description="Trains a config with a checkpoint every --eval-every steps, evaluates each "
                                      "checkpoint afterwards (evaluation time is not on the clock) and reports the "
@@ -77,9 +89,11 @@ def add_benchmark(sub) -> None:
     q.add_argument("--compare", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="then train with this override too (repeatable) and report both and the ratios, e.g. "
                         "model.dropout=0.2")
-    common(q, work_dir=False)
+    _common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 
+
+def _add_decode(kinds) -> None:
     q = kinds.add_parser("decode", help="batched beam search vs one image at a time",
                          description="Captions/s of batched beam search against one image per call, same code.")
     q.add_argument("--model-dir", help="a trained model (default: a small untrained model)")
@@ -97,9 +111,11 @@ def add_benchmark(sub) -> None:
                    help="also time these decoding settings against plain beam search (repeatable)")
     q.add_argument("--rounds", type=ROUNDS, default=3, help="timings of the SavedModel, the captioner and the cache's "
                    "decoders, in turn, best kept (default 3)")
-    common(q, work_dir=False)
+    _common(q, work_dir=False)
     q.set_defaults(handler=run_benchmark)
 
+
+def _add_serve(kinds) -> None:
     q = kinds.add_parser("serve", help="captioning serve under load: concurrent requests vs one at a time",
                          description="Starts `captioning serve`'s server in this process on 127.0.0.1 (a free port) "
                                      "and sends --requests requests one at a time, then --requests from --concurrency "
@@ -115,18 +131,22 @@ def add_benchmark(sub) -> None:
     q.add_argument("--seconds", type=within(1, MAX_SECONDS, float), default=120.0,
                    help="longest a phase runs, in seconds (default 120)")
     batching_flags(q)  # the server's, as `captioning serve` takes them
-    common(q)
+    _common(q)
     q.set_defaults(handler=run_benchmark)
 
+
+def _add_litert(kinds) -> None:
     q = kinds.add_parser("litert", help="the .tflite export at each quantization vs the SavedModel, one image a call",
                          description="Per-image latency of `export --format litert`'s file (none, float16, "
                                      "dynamic_int8) in ai-edge-litert's interpreter against the SavedModel, one image "
                                      "per call; file sizes and their ratio; agreement of the best captions.")
     q.add_argument("--model-dir", required=True, help="a trained model (e.g. runs/demo/model)")
     q.add_argument("--images", type=IMAGES, default=200, help="synthetic shapes images captioned (default 200)")
-    common(q)
+    _common(q)
     q.set_defaults(handler=run_benchmark)
 
+
+def _add_prepare(kinds) -> None:
     q = kinds.add_parser("prepare", help="prepare with all workers vs one worker vs the one-core ceiling",
                          description="Images/s of `prepare` with one worker per core and with one worker, and the "
                                      "one-core rate of its bare per-image work (decode, resize, re-encode).")
@@ -136,7 +156,7 @@ def add_benchmark(sub) -> None:
                    help="prepare's --shorter-side (default 346; 0: keep size)")
     q.add_argument("--workers", type=within(1, MAX_WORKERS), default=None, help="workers of the parallel run (default: the cores)")
     q.add_argument("--rounds", type=ROUNDS, default=2, help="measurements of each, best kept (default 2)")
-    common(q)
+    _common(q)
     q.set_defaults(handler=run_benchmark)
 
 
