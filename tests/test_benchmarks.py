@@ -188,7 +188,11 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
                          r"decoder steps [\d.]+", done.stdout)
         assert result["search_overhead"] == pytest.approx(parts["search"] / parts["decoder_steps"])
         assert result["target"]["search_overhead"][0] in (1.3, 1.15)
-        assert re.search(r"the search is [\d.]+x its decoder's steps \(target <= 1\.(30|15)x\)", done.stdout)
+        assert re.search(r"the search is [\d.]+x its decoder's steps \(target <= 1\.(30|15)x\), (\d+) steps, its "
+                         r"decoder's own (\d+)", done.stdout)
+        # the floor runs exactly the steps the search ran (a trained model's search may stop before max_length)
+        steps_ran = result["steps_ran"]
+        assert steps_ran["search"] == steps_ran["decoder_steps"] and 1 <= steps_ran["search"] <= 5, steps_ran
         if options[0] in extra:  # each decoding setting against plain beam search, side by side
             assert sorted(result["options"]) == ["decode.block_ngrams=2", "decode.method=sample,decode.top_k=2",
                                                  "ensemble of 2"]

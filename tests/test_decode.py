@@ -439,7 +439,7 @@ def test_empty_best_captions_are_counted_in_one_line():
                                      {"length_normalization": 0.7}, {"length_penalty_form": "gnmt",
                                                                      "length_normalization": 1.0}])
 def test_the_greedy_loop_gives_what_a_beam_of_one_gives(decoder, options):
-    """A beam of 1 runs its own loop of a few ops a step (decode._greedy): the same ids, lengths, log-probabilities,
+    """A beam of 1 runs its own strategy of a few ops a step (greedy.Greedy): the same ids, lengths, log-probabilities,
     scores and attention weights as the beam search of one beam, every option on, captions that end early and
     captions that reach max_length alike."""
     import keras
@@ -459,3 +459,32 @@ def test_the_greedy_loop_gives_what_a_beam_of_one_gives(decoder, options):
     assert (lengths < 5).any() and (lengths == 5).any() or options  # some end, some are cut (options change that)
     for key in slow:
         np.testing.assert_allclose(fast[key].numpy(), slow[key].numpy(), atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("beam", [3, 1])
+def test_the_decoder_steps_floor_runs_exactly_the_steps_the_search_ran(beam):
+    """`benchmark decode`'s floor (the decoder's own steps, the one loop with DecoderSteps) calls the decoder's step
+    exactly as many times as the search did, over as many rows, also when the search stops before max_length."""
+    from captioning.config import DecodeConfig
+    from captioning.model.decode import generate_counted
+    from captioning.model.search_loop import DecoderSteps, search
+
+    model = tiny_model(16, end_bias=3.0, vocab=12)  # captions end early: the search stops before max_length
+
+    class Counted:  # the model, counting its steps' calls and rows (eager: the loop's body runs in Python)
+        vocab_size, attends, reserve = model.vocab_size, model.attends, model.reserve
+        calls = []
+
+        def step(self, tokens, state):
+            self.calls.append(int(tokens.shape[0]))
+            return model.step(tokens, state)
+
+    state = model.initial_state(model.encode(images(4, seed=16)))
+    settings = DecodeConfig(method="beam" if beam > 1 else "greedy", beam_size=beam, top_k=1, max_length=12)
+    counted = Counted()
+    captions, ran, rows_per_image = generate_counted(counted, state, settings)
+    searched = list(counted.calls)
+    assert rows_per_image == beam and len(searched) == int(ran) < 12 and set(searched) == {4 * beam}
+    counted.calls.clear()
+    logits, floor_ran = search(counted, state, DecoderSteps(rows_per_image, model.vocab_size), 12, tf.constant(ran))
+    assert int(floor_ran) == int(ran) and counted.calls == searched and logits.shape == (4 * beam, 12)

@@ -34,14 +34,17 @@ LSTM and the vocabulary projection, and a 2-core machine does that at its matmul
 one image at a time (whose cost is per-op overhead) is capped by the ratio of the two — see
 ``benchmarks/RESULTS.md``. An accelerator runs the batched steps at nearly the cost of single ones.
 ``batched_parts_ms`` says where a batched call's time goes, each part compiled and timed alone on the
-same batch: ``images`` (JPEG decode and crop), ``encoder``, ``search`` (beam search from the encoder's
-features) and, inside the search, ``decoder_steps`` (the decoder's ``max_length`` steps for ``batch ×
-beam`` rows — one row per image for greedy decoding —, without the search's choosing and reordering).
-``search_overhead`` is ``search / decoder_steps``. Each of those steps is fed ``<start>`` once the previous
-step's logits are computed (a comparison on them, not a choice), because a search's next step waits for its
-words: fed ``<start>`` without waiting, as before 2026-11-26, a step's vocabulary projection ran on the second
-core beside the next step, which no search can do (Show and Tell, 128 images, 20 steps: 14.6 ms without the
-wait, 21.8 ms with it, 2 cores).
+same batch: ``images`` (JPEG decode and crop), ``encoder``, ``search`` (the search from the encoder's features) and,
+inside the search, ``decoder_steps`` (the decoder's own steps for ``batch × rows`` rows — a beam's, one row per image
+for greedy decoding, the samples' —, without the search's choosing and reordering: the one word-by-word loop with
+the :class:`captioning.model.search_loop.DecoderSteps` strategy). The floor runs exactly as many steps as the search
+ran on that batch (``steps_ran``: both counts; a trained model's search stops once no step can change its captions,
+long before ``max_length``, while an untrained model's rarely does): a ``search_overhead`` (``search /
+decoder_steps``) below 1.0 is a bug in the floor. The two are timed in turn. Each of the floor's steps is fed
+``<start>`` once the previous step's logits are computed (a comparison on them, not a choice), because a search's
+next step waits for its words: fed ``<start>`` without waiting, as before 2026-11-26, a step's vocabulary projection
+ran on the second core beside the next step, which no search can do (Show and Tell, 128 images, 20 steps: 14.6 ms
+without the wait, 21.8 ms with it, 2 cores). Measure it on a trained model (``--model-dir``).
 """
 
 from __future__ import annotations
@@ -145,10 +148,58 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     """``beam_size``, ``max_length``, ``length_normalization``: None takes the model's ``decode:`` config.
     Without ``model_dir``, an untrained model of ``config`` and ``overrides`` (``--set model.decoder=...``).
     ``ensemble_with``: model folders whose ensemble with ``model_dir`` is timed too, beside the options."""
-    import tensorflow as tf
-
     from captioning import inference
 
+    _check_arguments(model_dir, batch_size, images, config, overrides, ensemble_with)
+    trained = inference.load(model_dir) if model_dir else _untrained_model(config, tuple(overrides))
+    captioner = inference.Captioner(trained, trained.config.decode.override(
+        beam_size=beam_size, max_length=max_length, length_normalization=length_normalization, top_k=1))
+    beam_size, max_length = captioner.settings.beam_size, captioner.settings.max_length
+    data = _jpegs(images, trained.config.data.resize_size)
+    log.info("decode benchmark: %s, vocabulary %d, beam %d, length %d, %d images", model_dir or "small untrained model",
+             len(trained.vocab), beam_size, max_length, images)
+    single = common.throughput(_calls(captioner, data, 1), _count, measure=min(images, 64), warmup=4)
+    batched = common.throughput(_calls(captioner, data, batch_size), _count, measure=images, warmup=batch_size)
+    log.info("single: %.1f captions/s; batched (%d per call): %.1f captions/s", single["per_s"], batch_size,
+             batched["per_s"])
+    options = _options_against_beam(trained, captioner, data, batch_size, decode_options, model_dir, ensemble_with,
+                                     batched["per_s"])
+    served = _saved_model_against_captioner(captioner, data, batch_size, images, rounds)
+    log.info("the exported SavedModel in plain TensorFlow: %.1f captions/s against the captioner's %.1f: %.2f",
+             served["saved_model"], served["captioner"], served["saved_model"] / served["captioner"])
+    cache = _cache_against_recomputing(captioner, data, batch_size, images, rounds)
+    parts, steps_ran = _batched_parts(captioner, data[:batch_size], rounds)
+    log.info("a batched call in parts (ms, each alone): %s",
+             ", ".join(f"{name.replace('_', ' ')} {ms:.1f}" for name, ms in parts.items()))
+    overhead = parts["search"] / parts["decoder_steps"]
+    kind = "greedy" if beam_size == 1 or captioner.settings.method == "greedy" else "beam"
+    log.info("the search over its decoder's steps: %.2fx (target <= %.2fx), %d steps each", overhead,
+             TARGET_SEARCH_OVERHEAD[kind], steps_ran["search"])
+    log.info("batched with the decoder's state: %.1f captions/s; re-reading the caption at every step: %.1f "
+             "captions/s padded to max_length, %.1f the words so far only", cache["cached"], cache["recomputed"],
+             cache["prefix"])
+    return {
+        "batched_captions_per_s": batched["per_s"], "single_captions_per_s": single["per_s"],
+        "speedup": batched["per_s"] / single["per_s"], "batched_parts_ms": parts, "search_overhead": overhead,
+        "steps_ran": steps_ran, "cached_captions_per_s": cache["cached"], "recomputed_captions_per_s": cache["recomputed"],
+        "cache_speedup": cache["cached"] / cache["recomputed"], "prefix_captions_per_s": cache["prefix"],
+        "cache_speedup_prefix": cache["cached"] / cache["prefix"], "options": options,
+        "saved_model_captions_per_s": served["saved_model"], "captioner_captions_per_s": served["captioner"],
+        "saved_model_vs_captioner": served["saved_model"] / served["captioner"],
+        "settings": {"model_dir": model_dir, "decoder": trained.config.model.decoder, "batch_size": batch_size,
+                     "beam_size": beam_size, "method": captioner.settings.method,
+                     "max_length": max_length, "vocab_size": len(trained.vocab),
+                     "encoder": trained.config.model.encoder, "image_size": trained.config.data.image_size},
+        "target": {"speedup": [TARGET_SPEEDUP, batched["per_s"] / single["per_s"] >= TARGET_SPEEDUP],
+                   "search_overhead": [TARGET_SEARCH_OVERHEAD[kind], overhead <= TARGET_SEARCH_OVERHEAD[kind]],
+                   "saved_model_vs_captioner": [TARGET_SAVED_MODEL,
+                                                served["saved_model"] / served["captioner"] >= TARGET_SAVED_MODEL]},
+        "machine": common.machine(),
+    }
+
+
+def _check_arguments(model_dir, batch_size: int, images: int, config, overrides, ensemble_with) -> None:
+    """An InputError for a combination of :func:`run`'s arguments that cannot be measured."""
     if batch_size < 1 or images < batch_size:
         raise InputError("`batch_size` must be at least 1 and `images` at least `batch_size`",
                          params=("batch_size", "images"))
@@ -157,74 +208,40 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     if ensemble_with and not model_dir:
         raise InputError("`ensemble_with` names the other models of an ensemble with `model_dir`: give `model_dir`",
                          params=("ensemble_with", "model_dir"))
-    trained = inference.load(model_dir) if model_dir else _untrained_model(config, tuple(overrides))
-    captioner = inference.Captioner(trained, trained.config.decode.override(
-        beam_size=beam_size, max_length=max_length, length_normalization=length_normalization, top_k=1))
-    beam_size, max_length = captioner.settings.beam_size, captioner.settings.max_length
-    data = _jpegs(images, trained.config.data.resize_size)
-    log.info("decode benchmark: %s, vocabulary %d, beam %d, length %d, %d images", model_dir or "small untrained model",
-             len(trained.vocab), beam_size, max_length, images)
 
-    def calls(size):
-        while True:
-            for start in range(0, images - size + 1, size):
-                yield captioner.decode(tf.constant(data[start:start + size]))
 
-    def count(out):
-        return int(out["ids"].shape[0])  # .shape of an eager result: the call has finished
+def _calls(captioner, data: list[bytes], size: int):
+    """The captioner's compiled calls on ``size`` images at a time, round the images, without end."""
+    import tensorflow as tf
 
-    single = common.throughput(calls(1), count, measure=min(images, 64), warmup=4)
-    batched = common.throughput(calls(batch_size), count, measure=images, warmup=batch_size)
-    log.info("single: %.1f captions/s; batched (%d per call): %.1f captions/s", single["per_s"], batch_size,
-             batched["per_s"])
-    speedup = batched["per_s"] / single["per_s"]
-    options = {}
+    while True:
+        for start in range(0, len(data) - size + 1, size):
+            yield captioner.decode(tf.constant(data[start:start + size]))
+
+
+def _count(out) -> int:
+    return int(out["ids"].shape[0])  # .shape of an eager result: the call has finished
+
+
+def _options_against_beam(trained, captioner, data: list[bytes], batch_size: int, decode_options, model_dir,
+                          ensemble_with, beam_per_s: float) -> dict:
+    """Captions/s of each ``--option`` set and each ensemble (of ``model_dir`` and the first 1, 2, … of
+    ``ensemble_with``, decoding as the first does), and its ratio to plain beam search's ``beam_per_s``: the same
+    images and batch."""
+    from captioning import inference
+
     others = [(spec, lambda s=spec: inference.Captioner(trained, captioner.settings.with_overrides(
         [part.strip() for part in s.split(",") if part.strip()]))) for spec in decode_options]
-    for n in range(2, 2 + len(ensemble_with)):  # the ensembles of the first n models, decoding as the first does
-        others.append((f"ensemble of {n}", lambda n=n: inference.Captioner(
-            inference.load([model_dir, *ensemble_with[:n - 1]]), captioner.settings)))
-    for spec, make in others:  # each against plain beam search, the same images and batch
-        other = make()
-
-        def other_calls(c=other):
-            while True:
-                for start in range(0, images - batch_size + 1, batch_size):
-                    yield c.decode(tf.constant(data[start:start + batch_size]))
-
-        rate = common.throughput(other_calls(), count, measure=images, warmup=batch_size)["per_s"]
-        options[spec] = {"captions_per_s": rate, "vs_beam": rate / batched["per_s"]}
-        log.info("%s: %.1f captions/s, %.2f of plain beam search", spec, rate, rate / batched["per_s"])
-    served = _saved_model_against_captioner(captioner, data, batch_size, images, rounds)
-    log.info("the exported SavedModel in plain TensorFlow: %.1f captions/s against the captioner's %.1f: %.2f",
-             served["saved_model"], served["captioner"], served["saved_model"] / served["captioner"])
-    cache = _cache_against_recomputing(captioner, data, batch_size, images, rounds)
-    parts = _batched_parts(captioner, data[:batch_size], rounds)
-    log.info("a batched call in parts (ms, each alone): %s",
-             ", ".join(f"{name.replace('_', ' ')} {ms:.1f}" for name, ms in parts.items()))
-    overhead = parts["search"] / parts["decoder_steps"]
-    kind = "greedy" if beam_size == 1 or captioner.settings.method == "greedy" else "beam"
-    log.info("the search over its decoder's steps: %.2fx (target <= %.2fx)", overhead, TARGET_SEARCH_OVERHEAD[kind])
-    log.info("batched with the decoder's state: %.1f captions/s; re-reading the caption at every step: %.1f "
-             "captions/s padded to max_length, %.1f the words so far only", cache["cached"], cache["recomputed"],
-             cache["prefix"])
-    return {
-        "batched_captions_per_s": batched["per_s"], "single_captions_per_s": single["per_s"],
-        "speedup": speedup, "batched_parts_ms": parts, "search_overhead": overhead, "cached_captions_per_s": cache["cached"], "recomputed_captions_per_s": cache["recomputed"],
-        "cache_speedup": cache["cached"] / cache["recomputed"], "prefix_captions_per_s": cache["prefix"],
-        "cache_speedup_prefix": cache["cached"] / cache["prefix"], "options": options,
-        "saved_model_captions_per_s": served["saved_model"], "captioner_captions_per_s": served["captioner"],
-        "saved_model_vs_captioner": served["saved_model"] / served["captioner"],
-        "settings": {"model_dir": model_dir, "decoder": trained.config.model.decoder, "batch_size": batch_size,
-                     "beam_size": beam_size,
-                     "max_length": max_length, "vocab_size": len(trained.vocab),
-                     "encoder": trained.config.model.encoder, "image_size": trained.config.data.image_size},
-        "target": {"speedup": [TARGET_SPEEDUP, speedup >= TARGET_SPEEDUP],
-                   "search_overhead": [TARGET_SEARCH_OVERHEAD[kind], overhead <= TARGET_SEARCH_OVERHEAD[kind]],
-                   "saved_model_vs_captioner": [TARGET_SAVED_MODEL,
-                                                served["saved_model"] / served["captioner"] >= TARGET_SAVED_MODEL]},
-        "machine": common.machine(),
-    }
+    for members in range(2, 2 + len(ensemble_with)):
+        others.append((f"ensemble of {members}", lambda m=members: inference.Captioner(
+            inference.load([model_dir, *ensemble_with[:m - 1]]), captioner.settings)))
+    options = {}
+    for spec, make in others:
+        rate = common.throughput(_calls(make(), data, batch_size), _count, measure=len(data),
+                                 warmup=batch_size)["per_s"]
+        options[spec] = {"captions_per_s": rate, "vs_beam": rate / beam_per_s}
+        log.info("%s: %.1f captions/s, %.2f of plain beam search", spec, rate, rate / beam_per_s)
+    return options
 
 
 def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int, images: int,
@@ -259,57 +276,51 @@ def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int
     return best
 
 
-def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> dict[str, float]:
+def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, int]]:
     """Where a batched call's time goes (module docstring): each part compiled alone and timed on the same
-    batch, the fastest of ``rounds`` × 3 calls after one that traces."""
+    batch, the fastest of ``rounds`` × 3 calls after one that traces; the search and its decoder's own steps in turn
+    (a burst of other work lowers one call, not one of the two). And the steps each ran: the decoder's own steps
+    run exactly as many as the search did (``{"search": …, "decoder_steps": …}``)."""
     import time
 
     import tensorflow as tf
 
     from captioning.data.reading import model_input
-    from captioning.model.decode import generate
-    from captioning.model.search_tools import one_loop
-    from captioning.vocab import START_ID
+    from captioning.model.decode import generate_counted
+    from captioning.model.search_loop import DecoderSteps, search
 
     model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
     jpegs = tf.constant(data)
     crop = tf.function(lambda b: tf.map_fn(lambda e: model_input(e, cfg), b, fn_output_signature=tf.TensorSpec(
         [cfg.image_size, cfg.image_size, 3], tf.uint8)), autograph=False)
     encode = tf.function(lambda images: model.encode(images), autograph=False)
-    search = tf.function(lambda features: generate(model, model.initial_state(features), settings,
-                                                   captioner.bad_endings)["ids"], autograph=False)
+    rows_per_image = []
 
-    rows = 1 if settings.method == "greedy" else settings.beam_size  # per image, as the search steps them
+    def searched(features):
+        captions, ran, rows = generate_counted(model, model.initial_state(features), settings, captioner.bad_endings)
+        rows_per_image.append(rows)
+        return captions["ids"], ran
 
-    def steps(features):  # the decoder's steps alone: each waits for the previous step's logits (module docstring)
-        state = tf.nest.map_structure(lambda s: tf.repeat(s, rows, axis=0),
-                                      model.reserve(model.initial_state(features), settings.max_length))
-        tokens = tf.fill([tf.shape(tf.nest.flatten(state)[0])[0]], START_ID)
-
-        def one_step(v):
-            logits, state = model.step(v["tokens"], v["state"])
-            # <start> again, once the logits are there
-            return {"t": v["t"] + 1, "state": state, "tokens": START_ID + tf.cast(logits[:, 0] > 1e30, tf.int32),
-                    "logits": tf.cast(logits, tf.float32)}
-
-        return one_loop(lambda v: v["t"] < settings.max_length, one_step, {
-            "t": tf.constant(0), "state": state, "tokens": tokens,
-            "logits": tf.zeros([tf.shape(tokens)[0], model.vocab_size])})["logits"]
-
+    search_call = tf.function(searched, autograph=False)
     crops = crop(jpegs)
     features = encode(crops)
-    parts = {"images": (crop, jpegs), "encoder": (encode, crops), "search": (search, features),
-             "decoder_steps": (tf.function(steps, autograph=False), features)}
-    out = {}
-    for name, (fn, arg) in parts.items():
-        fn(arg).numpy()  # traces
-        times = []
-        for _ in range(3 * rounds):
+    search_steps = int(search_call(features)[1])  # (traces)
+    floor = DecoderSteps(rows_per_image[0], model.vocab_size)  # as many rows per image as the search steps
+    steps_call = tf.function(lambda features, steps: search(model, model.initial_state(features), floor,
+                                                            settings.max_length, steps), autograph=False)
+    steps_of_floor = int(steps_call(features, tf.constant(search_steps))[1])
+    parts = {"images": (crop, (jpegs,)), "encoder": (encode, (crops,)), "search": (search_call, (features,)),
+             "decoder_steps": (steps_call, (features, tf.constant(search_steps)))}
+    times = {name: [] for name in parts}
+    for name in ("images", "encoder"):
+        parts[name][0](*parts[name][1]).numpy()  # traces
+    for _ in range(3 * rounds):
+        for name, (call, arguments) in parts.items():
             start = time.perf_counter()
-            fn(arg).numpy()
-            times.append(time.perf_counter() - start)
-        out[name] = 1000 * min(times)
-    return out
+            tf.nest.map_structure(lambda x: x.numpy(), call(*arguments))
+            times[name].append(time.perf_counter() - start)
+    return ({name: 1000 * min(spent) for name, spent in times.items()},
+            {"search": search_steps, "decoder_steps": steps_of_floor})
 
 
 def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, images: int,
@@ -351,7 +362,8 @@ def summary(result: dict) -> str:
             f"\na batched call in parts (ms, each alone): "
             + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in result["batched_parts_ms"].items()) +
             f"; the search is {result['search_overhead']:.2f}x its decoder's steps (target <= "
-            f"{result['target']['search_overhead'][0]:.2f}x)"
+            f"{result['target']['search_overhead'][0]:.2f}x), {result['steps_ran']['search']} steps, its decoder's "
+            f"own {result['steps_ran']['decoder_steps']}"
             f"\n{result['settings']['decoder']}: stepping with its state {result['cached_captions_per_s']:.1f} captions/s, "
             f"re-reading the caption at every step, padded to max_length {result['recomputed_captions_per_s']:.1f}: "
             f"{result['cache_speedup']:.1f}x; the words so far only {result['prefix_captions_per_s']:.1f}: "

@@ -1,4 +1,4 @@
-"""The beam search's bookkeeping (:mod:`captioning.model.decode`): each live caption's best words, the words a step
+"""The beam search's bookkeeping (:mod:`captioning.model.beams`): each live caption's best words, the words a step
 never proposes, whether a search can stop, and the captions' words traced back through what each step chose. A
 complete caption is kept as the step it ended at and the live caption it ends in; its words and attention weights are
 read back only once, at the end, instead of carrying every live caption's words and weights from step to step."""
@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from captioning.model.word_rules import DEAD as _DEAD
+from captioning.model.word_rules import DEAD
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 
-def best_of(x, k: int, head=None):
-    """``tf.math.top_k(x + head, k).indices`` of ``x [R, V]``, equal values by lower index first as it gives them,
-    faster over a vocabulary (1,000 words, k 3, 384 rows, the rules with it: 0.87 against 1.05 CPU ms a call,
+def best_of(x, count: int, head=None):
+    """``tf.math.top_k(x + head, count).indices`` of ``x [R, V]``, equal values by lower index first as it gives them,
+    faster over a vocabulary (1,000 words, count 3, 384 rows, the rules with it: 0.87 against 1.05 CPU ms a call,
     2026-11-26). ``head [H]`` (or None: zeros) is added to the first ``H`` words only (the words never proposed are the
     first four: no sum over the whole vocabulary, which costs a CPU as much as the choice). The words are cut into
-    chunks of about 40: a row's best ``k`` lie in the ``k`` chunks whose own best are best (ties by lower index at
-    every stage), so the top-k runs over those ``k * chunk`` words, after a max over each chunk (the first chunk's
-    with ``head``). A vocabulary of fewer than about ``80 k`` words is ranked whole.
+    chunks of about 40: a row's best ``count`` lie in the ``count`` chunks whose own best are best (ties by lower index at
+    every stage), so the top-k runs over those ``count * chunk`` words, after a max over each chunk (the first chunk's
+    with ``head``). A vocabulary of fewer than about ``80 count`` words is ranked whole.
 
     >>> best_of(tf.constant([[0.0] * 70 + [2.0, 1.0] + [1.0] * 30]), 3).numpy().tolist()
     [[70, 71, 72]]
@@ -28,9 +28,9 @@ def best_of(x, k: int, head=None):
     vocab = x.shape[-1]
     chunk = vocab and min(range(16, 65), key=lambda c: (vocab % c != 0, abs(c - 40)))  # a divisor needs no padding
     chunks = vocab and -(-vocab // chunk)
-    if vocab is None or chunks <= 2 * k or head is not None and head.shape[0] > chunk:  # ranked whole
+    if vocab is None or chunks <= 2 * count or head is not None and head.shape[0] > chunk:  # ranked whole
         return tf.math.top_k(x if head is None else x + tf.pad(head, [[0, tf.shape(x)[1] - tf.shape(head)[0]]]),
-                             k).indices
+                             count).indices
     rows = tf.shape(x)[0]
     if chunks * chunk > vocab:  # the last chunk filled with the lowest value: after every word, never chosen first
         x = tf.pad(x, [[0, 0], [0, chunks * chunk - vocab]], constant_values=x.dtype.min)
@@ -39,11 +39,11 @@ def best_of(x, k: int, head=None):
     if head is not None:  # the head by chunk (all but the first zeros), and the first chunk's best with it
         head = tf.reshape(tf.pad(head, [[0, chunks * chunk - head.shape[0]]]), [chunks, chunk])
         best = tf.concat([tf.reduce_max(x[:, :chunk] + head[0], axis=1)[:, None], best[:, 1:]], axis=1)
-    which = tf.sort(tf.math.top_k(best, k).indices, axis=1)  # in word order
+    which = tf.sort(tf.math.top_k(best, count).indices, axis=1)  # in word order
     picked = tf.gather(blocks, which, batch_dims=1)
     if head is not None:
         picked += tf.gather(head, which)
-    _, at = tf.math.top_k(tf.reshape(picked, [rows, k * chunk]), k)
+    _, at = tf.math.top_k(tf.reshape(picked, [rows, count * chunk]), count)
     return tf.gather(which, at // chunk, batch_dims=1) * chunk + at % chunk
 
 
@@ -70,23 +70,24 @@ def log_normalizer(logits, best, of_all: bool = False):
 def never_proposed(vocab: int, min_length: int):
     """``[2, V]``: the dead score on the words never proposed (``<pad>``, ``<start>``, ``<unk>``): row 0; row 1 also
     on ``<end>``, for the steps before ``min_length`` words (with ``min_length`` 0 only row 0)."""
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * _DEAD
-    return tf.stack([never, never + tf.one_hot(END_ID, vocab) * _DEAD]) if min_length else never[None]
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID, UNK_ID], vocab), axis=0) * DEAD
+    return tf.stack([never, never + tf.one_hot(END_ID, vocab) * DEAD]) if min_length else never[None]
 
 
-def search_over(alive_logp, alive_score, end_logp, end_score, best_done, k: int, groups: int, falling: bool):
+def search_over(alive_logp, alive_score, end_logp, end_score, best_done, beams: int, groups: int,
+                scores_only_fall: bool):
     """Whether a search can stop after this step, with each group's best complete scores so far ``[B, groups,
-    keep]`` (the dead score where it has fewer): no group can change its complete captions any more. With one beam,
-    a caption is complete when it ended, and then nothing is live; with scores that only fall (``falling``), when
-    every group holds ``keep`` complete captions scoring at least its best live one (a tie ranks the earlier caption
+    kept]`` (the dead score where it has fewer): no group can change its complete captions any more. With one beam,
+    a caption is complete when it ended, and then nothing is live; with scores that only fall (``scores_only_fall``), when
+    every group holds ``kept`` complete captions scoring at least its best live one (a tie ranks the earlier caption
     first); else when nothing is live. Dead scores are at most the dead score / 2."""
-    if k == 1:
-        return tf.reduce_all(alive_logp <= _DEAD / 2), best_done
-    batch, keep = tf.shape(alive_logp)[0], best_done.shape[2]
+    if beams == 1:
+        return tf.reduce_all(alive_logp <= DEAD / 2), best_done
+    batch, kept = tf.shape(alive_logp)[0], best_done.shape[2]
     best_live = tf.reduce_max(tf.reshape(alive_score, [batch, groups, -1]), axis=2)
-    if not falling:
-        return tf.reduce_all(best_live <= _DEAD / 2), best_done
-    best_done, _ = tf.math.top_k(tf.concat([best_done, tf.reshape(end_score, [batch, groups, -1])], axis=2), k=keep)
+    if not scores_only_fall:
+        return tf.reduce_all(best_live <= DEAD / 2), best_done
+    best_done, _ = tf.math.top_k(tf.concat([best_done, tf.reshape(end_score, [batch, groups, -1])], axis=2), k=kept)
     return tf.reduce_all(best_live <= best_done[:, :, -1]), best_done
 
 
@@ -122,19 +123,19 @@ def traced_back(captions: dict, words, parents, weights, steps: int) -> dict:
     has_weights = weights is not None
     attention = tf.zeros(tf.concat([tf.shape(lengths), [0], tf.shape(weights)[3:]], 0)) if has_weights else tf.zeros([0])
 
-    def one_step(v):  # step s, from the last back to the first
-        s, current = v["s"], v["current"]
-        inside = s < lengths  # the caption has a word at step s
-        word = tf.gather(words[:, :, s], current, batch_dims=1)
-        out = {"s": s - 1, "current": tf.where(inside, tf.gather(parents[:, :, s], current, batch_dims=1), current),
+    def one_step(v):  # a step, from the last back to the first
+        step, current = v["step"], v["current"]
+        inside = step < lengths  # the caption has a word at this step
+        word = tf.gather(words[:, :, step], current, batch_dims=1)
+        out = {"step": step - 1, "current": tf.where(inside, tf.gather(parents[:, :, step], current, batch_dims=1), current),
                "ids": tf.concat([tf.where(inside, word, 0)[:, :, None], v["ids"]], axis=2), "attention": v["attention"]}
         if has_weights:
-            chosen = tf.gather(weights[:, :, s], current, batch_dims=1)
+            chosen = tf.gather(weights[:, :, step], current, batch_dims=1)
             out["attention"] = tf.concat([tf.where(inside[:, :, None], chosen, 0.0)[:, :, None], v["attention"]], 2)
         return out
 
-    loop = one_loop(lambda v: v["s"] >= 0, one_step, {
-        "s": ran - 1, "current": current, "ids": tf.zeros(tf.concat([tf.shape(lengths), [0]], 0), tf.int32),
+    loop = one_loop(lambda v: v["step"] >= 0, one_step, {
+        "step": ran - 1, "current": current, "ids": tf.zeros(tf.concat([tf.shape(lengths), [0]], 0), tf.int32),
         "attention": attention}, {"ids": tf.TensorShape([None, None, None]),
                                   "attention": tf.TensorShape([None, None, None, None] if has_weights else [0])})
     ids, attention = loop["ids"], loop["attention"]

@@ -1,5 +1,5 @@
-"""What a decoding step may propose, shared by beam search (:mod:`captioning.model.decode`) and sampling
-(:mod:`captioning.model.sampling`): the dead score that rules a word out, n-gram blocking, bad endings
+"""What a decoding step may propose, shared by the search strategies (:mod:`captioning.model.beams`,
+:mod:`captioning.model.greedy`, :mod:`captioning.model.sampling`): the dead score that rules a word out, n-gram blocking, bad endings
 (``decode.bad_endings``, its word lists, and the check of its words against the vocabulary) and the rule that
 ``<end>`` is not the first word (``min_length``)."""
 
@@ -10,7 +10,6 @@ import tensorflow as tf
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
 DEAD = -1e9  # the score of a word ruled out, or of an empty beam slot (finite, so arithmetic never makes NaN)
-_DEAD = DEAD
 
 
 def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
@@ -30,14 +29,14 @@ def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
     if block_ngrams >= 1:
         out = tf.maximum(out, tf.one_hot(last, vocab) * tf.cast(t >= 1, tf.float32))
     if block_ngrams >= 2 and steps >= block_ngrams:
-        n = block_ngrams
-        starts = steps - n + 1  # windows ids[j : j + n], j < starts
-        match = tf.range(starts) + n - 1 < t  # the window's last word is among the t words
-        for o in range(n - 1):  # its first n - 1 words equal the caption's last n - 1
-            word = tf.gather(ids, tf.maximum(t - n + 1 + o, 0), axis=-1)
-            match = match & tf.equal(ids[..., o:starts + o], word[..., None])
-        match = match & (t >= n - 1)
-        follower = ids[..., n - 1:]  # the word each matching window goes on with: banned now
+        gram = block_ngrams  # words in an n-gram
+        starts = steps - gram + 1  # windows ids[j : j + gram], j < starts
+        match = tf.range(starts) + gram - 1 < t  # the window's last word is among the t words
+        for offset in range(gram - 1):  # its first gram - 1 words equal the caption's last gram - 1
+            word = tf.gather(ids, tf.maximum(t - gram + 1 + offset, 0), axis=-1)
+            match = match & tf.equal(ids[..., offset:starts + offset], word[..., None])
+        match = match & (t >= gram - 1)
+        follower = ids[..., gram - 1:]  # the word each matching window goes on with: banned now
         flat = tf.reshape(follower, [-1, starts])
         rows = tf.repeat(tf.range(tf.shape(flat)[0]), starts)
         index = tf.stack([rows, tf.reshape(flat, [-1])], axis=1)
@@ -52,7 +51,7 @@ def blocked_words(ids, t, vocab: int, block_ngrams: int = 0, bad_endings=()):
 
 def end_banned(vocab: int, t, min_length: int):
     """``[V]``: the dead score on ``<end>`` while fewer than ``min_length`` words are chosen (``t`` of them)."""
-    return tf.one_hot(END_ID, vocab) * _DEAD * tf.cast(t < min_length, tf.float32)
+    return tf.one_hot(END_ID, vocab) * DEAD * tf.cast(t < min_length, tf.float32)
 
 
 # self-critical.pytorch's remove_bad_endings list, with "the" and "and": words an English caption does not end on

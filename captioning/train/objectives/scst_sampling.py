@@ -9,10 +9,10 @@ import tensorflow as tf
 
 from captioning.model.base import pad_rows
 from captioning.model.decode import beam_search
-from captioning.model.search_tools import one_loop
+from captioning.model.sampling import GivenDraws
+from captioning.model.search_loop import search
+from captioning.model.word_rules import DEAD
 from captioning.vocab import END_ID, PAD_ID, START_ID
-
-_NEVER = -1e9
 
 
 def references_of(batch: dict, end_token: bool = False) -> tf.RaggedTensor:
@@ -37,9 +37,10 @@ def _global_rows(rows):
 
 
 def sample_captions(model, state, max_length: int, temperature: float, seed, xla: bool = False) -> dict:
-    """``state``'s rows decoded by sampling (see the module docstring); ``seed`` is an int32 ``[2]`` for the
-    step. Returns ``{"ids": int32 [rows, max_length] (words, then <end> or <pad>), "log_prob": float32 [rows]
-    (summed over the words and the <end>, differentiable), "ended": bool [rows]}``.
+    """``state``'s rows decoded by sampling (see the module docstring; the
+    :class:`~captioning.model.sampling.GivenDraws` strategy of the one word-by-word loop); ``seed`` is an int32
+    ``[2]`` for the step. Returns ``{"ids": int32 [rows, max_length] (words, then <end> or <pad>), "log_prob":
+    float32 [rows] (summed over the words and the <end>, differentiable), "ended": bool [rows]}``.
 
     ``xla`` (``scst.xla_sampling``) compiles the loop with XLA, to draw without gradient: a step of a small
     decoder is dozens of small ops, whose dispatch XLA fuses away (the shapes Transformer's 20 steps for 65
@@ -54,28 +55,7 @@ def sample_captions(model, state, max_length: int, temperature: float, seed, xla
                          for t in range(max_length)])[:, offset:offset + rows]  # [max_length, rows]
 
     def draw(state, uniforms):
-        rows, vocab = tf.shape(uniforms)[1], model.vocab_size  # (its own: XLA needs the shapes of its inputs)
-        never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab), axis=0) * _NEVER
-
-        def one_step(v):
-            t = v["t"]
-            logits, state = model.step(v["tokens"], v["state"])
-            logp = tf.nn.log_softmax(tf.cast(logits, tf.float32) / temperature + never)
-            cdf = tf.cumsum(tf.exp(logp), axis=1)
-            word = tf.minimum(tf.reduce_sum(tf.cast(cdf < uniforms[t][:, None] * cdf[:, -1:], tf.int32), axis=1),
-                              vocab - 1)
-            word = tf.where(v["going"], word, PAD_ID)
-            return {"t": t + 1, "state": state, "tokens": word, "ids": v["ids"].write(t, word),
-                    "going": tf.logical_and(v["going"], tf.not_equal(word, END_ID)),
-                    "log_prob": v["log_prob"] + tf.where(v["going"], tf.gather(logp, word, batch_dims=1), 0.0)}
-
-        loop = one_loop(lambda v: v["t"] < max_length, one_step, {
-            "t": tf.constant(0), "state": state, "tokens": tf.fill([rows], tf.constant(START_ID, tf.int32)),
-            "going": tf.ones([rows], tf.bool), "log_prob": tf.zeros([rows]),
-            "ids": tf.TensorArray(tf.int32, size=max_length)})
-        ids, log_prob = loop["ids"], loop["log_prob"]
-        ids = tf.transpose(ids.stack())
-        return {"ids": ids, "log_prob": log_prob, "ended": tf.reduce_any(tf.equal(ids, END_ID), axis=1)}
+        return search(model, state, GivenDraws(model, max_length, temperature, uniforms), max_length)[0]
 
     if not xla:
         return draw(state, uniforms)
@@ -104,7 +84,7 @@ def sequence_log_prob(model, state, ids, temperature: float):
     padded = tf.maximum(rows, 1)  # a decoder never sees an empty batch (an empty replica's share)
     state = tf.nest.map_structure(lambda s: pad_rows(s, padded), state)
     logits, _ = model.teacher_forced(state, pad_rows(inputs, padded), training=False)
-    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], model.vocab_size), axis=0) * _NEVER
+    never = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], model.vocab_size), axis=0) * DEAD
     logp = tf.nn.log_softmax(tf.cast(logits[:rows], tf.float32) / temperature + never)
     chosen = tf.gather(logp, ids, batch_dims=2)
     return tf.reduce_sum(tf.where(counted, chosen, 0.0), axis=1)
