@@ -13,8 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 
-from data_prep.synth import synthesize
-from tests.helpers import coco_split_args, small_train_config
+pytest.register_assert_rewrite("tests.harness")  # its checks' asserts report values, as a test module's do
+
+from data_prep.synth import synthesize  # noqa: E402 - after the registration, before anything imports the harness
+from tests.helpers import coco_split_args, small_train_config  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -211,10 +213,10 @@ def trained_attention_dir(prepared_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hub_presets(tmp_path_factory):
-    """A tiny random keras-hub preset folder of each family the keras_hub encoder reads (tests/hub_presets.py),
+    """A tiny random keras-hub preset folder of each family the keras_hub encoder reads (tests/harness/presets.py),
     written once per test run (:func:`built_once`: test_encoders, test_encoders_end_to_end and test_litert share
     them); read-only for tests."""
-    from tests.hub_presets import FAMILIES, write_preset
+    from tests.harness.presets import FAMILIES, write_preset
 
     root = built_once(tmp_path_factory, "hub_presets",
                       lambda root: [write_preset(family, os.path.join(root, family)) for family in FAMILIES])

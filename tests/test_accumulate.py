@@ -96,7 +96,7 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
     each); ``train.steps_per_execution: 2`` (each step reading its micro-batches inside the call) trains the same
     as single calls."""
     from captioning.train import Trainer
-    from tests.test_train_reliability import scalars
+    from tests.harness.training import scalars
 
     common = ("data.random_crop=false", "train.steps=2", "train.batch_size=8", "train.accumulate_steps=4",
               "train.optimizer=adam", "train.learning_rate=0.01", "train.lr_schedule=step",

@@ -17,6 +17,8 @@ import re
 import pytest
 
 import captioning
+from tests.harness.source import MODULES, imports_of_test_modules, is_test_module
+from tests.harness.source import imports as _imports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "captioning")
@@ -25,37 +27,6 @@ FORMAT = {"captioning.data.schema", "captioning.data.prepared", "captioning.data
           "captioning.data.features_store"}  # what data_prep may read
 # of the data stage
 BOTH_HALVES = ("benchmarks", "cli")  # the stages that wire data_prep in
-
-
-def _modules():
-    """(module name, path) of every module of captioning and data_prep."""
-    for package in ("captioning", "data_prep"):
-        for folder, _, files in os.walk(os.path.join(ROOT, package)):
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                    yield module.removesuffix(".__init__"), path
-
-
-MODULES = dict(_modules())
-
-
-def _imports(path):
-    """The captioning/data_prep modules a file imports, anywhere in it (``from a.b import c`` counts as
-    ``a.b.c`` when that is a module, else ``a.b``)."""
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                     for a in node.names]
-        else:
-            continue
-        for name in names:
-            if name.split(".")[0] in ("captioning", "data_prep"):
-                yield name
 
 
 def stage(module: str) -> int:
@@ -130,6 +101,36 @@ def _cycles():
 
 def test_no_import_cycle_anywhere():
     assert _cycles() == []
+
+
+def _test_files():
+    """The test modules (``test_*.py``) and the harness (tests/harness/, tests/helpers.py, tests/conftest.py): what a
+    test imports. tests/distributed_worker.py is a process of its own that runs each test file's 2-replica scenario,
+    written beside the assertions that read its results, by the test module's name."""
+    tests = os.path.join(ROOT, "tests")
+    for folder, _, files in os.walk(tests):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and (is_test_module(name[:-3]) or name in ("helpers.py", "conftest.py")
+                                         or os.path.relpath(folder, tests).split(os.sep)[0] == "harness"):
+                yield path
+
+
+def test_no_test_module_imports_another(tmp_path):
+    """Shared builders live in the harness (tests/harness/, tests/helpers.py, conftest.py's fixtures): no test module
+    and no part of the harness imports a test module, in any of the ways Python can."""
+    planted = tmp_path / "test_planted.py"  # what the check finds: each way, at the top and inside a function
+    planted.write_text("import tests.test_a\nfrom tests.test_b import x\nfrom tests import test_c, helpers\n"
+                       "import test_d\nfrom .test_e import y\nfrom . import test_f\nfrom tests.harness import models\n"
+                       "from tests.harness.encoder_contract import run_encoder_test\n"
+                       "def f():\n    from tests.test_g import z\n    importlib.import_module('tests.test_h')\n")
+    assert {name for _, name in imports_of_test_modules(planted)} == {
+        "tests.test_a", "tests.test_b", "tests.test_c", "test_d", "test_e", "test_f", "tests.test_g", "tests.test_h"}
+    files = list(_test_files())
+    assert len(files) > 60 and os.path.join(ROOT, "tests", "harness", "models.py") in files
+    wrong = [f"{os.path.relpath(path, ROOT)}:{line} imports {name}" for path in files
+             for line, name in imports_of_test_modules(path)]
+    assert wrong == []
 
 
 def _code_strings(path):

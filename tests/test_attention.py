@@ -129,8 +129,8 @@ def test_up_down_wires_its_two_lstms_as_the_paper_does():
     feature v̄ ; the word], the language LSTM [the attended feature v̂ ; h¹]. Checked by hand from a state
     whose LSTMs are not at zero, and by perturbing one input at a time: h² and v̄ change h¹; the features
     attended over (their scores' projection held) change h² but not h¹."""
-    from tests.test_decoders import inputs as small_inputs
-    from tests.test_decoders import tiny
+    from tests.harness.models import inputs as small_inputs
+    from tests.harness.models import tiny
 
     model = tiny("updown", seed=1)  # small_cnn at 32 px: a 2 x 2 grid
     images, ids = small_inputs(seed=6)

@@ -145,7 +145,7 @@ def test_the_cacheless_decoders_the_cache_is_measured_against_step_as_the_model_
     """benchmark decode's two decoders without a cache (re-reading the caption padded to max_length, or only the
     words so far) give the model's own logits at every step, so beam search makes the same captions with each."""
     from captioning.benchmarks.decode import GrowingPrefix, PrefixRecomputer
-    from tests.test_decoders import inputs, tiny
+    from tests.harness.models import inputs, tiny
 
     model = tiny("transformer", seed=2)
     images, ids = inputs(seed=3, steps=5)
@@ -211,7 +211,7 @@ def test_the_prefix_recomputer_decodes_what_the_model_decodes():
 
     from captioning.benchmarks.decode import PrefixRecomputer
     from captioning.model.decode import beam_search
-    from tests.test_decoders import inputs, tiny
+    from tests.harness.models import inputs, tiny
 
     for name in ("show_and_tell", "transformer"):
         model = tiny(name, seed=4)

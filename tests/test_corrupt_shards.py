@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import struct
 
 import pytest
 import tensorflow as tf
@@ -21,66 +20,9 @@ from captioning.errors import InputError
 from captioning.data.pipeline import make_dataset
 from captioning.data.reading import image_dataset, references
 from tests.helpers import copy_model, run_cli, small_train_config
+from tests.harness.files import damage, offsets
 
 SHARD = "train-00001-of-00004.tfrecord"  # 8 records in the shapes fixture
-
-
-def offsets(path):
-    """Start offset of every record, from the length fields (independent of the code under test)."""
-    data = open(path, "rb").read()
-    out, pos = [], 0
-    while pos < len(data):
-        out.append(pos)
-        pos += 12 + struct.unpack("<Q", data[pos:pos + 8])[0] + 4
-    assert pos == len(data)
-    return out
-
-
-def framed(payload: bytes) -> bytes:
-    """``payload`` as one TFRecord frame with valid CRCs, written by TensorFlow itself."""
-    path = "/tmp/_one_record_%d.tfrecord" % os.getpid()
-    with tf.io.TFRecordWriter(path) as w:
-        w.write(payload)
-    data = open(path, "rb").read()
-    os.remove(path)
-    return data
-
-
-def damage(path, kind, record=2):
-    """Damages the shard at ``path`` in place; returns the indices of the records that are lost."""
-    data = open(path, "rb").read()
-    starts = offsets(path)
-    n = len(starts)
-    ends = starts[1:] + [len(data)]
-    if kind == "truncated":  # cut 20 bytes into record 3's data
-        data = data[:starts[3] + 12 + 20]
-        lost = list(range(3, n))
-    elif kind == "flipped":  # one byte inside the record's data: its data CRC no longer matches
-        i = starts[record] + 12 + 50
-        data = data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1:]
-        lost = [record]
-    elif kind == "length_flipped":  # record 4's length header: framing is lost until the next record
-        i = starts[4] + 1
-        data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
-        lost = [4]
-    elif kind == "hole":  # 100 bytes cut out of record 3's data: the next record starts early
-        data = data[:starts[3] + 12 + 30] + data[starts[3] + 12 + 130:]
-        lost = [3]
-    elif kind == "appended":
-        data = data + b"\x00garbage appended by a botched cat\n" * 3
-        lost = []
-    elif kind == "empty":
-        data = b""
-        lost = list(range(n))
-    elif kind == "unparsable":  # record 5 replaced by a validly framed record of the same size
-        length = ends[5] - starts[5] - 16
-        data = data[:starts[5]] + framed(b"\xff" * length) + data[ends[5]:]
-        lost = [5]
-    else:
-        raise ValueError(kind)
-    with open(path, "wb") as f:
-        f.write(data)
-    return lost
 
 
 def ids_in(path):

@@ -60,7 +60,7 @@ def test_the_registries_and_stages_the_docs_name_exist():
 def _doc_name(module: str) -> str:
     """A module as the architecture page writes it: ``data/schema.py``, ``cli/__init__.py``,
     ``data_prep/records.py``."""
-    from tests.test_architecture import MODULES
+    from tests.harness.source import MODULES
 
     path = os.path.relpath(MODULES[module], REPO)
     return path if module.startswith("data_prep") else os.path.relpath(path, "captioning")
@@ -69,21 +69,21 @@ def _doc_name(module: str) -> str:
 def _importers(target: str) -> set[str]:
     """The modules (page names) that import ``target``: a module's page name, or a folder (``data_prep/``)
     for any module in it, counting imports inside functions (tests/test_architecture.py's reading)."""
-    from tests.test_architecture import MODULES, _imports
+    from tests.harness.source import MODULES, imports
 
     def hit(name):
         return name in MODULES and (_doc_name(name).startswith(target) if target.endswith("/")
                                     else _doc_name(name) == target)
 
-    return {_doc_name(m) for m, path in MODULES.items() if not hit(m) and any(hit(i) for i in _imports(path))}
+    return {_doc_name(m) for m, path in MODULES.items() if not hit(m) and any(hit(i) for i in imports(path))}
 
 
 def _imported_from_captioning(folder: str) -> set[str]:
     """What the modules of ``folder`` (``data_prep/``) import of the ``captioning`` package (page names)."""
-    from tests.test_architecture import MODULES, _imports
+    from tests.harness.source import MODULES, imports
 
     return {_doc_name(i) for m, path in MODULES.items() if _doc_name(m).startswith(folder)
-            for i in _imports(path) if i.startswith("captioning") and i in MODULES}
+            for i in imports(path) if i.startswith("captioning") and i in MODULES}
 
 
 def import_claims(text: str) -> list[tuple[str, str, set[str]]]:

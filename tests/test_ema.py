@@ -137,7 +137,7 @@ def test_the_statistics_average_makes_up_the_delay_the_weights_average_has_beyon
     from captioning.model import all_layers
     from captioning.train.ema import WeightAverage, statistics_decay
     from captioning.train.objectives import caption_loss_sum
-    from tests.test_decoders import inputs, tiny
+    from tests.harness.models import inputs, tiny
 
     model = tiny("show_and_tell")
     norms = [layer for layer in all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]

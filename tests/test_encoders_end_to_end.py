@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from captioning.model import DECODERS
 from captioning.model.layout import TokenLayout
-from tests.hub_presets import FAMILIES, entry_config
+from tests.harness.presets import FAMILIES, entry_config
 
 
 MIRRORED = "test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder"

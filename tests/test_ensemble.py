@@ -18,10 +18,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from captioning.model import DECODERS
 from captioning.model.ensemble import Ensemble
 from tests.helpers import run_cli
-from tests.test_decoders import B, NAMES, inputs, npy, rescore, tiny
-from tests.test_inference import LOADER
+from tests.harness.files import LOADER
+from tests.harness.models import B, inputs, npy, rescore, tiny
+
+
+NAMES = sorted(DECODERS)
 
 
 def averaged(models, logits):

@@ -15,6 +15,7 @@ from captioning.inference.caption import Result, gallery_html
 from captioning.evaluation.evaluate import evaluate, most_frequent_caption
 from captioning.evaluation.metrics import METRICS
 from tests.helpers import REPO as REPO_ROOT
+from tests.harness.files import LOADER
 from tests.helpers import copy_model, encode, gradient, huge_jpeg, run_cli
 
 
@@ -223,32 +224,6 @@ def test_the_gallery_draws_a_class_token_apart_and_tokens_without_a_layout_as_ba
     heights = [lit[:, c].sum() for c in (10, 36, 60)]  # one column in each of the three bars
     assert heights[0] == 72 and abs(heights[1] - 36) <= 1 and abs(heights[2] - 36) <= 1
     assert "a bar per token" in page
-
-
-LOADER = r"""
-import json, sys
-import tensorflow as tf
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-paths = sys.argv[2:]
-data = [open(p, "rb").read() for p in paths]
-out = serve(images=tf.constant(data))
-# the tf.Example signature, as TF Serving / TFX clients send: the same outputs for the same images
-examples = [tf.train.Example(features=tf.train.Features(feature={"image/encoded": tf.train.Feature(
-    bytes_list=tf.train.BytesList(value=[d]))})).SerializeToString() for d in data]
-loaded = tf.saved_model.load(sys.argv[1])
-assert sorted(loaded.signatures) == ["serving_default", "serving_examples"], sorted(loaded.signatures)
-from_examples = loaded.signatures["serving_examples"](examples=tf.constant(examples))
-assert sorted(from_examples) == sorted(out), (sorted(from_examples), sorted(out))
-assert all((from_examples[k].numpy() == out[k].numpy()).all() for k in out)
-try:  # an example without the image key fails the call with TensorFlow's own message
-    loaded.signatures["serving_examples"](examples=tf.constant([tf.train.Example().SerializeToString()]))
-    raise SystemExit("an example without image/encoded was accepted")
-except tf.errors.InvalidArgumentError as e:
-    assert "image/encoded" in str(e), str(e)
-assert not any(m.startswith("captioning") or m.startswith("data_prep") for m in sys.modules), "imported the project"
-print(json.dumps([{"image": p, "captions": [c.decode() for c in caps], "log_probs": [float(x) for x in lps]}
-                  for p, caps, lps in zip(paths, out["captions"].numpy(), out["log_probs"].numpy())]))
-"""
 
 
 @pytest.mark.slow

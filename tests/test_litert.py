@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_main
+from tests.harness.files import doc_snippet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,13 +62,6 @@ except ValueError as e:
 out["modules"] = sorted({m.split(".")[0] for m in sys.modules})
 json.dump(out, open(job["out"], "w"))
 """
-
-
-def doc_snippet() -> str:
-    text = open(os.path.join(REPO, "docs", "litert.md"), encoding="utf-8").read()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 1, "docs/litert.md: one Python snippet"
-    return blocks[0]
 
 
 def png_of(image) -> bytes:

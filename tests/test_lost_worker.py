@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.helpers import free_port
-from tests.test_train_reliability import Cli, checkpoint_state, write_config
+from tests.harness.training import Cli, checkpoint_state, write_config
 
 
 def start_cluster(tmp_path, config, model_dir, name, ports, indices=(0, 1)):

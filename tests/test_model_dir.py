@@ -13,7 +13,7 @@ import yaml
 
 from captioning.config import save_config
 from tests.helpers import coco_split_args, copy_model, run_cli, small_train_config
-from tests.test_train_reliability import Cli, scalars
+from tests.harness.training import Cli, scalars
 
 
 @pytest.fixture

@@ -102,7 +102,7 @@ def test_caption_serve_the_savedmodel_and_the_litert_snippet_caption_a_rotated_p
     from captioning.inference.litert import export_litert
     from captioning.inference.serve import start
     from tests.helpers import run_main
-    from tests.test_litert import doc_snippet
+    from tests.harness.files import doc_snippet
 
     model_dir = trained_attention_dir
     captioner = Captioner(load(model_dir))

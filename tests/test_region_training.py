@@ -519,7 +519,7 @@ def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path
     """The region pipeline runs on a tf.data service worker (a process of `captioning data-service`), which
     reads the features store at the same path; the trainer gets batches of regions."""
     from captioning.train import Trainer
-    from tests.test_data_service import Cluster
+    from tests.harness.data_service import Cluster
 
     data_dir, _ = region_data
     cluster = Cluster(tmp_path / "cluster", workers=1)

@@ -19,7 +19,7 @@ from captioning.train.objectives import CrossEntropy, caption_loss_sum, fit_conf
 from captioning.train.objectives.base import step_seed
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 from tests.helpers import run_cli
-from tests.test_decoders import V, inputs, npy, tiny, tiny_regions, region_batch
+from tests.harness.models import V, inputs, npy, region_batch, tiny, tiny_regions
 
 TAKE = sorted(name for name, cls in DECODERS.items() if cls.scheduled_sampling)
 SEED = tf.constant([3, 4], tf.int64)

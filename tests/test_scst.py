@@ -69,7 +69,7 @@ def test_the_teacher_forced_pass_has_the_sampling_loops_log_probability_and_grad
     """What the policy gradient goes through (one teacher-forced pass over the drawn captions) equals the
     log-probability the sampling loop adds up, and so does its gradient, for every decoder."""
     from captioning.train.objectives.scst import sample_captions, sequence_log_prob
-    from tests.test_decoders import inputs, tiny
+    from tests.harness.models import inputs, tiny
 
     model = tiny(name, seed=3)
     pixels, _ = inputs(seed=5)

@@ -16,7 +16,7 @@ import pytest
 from captioning.config import load_config
 from captioning.errors import InputError
 from tests.helpers import REPO, free_port, run_cli, run_main, small_train_config
-from tests.test_data_service import Cluster
+from tests.harness.data_service import Cluster
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -116,7 +116,7 @@ def test_mirrored_training_through_the_service_beyond_an_epoch(cluster, prepared
 def test_multi_worker_trainers_through_the_service(cluster, prepared_dir, tmp_path):
     """2 MultiWorkerMirroredStrategy processes, each reading its share of the run's one job: 30 steps
     (1.5 epochs of distributed_epoch), the same losses and bit-identical weights on both, and learning."""
-    from tests.test_train import run_two_workers
+    from tests.harness.training import run_two_workers
 
     run_two_workers(["multi_worker_service", prepared_dir, str(tmp_path), cluster.service])
     a, b = np.load(tmp_path / "weights-0.npz"), np.load(tmp_path / "weights-1.npz")
@@ -236,7 +236,7 @@ def stalls(log, proc, quiet_s=3.0, timeout=120):
 
 @pytest.mark.slow
 def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(prepared_dir, tmp_path):
-    from tests.test_data_service import dispatcher
+    from tests.harness.data_service import dispatcher
 
     from captioning.config import save_config
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import small_train_config
-from tests.test_train_reliability import EXPLODE, Cli, checkpoint_state, read_checkpoint, scalars, write_config
+from tests.harness.training import EXPLODE, Cli, checkpoint_state, read_checkpoint, scalars, write_config
 
 
 def train(data_dir, model_dir, *extra):

@@ -5,17 +5,12 @@ import glob
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from captioning.errors import InputError
-from tests.helpers import REPO, distributed_result, free_port, run_cli, small_train_config
-
-WORKER = os.path.join(REPO, "tests", "distributed_worker.py")
-
+from tests.helpers import distributed_result, run_cli, small_train_config
 
 @pytest.fixture(scope="module")
 def data_dir(prepared_dir):
@@ -137,12 +132,6 @@ def test_grouped_captions_train(data_dir, tmp_path, cache):
     assert after["loss"] < before["loss"] and after["tokens"] == before["tokens"] > 0
 
 
-def run_worker(args, env=None, timeout=600):
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.Popen([sys.executable, WORKER, *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.mark.slow
 def test_mirrored_grouped_captions_equal_one_device(distributed_runs):
     """data.captions_per_image: grouped keeps data-parallel exactness: two replicas, each with its own
@@ -157,24 +146,6 @@ def test_mirrored_grouped_captions_equal_one_device(distributed_runs):
     assert len(names) > 20
     for name in names:
         np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
-
-
-def run_two_workers(args):
-    """``tests/distributed_worker.py ARGS`` as the two workers of a localhost cluster (TF_CONFIG); waits for
-    both and asserts that both exit 0."""
-    ports = [free_port(), free_port()]
-    procs = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        procs.append(run_worker(args, env={"TF_CONFIG": json.dumps(tf_config)}))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=600)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2500:] for o in outputs)
 
 
 @pytest.mark.slow

@@ -15,63 +15,12 @@ import numpy as np
 import pytest
 
 from captioning.config import load_config, save_config
-from tests.helpers import REPO, Background, free_port, run_cli, small_train_config
-
-STEP_LINE = re.compile(r"step (\d+): loss")
-
+from tests.helpers import REPO, free_port, run_cli, small_train_config
+from tests.harness.training import EXPLODE, Cli, checkpoint_state, read_checkpoint, scalars, write_config
 
 @pytest.fixture(scope="module")
 def data_dir(prepared_dir):
     return prepared_dir
-
-
-def write_config(path, data_dir, *overrides):
-    save_config(small_train_config(data_dir, *overrides), str(path))
-    return str(path)
-
-
-class Cli(Background):
-    """``captioning train`` running in the background, its output going to files we can poll."""
-
-    def __init__(self, tmp_path, name, *args, env=None):
-        super().__init__(tmp_path, name, [sys.executable, "-m", "captioning", "train", *args], env=env)
-
-    def logged_steps(self):
-        return [int(s) for s in STEP_LINE.findall(self.stderr)]
-
-    def wait_for_step(self, step, timeout=300):
-        """Polls the log until training logged ``step`` (log_every_steps=1): it is under way."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if any(s >= step for s in self.logged_steps()):
-                return
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} early:\n{self.stderr[-3000:]}"
-            time.sleep(0.05)
-        raise AssertionError(f"no step {step} within {timeout} s:\n{self.stderr[-3000:]}")
-
-    def wait(self, timeout=120):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"did not exit within {timeout} s:\n{self.stderr[-3000:]}") from None
-
-
-def checkpoint_state(model_dir):
-    """The ``checkpoint`` state file's latest checkpoint name, e.g. 'ckpt-12' (None without one)."""
-    import tensorflow as tf
-
-    state = tf.train.get_checkpoint_state(str(model_dir))
-    return os.path.basename(state.model_checkpoint_path) if state else None
-
-
-def read_checkpoint(path):
-    """Every tensor of a checkpoint (reading them all fails on a partly written one)."""
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(str(path))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
 def model_weights(path):
@@ -258,10 +207,7 @@ def test_kill_9_at_random_moments_then_resume(data_dir, tmp_path):
 
 
 # ---- NaN and Inf --------------------------------------------------------------------------------------
-# No clipping and a learning rate of 1e30: step 1 is finite, its update makes the next losses NaN.
-EXPLODE = ("train.learning_rate=1e30", "train.clip_gradient_norm=0")
-
-
+# EXPLODE (tests/harness/training.py): step 1 is finite, its update makes the next losses NaN.
 @pytest.mark.slow
 def test_nan_loss_stops_with_exit_1_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     config = write_config(tmp_path / "c.yaml", data_dir, "train.steps=6", "train.checkpoint_every_steps=1", *EXPLODE)
@@ -279,18 +225,6 @@ def test_nan_loss_stops_with_exit_1_and_keeps_the_last_good_checkpoint(data_dir,
     assert not [n for n in os.listdir(model_dir) if n.startswith("ckpt-") and int(re.match(r"ckpt-(\d+)", n)[1]) > good]
     weights = read_checkpoint(model_dir / f"ckpt-{good}")
     assert all(np.all(np.isfinite(v)) for v in weights.values() if v.dtype.kind == "f")
-
-
-def scalars(event_dir, tag):
-    import tensorflow as tf
-
-    found = {}
-    for name in os.listdir(event_dir):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(event_dir, name)):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    found[event.step] = float(tf.make_ndarray(value.tensor))
-    return found
 
 
 def test_nan_policy_skip_applies_no_update_and_counts(data_dir, tmp_path):

@@ -11,6 +11,7 @@ import tensorflow as tf
 from captioning.config import ModelConfig
 from captioning.errors import InputError
 from captioning.model import build_model, settings_of
+from tests.harness.decoder_contract import check_stepping
 
 V, SIZE = 40, 32
 
@@ -48,15 +49,9 @@ def test_the_parameter_count_is_the_docstrings():
 
 @pytest.mark.parametrize("norm, positions", [("post", "learned"), ("pre", "learned"), ("post", "sinusoidal")])
 def test_every_variant_steps_as_it_teacher_forces(norm, positions):
-    model = transformer(norm=norm, positions=positions)
-    images, ids = inputs(seed=1)
-    full = model({"image": images, "input_ids": ids}).numpy()
-    state = model.reserve(model.initial_state(model.encode(images)), ids.shape[1])
-    stepped = []
-    for t in range(ids.shape[1]):
-        logits, state = model.step(tf.constant(ids[:, t]), state)
-        stepped.append(logits.numpy())
-    np.testing.assert_allclose(np.stack(stepped, 1), full, atol=1e-5)
+    """The contract's stepping check (from a teacher-forced first piece too, and over cached features) under each
+    normalisation and kind of positions, on its tiny settings (those of :func:`transformer`)."""
+    check_stepping("transformer", norm=norm, positions=positions)
 
 
 def test_the_cross_attention_shown_is_the_chosen_layers_heads_averaged():

@@ -93,7 +93,7 @@ def test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas(distribu
 def test_a_failing_evaluation_never_loses_the_steps_trained(uneven_dir, tmp_path):
     """Evaluation at step 2 reads a damaged val shard and stops the run (one line, exit 2): the checkpoint
     of step 2 was written before it, although checkpoint_every_steps is 100."""
-    from tests.test_corrupt_shards import damage
+    from tests.harness.files import damage
 
     data = tmp_path / "data"
     shutil.copytree(uneven_dir, data)

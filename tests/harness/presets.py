@@ -1,6 +1,7 @@
 """Tiny random keras-hub backbones of each family the ``keras_hub`` encoder reads (ViT, CLIP, SigLIP, DINOv2),
 saved as keras-hub presets with ``save_to_preset`` — the format of a real preset folder, written in a second
-instead of downloaded. Each has its image converter (image size and normalisation), as real presets do."""
+instead of downloaded. Each has its image converter (image size and normalisation), as real presets do. And the
+encoder contract's entries (every registered encoder, ``keras_hub`` once a family) with their tiny configs."""
 
 from __future__ import annotations
 
