@@ -96,76 +96,27 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     dataset, shards = sources_of(cfg, dataset, shards)
     store = store_of(cfg, dataset) if cfg.features == "regions" else None
     if training:
-        # Training never hands a replica an empty batch (an empty batch would put a padded row into
-        # batch-norm statistics, see CaptionModel.encode): each pipeline repeats forever, so it only
-        # needs one image of its own.
-        info = store.split(split) if store is not None else dataset.split(split)
-        if info.shard_records and pipeline_images(list(info.shard_records), input_context) == 0:
-            where = f" with regions in {store.path}" if store is not None else ""
-            if input_context is None or input_context.num_input_pipelines == 1:
-                raise InputError(f"the {split!r} split has no image{where}: there is nothing to train on")
-            raise InputError(f"the {split!r} split has {info.images} image(s){where}, too few for "
-                             f"{input_context.num_input_pipelines} input pipelines (one per worker): each "
-                             "needs at least one image")
+        _check_every_pipeline_has_an_image(split, dataset, store, input_context)
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
                                   max_images=max_images, dataset=dataset, shards=shards)
     repeat = training if repeat is None else repeat
     key = "regions" if store is not None else "features" if cfg.cache == "features" else "image"
-    order = cfg.deterministic or not training
     cropped = False
     if store is not None:
-        ds = region_images(cfg, split, store, training=training, input_context=input_context,
-                           shuffle=training and cfg.cache == "none", repeat=repeat and cfg.cache == "none",
-                           max_images=max_images)
-        if cfg.cache == "memory":  # then repeated and shuffled on every pass, as the images are
-            ds = ds.cache().repeat() if repeat else ds.cache()
-            ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True) if training else ds
+        ds = _region_elements(cfg, split, store, training=training, repeat=repeat, input_context=input_context,
+                              max_images=max_images)
     elif cfg.cache == "none":
         cropped = training and cfg.random_crop  # cut out while decoding
         ds = images_of(shuffle=training, repeat=repeat, random_crop=cropped)
     else:
-        if cfg.cache == "features":
-            if feature_fn is None or not cache_dir:
-                raise ValueError("cache: features needs the encoder as feature_fn and a cache_dir")
-            ds = features_dataset(cfg, split, feature_fn, feature_key, cache_dir, input_context=input_context,
-                                  max_images=max_images, dataset=dataset, shards=shards)
-        elif cfg.cache == "memory":
-            ds = images_of().cache()
-        else:
-            if not cache_dir:
-                raise ValueError("cache: disk needs a cache_dir")
-            n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
-            prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size,
-                                                        cfg.skip_corrupt, i, n, max_images)
-            disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
-            ds = images_of().cache(prefix)
-        if repeat:
-            ds = ds.repeat()
-        if training:  # the cache holds the first epoch's order: shuffle again on every pass
-            ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
-
-    if key == "image":  # once per image and epoch, before the image is shared by its captions
-        if not training:
-            ds = ds.map(do_not_convert(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)}),
-                        num_parallel_calls=AUTOTUNE, deterministic=order)
-        elif not cropped:  # (cropped: cut out and flipped while decoding) each image's own draws (data/seeds.py)
-            ds = ds.enumerate().map(seeded(lambda ex, seed: {**ex, "image": train_crop(ex["image"], cfg, seed)},
-                                           cfg.seed, CROPS, input_context), num_parallel_calls=AUTOTUNE,
-                                    deterministic=order)
-    per_image = dataset.split(split).captions_per_image
-    if training:
-        per_image = epoch_captions_per_image(cfg, per_image)
-    keys, finish = ((REGION_KEYS, functools.partial(padded, multiple=cfg.region_pad_multiple)) if key == "regions"
-                    else ((key,), None))
-    if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
-        ds = grouped_batches(ds, keys, cfg, batch_size, per_image, finish, input_context)
-    else:
-        ds = length_grouped_batches(ds, keys, cfg, training, batch_size, per_image, finish, input_context)
-    options = tf.data.Options()
-    options.autotune.enabled = True
-    options.deterministic = cfg.deterministic or not training
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
-    ds = ds.with_options(options)
+        ds = _cached_elements(cfg, split, images_of, training=training, repeat=repeat, feature_fn=feature_fn,
+                              feature_key=feature_key, cache_dir=cache_dir, input_context=input_context,
+                              max_images=max_images, dataset=dataset, shards=shards)
+    if key == "image" and not cropped:  # once per image and epoch, before the image is shared by its captions
+        ds = _cropped(ds, cfg, training=training, input_context=input_context)
+    ds = _caption_batches(ds, key, cfg, split, training=training, batch_size=batch_size, dataset=dataset,
+                          input_context=input_context)
+    ds = ds.with_options(_options(cfg, training))
     if served:  # distributed_epoch: an epoch is one iteration of the job, so the trainer repeats
         from captioning.data.service import distribute
 
@@ -175,3 +126,95 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     ds = ds.prefetch(AUTOTUNE)
     ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
     return ds
+
+
+def _check_every_pipeline_has_an_image(split: str, dataset: PreparedDataset, store, input_context) -> None:
+    """Training never hands a replica an empty batch (an empty batch would put a padded row into batch-norm
+    statistics, see CaptionModel.encode): each pipeline repeats forever, so it only needs one image of its own
+    (of the features ``store``'s, when it reads regions). An InputError when one has none."""
+    info = store.split(split) if store is not None else dataset.split(split)
+    if info.shard_records and pipeline_images(list(info.shard_records), input_context) == 0:
+        where = f" with regions in {store.path}" if store is not None else ""
+        if input_context is None or input_context.num_input_pipelines == 1:
+            raise InputError(f"the {split!r} split has no image{where}: there is nothing to train on")
+        raise InputError(f"the {split!r} split has {info.images} image(s){where}, too few for "
+                         f"{input_context.num_input_pipelines} input pipelines (one per worker): each "
+                         "needs at least one image")
+
+
+def _region_elements(cfg: DataConfig, split: str, store, *, training: bool, repeat: bool, input_context,
+                     max_images: int | None) -> tf.data.Dataset:
+    """One element per image of the features ``store``'s regions; ``cache: memory`` caches them, then repeats
+    and shuffles on every pass, as it does images."""
+    ds = region_images(cfg, split, store, training=training, input_context=input_context,
+                       shuffle=training and cfg.cache == "none", repeat=repeat and cfg.cache == "none",
+                       max_images=max_images)
+    if cfg.cache == "memory":  # then repeated and shuffled on every pass, as the images are
+        ds = ds.cache().repeat() if repeat else ds.cache()
+        ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True) if training else ds
+    return ds
+
+
+def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, training: bool, repeat: bool,
+                     feature_fn: Callable | None, feature_key: str, cache_dir: str | None, input_context,
+                     max_images: int | None, dataset: PreparedDataset, shards: ShardReader) -> tf.data.Dataset:
+    """One element per image through ``data.cache`` (``features``: the encoder's features; ``memory``, ``disk``:
+    the decoded, resized images ``images_of`` gives), then repeated and, in training, shuffled again on every
+    pass (the cache holds the first epoch's order)."""
+    if cfg.cache == "features":
+        if feature_fn is None or not cache_dir:
+            raise ValueError("cache: features needs the encoder as feature_fn and a cache_dir")
+        ds = features_dataset(cfg, split, feature_fn, feature_key, cache_dir, input_context=input_context,
+                              max_images=max_images, dataset=dataset, shards=shards)
+    elif cfg.cache == "memory":
+        ds = images_of().cache()
+    else:
+        if not cache_dir:
+            raise ValueError("cache: disk needs a cache_dir")
+        pipelines, pipeline_id = ((input_context.num_input_pipelines, input_context.input_pipeline_id)
+                                  if input_context else (1, 0))
+        prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size,
+                                                    cfg.skip_corrupt, pipeline_id, pipelines, max_images)
+        disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
+        ds = images_of().cache(prefix)
+    if repeat:
+        ds = ds.repeat()
+    if training:  # the cache holds the first epoch's order: shuffle again on every pass
+        ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+    return ds
+
+
+def _cropped(ds: tf.data.Dataset, cfg: DataConfig, *, training: bool, input_context) -> tf.data.Dataset:
+    """Each image cut to ``image_size``², once per image and epoch: a central crop in evaluation, in training
+    a random crop and flip from each image's own draws (data/seeds.py)."""
+    order = cfg.deterministic or not training
+    if not training:
+        return ds.map(do_not_convert(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)}),
+                      num_parallel_calls=AUTOTUNE, deterministic=order)
+    return ds.enumerate().map(seeded(lambda ex, seed: {**ex, "image": train_crop(ex["image"], cfg, seed)},
+                                     cfg.seed, CROPS, input_context), num_parallel_calls=AUTOTUNE,
+                              deterministic=order)
+
+
+def _caption_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, split: str, *, training: bool,
+                     batch_size: int, dataset: PreparedDataset, input_context) -> tf.data.Dataset:
+    """The images' captions cut into padded batches (:mod:`captioning.data.batching`), each carrying its
+    images' ``key`` (``image``, ``features``, or the regions' keys, padded per batch)."""
+    per_image = dataset.split(split).captions_per_image
+    if training:
+        per_image = epoch_captions_per_image(cfg, per_image)
+    keys, finish = ((REGION_KEYS, functools.partial(padded, multiple=cfg.region_pad_multiple)) if key == "regions"
+                    else ((key,), None))
+    if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
+        return grouped_batches(ds, keys, cfg, batch_size, per_image, finish, input_context)
+    return length_grouped_batches(ds, keys, cfg, training, batch_size, per_image, finish, input_context)
+
+
+def _options(cfg: DataConfig, training: bool) -> tf.data.Options:
+    """Autotuning on, determinism as ``data.deterministic`` asks (always in evaluation), tf.data's own sharding
+    off (the shards are divided when read)."""
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    options.deterministic = cfg.deterministic or not training
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF  # sharded above
+    return options
