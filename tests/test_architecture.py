@@ -23,6 +23,7 @@ from tests.harness.source import imports as _imports
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "captioning")
 MAX_LINES = 400  # of any module of captioning/ and data_prep/, without exemptions
+MAX_FUNCTION_LINES = 80  # of any function or method of captioning/ and data_prep/, nested ones on their own
 FORMAT = {"captioning.data.schema", "captioning.data.prepared", "captioning.data.scenes",
           "captioning.data.features_store"}  # what data_prep may read
 # of the data stage
@@ -216,6 +217,36 @@ def test_every_module_has_at_most_400_lines():
     assert len(MODULES) > 100 and {"captioning.config", "data_prep.prepare"} <= set(MODULES)
     long = {os.path.relpath(path, ROOT): n for path in MODULES.values()
             if (n := sum(1 for _ in open(path, encoding="utf-8"))) > MAX_LINES}
+    assert long == {}
+
+
+def _function_lengths(path):
+    """(qualified name, lines) of every function and method of a file, nested ones as well: from its first
+    decorator to its last line, docstring included (a nested function's lines count in its parent too)."""
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                    yield name, child.end_lineno - first + 1
+                yield from visit(child, name + ".")
+            else:
+                yield from visit(child, prefix)
+
+    yield from visit(ast.parse(open(path, encoding="utf-8").read()), "")
+
+
+def test_every_function_has_at_most_80_lines(tmp_path):
+    """No function or method of captioning/ or data_prep/ (a nested one counted on its own) is longer than
+    MAX_FUNCTION_LINES, and none is exempt: a longer one is split by responsibility into named functions that
+    read top to bottom."""
+    planted = tmp_path / "planted.py"  # what the check finds: a method, a nested function, a decorated one
+    planted.write_text("class A:\n    @staticmethod\n    def f():\n        def g():\n            pass\n"
+                       + "        x = 1\n" * 3)
+    assert dict(_function_lengths(planted)) == {"A.f": 7, "A.f.g": 2}
+    long = {f"{os.path.relpath(path, ROOT)}:{name}": lines for path in MODULES.values()
+            for name, lines in _function_lengths(path) if lines > MAX_FUNCTION_LINES}
     assert long == {}
 
 
