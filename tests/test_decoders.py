@@ -13,6 +13,7 @@ refused; the SavedModel captions as the captioner does; two mirrored replicas co
 computes. Each check is a function of tests/harness/decoder_contract.py (``run_decoder_test`` runs them over one
 decoder); this module runs each over every registered decoder, one test a check."""
 
+import ast
 import os
 import pathlib
 import re
@@ -25,7 +26,7 @@ import pytest
 
 from captioning.model import DECODERS
 from tests.harness import decoder_contract as contract
-from tests.helpers import REPO, run_distributed_worker
+from tests.helpers import REPO, register_decoder_file, run_distributed_worker
 
 NAMES = sorted(DECODERS)
 
@@ -183,26 +184,23 @@ def test_a_new_decoder_is_tested_by_the_contract_with_no_new_test_code(tmp_path,
         done.stdout[-3000:]
 
 
-@pytest.mark.slow
-def test_run_decoder_test_holds_a_decoder_to_every_check_and_stops_at_a_broken_one(tmp_path, monkeypatch):
-    """What a decoder's own test file calls (tests/harness/decoder_contract.py's ``run_decoder_test``), in this
-    process: the toy decoder (tests/data/toy_decoder.py, registered from a file outside the project) passes every
-    quick check; with its subtle bug it passes its declarations and fails at stepping."""
-    from tests.helpers import register_decoder_file
-
+def test_run_decoder_test_runs_this_modules_checks_and_stops_at_a_broken_decoder(tmp_path, monkeypatch):
+    """What a decoder's own test file calls (tests/harness/decoder_contract.py's ``run_decoder_test``): every quick
+    check this module runs a test for (read from its source), in one call, which stops at the first check a decoder
+    fails: the toy decoder (tests/data/toy_decoder.py, registered from a file outside the project) with its subtle
+    bug fails at stepping, after its declarations."""
+    tree = ast.parse(pathlib.Path(__file__).read_text(encoding="utf-8"))
+    called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute) and getattr(node.func.value, "id", None) == "contract"}
+    assert called - {"run_decoder_test"} == {check.__name__ for check in contract.DECODER_CHECKS} | {"check_saved_model"}
     toy = str(tmp_path / "toy_decoder.py")
     shutil.copy(os.path.join(REPO, "tests", "data", "toy_decoder.py"), toy)
+    monkeypatch.setenv("BROKEN", "1")
     try:
-        register_decoder_file(toy, "toy")
-        contract.run_decoder_test("toy", tmp_path)
-        assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index",
-                                               "toy_decoder.py"]  # the checkpoint check wrote there
-        monkeypatch.setenv("BROKEN", "1")
         register_decoder_file(toy, "broken")
-        contract.check_declarations("broken")
         with pytest.raises(AssertionError) as failed:
-            contract.run_decoder_test("broken", tmp_path / "broken")
-        assert "check_stepping" in [entry.name for entry in failed.traceback]
+            contract.run_decoder_test("broken", tmp_path)
+        names = [entry.name for entry in failed.traceback]
+        assert "run_decoder_test" in names and "check_stepping" in names
     finally:
-        DECODERS.pop("toy", None)
         DECODERS.pop("broken", None)
