@@ -186,7 +186,7 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
         assert sorted(parts) == ["decoder_steps", "encoder", "images", "search"] and all(map(positive, parts.values()))
         assert re.search(r"a batched call in parts \(ms, each alone\): images [\d.]+, encoder [\d.]+, search [\d.]+, "
                          r"decoder steps [\d.]+", done.stdout)
-        assert result["search_overhead"] == pytest.approx(parts["search"] / parts["decoder_steps"])
+        assert positive(result["search_overhead"])  # the median of paired calls' ratios (not of the fastest ones)
         assert result["target"]["search_overhead"][0] in (1.3, 1.15)
         assert re.search(r"the search is [\d.]+x its decoder's steps \(target <= 1\.(30|15)x\), (\d+) steps, its "
                          r"decoder's own (\d+)", done.stdout)

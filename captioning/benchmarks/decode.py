@@ -39,8 +39,10 @@ inside the search, ``decoder_steps`` (the decoder's own steps for ``batch × row
 for greedy decoding, the samples' —, without the search's choosing and reordering: the one word-by-word loop with
 the :class:`captioning.model.search_loop.DecoderSteps` strategy). The floor runs exactly as many steps as the search
 ran on that batch (``steps_ran``: both counts; a trained model's search stops once no step can change its captions,
-long before ``max_length``, while an untrained model's rarely does): a ``search_overhead`` (``search /
-decoder_steps``) below 1.0 is a bug in the floor. The two are timed in turn. Each of the floor's steps is fed
+long before ``max_length``, while an untrained model's rarely does): a ``search_overhead`` below 1.0 is a bug in
+the floor. ``search_overhead`` is the median of the ratios of a search call to the decoder-steps call timed right after
+it (``rounds`` × 10 pairs): the fastest of each alone (``batched_parts_ms``) can come from different moments of a
+busy machine. Each of the floor's steps is fed
 ``<start>`` once the previous step's logits are computed (a comparison on them, not a choice), because a search's
 next step waits for its words: fed ``<start>`` without waiting, as before 2026-11-26, a step's vocabulary projection
 ran on the second core beside the next step, which no search can do (Show and Tell, 128 images, 20 steps: 14.6 ms
@@ -168,10 +170,9 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     log.info("the exported SavedModel in plain TensorFlow: %.1f captions/s against the captioner's %.1f: %.2f",
              served["saved_model"], served["captioner"], served["saved_model"] / served["captioner"])
     cache = _cache_against_recomputing(captioner, data, batch_size, images, rounds)
-    parts, steps_ran = _batched_parts(captioner, data[:batch_size], rounds)
+    parts, steps_ran, overhead = _batched_parts(captioner, data[:batch_size], rounds)
     log.info("a batched call in parts (ms, each alone): %s",
              ", ".join(f"{name.replace('_', ' ')} {ms:.1f}" for name, ms in parts.items()))
-    overhead = parts["search"] / parts["decoder_steps"]
     kind = "greedy" if beam_size == 1 or captioner.settings.method == "greedy" else "beam"
     log.info("the search over its decoder's steps: %.2fx (target <= %.2fx), %d steps each", overhead,
              TARGET_SEARCH_OVERHEAD[kind], steps_ran["search"])
@@ -276,11 +277,14 @@ def _saved_model_against_captioner(captioner, data: list[bytes], batch_size: int
     return best
 
 
-def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, int]]:
-    """Where a batched call's time goes (module docstring): each part compiled alone and timed on the same
-    batch, the fastest of ``rounds`` × 3 calls after one that traces; the search and its decoder's own steps in turn
-    (a burst of other work lowers one call, not one of the two). And the steps each ran: the decoder's own steps
-    run exactly as many as the search did (``{"search": …, "decoder_steps": …}``)."""
+def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, int], float]:
+    """Where a batched call's time goes (module docstring): each part compiled alone and timed on the same batch, the
+    fastest of its calls after one that traces (``images`` and ``encoder`` ``rounds`` × 3 calls); the steps each of
+    the search and its decoder's own steps ran (``{"search": …, "decoder_steps": …}``: the same); and the search's
+    overhead, the median of ``rounds`` × 10 ratios of a search call to the decoder-steps call right after it (a burst
+    of other work on the machine lowers one pair, and the median ignores it, where the fastest of each alone can come
+    from different moments of a busy machine)."""
+    import statistics
     import time
 
     import tensorflow as tf
@@ -312,15 +316,17 @@ def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> tuple[
     parts = {"images": (crop, (jpegs,)), "encoder": (encode, (crops,)), "search": (search_call, (features,)),
              "decoder_steps": (steps_call, (features, tf.constant(search_steps)))}
     times = {name: [] for name in parts}
-    for name in ("images", "encoder"):
-        parts[name][0](*parts[name][1]).numpy()  # traces
-    for _ in range(3 * rounds):
+    for call_round in range(10 * rounds):
         for name, (call, arguments) in parts.items():
+            if name in ("images", "encoder") and call_round >= 3 * rounds:
+                continue
             start = time.perf_counter()
             tf.nest.map_structure(lambda x: x.numpy(), call(*arguments))
             times[name].append(time.perf_counter() - start)
+    overhead = statistics.median(searched_s / steps_s for searched_s, steps_s in zip(times["search"],
+                                                                                      times["decoder_steps"]))
     return ({name: 1000 * min(spent) for name, spent in times.items()},
-            {"search": search_steps, "decoder_steps": steps_of_floor})
+            {"search": search_steps, "decoder_steps": steps_of_floor}, overhead)
 
 
 def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, images: int,
