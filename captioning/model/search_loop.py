@@ -36,7 +36,8 @@ class Strategy:
     """How a search chooses its words (keras-hub's ``Sampler.get_next_token``), over ``rows_per_image`` rows per image
     (a beam's live captions, an image's samples). Its own loop variables are a dict of tensors (or TensorArrays)
     that :meth:`start` makes and :meth:`next_words` returns anew; :attr:`growing` gives the shape invariants of those
-    whose shape changes from step to step."""
+    whose shape changes from step to step. A strategy object serves one search: :meth:`start` may keep tensors of the
+    batch it is given (its size, the rules' masks) for the steps and :meth:`finish` to read."""
 
     rows_per_image: int = 1
     growing: dict = {}
