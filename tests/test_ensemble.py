@@ -157,7 +157,7 @@ def test_caption_and_export_an_ensemble_of_two_decoders(two_models, tmp_path):
 
     trained = inference.load(two_models)
     for photo, c in zip(photos, captioned):
-        crop = model_input(tf.constant(open(photo, "rb").read()), trained.config.data)[None]
+        crop = model_input(tf.constant(open(photo, "rb").read()), trained.preprocessor)[None]
         words = [trained.vocab.id(w) for w in c["captions"][0]["caption"].split()]
         if len(words) < trained.config.decode.max_length:  # ended with <end>
             assert c["captions"][0]["log_prob"] == pytest.approx(rescore(trained.model, npy(crop), [words])[0],

@@ -21,6 +21,7 @@ from captioning.data import schema
 from captioning.config.sections import DataConfig
 from captioning.data.prepared import PreparedDataset
 from captioning.data.pipeline import make_dataset
+from captioning.data.preprocessor import ImagePreprocessor
 from captioning.data.reading import decode_and_resize
 from captioning.vocab import END_ID, PAD_ID, START_ID
 
@@ -45,7 +46,7 @@ def read_records(data_dir, split="train", files=None):
     records = []
     for batch in tf.data.TFRecordDataset(files).batch(16).map(schema.parse_batch):
         for i in range(int(tf.shape(batch[schema.IMAGE_ID])[0])):
-            resized = decode_and_resize(batch[schema.IMAGE_ENCODED][i], RESIZE).numpy()
+            resized = decode_and_resize(batch[schema.IMAGE_ENCODED][i], ImagePreprocessor(IMAGE, RESIZE)).numpy()
             records.append({"id": int(batch[schema.IMAGE_ID][i]), "resized": resized,
                             "crop": resized[OFFSET:OFFSET + IMAGE, OFFSET:OFFSET + IMAGE],
                             "captions": [tuple(c) for c in batch[schema.CAPTION_IDS][i].to_list()]})
@@ -384,7 +385,7 @@ def test_eval_gives_the_central_crop(data_dir, train_records):
     examples = list(rows(batches(ds)))
     assert len(examples) == 160
     manual = tf.image.crop_to_bounding_box(decode_and_resize(
-        tf.constant(open_record_jpeg(first_file)), RESIZE), OFFSET, OFFSET, IMAGE, IMAGE).numpy()
+        tf.constant(open_record_jpeg(first_file)), ImagePreprocessor(IMAGE, RESIZE)), OFFSET, OFFSET, IMAGE, IMAGE).numpy()
     np.testing.assert_array_equal(manual, first["crop"])
     # The first record's captions all come with its central crop.
     with_first = sorted(c for c, _, row in examples if np.array_equal(row["image"], manual))

@@ -394,7 +394,7 @@ def test_a_model_reading_regions_is_refused_before_any_work(tmp_path):
 
 
 def test_the_resize_in_built_in_ops_gives_the_pipelines_pixels_in_the_interpreter(tmp_path):
-    """pixels_resized, converted and run by LiteRT's interpreter (its XNNPACK delegate on), gives squash's pixels
+    """resize_in_builtin_ops (the LiteRT graph's resize), converted and run by LiteRT's interpreter (its XNNPACK delegate on), gives squash's pixels
     bit for bit: up- and downscaled, one pixel to a camera frame, on noise and on the flat colours of the synthetic
     images, whose interpolations land on x.5 (LiteRT's RESIZE_BILINEAR was off by one on 116 of 200 of them, and the
     converter's reciprocal for a constant divisor on 221 heights of 1-1,999)."""
@@ -402,7 +402,7 @@ def test_the_resize_in_built_in_ops_gives_the_pipelines_pixels_in_the_interprete
     from ai_edge_litert.interpreter import Interpreter
 
     from captioning.data.reading import squash
-    from captioning.inference.litert import pixels_resized
+    from captioning.data.preprocessor import resize_in_builtin_ops as pixels_resized
 
     sizes = (36, 299)
 

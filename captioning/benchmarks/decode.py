@@ -293,10 +293,10 @@ def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> tuple[
     from captioning.model.decode import generate_counted
     from captioning.model.search_loop import DecoderSteps, search
 
-    model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
+    model, settings, preprocessor = captioner.trained.model, captioner.settings, captioner.trained.preprocessor
     jpegs = tf.constant(data)
-    crop = tf.function(lambda b: tf.map_fn(lambda e: model_input(e, cfg), b, fn_output_signature=tf.TensorSpec(
-        [cfg.image_size, cfg.image_size, 3], tf.uint8)), autograph=False)
+    crop = tf.function(lambda b: tf.map_fn(lambda e: model_input(e, preprocessor), b, fn_output_signature=tf.TensorSpec(
+        [preprocessor.image_size, preprocessor.image_size, 3], tf.uint8)), autograph=False)
     encode = tf.function(lambda images: model.encode(images), autograph=False)
     rows_per_image = []
 
@@ -339,10 +339,10 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
     from captioning.data.reading import model_input
     from captioning.model.decode import generate
 
-    model, settings, cfg = captioner.trained.model, captioner.settings, captioner.trained.config.data
-    crops = tf.map_fn(tf.autograph.experimental.do_not_convert(lambda e: model_input(e, cfg)),
+    model, settings, preprocessor = captioner.trained.model, captioner.settings, captioner.trained.preprocessor
+    crops = tf.map_fn(tf.autograph.experimental.do_not_convert(lambda e: model_input(e, preprocessor)),
                       tf.constant(data[:batch_size]),
-                      fn_output_signature=tf.TensorSpec([cfg.image_size, cfg.image_size, 3], tf.uint8))
+                      fn_output_signature=tf.TensorSpec([preprocessor.image_size] * 2 + [3], tf.uint8))
 
     class Plain:  # the model itself, without keeping its attention weights: the same work as the other
         attends, vocab_size = False, model.vocab_size

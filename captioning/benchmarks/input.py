@@ -6,7 +6,7 @@ On the same prepared records, in one run, images per second of:
   a sequential decode / resize / crop map, captions fanned out and padded to the batch's longest,
   no prefetch (and tf.data's automatic map parallelisation and prefetch injection turned off);
 - ``pipeline`` — :func:`captioning.data.pipeline.make_dataset`, exactly as ``train`` calls it;
-- ``ceiling`` — :func:`captioning.data.pipeline.decode_and_resize` of the same JPEG bytes held in
+- ``ceiling`` — :func:`captioning.data.reading.decode_and_resize` of the same JPEG bytes held in
   memory, in a parallel ``tf.data`` map with nothing else: what the cores can decode;
 - ``grouped`` — the pipeline with ``data.captions_per_image: grouped`` (batches of whole images with
   all their captions: each image copied into one batch, not into one per caption);
@@ -51,6 +51,7 @@ from captioning.benchmarks.photos import cached_photos
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.data.pipeline import make_dataset
+from captioning.data.preprocessor import ImagePreprocessor
 from captioning.data.reading import decode_and_resize
 from captioning.vocab import PAD_ID
 
@@ -88,7 +89,7 @@ def photo_records(work_dir: str, images: int, cache_images: int, size: tuple[int
 
 def naive_dataset(files: list[str], cfg: DataConfig, batch_size: int) -> tf.data.Dataset:
     """The seed-style pipeline (see the module docstring), doing the same work per image."""
-    size, resize = cfg.image_size, cfg.resize_size
+    size, preprocessor = cfg.image_size, ImagePreprocessor.of(cfg)
 
     @do_not_convert
     def parse(serialized):
@@ -97,7 +98,7 @@ def naive_dataset(files: list[str], cfg: DataConfig, batch_size: int) -> tf.data
 
     @do_not_convert
     def decode(example):
-        image = tf.image.random_crop(decode_and_resize(example["encoded"], resize), [size, size, 3])
+        image = tf.image.random_crop(decode_and_resize(example["encoded"], preprocessor), [size, size, 3])
         if cfg.random_flip:
             image = tf.image.random_flip_left_right(image)
         return {"image": image, "captions": example["captions"]}
@@ -117,10 +118,11 @@ def naive_dataset(files: list[str], cfg: DataConfig, batch_size: int) -> tf.data
     return ds.with_options(options)
 
 
-def ceiling_dataset(encoded: list[bytes], resize: int, batch_size: int) -> tf.data.Dataset:
-    """Bare decode + resize of JPEG bytes in memory, in parallel; batched only to count cheaply."""
+def ceiling_dataset(encoded: list[bytes], preprocessor: ImagePreprocessor, batch_size: int) -> tf.data.Dataset:
+    """Bare decode + resize (the preprocessor's) of JPEG bytes in memory, in parallel; batched only to count
+    cheaply."""
     return (tf.data.Dataset.from_tensor_slices(tf.constant(encoded)).repeat()
-            .map(do_not_convert(lambda e: decode_and_resize(e, resize)),
+            .map(do_not_convert(lambda e: decode_and_resize(e, preprocessor)),
                  num_parallel_calls=tf.data.AUTOTUNE)
             .batch(batch_size).prefetch(tf.data.AUTOTUNE))
 
@@ -302,7 +304,7 @@ def _pipelines(cfg: DataConfig, split: str, files: list[str], encoded: list[byte
     pipelines = {
         "naive": (naive_dataset(files, cfg, batch), count),
         "pipeline": (make_dataset(cfg, split, training=True, batch_size=batch), count),
-        "ceiling": (ceiling_dataset(encoded, cfg.resize_size, batch), lambda b: int(tf.shape(b)[0])),
+        "ceiling": (ceiling_dataset(encoded, ImagePreprocessor.of(cfg), batch), lambda b: int(tf.shape(b)[0])),
         "grouped": (make_dataset(dataclasses.replace(cfg, captions_per_image="grouped"), split, training=True,
                                  batch_size=batch), count),
     }

@@ -10,7 +10,8 @@ fail. What TF leaves to its user, and this module does:
   cached elements depend on: the dataset's identity (:attr:`captioning.data.prepared.PreparedDataset.identity`:
   the fingerprint ``prepare`` recorded, or for older datasets a hash of their manifest), the split, the
   cached image size
-  (``data.resize_size``), the decoding (:data:`CACHE_VERSION`, bumped when a stage before the cache
+  (the encoder's preprocessor's ``resize_size``, ``data.resize_size``: the preprocessor's stage 1 is what the
+  cache holds), the decoding (:data:`CACHE_VERSION`, bumped when a stage before the cache
   changes), ``data.skip_corrupt`` (which records are read) and the input pipeline's share of the split
   (``i`` of ``n`` pipelines; and ``max_images`` when only the first images are read). Another dataset, split, size or sharding gets another file: a cache that
   does not match is never read. ``prefix.json`` says the same in words, for people listing the folder.

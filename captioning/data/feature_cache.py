@@ -40,6 +40,7 @@ from captioning.config.sections import DataConfig
 from captioning.data.prepared import PreparedDataset
 from captioning.fileio import disk_full_error
 from captioning.data.integrity import ShardReader
+from captioning.data.preprocessor import ImagePreprocessor
 from captioning.data.reading import eval_images
 
 FORMAT_VERSION = 1
@@ -63,21 +64,24 @@ def encoder_key(encoder) -> str:
 
 def features_dataset(cfg: DataConfig, split: str, feature_fn: Callable, feature_key: str, cache_dir: str, *,
                      input_context=None, max_images: int | None = None, dataset: PreparedDataset,
-                     shards: ShardReader, batch_size: int = 64) -> tf.data.Dataset:
+                     shards: ShardReader, batch_size: int = 64,
+                     preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
     """One element per image: ``{"features": float16 [...], "image_id", "captions": ragged [(C), (T)]}``,
     from the cache file (written first if it is not there; see the module docstring). ``feature_fn``
-    maps a batch of ``uint8`` central crops to features."""
+    maps a batch of ``uint8`` central crops (``preprocessor``'s: the encoder's; default: the data settings')
+    to features. The file's name holds the preprocessor's sizes."""
+    preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
-    prefix, key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size, cfg.skip_corrupt,
-                                          i, n, max_images)
-    key = {**key, "image_size": cfg.image_size, "features": feature_key, "format": FORMAT_VERSION}
+    prefix, key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, preprocessor.resize_size,
+                                          cfg.skip_corrupt, i, n, max_images)
+    key = {**key, "image_size": preprocessor.image_size, "features": feature_key, "format": FORMAT_VERSION}
     name = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     prefix = os.path.join(cache_dir, f"features-{split}-{name}-{i}of{n}")
     path = prefix + ".tfrecord"
     disk_cache.claim(prefix, key, complete=".tfrecord", leftovers=(".tfrecord.tmp",), what="data.cache: features")
     if not os.path.exists(path):
         images = eval_images(cfg, split, batch_size, input_context=input_context, max_images=max_images,
-                             dataset=dataset, shards=shards)
+                             dataset=dataset, shards=shards, preprocessor=preprocessor)
         try:
             with tf.io.TFRecordWriter(path + ".tmp") as writer:
                 shape = None
@@ -94,7 +98,7 @@ def features_dataset(cfg: DataConfig, split: str, feature_fn: Callable, feature_
                             "caption/ids": _ints([t for c in captions for t in c]),
                             "caption/length": _ints([len(c) for c in captions])}))
                 if shape is None:  # no image in this share: the shape still goes first
-                    size = cfg.image_size
+                    size = preprocessor.image_size
                     writer.write(_example({"shape": _ints(np.shape(feature_fn(tf.zeros([1, size, size, 3], tf.uint8)))[1:])}))
             os.replace(path + ".tmp", path)
         except (OSError, tf.errors.OpError) as e:

@@ -33,8 +33,11 @@ frozen encoder and no augmentation (:func:`captioning.config.validate`).
 The last stage, windows of captions sorted by length and cut into padded batches (with the padding and
 mask diagram), is :mod:`captioning.data.batching`.
 
-Images leave the pipeline as ``uint8`` (4× less host-to-device traffic than float32); the model casts
-and applies its encoder's preprocessing.
+The resize and the crops are the encoder's preprocessor's (:class:`captioning.data.preprocessor.ImagePreprocessor`:
+its stage 1 before the cache, stage 2 after it), handed in as ``preprocessor`` (training and evaluation pass
+their model's; without one, the data settings' geometry). Images leave the pipeline as ``uint8`` (4× less
+host-to-device traffic than float32); the model casts them and its encoder's first layer normalises them
+(the preprocessor's stage 3).
 
 Reading the records and decoding the images (the stages up to one element per image) is
 :mod:`captioning.data.reading`, which evaluation and the feature cache share.
@@ -55,7 +58,8 @@ from captioning.data.feature_cache import features_dataset
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images, store_of
-from captioning.data.reading import center_crop, image_dataset, pipeline_images, sources_of, train_crop
+from captioning.data.preprocessor import ImagePreprocessor
+from captioning.data.reading import image_dataset, pipeline_images, sources_of, train_crop
 from captioning.data.seeds import CROPS, seeded
 from captioning.errors import InputError
 
@@ -66,7 +70,8 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
                  feature_fn: Callable | None = None, feature_key: str = "", cache_dir: str | None = None,
                  repeat: bool | None = None, max_images: int | None = None,
                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
-                 service_job: str | None = None) -> tf.data.Dataset:
+                 service_job: str | None = None,
+                 preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features" | "regions", "boxes", "region_mask"; "input_ids", "target_ids",
     "mask"}`` (see the module docstring).
 
@@ -78,7 +83,10 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     (:mod:`captioning.data.disk_cache`, :mod:`captioning.data.feature_cache`). ``max_images`` limits evaluation to the first
     images (the same ones ``image_dataset`` gives). ``dataset`` and ``shards`` are the command's
     :class:`~captioning.data.prepared.PreparedDataset` and :class:`~captioning.data.integrity.ShardReader` (new ones
-    when not given; the reader then stays with the returned dataset, as ``.shard_reader``).
+    when not given; the reader then stays with the returned dataset, as ``.shard_reader``). ``preprocessor``: the
+    encoder's (:meth:`captioning.model.encoders.base.ImageEncoder.preprocessor`), which resizes and crops the
+    images; default: the geometry of ``data.image_size`` and ``data.resize_size``
+    (:meth:`~captioning.data.preprocessor.ImagePreprocessor.of`).
 
     **Through the tf.data service** (``data.service``, training only): all of the above, the cache too,
     runs on the service's workers and batches arrive here (:func:`captioning.data.service.distribute`).
@@ -94,11 +102,12 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         wanted = training if repeat is None else repeat
         repeat = wanted and cfg.service_mode == "parallel_epochs"  # distributed_epoch: repeated below
     dataset, shards = sources_of(cfg, dataset, shards)
+    preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     store = store_of(cfg, dataset) if cfg.features == "regions" else None
     if training:
         _check_every_pipeline_has_an_image(split, dataset, store, input_context)
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
-                                  max_images=max_images, dataset=dataset, shards=shards)
+                                  max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor)
     repeat = training if repeat is None else repeat
     key = "regions" if store is not None else "features" if cfg.cache == "features" else "image"
     cropped = False
@@ -111,9 +120,9 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     else:
         ds = _cached_elements(cfg, split, images_of, training=training, repeat=repeat, feature_fn=feature_fn,
                               feature_key=feature_key, cache_dir=cache_dir, input_context=input_context,
-                              max_images=max_images, dataset=dataset, shards=shards)
+                              max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor)
     if key == "image" and not cropped:  # once per image and epoch, before the image is shared by its captions
-        ds = _cropped(ds, cfg, training=training, input_context=input_context)
+        ds = _cropped(ds, cfg, preprocessor, training=training, input_context=input_context)
     ds = _caption_batches(ds, key, cfg, split, training=training, batch_size=batch_size, dataset=dataset,
                           input_context=input_context)
     ds = ds.with_options(_options(cfg, training))
@@ -157,7 +166,8 @@ def _region_elements(cfg: DataConfig, split: str, store, *, training: bool, repe
 
 def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, training: bool, repeat: bool,
                      feature_fn: Callable | None, feature_key: str, cache_dir: str | None, input_context,
-                     max_images: int | None, dataset: PreparedDataset, shards: ShardReader) -> tf.data.Dataset:
+                     max_images: int | None, dataset: PreparedDataset, shards: ShardReader,
+                     preprocessor: ImagePreprocessor) -> tf.data.Dataset:
     """One element per image through ``data.cache`` (``features``: the encoder's features; ``memory``, ``disk``:
     the decoded, resized images ``images_of`` gives), then repeated and, in training, shuffled again on every
     pass (the cache holds the first epoch's order)."""
@@ -165,7 +175,7 @@ def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, traini
         if feature_fn is None or not cache_dir:
             raise ValueError("cache: features needs the encoder as feature_fn and a cache_dir")
         ds = features_dataset(cfg, split, feature_fn, feature_key, cache_dir, input_context=input_context,
-                              max_images=max_images, dataset=dataset, shards=shards)
+                              max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor)
     elif cfg.cache == "memory":
         ds = images_of().cache()
     else:
@@ -173,7 +183,7 @@ def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, traini
             raise ValueError("cache: disk needs a cache_dir")
         pipelines, pipeline_id = ((input_context.num_input_pipelines, input_context.input_pipeline_id)
                                   if input_context else (1, 0))
-        prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, cfg.resize_size,
+        prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, preprocessor.resize_size,
                                                     cfg.skip_corrupt, pipeline_id, pipelines, max_images)
         disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
         ds = images_of().cache(prefix)
@@ -184,14 +194,16 @@ def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, traini
     return ds
 
 
-def _cropped(ds: tf.data.Dataset, cfg: DataConfig, *, training: bool, input_context) -> tf.data.Dataset:
+def _cropped(ds: tf.data.Dataset, cfg: DataConfig, preprocessor: ImagePreprocessor, *, training: bool,
+             input_context) -> tf.data.Dataset:
     """Each image cut to ``image_size``², once per image and epoch: a central crop in evaluation, in training
     a random crop and flip from each image's own draws (data/seeds.py)."""
     order = cfg.deterministic or not training
     if not training:
-        return ds.map(do_not_convert(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)}),
+        return ds.map(do_not_convert(lambda ex: {**ex, "image": preprocessor.cropped(ex["image"])}),
                       num_parallel_calls=AUTOTUNE, deterministic=order)
-    return ds.enumerate().map(seeded(lambda ex, seed: {**ex, "image": train_crop(ex["image"], cfg, seed)},
+    crop = functools.partial(train_crop, cfg=cfg, preprocessor=preprocessor)
+    return ds.enumerate().map(seeded(lambda ex, seed: {**ex, "image": crop(ex["image"], seed=seed)},
                                      cfg.seed, CROPS, input_context), num_parallel_calls=AUTOTUNE,
                               deterministic=order)
 

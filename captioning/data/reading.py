@@ -1,6 +1,8 @@
-"""Reading a prepared dataset's records: shard files → parsed records → decoded images, the decoding and
-cropping every stage shares (training's input pipeline, evaluation, feature extraction, ``caption`` and the
-exported SavedModel), and the references.
+"""Reading a prepared dataset's records: shard files → parsed records → decoded images, the decoding every
+stage shares (training's input pipeline, evaluation, feature extraction, ``caption`` and the exported
+SavedModel), and the references. The images' geometry (resize, crops) is the encoder's preprocessor's
+(:class:`~captioning.data.preprocessor.ImagePreprocessor`), which the functions here are handed (by default
+the one of the data settings, :meth:`~captioning.data.preprocessor.ImagePreprocessor.of`).
 
 :func:`image_dataset` gives one element per image; :func:`eval_images` batches of central crops, the
 images as decoding, evaluation and feature extraction see them; :func:`references` the captions as
@@ -22,6 +24,7 @@ from captioning.config.sections import DataConfig
 from captioning.data import schema
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
+from captioning.data.preprocessor import ImagePreprocessor, resize
 from captioning.data.seeds import CROPS, seeded
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -32,52 +35,48 @@ def _decode_jpeg(encoded: tf.Tensor) -> tf.Tensor:
 
 
 def squash(image: tf.Tensor, size: int) -> tf.Tensor:
-    """Any ``[H, W, 3]`` image → ``uint8 [size, size, 3]``, squashed to the square as the pipeline resizes."""
-    return _resize(image, size)
+    """Any ``[H, W, 3]`` image → ``uint8 [size, size, 3]``, squashed to the square with the preprocessor's resize
+    (:func:`captioning.data.preprocessor.resize`): a model reading regions sees the whole image so."""
+    return resize(image, size)
 
 
-def _resize(image: tf.Tensor, size: int) -> tf.Tensor:
-    image = tf.image.resize(image, [size, size], method="bilinear", antialias=False)
-    return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+def decode_and_resize(encoded: tf.Tensor, preprocessor: ImagePreprocessor) -> tf.Tensor:
+    """JPEG bytes → ``uint8 [R, R, 3]``: decoded, then the preprocessor's stage 1 (squashed to a square, as
+    im2txt resized to 346²)."""
+    return preprocessor.resized(_decode_jpeg(encoded))
 
 
-def decode_and_resize(encoded: tf.Tensor, size: int) -> tf.Tensor:
-    """JPEG bytes → ``uint8 [size, size, 3]`` (squashed to a square, as im2txt resized to 346²)."""
-    return _resize(_decode_jpeg(encoded), size)
-
-
-def decode_random_crop(encoded: tf.Tensor, resize: int, size: int, seed: tf.Tensor) -> tf.Tensor:
-    """The random ``size²`` crop of the image resized to ``resize²`` — without decoding or resizing the
+def decode_random_crop(encoded: tf.Tensor, preprocessor: ImagePreprocessor, seed: tf.Tensor) -> tf.Tensor:
+    """The preprocessor's random ``S²`` crop of the image resized to ``R²``, without decoding or resizing the
     pixels outside it; its window drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.seeded`).
 
-    Resizing an H×W image to R×R and cropping S×S at (y, x) is the same as cropping the window of
-    H·S/R × W·S/R source pixels at (y·H/R, x·W/R) and resizing that to S×S, so the window is cut out
-    while decoding (``decode_and_crop_jpeg``: libjpeg skips the rows below it and the IDCT outside it)
-    and only S² pixels are resized instead of R². For im2txt's 346 → 299 on a 640×480 photo that skips
-    25% of the decode and resize work.
+    The window of source pixels that becomes the crop
+    (:meth:`~captioning.data.preprocessor.ImagePreprocessor.crop_window`) is cut out while decoding
+    (``decode_and_crop_jpeg``: libjpeg skips the rows below it and the IDCT outside it) and only S² pixels are
+    resized instead of R². For im2txt's 346 → 299 on a 640×480 photo that skips 25% of the decode and resize
+    work.
     """
     shape = tf.io.extract_jpeg_shape(encoded)  # the header only
-    height, width = shape[0], shape[1]
-    crop_h = tf.clip_by_value(tf.cast(tf.round(tf.cast(height * size, tf.float32) / resize), tf.int32), 1, height)
-    crop_w = tf.clip_by_value(tf.cast(tf.round(tf.cast(width * size, tf.float32) / resize), tf.int32), 1, width)
-    for_y, for_x = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    y = tf.random.stateless_uniform([], for_y, 0, height - crop_h + 1, dtype=tf.int32)
-    x = tf.random.stateless_uniform([], for_x, 0, width - crop_w + 1, dtype=tf.int32)
-    image = tf.io.decode_and_crop_jpeg(encoded, tf.stack([y, x, crop_h, crop_w]), channels=3,
-                                       dct_method="INTEGER_FAST")
-    return _resize(image, size)
+    window = preprocessor.crop_window(shape[0], shape[1], seed)
+    image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3, dct_method="INTEGER_FAST")
+    return preprocessor.window_resized(image)
 
 
-def model_input(encoded: tf.Tensor, cfg: DataConfig) -> tf.Tensor:
-    """JPEG, PNG, GIF or BMP bytes → the ``uint8 [image_size, image_size, 3]`` central crop the model sees
-    at evaluation. JPEGs are decoded exactly as the training records are; ``caption`` and the exported
-    SavedModel both call this, so they give the same captions. A JPEG tagged with another EXIF orientation
-    than 1 (a phone photo; ``caption`` and ``serve`` give the model such a photo upright, as a PNG Pillow
-    decoded) is decoded as Pillow decodes it (libjpeg's accurate integer DCT: the same pixels, measured on 218
-    JPEGs) and turned upright (:func:`upright`), so the SavedModel sees the pixels ``caption`` sees."""
-    image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_upright(encoded),
-                    lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
-    return center_crop(_resize(image, cfg.resize_size), cfg.image_size)
+def decoded(encoded: tf.Tensor) -> tf.Tensor:
+    """JPEG, PNG, GIF or BMP bytes → ``uint8 [H, W, 3]``, upright: the one decode of a user's image. JPEGs are
+    decoded exactly as the training records are. A JPEG tagged with another EXIF orientation than 1 (a phone
+    photo; ``caption`` and ``serve`` give the model such a photo upright, as a PNG Pillow decoded) is decoded as
+    Pillow decodes it (libjpeg's accurate integer DCT: the same pixels, measured on 218 JPEGs) and turned upright
+    (:func:`upright`), so the SavedModel sees the pixels ``caption`` sees."""
+    return tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_upright(encoded),
+                   lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
+
+
+def model_input(encoded: tf.Tensor, preprocessor: ImagePreprocessor) -> tf.Tensor:
+    """JPEG, PNG, GIF or BMP bytes → the ``uint8 [S, S, 3]`` central crop the model sees at evaluation:
+    :func:`decoded`, then the preprocessor's :meth:`~captioning.data.preprocessor.ImagePreprocessor.pixels`.
+    ``caption``, ``serve`` and the exported SavedModel all call this, so they give the same captions."""
+    return preprocessor.pixels(decoded(encoded))
 
 
 def _decode_upright(encoded: tf.Tensor) -> tf.Tensor:
@@ -229,26 +228,29 @@ def parsed_images(cfg: DataConfig, split: str, *, training: bool, input_context=
 
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
                   repeat: bool = False, max_images: int | None = None, random_crop: bool = False,
-                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
+                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
+                  preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
     """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
-    R = ``resize_size``; not cropped. ``shuffle`` and ``repeat`` act on the serialised records;
+    R = ``resize_size``, resized by ``preprocessor`` (the encoder's; default: the data settings',
+    :meth:`~captioning.data.preprocessor.ImagePreprocessor.of`); not cropped. ``shuffle`` and ``repeat`` act on the serialised records;
     ``max_images`` keeps only the first images (in evaluation order). Images may have different numbers
     of captions (COCO: 5 to 7): the ragged ``captions`` batch; the raw texts come from :func:`references`.
 
-    ``random_crop=True`` gives the training crop instead, ``image_size`` square, decoding only the crop
+    ``random_crop=True`` gives the preprocessor's training crop instead, ``image_size`` square, decoding only the crop
     window (:func:`decode_random_crop`), and flipped at random when ``random_flip``: one map, the
     whole per-image training work.
 
     ``dataset`` is ``cfg.dir``'s :class:`~captioning.dataset.PreparedDataset` (loaded when not given);
     ``shards`` the command's :class:`~captioning.integrity.ShardReader` (a new one when not given)."""
     dataset, shards = sources_of(cfg, dataset, shards)
+    preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     ds = parsed_images(cfg, split, training=training, input_context=input_context, shuffle=shuffle, repeat=repeat,
                        max_images=max_images, dataset=dataset, shards=shards)
     order = cfg.deterministic or not training
     if random_crop:
         def decode(example, seed):
             crop, flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-            image = decode_random_crop(example["encoded"], cfg.resize_size, cfg.image_size, crop)
+            image = decode_random_crop(example["encoded"], preprocessor, crop)
             image = tf.image.stateless_random_flip_left_right(image, flip) if cfg.random_flip else image
             return {"image": image, "image_id": example["image_id"], "captions": example["captions"]}
 
@@ -257,7 +259,7 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
     else:
         @do_not_convert
         def decode(example):
-            return {"image": decode_and_resize(example["encoded"], cfg.resize_size), "image_id": example["image_id"],
+            return {"image": decode_and_resize(example["encoded"], preprocessor), "image_id": example["image_id"],
                     "captions": example["captions"]}
 
         ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=order)
@@ -285,31 +287,27 @@ def references(cfg: DataConfig, split: str, dataset: PreparedDataset | None = No
     return out
 
 
-def center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
-    """The central ``size × size`` window (evaluation and feature extraction)."""
-    offset_h = (tf.shape(image)[0] - size) // 2
-    offset_w = (tf.shape(image)[1] - size) // 2
-    return tf.image.crop_to_bounding_box(image, offset_h, offset_w, size, size)
-
-
-def train_crop(image: tf.Tensor, cfg: DataConfig, seed: tf.Tensor) -> tf.Tensor:
-    """Training crop and flip of one image, drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.seeded`)."""
-    size = cfg.image_size
+def train_crop(image: tf.Tensor, cfg: DataConfig, preprocessor: ImagePreprocessor, seed: tf.Tensor) -> tf.Tensor:
+    """Training crop (the preprocessor's random window with ``data.random_crop``, else its central one) and flip
+    of one resized image, drawn from ``seed`` (stateless: :func:`~captioning.data.seeds.seeded`)."""
     crop, flip = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     if cfg.random_crop:
-        image = tf.image.stateless_random_crop(image, [size, size, 3], crop)
+        image = preprocessor.random_cropped(image, crop)
     else:
-        image = center_crop(image, size)
+        image = preprocessor.cropped(image)
     if cfg.random_flip:
         image = tf.image.stateless_random_flip_left_right(image, flip)
     return image  # data.color_jitter is applied on the device, in the training step (captioning.augment)
 
 
 def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None, max_images: int | None = None,
-                dataset: PreparedDataset | None = None, shards: ShardReader | None = None) -> tf.data.Dataset:
+                dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
+                preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
     """Batches of ``{"image": uint8 [B, S, S, 3] central crops, "image_id", "captions"}``: the images as
-    decoding, evaluation and feature extraction see them."""
+    decoding, evaluation and feature extraction see them, cropped by ``preprocessor`` (the encoder's; default:
+    the data settings')."""
+    preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images,
-                           dataset=dataset, shards=shards)
-    return images.map(do_not_convert(lambda ex: {**ex, "image": center_crop(ex["image"], cfg.image_size)}),
+                           dataset=dataset, shards=shards, preprocessor=preprocessor)
+    return images.map(do_not_convert(lambda ex: {**ex, "image": preprocessor.cropped(ex["image"])}),
                       num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)

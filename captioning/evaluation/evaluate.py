@@ -275,7 +275,8 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     if regions:
         batches = eval_regions(cfg, split, store_of(cfg, dataset), batch_size, max_images=max_images)
     else:
-        batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards)
+        batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards,
+                              preprocessor=captioner.trained.preprocessor)
     decode = tf.function(captioner.decode_batch, reduce_retracing=True, autograph=False)
     vocab = captioner.trained.vocab
     candidates, attention, boxes, every = {}, {}, ({} if regions else None), {}
@@ -300,7 +301,8 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
         log.warning("%s", empty)
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
-                                                                 shards=shards))
+                                                                 shards=shards,
+                                                                 preprocessor=captioner.trained.preprocessor))
     return candidates, loss, attention, boxes, every
 
 

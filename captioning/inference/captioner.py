@@ -4,8 +4,9 @@
 :func:`load` rebuilds the model from ``config.yaml`` and ``vocab.txt`` and restores a checkpoint (the
 latest complete one by default: :class:`captioning.model.folder.ModelDir`). The encoder is built without its
 ImageNet weights (the checkpoint holds the trained ones), so loading never downloads. :class:`Captioner` turns a batch of JPEG/PNG bytes into captions with
-one ``tf.function``: decode and crop as at evaluation (:func:`captioning.data.pipeline.model_input`),
-encode, beam search. The SavedModel export wraps that same function. A model reading regions
+one ``tf.function``: decode, then each model's own preprocessor crops as at evaluation
+(:func:`captioning.data.reading.model_input`, :attr:`captioning.model.folder.TrainedModel.preprocessor`), encode,
+beam search. The SavedModel export wraps that same function. A model reading regions
 (``data.features: regions``, pooled by its own encoder: ``model.regions_from_encoder``) takes each image's
 boxes too: :meth:`Captioner.decode_with_boxes` squashes the whole image to the model's size, encodes it and
 pools each box and the whole image from the grid (:func:`captioning.inference.regions.boxes_to_regions`),
@@ -104,18 +105,19 @@ class Captioner:
         size with each box and the whole image pooled from its grid."""
         states, crops, seen, regions = [], {}, None, None
         for member in self.trained.members:
-            model, cfg = member.model, member.config.data
+            model = member.model
             if model.reads_regions:
                 images, sizes = self._squashed(encoded, model.image_size)
                 inputs = boxes_to_regions(model, images, boxes, sizes)
                 states.append(model.image_state(inputs))
                 regions = inputs["boxes"] if regions is None else regions
             else:
-                size = (cfg.resize_size, cfg.image_size)
-                if size not in crops:  # models of the same sizes share the decoding
-                    crops[size] = tf.map_fn(lambda e, c=cfg: model_input(e, c), encoded,
-                                            fn_output_signature=tf.TensorSpec([cfg.image_size] * 2 + [3], tf.uint8))
-                images = crops[size]
+                preprocessor = member.preprocessor
+                if preprocessor not in crops:  # models of the same sizes share the decoding
+                    crops[preprocessor] = tf.map_fn(
+                        lambda e, p=preprocessor: model_input(e, p), encoded,
+                        fn_output_signature=tf.TensorSpec([preprocessor.image_size] * 2 + [3], tf.uint8))
+                images = crops[preprocessor]
                 states.append(model.initial_state(model.encode(images, training=False)))
             seen = images if seen is None else seen
         return (states[0] if len(states) == 1 else tuple(states)), seen, regions

@@ -4,9 +4,10 @@ search (greedy or beam) inside the graph, LiteRT built-in ops only (no Flex dele
 Its one signature, ``serving_default``, takes ``image``: ``uint8 [height, width, 3]``, one decoded RGB image
 of any size, upright (a camera frame, or a photo decoded and turned by its EXIF orientation, as ``caption`` turns
 it), as the input tensor's name (:data:`INPUT_NAME`) and the metadata's ``"input"`` say; grey, RGBA or a batch fail
-in the interpreter ("RESHAPE ... failed to prepare"): docs/litert.md's snippet converts them. Inside, it is resized to
-``data.resize_size`` (bilinear, half-pixel centres, rounded, as :func:`captioning.data.reading.model_input`
-does) and its central ``data.image_size`` crop is captioned, so it gives the SavedModel's captions for the
+in the interpreter ("RESHAPE ... failed to prepare"): docs/litert.md's snippet converts them. Inside, each model's
+own preprocessor (:attr:`captioning.model.folder.TrainedModel.preprocessor`, the one the input pipeline and the
+SavedModel crop with) resizes it to ``data.resize_size`` in LiteRT built-in ops (:meth:`LiteRTGraph.pixels`: the
+same pixels) and its central ``data.image_size`` crop is captioned, so it gives the SavedModel's captions for the
 same pixels. It returns, best first (``top_k`` rows of ``decode.max_length`` words):
 
 * ``ids`` ``int32 [top_k, max_length]``: the words' ids, 0 (``<pad>``) after the caption's end;
@@ -48,7 +49,6 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from captioning.data.reading import center_crop
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_error
 from captioning.inference.captioner import Captioner
@@ -61,40 +61,6 @@ QUANTIZE = ("none", "float16", "dynamic_int8")
 METADATA = "captioning_export"  # the flatbuffer metadata entry holding the export's record
 INPUT_CONTRACT = "uint8 [height, width, 3]: one RGB image, upright (EXIF orientation applied), any size"
 INPUT_NAME = "image_uint8_height_width_3_upright_rgb"  # the input tensor's name: the contract, where tools show it
-
-
-def pixels_resized(image, size: int):
-    """``uint8 [H, W, 3]`` → ``uint8 [size, size, 3]``: :func:`captioning.data.reading.squash` in built-in ops, to the
-    same pixels. TensorFlow's ``ResizeBilinear`` (half-pixel centres) is written out step by step, in its kernel's order:
-    for each output row and column ``at = (i + 0.5) · (H / size) - 0.5``, the neighbours ``max(floor(at), 0)`` and
-    ``min(ceil(at), H - 1)``, the weight ``at - floor(at)``; then ``top = tl + (tr - tl)·x``, ``bottom = bl + (br -
-    bl)·x``, ``top + (bottom - top)·y``, all float32. Each step is one IEEE operation in either runtime, so the rounded
-    pixels are TensorFlow's exactly. LiteRT's own ``RESIZE_BILINEAR`` weighs the four neighbours in another order: its
-    float32 results differ in the last bits, and where TensorFlow's value lies at x.5 they round to another ``uint8``
-    (116 of 200 synthetic images had pixels off by one, 2026-11-26), which moved the model's log-probabilities by up
-    to 2e-3 and flipped near-tie captions."""
-    pixels = tf.cast(image, tf.float32)
-    shape = tf.shape(image)
-
-    def axis(length):  # TensorFlow's compute_interpolation_weights with its HalfPixelScaler
-        # the divisor is made of the image's size (min(length, 0) is 0): the converter turns a division by a constant
-        # into a product with its reciprocal, which rounds differently for 221 of the heights 1-1,999 (measured)
-        divisor = tf.cast(tf.minimum(length, 0) + size, tf.float32)
-        at = (tf.range(size, dtype=tf.float32) + 0.5) * (tf.cast(length, tf.float32) / divisor) - 0.5
-        low = tf.floor(at)
-        last = tf.cast(length - 1, tf.float32)
-        return (tf.cast(tf.maximum(low, 0.0), tf.int32), tf.cast(tf.minimum(tf.math.ceil(at), last), tf.int32),
-                at - low)
-
-    (y0, y1, y), (x0, x1, x) = axis(shape[0]), axis(shape[1])
-    x = x[None, :, None]
-    top_rows, bottom_rows = tf.gather(pixels, y0), tf.gather(pixels, y1)  # only the rows read: [size, W, 3]
-    top_left, top_right = tf.gather(top_rows, x0, axis=1), tf.gather(top_rows, x1, axis=1)
-    bottom_left, bottom_right = tf.gather(bottom_rows, x0, axis=1), tf.gather(bottom_rows, x1, axis=1)
-    top = top_left + (top_right - top_left) * x
-    bottom = bottom_left + (bottom_right - bottom_left) * x
-    resized = top + (bottom - top) * y[:, None, None]
-    return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
 
 
 def refusal(captioner: Captioner) -> str | None:
@@ -115,21 +81,21 @@ class LiteRTGraph(tf.Module):
         super().__init__()
         self.captioner = captioner
         self.words = tf.constant(list(captioner.trained.vocab.words))
-        # the crops each model reads: (resize_size, image_size) per distinct pair, in the models' order
-        self.sizes = list(dict.fromkeys((m.config.data.resize_size, m.config.data.image_size)
-                                        for m in captioner.trained.members))
         self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")],
                                  autograph=False)
 
+    def pixels(self, image):
+        """``uint8 [H, W, 3]`` → the ``uint8 [S, S, 3]`` crops the models read, one for each preprocessor (models of
+        the same sizes share one), in the models' order: each model's preprocessor's
+        :meth:`~captioning.data.preprocessor.ImagePreprocessor.pixels` in LiteRT built-in ops."""
+        preprocessors = dict.fromkeys(member.preprocessor for member in self.captioner.trained.members)
+        return {preprocessor: preprocessor.pixels(image, builtin_ops=True) for preprocessor in preprocessors}
+
     def _state(self, image):
         """The decoding state of ``image`` (an ensemble's: each model's, a tuple), a batch of one."""
-        crops, states = {}, []
-        for member in self.captioner.trained.members:  # each model its own crop, as the Captioner's
-            model, cfg = member.model, member.config.data
-            key = (cfg.resize_size, cfg.image_size)
-            if key not in crops:
-                crops[key] = center_crop(pixels_resized(image, cfg.resize_size), cfg.image_size)[None]
-            states.append(model.initial_state(model.encode(crops[key], training=False)))
+        crops = self.pixels(image)
+        states = [member.model.initial_state(member.model.encode(crops[member.preprocessor][None], training=False))
+                  for member in self.captioner.trained.members]  # each model its own crop, as the Captioner's
         return states[0] if len(states) == 1 else tuple(states)
 
     def _serve(self, image):

@@ -120,6 +120,11 @@ class TrainedEnsemble:
     def model_dir(self) -> str:
         return self.members[0].model_dir
 
+    @property
+    def preprocessor(self):
+        """The first member's image preprocessor (each member crops with its own when it captions)."""
+        return self.members[0].preprocessor
+
 
 def check_vocabularies(named) -> None:
     """An InputError in one line when the vocabularies of ``named`` (pairs of model folder and

@@ -92,6 +92,12 @@ class TrainedModel:
         several)."""
         return [self]
 
+    @property
+    def preprocessor(self):
+        """Its encoder's image preprocessor at its data's sizes (:mod:`captioning.data.preprocessor`): the crop it
+        captions, as it was trained and evaluated on."""
+        return self.model.image_encoder.preprocessor(self.config.data.resize_size)
+
 
 class ModelDir(CheckpointFiles):
     """One model folder (see the module docstring). Reading methods raise :class:`InputError` naming the

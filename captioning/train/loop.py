@@ -256,6 +256,10 @@ class Trainer:
         return record
 
     # ---- data ---------------------------------------------------------------------------------------
+    @property
+    def preprocessor(self):  # the encoder's image preprocessor: the input resizes and crops with it
+        return self.model.image_encoder.preprocessor(self.cfg.data.resize_size)
+
     def _feature_fn(self):
         if self.cfg.data.cache != "features":
             return None, ""
@@ -277,7 +281,7 @@ class Trainer:
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
                                 feature_fn=feature_fn, feature_key=feature_key, cache_dir=self.cache_dir,
-                                dataset=self.dataset, shards=self.shards, service_job=job)
+                                dataset=self.dataset, shards=self.shards, service_job=job, preprocessor=self.preprocessor)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -332,7 +336,8 @@ class Trainer:
         cfg = self.cfg.data
         batches = eval_regions(cfg, cfg.eval_split, store_of(cfg, self.dataset), count, max_images=count) \
             if cfg.features == "regions" else \
-            eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset, shards=self.shards)
+            eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset, shards=self.shards,
+                        preprocessor=self.preprocessor)
         return greedy_samples(self.model, self.vocab, next(iter(batches)), self.objective.sample_notes)
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------

@@ -15,7 +15,9 @@ under ``model.encoder``'s name) declares, as class attributes and methods:
   for the contract tests (tests/test_encoders.py) to build and step with every decoder in a second;
 * :meth:`~ImageEncoder.check` — the rules between its settings and the image size (one-line errors);
 * :meth:`~ImageEncoder.preprocess` — pixels (float, 0 to 255) to what its backbone reads (its own
-  normalisation, and a resize when it reads a size of its own);
+  normalisation, and a resize when it reads a size of its own); every encoder gets from it and its image size
+  :meth:`~ImageEncoder.preprocessor`, its :class:`~captioning.data.preprocessor.ImagePreprocessor` (resize, crop,
+  normalise), which every path an image takes into the model uses;
 * :meth:`~ImageEncoder.backbone` — the Keras model from preprocessed pixels to its feature map
   ``[B, h, w, D]`` or its tokens ``[B, N, D]`` (or, ``pooled``, a vector ``[B, D]``);
 * :meth:`~ImageEncoder.layout_of` — where its ``N`` tokens sit (a :class:`~captioning.model.layout.TokenLayout`:
@@ -45,6 +47,7 @@ from keras import layers
 
 from captioning.config import ModelConfig
 from captioning.config.settings import section_from
+from captioning.data.preprocessor import ImagePreprocessor
 from captioning.errors import InputError
 from captioning.model.layout import TokenLayout
 
@@ -139,11 +142,18 @@ class ImageEncoder:
         return layers.GlobalAveragePooling1D(name="pool")(tokens)
 
     # ---- what every encoder gets -------------------------------------------------------------------------
+    def preprocessor(self, resize_size: int) -> ImagePreprocessor:
+        """Its image preprocessor (:mod:`captioning.data.preprocessor`): images squashed to ``resize_size``
+        (``data.resize_size``, the data's margin around the crop), cropped to its image size, normalised by its
+        :meth:`preprocess` (the first layer of :attr:`model`). The input pipeline, the captioner, the server, the
+        SavedModel and the LiteRT graph all crop with it."""
+        return ImagePreprocessor(self.image_size, resize_size, self.preprocess)
+
     def _assemble(self, backbone: keras.Model, pooled: bool) -> keras.Model:
         inputs = keras.Input((self.image_size, self.image_size, 3), name="image")
         x = layers.Lambda(lambda t: keras.ops.cast(t, "float32"), name="to_float")(inputs)
-        if self.preprocess is not None:
-            x = layers.Lambda(self.preprocess, name="preprocess")(x)
+        if self.preprocess is not None:  # the preprocessor's normalisation (its sizes do not enter it)
+            x = layers.Lambda(self.preprocessor(self.image_size).normalised, name="preprocess")(x)
         # A frozen encoder is called in inference mode, so batch norm keeps its statistics.
         features = backbone(x, training=None if self.trainable else False)
         if len(features.shape) == 4 and not pooled:  # [batch, h, w, D] → [batch, h·w, D], row by row
