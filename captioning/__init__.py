@@ -8,6 +8,7 @@ The folders are the data's one-way path; each is a stage, and a module imports o
     data/             records → batches: schema, the prepared dataset, reading, batching, caches, tf.data service
     model/            encoders, decoders (a registry), beam search, the model folder
     train/            the training loop, objectives (a registry), optimizer, distribution, summaries
+    experiment/       the composition root: a config typed once, the pieces each stage takes
     inference/        a trained model in use: captions for images, the gallery, the SavedModel
     evaluation/       metrics, grounding, ``evaluate``
     benchmarks/       every stage measured against its ceiling
@@ -22,4 +23,4 @@ __version__ = "0.1.0"
 # the stages, in the data's order (folders of this package; the base modules come before all of them)
 # the base packages: folders every stage may import, as the base modules
 BASE_PACKAGES = ("config",)
-STAGES = ("data", "model", "train", "inference", "evaluation", "benchmarks", "cli")
+STAGES = ("data", "model", "train", "experiment", "inference", "evaluation", "benchmarks", "cli")

@@ -189,11 +189,12 @@ def prepared_dir(shapes_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_model_dir(prepared_dir, tmp_path_factory):
     """A small model trained for 60 steps: real checkpoints, config.yaml and vocab.txt."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     cfg = small_train_config(prepared_dir, "train.steps=60", "train.optimizer=adam", "train.learning_rate=0.01",
                              "model.embedding_size=32", "model.lstm_units=32", "train.checkpoint_every_steps=60")
-    return built_once(tmp_path_factory, "model", lambda model_dir: Trainer(cfg, model_dir).run(progress=False),
+    return built_once(tmp_path_factory, "model", lambda model_dir: Trainer(for_training(cfg), model_dir).run(progress=False),
                       own_copy=True)
 
 
@@ -201,6 +202,7 @@ def trained_model_dir(prepared_dir, tmp_path_factory):
 def trained_attention_dir(prepared_dir, tmp_path_factory):
     """A small soft-attention model (2 x 2 grid at 32 px) trained for 40 steps, with an evaluation (and
     its TensorBoard sample pictures) at the end."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     cfg = small_train_config(prepared_dir, "model.decoder=attention", "model.attention_size=16", "train.steps=40",
@@ -208,7 +210,7 @@ def trained_attention_dir(prepared_dir, tmp_path_factory):
                              "model.lstm_units=32", "train.checkpoint_every_steps=40", "train.eval_every_steps=40",
                              "train.eval_batches=1", "train.sample_captions=2")
     return built_once(tmp_path_factory, "attention_model",
-                      lambda model_dir: Trainer(cfg, model_dir).run(progress=False), own_copy=True)
+                      lambda model_dir: Trainer(for_training(cfg), model_dir).run(progress=False), own_copy=True)
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,7 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
     test, which so shares this process's plain step and TensorFlow start-up."""
     two_cpus()
     from captioning.data.pipeline import make_dataset
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     # clipping at 0.05 is always active here, so clipping per replica instead of after the all-reduce
@@ -73,18 +74,18 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
     settings = ("train.clip_gradient_norm=0.05", *extra)
     cfg = small_config(data_dir, *settings)
     folders = os.path.join(out_dir, out_name)
-    one = Trainer(cfg, os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(cfg, os.path.join(folders, "two"), strategy=tf.distribute.MirroredStrategy(
+    one = Trainer(for_training(cfg), os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(for_training(cfg), os.path.join(folders, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     trainers = [("one", one), ("two", two)]
     if xla:
-        trainers.append(("xla", Trainer(small_config(data_dir, *settings, "train.jit_compile=true"),
+        trainers.append(("xla", Trainer(for_training(small_config(data_dir, *settings, "train.jit_compile=true")),
                                         os.path.join(folders, "xla"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))))
     for _, trainer in trainers[1:]:
         for a, b in zip(one.model.variables, trainer.model.variables):
             b.assign(a.numpy())
     # one fixed global batch of 8 captions; its two halves hold different numbers of real tokens
-    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
+    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8, source=one.source)))
     mask = batch["mask"].numpy()
     results = {"tokens_first_half": mask[:4].sum(), "tokens_second_half": mask[4:].sum()}
     for name, trainer in trainers:
@@ -105,16 +106,17 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     with split padding (train.split_padding), whose cut each replica chooses for its own batch."""
     two_cpus()
     from captioning.data.pipeline import make_dataset
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped",
                        "train.split_padding=true", *extra)
-    one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
+    one = Trainer(for_training(cfg), os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     for a, b in zip(one.model.variables, two.model.variables):
         b.assign(a.numpy())
-    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10))
+    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10, source=one.source))
     first, second = next(stream), next(stream)  # 2 images each, 10 or so captions, different lengths
     width = max(int(first["input_ids"].shape[1]), int(second["input_ids"].shape[1]))
     # data.features: regions — each batch's regions padded to its own most; joined, to the larger of the two
@@ -178,11 +180,12 @@ def multi_worker_strategy():
 
 def multi_worker(data_dir, out_dir, *extra):
     strategy = multi_worker_strategy()
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     cfg = small_config(data_dir, "train.steps=4", "distribute.strategy=multi_worker", *extra)
-    trainer = Trainer(cfg, os.path.join(out_dir, "model"), strategy=strategy)
+    trainer = Trainer(for_training(cfg), os.path.join(out_dir, "model"), strategy=strategy)
     result = trainer.run(progress=False)
     np.savez(os.path.join(out_dir, f"weights-{task}.npz"), losses=np.array(result["losses"]),
              replicas=strategy.num_replicas_in_sync, **weights(trainer.model))
@@ -203,9 +206,10 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
         strategy = multi_worker_strategy()
     else:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
-    trainer = Trainer(small_config(data_dir, *TRAINED), model_dir, strategy=strategy)
+    trainer = Trainer(for_training(small_config(data_dir, *TRAINED)), model_dir, strategy=strategy)
     results = {"replicas": strategy.num_replicas_in_sync, "step": int(trainer.step.numpy())}
     for split in ("val", "test"):
         for batch in EVAL_BATCHES:

@@ -59,12 +59,13 @@ def test_an_accumulated_step_equals_one_step_on_the_joined_batch(prepared_dir, t
     step counter and the optimizer's iterations advance once."""
     import tensorflow as tf
 
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     for optimizer in ("sgd", "adam"):
         cfg = small_train_config(prepared_dir, *GROUPED, f"train.optimizer={optimizer}", "train.learning_rate=0.05",
                                  "train.batch_size=10", "train.accumulate_steps=2")
-        trainer = Trainer(cfg, str(tmp_path / optimizer), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+        trainer = Trainer(for_training(cfg), str(tmp_path / optimizer), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
         first, second = grouped_batches(cfg, 2, images=2)
         tokens = [float(tf.reduce_sum(b["mask"])) for b in (first, second)]
         assert tokens[0] != tokens[1]  # a mean of the micro-batches' means would weigh their tokens wrongly
@@ -95,6 +96,7 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
     ``train.steps`` counts optimizer steps (one TensorBoard point, one checkpoint number, one optimizer update
     each); ``train.steps_per_execution: 2`` (each step reading its micro-batches inside the call) trains the same
     as single calls."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.harness.training import scalars
 
@@ -103,7 +105,7 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
               "train.lr_decay_epochs=2", "train.lr_decay_factor=0.5")
     runs = {}
     for k in (1, 2):
-        trainer = Trainer(small_train_config(prepared_dir, *common, f"train.steps_per_execution={k}"),
+        trainer = Trainer(for_training(small_train_config(prepared_dir, *common, f"train.steps_per_execution={k}")),
                           str(tmp_path / f"k{k}"))
         runs[k] = trainer, trainer.run(progress=False)
     (one, single), (two, several) = runs[1], runs[2]
@@ -161,14 +163,15 @@ def mirrored(data_dir, out_dir):
     """The 2-replica check (tests/distributed_worker.py's scenario ``accumulate``): writes OUT_DIR/mirrored.npz."""
     import tensorflow as tf
 
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.distributed_worker import two_cpus
 
     two_cpus()
     extra = (*GROUPED, "train.optimizer=sgd", "train.learning_rate=0.5")
-    one = Trainer(small_train_config(data_dir, *extra, "train.batch_size=10"), os.path.join(out_dir, "one"),
+    one = Trainer(for_training(small_train_config(data_dir, *extra, "train.batch_size=10")), os.path.join(out_dir, "one"),
                   strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(small_train_config(data_dir, *extra, "train.batch_size=10", "train.accumulate_steps=2"),
+    two = Trainer(for_training(small_train_config(data_dir, *extra, "train.batch_size=10", "train.accumulate_steps=2")),
                   os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
                       ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     for a, b in zip(one.model.variables, two.model.variables):

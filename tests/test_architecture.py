@@ -184,6 +184,50 @@ def test_no_code_branches_on_a_decoders_or_an_objectives_name(tmp_path):
     assert wrong == []
 
 
+SOURCE_NAMES = ("images", "regions")  # captioning.model.data_sources.DATA_SOURCES' names (checked below)
+SOURCES_PACKAGE = os.path.join(PACKAGE, "model", "data_sources")
+
+
+def _source_tests(path):
+    """(line, text) of each test of which data source a config or a model has: a comparison (``==``, ``!=``, or
+    ``in`` a written collection of sources' names) with a data source's name, and any use of ``reads_regions``."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or node.attr) == "reads_regions":
+            yield node.lineno, ast.unparse(node)
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, sides, sides[1:]):
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                named = [n for n in (left, right) if isinstance(n, ast.Constant) and n.value in SOURCE_NAMES]
+            elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+                values = [e.value for e in right.elts if isinstance(e, ast.Constant)]  # sources' names only
+                named = values if values and all(value in SOURCE_NAMES for value in values) else []
+            else:
+                named = []
+            if named:
+                yield node.lineno, ast.unparse(node)
+                break
+
+
+def test_no_code_branches_on_a_data_sources_name(tmp_path):
+    """What a model reading boxes differs in lives in its data source (captioning/model/data_sources/): the other
+    stages ask the source they are handed (or their model's, ``model.source``), and never test ``data.features``'s
+    value or whether a model reads regions."""
+    from captioning.model.data_sources import DATA_SOURCES
+
+    assert tuple(DATA_SOURCES) == SOURCE_NAMES
+    planted = tmp_path / "planted.py"  # what the check finds, and what it leaves (a batch's key, a decoder's kind)
+    planted.write_text("if cfg.features == 'regions' or data.features in ('images',) or 'regions' != kind:\n"
+                       "    pass\nif model.reads_regions and 'regions' in batch and cls.features == 'pooled':\n"
+                       "    pass\nif stage in ('images', 'encoder'):\n    pass\n")
+    assert sorted(line for line, _ in _source_tests(planted)) == [1, 1, 1, 3]  # three comparisons, one attribute
+    wrong = [(os.path.relpath(path, ROOT), line, text) for path in MODULES.values()
+             if not path.startswith(SOURCES_PACKAGE + os.sep) for line, text in _source_tests(path)]
+    assert wrong == []
+
+
 def test_no_environment_variables_as_signals_between_modules():
     for path in MODULES.values():
         text = open(path, encoding="utf-8").read()

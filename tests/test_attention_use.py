@@ -209,13 +209,14 @@ def check_hallucination_and_bad_endings(model_dir, shapes_dir, stored, stdout, p
 def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path):
     """cache: features stores the frozen encoder's grid as float16 on disk and trains from it (under
     mixed precision); a second run in the same folder resumes from the checkpoint and reads the file."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     overrides = ["model.decoder=attention", "model.attention_size=16", "model.encoder_trainable=false",
                  "data.cache=features", "data.random_crop=false", "train.optimizer=adam", "train.learning_rate=0.01",
                  "train.mixed_precision=true"]
     model_dir = str(tmp_path / "model")
-    first = Trainer(small_train_config(prepared_dir, "train.steps=20", *overrides), model_dir)
+    first = Trainer(for_training(small_train_config(prepared_dir, "train.steps=20", *overrides)), model_dir)
     result = first.run(progress=False)
     assert result.step == 20 and np.mean(result.losses[-5:]) < np.mean(result.losses[:3])
     cache = os.path.join(model_dir, "cache")
@@ -225,7 +226,7 @@ def test_cached_grid_features_mixed_precision_and_resume(prepared_dir, tmp_path)
     train_file = [f for f in files if f.startswith("features-train-")][0]
     assert os.path.getsize(os.path.join(cache, train_file)) > 32 * grid_bytes
     stamp = os.path.getmtime(os.path.join(cache, train_file))
-    second = Trainer(small_train_config(prepared_dir, "train.steps=25", *overrides), model_dir)
+    second = Trainer(for_training(small_train_config(prepared_dir, "train.steps=25", *overrides)), model_dir)
     assert second.current_step() == 20  # resumed
     assert second.run(progress=False).step == 25
     assert os.path.getmtime(os.path.join(cache, train_file)) == stamp  # read, not written again

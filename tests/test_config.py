@@ -85,7 +85,7 @@ def fields_of(key):
 def value_of(config, key):
     section, *path, name = key.split(".")
     if key in OWNER or key in ENCODER_OWNER:
-        return config.model.options[name]
+        return config.model.components[name]
     owner = getattr(config, section)
     for part in path:
         owner = getattr(owner, part)
@@ -123,7 +123,7 @@ def test_file_overrides_keys_in_several_sections_and_keeps_other_defaults(tmp_pa
     assert c.model.dropout == 0.0 and isinstance(c.model.dropout, float)  # an int is accepted for a float
     assert c.train.steps == 500 and c.train.mixed_precision is True
     assert c.train.learning_rate == 2.0 and isinstance(c.train.learning_rate, float)
-    assert c.data.image_size == 299 and c.model.options["lstm_units"] == 512 and c.train.batch_size == 32
+    assert c.data.image_size == 299 and c.model.components["lstm_units"] == 512 and c.train.batch_size == 32
     assert c.distribute == Config().distribute
 
 
@@ -131,7 +131,7 @@ def test_child_overrides_base(tmp_path):
     write(tmp_path / "base.yaml", "train:\n  steps: 10\n  batch_size: 8\nmodel:\n  lstm_units: 64\n")
     child = write(tmp_path / "child.yaml", "base: base.yaml\ntrain:\n  steps: 20\n")
     c = load_config(child)
-    assert (c.train.steps, c.train.batch_size, c.model.options["lstm_units"]) == (20, 8, 64)
+    assert (c.train.steps, c.train.batch_size, c.model.components["lstm_units"]) == (20, 8, 64)
 
 
 def test_chain_of_three_files_in_different_directories(tmp_path):
@@ -266,7 +266,8 @@ def test_from_dict_inverts_to_dict():
     c = load_config(overrides=["model.encoder=mobilenet_v2", "data.bucket_boundaries=3,4", "train.seed=9"])
     d = to_dict(c)
     assert set(d) == {"data", "model", "train", "distribute", "decode", "scst"} and d["train"]["seed"] == 9
-    assert objectives.resolve(from_dict(d), complete=True) == c  # scst: every key, typed by the training stage
+    # the components' keys typed by the model stage, scst's by the training stage: every key
+    assert objectives.resolve(model_lib.resolve(from_dict(d), complete=True), complete=True) == c
     assert from_dict(to_dict(Config())) == Config()
     with pytest.raises(InputError, match="train.stepz"):
         from_dict({"train": {"stepz": 1}})
@@ -356,7 +357,7 @@ def test_every_number_has_a_finite_upper_bound():
     registry, so a new decoder is covered) that has a lower bound has a finite upper bound too: a size typed with
     extra zeros is one line before any work, not a kill for memory (docs/reliability.md, "Upper bounds of
     sizes")."""
-    classes = [section_class(section.name) for section in dataclasses.fields(Config)]
+    classes = [section_class(name) for name in keys_of(Config)]  # its sections (not where keys came from)
     classes += [kind for cls in list(classes) for kind in typing.get_type_hints(cls).values()
                 if isinstance(kind, type) and dataclasses.is_dataclass(kind)]  # nested: train.scheduled_sampling
     classes += [cls.settings_class for cls in [*model_lib.DECODERS.values(), *model_lib.ENCODERS.values()]]
@@ -458,8 +459,8 @@ def test_another_components_key_given_by_the_user_is_refused_naming_who_reads_it
                                   "  vit_patch_size: 4\n")
     child = write(tmp_path / "child.yaml", "base: base.yaml\nmodel:\n  decoder: show_and_tell\n"
                                            "  encoder: small_cnn\n")
-    assert load_config(child).model.options == {"embedding_size": 512, "lstm_units": 512, "init_scale": 0.08}
-    assert load_config(overrides=["model.decoder=attention", "model.attention_size=64"]).model.options[
+    assert load_config(child).model.components == {"embedding_size": 512, "lstm_units": 512, "init_scale": 0.08}
+    assert load_config(overrides=["model.decoder=attention", "model.attention_size=64"]).model.components[
         "attention_size"] == 64
 
 
@@ -468,12 +469,12 @@ def test_a_files_key_whose_component_set_switched_is_left_out_with_a_warning(tmp
     decoder; one warning each, not an error. A program's defaults (load_config's) count as a base's."""
     path = write(tmp_path / "c.yaml", "model:\n  lstm_units: 8\n")
     c = load_config(path, ["model.decoder=transformer"])
-    assert "lstm_units" not in c.model.options
+    assert "lstm_units" not in c.model.components
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "model.lstm_units in the config file is read by the show_and_tell, attention and updown decoders, not "
         "transformer, which --set chose: it is left out"]
     quiet = model_lib.resolve(load_core(None, ["model.decoder=transformer"], defaults=["model.lstm_units=8"]))
-    assert "lstm_units" not in quiet.model.options and quiet.given("model.lstm_units") == "base"
+    assert "lstm_units" not in quiet.model.components and quiet.given("model.lstm_units") == "base"
 
 
 def test_train_refuses_another_components_key_in_one_line_before_anything_is_written(tmp_path):
@@ -514,8 +515,8 @@ def assert_valid(config):
     assert isinstance(config, Config)
     decoder = model_lib.DECODERS[config.model.decoder].settings_class
     encoder = model_lib.ENCODERS[config.model.encoder].settings_class
-    assert set(config.model.options) == {f.name for f in dataclasses.fields(decoder) + dataclasses.fields(encoder)}
-    for key in core_keys() + OBJECTIVE_KEYS + [f"model.{name}" for name in config.model.options]:
+    assert set(config.model.components) == {f.name for f in dataclasses.fields(decoder) + dataclasses.fields(encoder)}
+    for key in core_keys() + OBJECTIVE_KEYS + [f"model.{name}" for name in config.model.components]:
         name = key.rsplit(".", 1)[1]
         f, kind = fields_of(key) if key not in OWNER else (
             next(x for x in dataclasses.fields(decoder) if x.name == name), typing.get_type_hints(decoder)[name])
@@ -723,7 +724,7 @@ def test_a_format_1_config_written_by_earlier_code_loads(name, decoder, options,
     folder.mkdir()
     shutil.copy(os.path.join(V1, f"{name}.config.yaml"), folder / "config.yaml")
     cfg = ModelDir(str(folder)).read_config()  # scst: as written, typed by the training stage
-    assert (cfg.model.decoder, cfg.model.encoder, cfg.model.options) == (decoder, "small_cnn", options)
+    assert (cfg.model.decoder, cfg.model.encoder, cfg.model.components) == (decoder, "small_cnn", options)
     cfg = objectives.resolve(cfg, complete=True)
     assert (cfg.train.steps, cfg.data.image_size, cfg.scst.samples) == ((30, 32, 5) if decoder == "show_and_tell"
                                                                        else (10, 32, 5))

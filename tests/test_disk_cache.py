@@ -92,6 +92,7 @@ def test_a_live_writer_is_left_alone_and_a_killed_ones_cache_is_never_read(prepa
 
 
 def test_train_refuses_a_cache_dir_it_cannot_write(prepared_dir, tmp_path):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.helpers import small_train_config
 
@@ -101,7 +102,7 @@ def test_train_refuses_a_cache_dir_it_cannot_write(prepared_dir, tmp_path):
                                ("/proc/captioning-cache", "cannot create it")):
         cfg = small_train_config(prepared_dir, "data.cache=disk", f"data.cache_dir={cache_dir}")
         with pytest.raises(InputError, match=f"data.cache_dir {cache_dir}: {message}"):
-            Trainer(cfg, str(tmp_path / "model"))
+            Trainer(for_training(cfg), str(tmp_path / "model"))
         assert not os.path.exists(tmp_path / "model" / "config.yaml")  # refused before writing anything
 
 
@@ -125,11 +126,12 @@ def keys(encoders):  # each encoder twice (the second build's unnamed layers: no
 
 def trained(data_dir, model_dir):  # the weights of a seeded run, random crops and flips in a fixed order
     import hashlib
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.helpers import small_train_config
 
-    trainer = Trainer(small_train_config(data_dir, "data.random_crop=true", "data.random_flip=true",
-                                         "data.deterministic=true", "train.steps=12"), model_dir)
+    trainer = Trainer(for_training(small_train_config(data_dir, "data.random_crop=true", "data.random_flip=true",
+                                                      "data.deterministic=true", "train.steps=12")), model_dir)
     trainer.run(progress=False)
     digest = hashlib.sha256()
     for v in trainer.model.variables:

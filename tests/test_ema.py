@@ -75,11 +75,12 @@ def assert_same(got: dict, want: dict, rtol=1e-6):
 def averaged(prepared_dir, tmp_path_factory):
     """A model folder trained 4 steps at train.ema_decay 0.5 (steps 1, 2 and 4 applied; step 3's batch made
     non-finite, skipped), saved at step 4; with each step's raw weights, averages and whether it applied."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     folder = str(tmp_path_factory.mktemp("ema") / "m")
     cfg = small_train_config(prepared_dir, "train.steps=4", f"train.ema_decay={DECAY}")
-    trainer = Trainer(cfg, folder)
+    trainer = Trainer(for_training(cfg), folder)
     positions = averaged_positions(trainer.model)
     dataset = trainer.distributed_dataset("train", training=True)
     step, batches = trainer.train_step_for(dataset), iter(dataset)
@@ -169,12 +170,13 @@ def test_a_resumed_run_restores_the_average_and_one_without_starts_it_from_its_w
     import dataclasses
 
     from captioning.model.folder import ModelDir
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     caplog.set_level(logging.INFO, logger="captioning.train")
     folder = str(tmp_path / "resumed")
     shutil.copytree(averaged["folder"], folder)
-    trainer = Trainer(dataclasses.replace(averaged["cfg"], train=dataclasses.replace(averaged["cfg"].train, steps=6)),
+    trainer = Trainer(for_training(dataclasses.replace(averaged["cfg"], train=dataclasses.replace(averaged["cfg"].train, steps=6))),
                       folder)
     trainer.folder.release()
     assert_same(averaged_of(trainer), averaged["average"][4], rtol=0)
@@ -183,7 +185,7 @@ def test_a_resumed_run_restores_the_average_and_one_without_starts_it_from_its_w
     # train.ema_decay turned on for a folder trained without it: the average starts from the restored weights
     cfg = ModelDir(trained_model_dir).read_config()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, ema_decay=0.9))
-    later = Trainer(cfg, trained_model_dir)
+    later = Trainer(for_training(cfg), trained_model_dir)
     later.folder.release()
     assert later.current_step() == 60
     assert_same(averaged_of(later), raw(later.model, averaged_positions(later.model)), rtol=0)
@@ -200,10 +202,11 @@ def rewritten(averaged, folder, averages):
     import tensorflow as tf
 
     from captioning.model.checkpoints import AVERAGE
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     shutil.copytree(averaged["folder"], folder)
-    trainer = Trainer(averaged["cfg"], folder)  # resumed from ckpt-4: the weights, optimizer, step and average
+    trainer = Trainer(for_training(averaged["cfg"]), folder)  # resumed from ckpt-4: the weights, optimizer, step and average
     trainer.folder.release()
     holder = tf.Module()
     holder.averages = averages(trainer, dict(trainer.average.holder.averages))
@@ -233,6 +236,7 @@ def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged
     import dataclasses
 
     from captioning.model.folder import ModelDir
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     trainable, statistics = averaged["trainable"], averaged["statistics"]
@@ -244,7 +248,7 @@ def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged
     assert_same(raw(loaded.model, statistics), {i: weights[i] for i in statistics}, rtol=0)
     caplog.set_level(logging.INFO, logger="captioning.train")
     cfg = averaged["cfg"]
-    trainer = Trainer(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6)), older)
+    trainer = Trainer(for_training(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6))), older)
     trainer.folder.release()
     got = averaged_of(trainer)
     assert_same({i: got[i] for i in trainable}, {i: average[i] for i in trainable}, rtol=0)
@@ -266,6 +270,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
     import keras
     import tensorflow as tf
 
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from captioning.train.steps import make_train_step
 
@@ -276,7 +281,7 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
         train = dataclasses.replace(averaged["cfg"].train, steps=6, steps_per_execution=k,
                                     checkpoint_every_steps=1 if k == 1 else 100)
         data = dataclasses.replace(averaged["cfg"].data, random_crop=False)  # the same crops either way
-        trainer = Trainer(dataclasses.replace(averaged["cfg"], train=train, data=data), folder)
+        trainer = Trainer(for_training(dataclasses.replace(averaged["cfg"], train=train, data=data)), folder)
         assert trainer.run(progress=False)["step"] == 6
         ends[k] = checkpoint_averages(os.path.join(folder, "ckpt-6"))
     expected = averaged["average"][4]
@@ -318,11 +323,12 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
 def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_dir, tmp_path):
     """train.accumulate_steps: 2 (the issue's command with train.ema_decay): 2 optimizer steps of 2 micro-batches
     each, the average recomputed from the weights each step saved."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     folder = tmp_path / "m"
-    trainer = Trainer(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
-                                         "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}"), str(folder))
+    trainer = Trainer(for_training(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
+                                         "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}")), str(folder))
     positions, expected = averaged_positions(trainer.model), averages(trainer)
     assert trainer.run(progress=False)["step"] == 2
     for number in (1, 2):
@@ -432,13 +438,14 @@ def mirrored(data_dir, out_dir):
     import tensorflow as tf
 
     from captioning.data.pipeline import make_dataset
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.distributed_worker import small_config, two_cpus
 
     two_cpus()
     cfg = small_config(data_dir, f"train.ema_decay={DECAY}", "train.clip_gradient_norm=0.05")
-    one = Trainer(cfg, os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(cfg, os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
+    one = Trainer(for_training(cfg), os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     for a, b in zip(one.model.variables, two.model.variables):
         b.assign(a.numpy())

@@ -173,7 +173,7 @@ def test_settings_are_checked_and_refused_in_one_line(hub_presets, tmp_path, mon
     # a relative preset folder is made absolute as a run starts (a model folder is read from anywhere)
     monkeypatch.chdir(os.path.dirname(hub_presets["clip"]))
     cfg = resolve(load_config(None, ["model.encoder=keras_hub", "model.encoder_preset=clip", "model.decoder=attention"]))
-    assert cfg.model.options["encoder_preset"] == hub_presets["clip"]
+    assert cfg.model.components["encoder_preset"] == hub_presets["clip"]
 
 
 def test_a_preset_reads_its_own_size_and_normalisation(hub_presets, tmp_path):

@@ -66,6 +66,7 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference import Captioner, load
     from captioning.inference.export import export
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.helpers import small_train_config
 
@@ -75,7 +76,7 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
                              "data.random_crop=false",
                              "data.cache=features", "train.steps=2", "train.checkpoint_every_steps=2",
                              *(f"model.{k}={v}" for k, v in DECODERS["transformer"].tiny_settings.items()))
-    Trainer(cfg, model_dir).run(progress=False)
+    Trainer(for_training(cfg), model_dir).run(progress=False)
     captioner = Captioner(load(model_dir), DecodeConfig(beam_size=2, max_length=4))
     layout = captioner.token_layout
     assert layout == TokenLayout(4, 4, prefix={"vit": 1, "clip": 1, "siglip": 0, "dinov2": 3}[family])

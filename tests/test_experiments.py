@@ -18,7 +18,7 @@ def load_config(path):
 
 
 def option(c, name):
-    return c.model.options[name]
+    return c.model.components[name]
 
 EXPERIMENTS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.yaml")))
 

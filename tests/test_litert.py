@@ -84,6 +84,7 @@ def decisive_models(prepared_dir, tmp_path_factory):
     says a few captions for every image, its two best often within 0.15 nats of each other, and dynamic_int8's
     agreement was a draw: 77-98.5% over runs of the same recipe. Trained 300 steps, with the same recipe: 100% (Show
     and Tell) and 95-95.5% (attention) over three runs, two of them without op determinism, 2026-11-26."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.helpers import small_train_config
 
@@ -94,7 +95,7 @@ def decisive_models(prepared_dir, tmp_path_factory):
     out = []
     for name, extra in (("sat", []), ("att", ["model.decoder=attention", "model.attention_size=16"])):
         folder = str(tmp_path_factory.mktemp(f"decisive_{name}"))
-        Trainer(small_train_config(prepared_dir, *common, *extra), folder).run(progress=False)
+        Trainer(for_training(small_train_config(prepared_dir, *common, *extra)), folder).run(progress=False)
         out.append(folder)
     return out
 
@@ -378,13 +379,16 @@ def test_a_model_reading_regions_is_refused_before_any_work(tmp_path):
     from captioning.inference import Captioner
     from captioning.inference.litert import export_litert
     from captioning.model import DECODERS, build_model
+    from captioning.model.data_sources import data_source
     from captioning.model.folder import TrainedModel
     from captioning.vocab import RESERVED, Vocabulary
 
     cfg = Config()
     cfg.data.image_size, cfg.data.resize_size = 32, 36
-    model = build_model(12, ModelConfig(decoder="attention", encoder="small_cnn", region_feature_size=8, dropout=0.0,
-                                        options=dict(DECODERS["attention"].tiny_settings)), 32).build_all()
+    cfg.data.features, cfg.model = "regions", ModelConfig(decoder="attention", encoder="small_cnn",
+                                                          region_feature_size=8, dropout=0.0,
+                                                          options=dict(DECODERS["attention"].tiny_settings))
+    model = build_model(12, cfg.model, 32, source=data_source(cfg)).build_all()
     cfg.model = model.cfg
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(8)])
     captioner = Captioner(TrainedModel(model, cfg, vocab, 0, "(untrained)", str(tmp_path / "m")))

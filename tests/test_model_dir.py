@@ -165,38 +165,40 @@ def test_a_relative_data_dir_works_from_any_directory_and_a_moved_one_is_named(p
 
 def test_no_eval_split_is_needed_without_evaluation(shapes_dir, tmp_path):
     from captioning.errors import InputError
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from data_prep.prepare import PrepareOptions, prepare
 
     records = str(tmp_path / "records")
     prepare(PrepareOptions(output_dir=records, split=coco_split_args(shapes_dir, ("train", "test")), workers=1,
                            min_word_count=1), progress=False)
-    assert Trainer(small_train_config(records, "train.steps=2", "train.eval_every_steps=0"),
+    assert Trainer(for_training(small_train_config(records, "train.steps=2", "train.eval_every_steps=0")),
                    str(tmp_path / "m")).run(progress=False)["step"] == 2
     with pytest.raises(InputError, match="split 'val' is not in"):
-        Trainer(small_train_config(records, "train.steps=4", "train.eval_every_steps=2"), str(tmp_path / "m2"))
+        Trainer(for_training(small_train_config(records, "train.steps=4", "train.eval_every_steps=2")), str(tmp_path / "m2"))
 
 
 @pytest.mark.slow
 def test_the_record_of_how_a_model_was_trained_is_kept(prepared_dir, tmp_path):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     model_dir = tmp_path / "m"
-    Trainer(small_train_config(prepared_dir, "train.steps=4"), str(model_dir)).run(progress=False)
+    Trainer(for_training(small_train_config(prepared_dir, "train.steps=4")), str(model_dir)).run(progress=False)
     config = (model_dir / "config.yaml").read_text()
     # a smaller train.steps in the finished folder: nothing to train, nothing rewritten
-    assert Trainer(small_train_config(prepared_dir, "train.steps=2"), str(model_dir)).run(
+    assert Trainer(for_training(small_train_config(prepared_dir, "train.steps=2")), str(model_dir)).run(
         progress=False)["trained_steps"] == 0
     assert (model_dir / "config.yaml").read_text() == config
     # another optimizer from step 4 on: config.yaml says so, history.yaml keeps both
-    Trainer(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam"), str(model_dir)).run(
+    Trainer(for_training(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam")), str(model_dir)).run(
         progress=False)
     assert yaml.safe_load((model_dir / "config.yaml").read_text())["train"]["optimizer"] == "adam"
     history = yaml.safe_load((model_dir / "history.yaml").read_text())
     assert [(h["started_at_step"], h["config"]["train"]["optimizer"], h["config"]["train"]["steps"])
             for h in history] == [(0, "sgd", 4), (4, "adam", 6)]
     # the same config again (a resume): no new entry
-    Trainer(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam"), str(model_dir)).run(
+    Trainer(for_training(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam")), str(model_dir)).run(
         progress=False)
     assert len(yaml.safe_load((model_dir / "history.yaml").read_text())) == 2
 

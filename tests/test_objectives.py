@@ -151,6 +151,7 @@ def test_the_scst_switch_of_every_experiment_is_what_docs_decoders_says():
 @pytest.fixture(scope="module")
 def trained(prepared_dir, tmp_path_factory):
     """Each objective's trainer after 3 steps of a tiny model, with its weights before them."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     runs = {}
@@ -158,7 +159,7 @@ def trained(prepared_dir, tmp_path_factory):
         cfg = small_train_config(prepared_dir, f"train.objective={name}", "train.steps=3", "train.batch_size=10",
                                  "train.optimizer=adam", "train.learning_rate=0.01", "scst.samples=2",
                                  "scst.max_length=20")
-        trainer = Trainer(fit_config(cfg), str(tmp_path_factory.mktemp(name)))
+        trainer = Trainer(for_training(fit_config(cfg)), str(tmp_path_factory.mktemp(name)))
         before = [v.numpy() for v in trainer.model.trainable_variables]
         result = trainer.run(progress=False)
         runs[name] = trainer, before, result

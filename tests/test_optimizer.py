@@ -63,13 +63,14 @@ def test_label_smoothing_is_the_smoothed_cross_entropy_and_perplexity_stays_plai
 def test_a_transformer_trains_with_the_kit(prepared_dir, tmp_path):
     """noam, AdamW and label smoothing together through the training loop: the loss it minimises is the
     smoothed one, above the plain cross-entropy it reports for perplexity."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     cfg = small_train_config(prepared_dir, "model.decoder=transformer", "model.d_model=16", "model.heads=2",
                              "model.ff_size=24", "model.encoder_layers=1", "model.decoder_layers=2",
                              "train.optimizer=adamw", "train.lr_schedule=noam", "train.warmup_steps=4",
                              "train.learning_rate=0.003", "train.label_smoothing=0.1", "train.steps=12")
-    trainer = Trainer(cfg, str(tmp_path / "m"))
+    trainer = Trainer(for_training(cfg), str(tmp_path / "m"))
     assert type(trainer.optimizer).__name__ == "AdamW"
     result = trainer.run(progress=False)
     assert result.step == 12 and np.isfinite(result.losses).all()

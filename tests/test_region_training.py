@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from captioning.config import load_config
+from captioning.config import Config, load_config
 from captioning.data.features_store import FeaturesStore
 from captioning.data.pipeline import make_dataset
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import eval_regions, store_of
 from captioning.errors import InputError
+from captioning.model.data_sources import data_source
 from tests.helpers import distributed_result, run_cli, small_train_config
 
 SPLITS = ("train", "val", "test")
@@ -33,11 +34,12 @@ ATTENTION = ("model.decoder=attention", "model.attention_size=16", "model.embedd
 
 
 def train_regions(data_dir, model_dir, *extra):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     cfg = region_config(data_dir, *ATTENTION, "train.steps=30", "train.checkpoint_every_steps=30",
                         "train.eval_every_steps=30", "train.eval_batches=1", "train.sample_captions=2", *extra)
-    return Trainer(cfg, model_dir).run(progress=False)
+    return Trainer(for_training(cfg), model_dir).run(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +122,7 @@ def test_batches_carry_each_images_regions_padded_with_a_mask(region_data, multi
     train = [i for i, r in PreparedDataset.load(data_dir).image_records().items() if r.split == "train"]
     assert sorted(seen) == sorted(set(train) - {left_out})  # every image with regions once; none without
 
-    training = make_dataset(cfg, "train", training=True, batch_size=8)
+    training = make_dataset(cfg, "train", training=True, batch_size=8, source=data_source(Config(data=cfg)))
     for batch in training.take(3):
         assert set(batch) >= {"regions", "boxes", "region_mask", "input_ids"} and "image" not in batch
         assert batch["regions"].shape[0] == batch["input_ids"].shape[0] == 8  # a copy per caption
@@ -154,7 +156,7 @@ def test_a_store_of_another_dataset_version_or_missing_is_one_line(region_data, 
     data_dir, _ = region_data
     cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=none"]).data
     with pytest.raises(InputError, match="has no features store 'none'"):
-        make_dataset(cfg, "train", training=True, batch_size=4)
+        make_dataset(cfg, "train", training=True, batch_size=4, source=data_source(Config(data=cfg)))
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
     manifest = copy / "features" / "oracle" / "store.json"
@@ -162,7 +164,7 @@ def test_a_store_of_another_dataset_version_or_missing_is_one_line(region_data, 
     manifest.write_text(json.dumps({**document, "dataset": "another"}))
     cfg = load_config(overrides=[f"data.dir={copy}", "data.features=regions", "data.features_store=oracle"]).data
     with pytest.raises(InputError, match="written for another version"):
-        make_dataset(cfg, "train", training=True, batch_size=4)
+        make_dataset(cfg, "train", training=True, batch_size=4, source=data_source(Config(data=cfg)))
 
 
 @pytest.mark.parametrize("extra", [(), ("model.box_geometry=true", "data.captions_per_image=grouped")],
@@ -204,6 +206,7 @@ def test_updown_trains_on_an_imported_store_and_evaluate_captions_the_stores_tes
     its feature size; no encoder pooled these regions), and `captioning evaluate` captions each test image
     the store holds, once, with a finite loss; `caption` refuses new images for such a model."""
     from captioning.model.folder import ModelDir
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     data_dir, left_out = imported_data
@@ -211,7 +214,7 @@ def test_updown_trains_on_an_imported_store_and_evaluate_captions_the_stores_tes
     cfg = region_config(data_dir, "data.features_store=bottomup", "model.decoder=updown", "model.embedding_size=16",
                         "model.lstm_units=16", "model.attention_size=8", "train.optimizer=adam",
                         "train.learning_rate=0.01", "train.steps=12", "train.checkpoint_every_steps=12")
-    result = Trainer(cfg, model_dir).run(progress=False)
+    result = Trainer(for_training(cfg), model_dir).run(progress=False)
     assert result.step == 12 and np.isfinite(result.losses).all() and result.losses[-1] < result.losses[0]
     saved = ModelDir(model_dir).read_config()
     assert (saved.model.decoder, saved.model.region_feature_size, saved.model.box_geometry,
@@ -241,12 +244,13 @@ def test_updown_trains_on_an_imported_store_and_evaluate_captions_the_stores_tes
 
 
 def test_box_geometry_over_a_store_without_boxes_is_refused_before_any_step(imported_data, tmp_path):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     data_dir, _ = imported_data
     model_dir = tmp_path / "model"
     with pytest.raises(InputError) as refused:
-        Trainer(region_config(data_dir, "data.features_store=bottomup", "model.box_geometry=true"), str(model_dir))
+        Trainer(for_training(region_config(data_dir, "data.features_store=bottomup", "model.box_geometry=true")), str(model_dir))
     message = str(refused.value)
     assert "\n" not in message and message.startswith("model.box_geometry appends each region's box to its features")
     assert f"the features store {data_dir}/features/bottomup holds no boxes" in message
@@ -476,15 +480,16 @@ def test_caption_names_the_images_without_a_box_drops_a_nan_box_and_refuses_no_d
 
 
 def test_refusals(region_data, tmp_path):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     data_dir, _ = region_data
     with pytest.raises(InputError, match="model.box_geometry adds the regions' boxes"):
-        Trainer(small_train_config(data_dir, "model.box_geometry=true"), str(tmp_path / "a"))
+        Trainer(for_training(small_train_config(data_dir, "model.box_geometry=true")), str(tmp_path / "a"))
     with pytest.raises(InputError, match="use data.cache: none or memory"):
-        Trainer(region_config(data_dir, "data.cache=disk"), str(tmp_path / "b"))
+        Trainer(for_training(region_config(data_dir, "data.cache=disk")), str(tmp_path / "b"))
     with pytest.raises(InputError, match="holds regions of 128 features: leave the key out"):
-        Trainer(region_config(data_dir, "model.region_feature_size=64"), str(tmp_path / "c"))
+        Trainer(for_training(region_config(data_dir, "model.region_feature_size=64")), str(tmp_path / "c"))
     assert not os.path.exists(tmp_path / "a") or not os.listdir(tmp_path / "a")
 
 
@@ -518,6 +523,7 @@ def test_multi_worker_training_over_regions_ends_with_identical_weights(distribu
 def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path):
     """The region pipeline runs on a tf.data service worker (a process of `captioning data-service`), which
     reads the features store at the same path; the trainer gets batches of regions."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.harness.data_service import Cluster
 
@@ -526,7 +532,7 @@ def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path
     try:
         cfg = region_config(data_dir, f"data.service={cluster.service}", "model.decoder=updown", "train.steps=6",
                             "model.embedding_size=16", "model.lstm_units=16", "model.attention_size=8")
-        result = Trainer(cfg, str(tmp_path / "model")).run(progress=False)
+        result = Trainer(for_training(cfg), str(tmp_path / "model")).run(progress=False)
     finally:
         cluster.close()
     assert result.step == 6 and np.isfinite(result.losses).all()

@@ -229,7 +229,7 @@ def test_extract_refuses_a_configs_encoder_of_random_weights_in_one_line(tmp_pat
     Refused before any work (the registry's random_weights: a ViT always, a keras_hub preset never); a key no chosen
     component reads is refused as train refuses it (item 13)."""
     from captioning.config import ModelConfig
-    from captioning.model import encoder_settings_of
+    from captioning.model import typed_model
     from captioning.model.encoders import ENCODERS
 
     config = tmp_path / "encoder.yaml"
@@ -250,7 +250,7 @@ def test_extract_refuses_a_configs_encoder_of_random_weights_in_one_line(tmp_pat
 
     def random(name, **values):
         cfg = ModelConfig(encoder=name, **values)
-        return ENCODERS[name].random_weights(cfg, encoder_settings_of(cfg))
+        return ENCODERS[name].random_weights(cfg, typed_model(cfg).encoder_settings)
 
     assert random("vit") and random("mobilenet_v2") and not random("mobilenet_v2", encoder_weights="imagenet")
     assert not random("small_cnn", encoder_weights=str(config)) and not random("keras_hub")

@@ -60,13 +60,14 @@ def test_distributed_epoch_sees_every_training_image_once(cluster, prepared_dir)
 def test_training_through_the_service_learns_like_local_training(cluster, prepared_dir, tmp_path):
     """The same config trained locally and with its input from the service (parallel_epochs, the
     service's workers shuffling on their own) lowers the loss alike."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     losses = {}
     for name, extra in (("local", []), ("service", [f"data.service={cluster.service}"])):
         cfg = small_train_config(prepared_dir, "train.steps=80", "train.optimizer=adam", "train.learning_rate=0.02",
                                  *extra)
-        losses[name] = Trainer(cfg, str(tmp_path / name)).run(progress=False).losses
+        losses[name] = Trainer(for_training(cfg), str(tmp_path / name)).run(progress=False).losses
     local, served = np.array(losses["local"]), np.array(losses["service"])
     assert served[-10:].mean() < 0.7 * served[:3].mean(), (local, served)  # it learned
     assert abs(served[-10:].mean() - local[-10:].mean()) < 0.15 * local[-10:].mean(), (local, served)  # as locally

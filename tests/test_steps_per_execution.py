@@ -13,9 +13,10 @@ from tests.harness.training import EXPLODE, Cli, checkpoint_state, read_checkpoi
 
 
 def train(data_dir, model_dir, *extra):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
-    trainer = Trainer(small_train_config(data_dir, *extra), str(model_dir))
+    trainer = Trainer(for_training(small_train_config(data_dir, *extra)), str(model_dir))
     return trainer, trainer.run(progress=False)
 
 
@@ -49,9 +50,10 @@ def test_a_non_finite_step_is_found_at_its_step(prepared_dir, tmp_path, policy):
         extra = ("train.steps=6", "train.checkpoint_every_steps=100", f"train.nan_policy={policy}",
                  f"train.steps_per_execution={k}", *EXPLODE)
         if policy == "stop":
+            from captioning.experiment import for_training
             from captioning.train import Trainer
 
-            trainer = Trainer(small_train_config(prepared_dir, *extra), str(tmp_path / f"k{k}"))
+            trainer = Trainer(for_training(small_train_config(prepared_dir, *extra)), str(tmp_path / f"k{k}"))
             with pytest.raises(NonFiniteError) as e:
                 trainer.run(progress=False)
             bad = int(re.search(r"at step (\d+)", str(e.value))[1])

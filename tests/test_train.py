@@ -22,6 +22,7 @@ small_config = small_train_config
 
 def test_training_lowers_the_loss(data_dir, tmp_path):
     """Also train.profile_steps (steps 3 and 4 profiled, a trace in the train logs): one run for both."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     # lr 0.02: the loss ratio below lands near 0.41 (0.01 gave 0.57-0.60 from run to run: training is not
@@ -29,7 +30,7 @@ def test_training_lowers_the_loss(data_dir, tmp_path):
     cfg = small_config(data_dir, "train.steps=80", "train.optimizer=adam", "train.learning_rate=0.02",
                        "model.embedding_size=32", "model.lstm_units=32", "train.eval_every_steps=80",
                        "train.eval_batches=5", "train.sample_captions=2", "train.profile_steps=[3, 4]")
-    trainer = Trainer(cfg, str(tmp_path / "model"))
+    trainer = Trainer(for_training(cfg), str(tmp_path / "model"))
     before = trainer.evaluate_loss()
     result = trainer.run(progress=False)
     after = trainer.evaluate_loss()
@@ -53,56 +54,60 @@ def test_training_lowers_the_loss(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_resume_continues_from_the_latest_checkpoint(data_dir, tmp_path):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     model_dir = str(tmp_path / "model")
-    first = Trainer(small_config(data_dir, "train.steps=20", "train.checkpoint_every_steps=10"), model_dir).run(
+    first = Trainer(for_training(small_config(data_dir, "train.steps=20", "train.checkpoint_every_steps=10")), model_dir).run(
         progress=False)
     assert first["step"] == 20 and first["trained_steps"] == 20
-    second_trainer = Trainer(small_config(data_dir, "train.steps=30", "train.checkpoint_every_steps=10"), model_dir)
+    second_trainer = Trainer(for_training(small_config(data_dir, "train.steps=30", "train.checkpoint_every_steps=10")), model_dir)
     assert int(second_trainer.step.numpy()) == 20  # restored, not started again
     second = second_trainer.run(progress=False)
     assert second["step"] == 30 and second["trained_steps"] == 10
     names = set(os.listdir(model_dir))
     assert {"ckpt-10.index", "ckpt-20.index", "ckpt-30.index", "config.yaml", "vocab.txt"} <= names
-    done = Trainer(small_config(data_dir, "train.steps=30"), model_dir).run(progress=False)
+    done = Trainer(for_training(small_config(data_dir, "train.steps=30")), model_dir).run(progress=False)
     assert done["trained_steps"] == 0
 
 
 @pytest.mark.slow
 def test_model_dir_of_another_model_is_refused(data_dir, tmp_path):
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     model_dir = str(tmp_path / "model")
-    Trainer(small_config(data_dir, "train.steps=2", "model.encoder_trainable=false"), model_dir).run(progress=False)
+    Trainer(for_training(small_config(data_dir, "train.steps=2", "model.encoder_trainable=false")), model_dir).run(progress=False)
     # fine-tuning continues in the same folder: trainability and dropout are not the architecture
-    finetune = Trainer(small_config(data_dir, "train.steps=4", "model.encoder_trainable=true", "model.dropout=0.1"),
+    finetune = Trainer(for_training(small_config(data_dir, "train.steps=4", "model.encoder_trainable=true", "model.dropout=0.1")),
                        model_dir)
     assert int(finetune.step.numpy()) == 2 and finetune.run(progress=False)["step"] == 4
     with pytest.raises(InputError, match="model.lstm_units"):
-        Trainer(small_config(data_dir, "model.lstm_units=24"), model_dir)
+        Trainer(for_training(small_config(data_dir, "model.lstm_units=24")), model_dir)
     with open(os.path.join(model_dir, "vocab.txt"), "a") as f:
         f.write("extraword\n")
     with pytest.raises(InputError, match="another vocabulary"):
-        Trainer(small_config(data_dir), model_dir)
+        Trainer(for_training(small_config(data_dir)), model_dir)
 
 
 def test_features_cache_needs_a_frozen_encoder_and_no_augmentation(data_dir, tmp_path):
     """Refused with a trainable encoder; with a frozen one and no augmentation it trains
     (test_images_with_different_numbers_of_captions' run)."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     with pytest.raises(InputError, match="data.cache: features"):
-        Trainer(small_config(data_dir, "data.cache=features"), str(tmp_path / "m"))
+        Trainer(for_training(small_config(data_dir, "data.cache=features")), str(tmp_path / "m"))
 
 
 @pytest.mark.slow
 def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
     import keras
 
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
-    trainer = Trainer(small_config(data_dir, "train.steps=3", "train.mixed_precision=true"), str(tmp_path / "m"))
+    trainer = Trainer(for_training(small_config(data_dir, "train.steps=3", "train.mixed_precision=true")), str(tmp_path / "m"))
     assert keras.mixed_precision.global_policy().name == "float32"  # only the model was built mixed
     assert trainer.model.lstm.compute_dtype == "bfloat16" and trainer.model.lstm.variable_dtype == "float32"
     assert trainer.model.logits.compute_dtype == "float32"  # the softmax stays in float32
@@ -116,6 +121,7 @@ def test_grouped_captions_train(data_dir, tmp_path, cache):
     """data.captions_per_image: grouped trains through the whole loop (with colour jitter on the
     images, 3 sampled captions per image and split padding; with cached features), and the validation
     loss still covers every caption."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     extra = ["data.color_jitter=true", "data.group_captions=3", "train.split_padding=true"] if cache == "none" else [
@@ -123,7 +129,7 @@ def test_grouped_captions_train(data_dir, tmp_path, cache):
                                                                  "data.random_crop=false", "data.random_flip=false"]
     cfg = small_config(data_dir, "data.captions_per_image=grouped", f"data.cache={cache}", "train.steps=40",
                        "train.optimizer=adam", "train.learning_rate=0.02", "train.batch_size=10", *extra)
-    trainer = Trainer(cfg, str(tmp_path / "model"))
+    trainer = Trainer(for_training(cfg), str(tmp_path / "model"))
     before = trainer.evaluate_loss()
     result = trainer.run(progress=False)
     after = trainer.evaluate_loss()
@@ -217,6 +223,7 @@ def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
     """COCO images have 5 to 7 captions: feature caching, samples and evaluation batch such images. The run
     is also test_features_cache_needs_a_frozen_encoder_and_no_augmentation's allowed case (data.cache:
     features with a frozen encoder and no random crop trains)."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from data_prep.prepare import PrepareOptions, prepare
     from data_prep.synth import load_split
@@ -238,7 +245,7 @@ def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
     assert manifest["splits"]["val"]["captions"] < 5 * manifest["splits"]["val"]["images"]
     cfg = small_config(records, "train.steps=3", "data.cache=features", "model.encoder_trainable=false",
                        "data.random_crop=false", "train.eval_every_steps=3", "train.sample_captions=4")
-    trainer = Trainer(cfg, str(tmp_path / "model"))
+    trainer = Trainer(for_training(cfg), str(tmp_path / "model"))
     assert trainer.run(progress=False)["step"] == 3
     assert len(trainer.sample_captions(4)) == 4
     assert trainer.evaluate_loss()["tokens"] > 0

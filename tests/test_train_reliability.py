@@ -230,12 +230,13 @@ def test_nan_loss_stops_with_exit_1_and_keeps_the_last_good_checkpoint(data_dir,
 def test_nan_policy_skip_applies_no_update_and_counts(data_dir, tmp_path):
     """In-process on one device: run()'s result, the TensorBoard count, and checkpoints showing that the
     skipped steps changed nothing (weights, batch-norm statistics, optimizer iterations)."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     model_dir = tmp_path / "m"
     cfg = small_train_config(data_dir, "train.steps=5", "train.checkpoint_every_steps=1", "train.nan_policy=skip",
                              *EXPLODE)
-    result = Trainer(cfg, str(model_dir)).run(progress=False)
+    result = Trainer(for_training(cfg), str(model_dir)).run(progress=False)
     skipped = result["skipped_steps"]
     assert result["step"] == 5 and skipped and skipped[0] >= 2 and skipped == list(range(skipped[0], 6))
     good = skipped[0] - 1  # the last step whose update was applied
@@ -290,10 +291,11 @@ def test_nan_policy_skip_under_mirrored_strategy(distributed_runs):
 @pytest.fixture(scope="module")
 def trained_dir(data_dir, tmp_path_factory):
     """A model folder with checkpoints (small_cnn at 32 px, embedding/LSTM 16), made in-process."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     model_dir = tmp_path_factory.mktemp("trained") / "m"
-    Trainer(small_train_config(data_dir, "train.steps=2", "train.checkpoint_every_steps=1"), str(model_dir)).run(
+    Trainer(for_training(small_train_config(data_dir, "train.steps=2", "train.checkpoint_every_steps=1")), str(model_dir)).run(
         progress=False)
     return model_dir
 

@@ -35,6 +35,7 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     folder from another's weights; the same folder switches to SCST from its latest checkpoint with a new
     optimizer; both resume like any run; the document frequencies are counted once and kept in the folder.
     (tests/test_scst.py's SCST-from-cross-entropy runs are these: one run of each kind for both files.)"""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     config = xe_config(tmp_path / "xe.yaml", prepared_dir)
@@ -51,7 +52,7 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     assert os.path.exists(same / "cider_document_frequencies.npz")
     # the SCST folder restores like any run (it resumes below, in the --init-from folder's second command; an SCST
     # step moves the weights: tests/test_objectives.py); TensorBoard's sample captions come with their rewards
-    trainer = Trainer(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=62"), str(same))
+    trainer = Trainer(for_training(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=62")), str(same))
     assert trainer.current_step() == 62
     samples = trainer.sample_captions(2)
     rewards = [float(re.fullmatch(r"reward (\d+\.\d+)", s.note).group(1)) for s in samples]
@@ -150,13 +151,14 @@ def test_a_grouped_batch_says_what_it_holds_and_epochs_count_images(prepared_dir
     first (one image) and the last (images) from a one-step run, the other two's text from the plan that the
     line prints (a step fewer to compile for each)."""
     from captioning.data.prepared import PreparedDataset
+    from captioning.experiment import for_training
     from captioning.train import Trainer
 
     split = PreparedDataset.load(prepared_dir).split("train")
     for batch_size, images, run in ((1, 1, True), (3, 1, False), (7, 1, False), (10, 2, True)):
         cfg = small_train_config(prepared_dir, "data.captions_per_image=grouped", f"train.batch_size={batch_size}",
                                  "train.steps=1")
-        trainer = Trainer(cfg, str(tmp_path / f"m{batch_size}"))
+        trainer = Trainer(for_training(cfg), str(tmp_path / f"m{batch_size}"))
         assert trainer.plan.images == images and trainer.steps_per_epoch == split.images // images
         said = (f"global batch {images} image{'s' if images > 1 else ''} with all their captions (about "
                 f"{images * split.captions_per_image:.0f} captions; train.batch_size {batch_size})")
@@ -175,10 +177,13 @@ def test_an_encoder_learning_rate_scale_with_a_frozen_encoder_is_said_to_do_noth
     """Issue 48 item 16: train.encoder_lr_scale with model.encoder_trainable: false (or regions read, whose encoder
     is not trained) was ignored without a word; one warning line, as decode's settings that do nothing get."""
     from captioning.config import ineffective
+    from captioning.experiment import for_training
+    from captioning.model.data_sources import data_source
     from captioning.train import Trainer
 
-    def lines(*overrides):
-        return ineffective(small_train_config(prepared_dir, *overrides))
+    def lines(*overrides):  # the config's lines and its data source's, as a training run says them
+        cfg = small_train_config(prepared_dir, *overrides)
+        return ineffective(cfg) + data_source(cfg).ineffective()
 
     said = "train.encoder_lr_scale 0.1 does nothing: the encoder is frozen (model.encoder_trainable: false)"
     assert lines("model.encoder_trainable=false", "train.encoder_lr_scale=0.1") == [said]
@@ -187,6 +192,6 @@ def test_an_encoder_learning_rate_scale_with_a_frozen_encoder_is_said_to_do_noth
         "(data.features: regions)"]
     assert lines("train.encoder_lr_scale=0.1") == lines("model.encoder_trainable=false") == []
     with caplog.at_level("WARNING", logger="captioning.train"):
-        Trainer(small_train_config(prepared_dir, "model.encoder_trainable=false", "train.encoder_lr_scale=0.1",
-                                   "train.steps=1"), str(tmp_path / "m"))
+        Trainer(for_training(small_train_config(prepared_dir, "model.encoder_trainable=false", "train.encoder_lr_scale=0.1",
+                                   "train.steps=1")), str(tmp_path / "m"))
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [said]

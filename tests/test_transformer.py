@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from captioning.config import ModelConfig
 from captioning.errors import InputError
-from captioning.model import build_model, settings_of
+from captioning.model import build_model, typed_model
 from tests.harness.decoder_contract import check_stepping
 
 V, SIZE = 40, 32
@@ -123,13 +123,14 @@ def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_train
     from captioning.inference import Captioner
     from captioning.model import DECODERS, check_caption_length
     from captioning.model.folder import TrainedModel
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from captioning.train.objectives.scst import ScstSettings
     from captioning.vocab import RESERVED, Vocabulary
 
     short = ModelConfig(decoder="transformer", options={"max_positions": 12})
-    assert DECODERS["transformer"].max_caption_length(settings_of(short)) == 12
-    assert {name: cls.max_caption_length(settings_of(ModelConfig(decoder=name))) for name, cls in DECODERS.items()
+    assert DECODERS["transformer"].max_caption_length(typed_model(short).decoder_settings) == 12
+    assert {name: cls.max_caption_length(typed_model(ModelConfig(decoder=name)).decoder_settings) for name, cls in DECODERS.items()
             if name != "transformer"} == {"attention": None, "show_and_tell": None, "updown": None}
     check_caption_length(short, "decode.max_length", 12)
     message = ("decode.max_length is 13, but model.decoder transformer decodes captions of at most 12 words "
@@ -148,7 +149,7 @@ def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_train
         changes = {"decode": DecodeConfig(max_length=12), **changes}
         cfg = Config(data=DataConfig(dir=str(tmp_path / "none")), model=short, **changes)
         with pytest.raises(InputError, match=rf"^{key} is \d+, but model.decoder transformer"):
-            Trainer(cfg, str(tmp_path / "m"))  # before the data is read: there is none
+            Trainer(for_training(cfg), str(tmp_path / "m"))  # before the data is read: there is none
     assert not os.path.exists(tmp_path / "m")
 
 
@@ -160,13 +161,14 @@ def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_train
 def test_settings_that_cannot_work_are_one_line(options, message):
     cfg = ModelConfig(decoder="transformer", options={"decoder_layers": 2, **options})
     with pytest.raises(InputError) as info:
-        settings_of(cfg)
+        typed_model(cfg)
     assert str(info.value) == message
 
 
 @pytest.mark.slow
 def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path):
     """SCST draws its samples by stepping: through the Transformer's cache, under the training loop."""
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from captioning.train.objectives.scst import ScstSettings
     from tests.helpers import small_train_config
@@ -175,7 +177,7 @@ def test_self_critical_training_samples_through_the_cache(prepared_dir, tmp_path
                              "model.ff_size=24", "model.encoder_layers=1", "model.decoder_layers=2",
                              "train.objective=scst", "scst.samples=3", "scst.max_length=20", "train.optimizer=adam",
                              "train.learning_rate=0.001", "train.batch_size=10", "train.steps=3")
-    result = Trainer(cfg, str(tmp_path / "m")).run(progress=False)
+    result = Trainer(for_training(cfg), str(tmp_path / "m")).run(progress=False)
     assert result.step == 3 and np.isfinite(result.losses).all()
 
 
@@ -184,6 +186,7 @@ def test_cached_grid_features_and_init_from_carry_a_transformer(prepared_dir, tm
     """data.cache: features keeps the encoder's grid on disk (the Transformer's encoder layers run on it);
     --init-from starts another folder from the trained weights; a changed width is refused."""
     from captioning.errors import InputError
+    from captioning.experiment import for_training
     from captioning.train import Trainer
     from captioning.train.objectives.scst import ScstSettings
     from tests.helpers import small_train_config
@@ -191,14 +194,14 @@ def test_cached_grid_features_and_init_from_carry_a_transformer(prepared_dir, tm
     sizes = ["model.decoder=transformer", "model.d_model=16", "model.heads=2", "model.ff_size=24",
              "model.encoder_layers=1", "model.decoder_layers=2", "train.optimizer=adam", "train.learning_rate=0.003"]
     frozen = ["model.encoder_trainable=false", "data.random_crop=false", "data.random_flip=false"]
-    first = Trainer(small_train_config(prepared_dir, *sizes, *frozen, "data.cache=features", "train.steps=6"),
+    first = Trainer(for_training(small_train_config(prepared_dir, *sizes, *frozen, "data.cache=features", "train.steps=6")),
                     str(tmp_path / "first"))
     assert first.run(progress=False).step == 6
     assert any(name.startswith("features-train-") for name in os.listdir(tmp_path / "first" / "cache"))
-    second = Trainer(small_train_config(prepared_dir, *sizes, "train.steps=2"), str(tmp_path / "second"),
+    second = Trainer(for_training(small_train_config(prepared_dir, *sizes, "train.steps=2")), str(tmp_path / "second"),
                      init_from=str(tmp_path / "first"))
     for a, b in zip(first.model.decoder_variables(), second.model.decoder_variables()):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     with pytest.raises(InputError, match="holds a model with other model.d_model"):
-        Trainer(small_train_config(prepared_dir, *sizes, "model.d_model=32", "train.steps=2"), str(tmp_path / "third"),
+        Trainer(for_training(small_train_config(prepared_dir, *sizes, "model.d_model=32", "train.steps=2")), str(tmp_path / "third"),
                 init_from=str(tmp_path / "first"))

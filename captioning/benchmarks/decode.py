@@ -118,17 +118,16 @@ class GrowingPrefix(PrefixRecomputer):
 def _untrained_model(config: str | None, overrides: tuple[str, ...], vocab_size: int = 1_000):
     """An untrained model of ``config``'s model and data sections (default: the shapes demo's,
     ``small_cnn`` on 32² crops with an LSTM of 256) and a vocabulary of ``vocab_size`` words."""
-    from captioning.config import load_config
-    from captioning.model import build_model, resolve
+    from captioning.experiment import load
     from captioning.model.folder import TrainedModel
     from captioning.vocab import RESERVED, Vocabulary
 
     defaults = ["data.image_size=32", "data.resize_size=36", "model.encoder=small_cnn", "model.dropout=0",
                 "model.embedding_size=256", "model.lstm_units=256"] if config is None else []
-    cfg = resolve(load_config(config, overrides, defaults=defaults))  # the LSTM's sizes unread by a Transformer
+    experiment = load(config, overrides, defaults=defaults)  # the LSTM's sizes unread by a Transformer
     vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
-    model = build_model(len(vocab), cfg.model, cfg.data.image_size, seed=0).build_all()
-    return TrainedModel(model, cfg, vocab, step=0, checkpoint="(untrained)", model_dir="")
+    model = experiment.build_model(len(vocab), seed=0).build_all()
+    return TrainedModel(model, experiment.config, vocab, step=0, checkpoint="(untrained)", model_dir="")
 
 
 def _jpegs(count: int, size: int, seed: int = 0) -> list[bytes]:

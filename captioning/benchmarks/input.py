@@ -309,8 +309,11 @@ def _pipelines(cfg: DataConfig, split: str, files: list[str], encoded: list[byte
                                  batch_size=batch), count),
     }
     if regions:  # the same pipeline reading a features store's regions instead of decoding JPEGs
+        from captioning.model.data_sources import data_source
+
         read = dataclasses.replace(cfg, features="regions", features_store=regions, cache="none")
-        pipelines["regions"] = (make_dataset(read, split, training=True, batch_size=batch), count)
+        source = data_source(config_lib.Config(data=read))
+        pipelines["regions"] = (make_dataset(read, split, training=True, batch_size=batch, source=source), count)
     return pipelines
 
 

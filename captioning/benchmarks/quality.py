@@ -59,6 +59,7 @@ def run(config: str, overrides: tuple[str, ...] = (), data_dir: str | None = Non
 def _measure(config: str, overrides: tuple[str, ...], data_dir: str | None, eval_every: int, target: float,
              split: str, model_dir: str | None, progress: bool) -> dict:
     from captioning.evaluation.evaluate import evaluate
+    from captioning.experiment import for_training
     from captioning.train import train
 
     cfg = config_lib.load_config(config, overrides)
@@ -74,7 +75,7 @@ def _measure(config: str, overrides: tuple[str, ...], data_dir: str | None, eval
     try:
         log.info("time to quality: training %s for %d steps in %s, a checkpoint every %d", config, steps, model_dir,
                  eval_every)
-        result = train(cfg, model_dir, progress=progress)
+        result = train(for_training(cfg), model_dir, progress=progress)
         if result.interrupted:
             raise InputError(f"the training run was interrupted ({result.interrupted}) at step {result.step}: "
                              "no time to quality")

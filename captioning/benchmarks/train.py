@@ -79,15 +79,16 @@ def run(config: str, overrides: tuple[str, ...] = (), steps: int = 300, warmup: 
 def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, data_dir: str | None,
              progress: bool) -> dict:
     from captioning.data.batching import epoch_captions_per_image
-    from captioning.data.prepared import PreparedDataset
+    from captioning.experiment import for_training
     from captioning.train import train
-    from captioning.model import resolve
-    from captioning.train.objectives import fit_config, objective_class
+    from captioning.train.objectives import objective_class
 
-    cfg = fit_config(resolve(config_lib.load_config(config, overrides)))  # as training will run it
+    cfg = config_lib.load_config(config, overrides)
     if data_dir:
         cfg.data.dir = data_dir
-    stored = PreparedDataset.load(cfg.data.dir).split(cfg.data.train_split).captions_per_image
+    experiment = for_training(cfg)  # as training will run it
+    cfg = experiment.config  # the run's lengths below are the benchmark's own (typed values, checked above)
+    stored = experiment.dataset.split(cfg.data.train_split).captions_per_image
     per_image = epoch_captions_per_image(cfg.data, stored)  # data.group_captions: k per image
     cfg.train.steps = warmup + steps
     cfg.train.eval_every_steps = 0
@@ -100,7 +101,7 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
                  model_dir)
         parts: dict = {}
         with common.counting_xla_compilations() as counted:
-            result = train(cfg, model_dir, progress=progress,
+            result = train(experiment, model_dir, progress=progress,
                            then=lambda trainer: parts.update(_parts(trainer), graph_nodes=_graph_nodes(trainer)))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)

@@ -152,20 +152,19 @@ def run_train(args) -> int:
 
     # the config file's errors before TensorFlow loads (main() has read it already: that one, not again)
     cfg = getattr(args, "loaded_config", None) or load_config(args.config, args.overrides)
-    from captioning.model import resolve  # TensorFlow loads here (the decoders' modules)
+    from captioning.experiment import for_training  # TensorFlow loads here (the registries' modules)
     from captioning.train import Interrupted, NonFiniteError, train
-    from captioning.train.objectives import fit_config
 
-    # the decoder's own settings, the objective's batches: before TensorFlow's runtime starts
-    cfg = fit_config(resolve(cfg))
+    # typed once, fitted to the objective and the data: before TensorFlow's runtime starts
+    experiment = for_training(cfg)
     from captioning.model.folder import read_folders
 
     # never the prepared dataset, a preset or the config it reads
     check_output_folder(args.model_dir, "`model_dir`", params=("model_dir",), inputs=(args.config,),
-                        read_folders=read_folders(cfg, data=True))
+                        read_folders=read_folders(experiment.config, data=True))
 
     try:
-        result = train(cfg, args.model_dir, progress=not args.quiet, init_from=args.init_from)
+        result = train(experiment, args.model_dir, progress=not args.quiet, init_from=args.init_from)
     except NonFiniteError as e:  # train.nan_policy: stop
         print(f"captioning train: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -326,7 +325,7 @@ def add_caption(sub) -> None:
 def run_caption(args) -> int:
     from captioning.errors import InputError
     from captioning.inference import caption
-    from captioning.inference.captioner import check_boxes
+    from captioning.model.data_sources import data_source
     from captioning.model.folder import ModelDir
 
     _decoding_given(args)  # before anything is read
@@ -337,7 +336,8 @@ def run_caption(args) -> int:
             folder.refuse_output(args.html, "`html`", params=("html",))
         check_output_file(args.html, "`html`", params=("html",), inputs=files + (args.detections or []), kind="html")
     configs = {folder.path: folder.read_config() for folder in folders}  # before the models load: what they read
-    regions = [path for path, cfg in configs.items() if cfg is not None and cfg.data.features == "regions"]
+    sources = {path: data_source(cfg) for path, cfg in configs.items() if cfg is not None}  # what each model reads
+    regions = [path for path, source in sources.items() if source.takes_boxes]
     if regions and not args.detections:
         raise InputError(f"the model in {regions[0]} reads regions: give each image's boxes with --detections "
                          "FILE (COCO detection results or instances file)", params=("detections",))
@@ -345,7 +345,7 @@ def run_caption(args) -> int:
         raise InputError(f"--detections: the model in {args.model_dir[0]} reads its encoder's grid, not regions (it "
                          "was not trained with data.features: regions)", params=("detections",))
     for path in regions:
-        check_boxes(configs[path], path)
+        sources[path].check_boxes(path)
     boxes = caption.detections_for(files, args.detections) if regions else None
     captioner = _captioner(args)
     results = caption.caption_files(captioner, files, progress=not args.quiet, boxes=boxes)

@@ -118,12 +118,12 @@ def run_extract(args) -> int:
         raise InputError("give exactly one of --model-dir (a trained model's encoder) or --config (a config's)",
                          params=("model_dir", "config"))
     if args.config:  # a config's encoder, with the weights it names
-        from captioning.config import load_config
-        from captioning.model import build_encoder, encoder_class, encoder_settings_of, resolve
+        from captioning.experiment import load
+        from captioning.model import build_encoder
 
-        config = resolve(load_config(args.config, args.overrides))  # a key no chosen component reads: refused
-        settings = encoder_settings_of(config.model)
-        if encoder_class(config.model.encoder).random_weights(config.model, settings):
+        experiment = load(args.config, args.overrides)  # typed once: a key no chosen component reads is refused
+        config, settings = experiment.config, experiment.encoder.settings
+        if experiment.encoder.cls.random_weights(config.model, settings):
             raise InputError(f"--config: model.encoder {config.model.encoder} would pool regions from random weights "
                              "(model.encoder_weights: none): give model.encoder_weights (imagenet or a weights file), "
                              "a keras_hub preset, or a trained model with --model-dir", params=("config",))

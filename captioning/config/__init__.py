@@ -9,9 +9,10 @@
 """
 
 from captioning.config.loader import (COMPONENT_SECTIONS, ComponentSection, Config, ModelConfig, all_keys, from_dict,
-                                      ineffective, load_config, save_config, to_dict, validate, with_absolute_paths)
+                                      ineffective, load_config, save_config, save_record, to_dict, validate,
+                                      with_absolute_paths)
 from captioning.config.sections import DataConfig, DecodeConfig, DistributeConfig, TrainConfig
 
 __all__ = ["COMPONENT_SECTIONS", "ComponentSection", "Config", "DataConfig", "DecodeConfig", "DistributeConfig",
-           "ModelConfig", "TrainConfig", "all_keys", "from_dict", "ineffective", "load_config", "save_config",
+           "ModelConfig", "TrainConfig", "all_keys", "from_dict", "ineffective", "load_config", "save_config", "save_record",
            "to_dict", "validate", "with_absolute_paths"]

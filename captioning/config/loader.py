@@ -22,20 +22,10 @@ Example (``experiments/show_and_tell_coco_finetune.yaml``)::
       learning_rate: 0.0005
 
 **Where things are.** This module is the loader: reading the files, ``--set``, the checks across
-sections (:func:`validate`), writing a config back (:func:`save_config`). Beside it, in the base every
-stage may import:
-
-* :mod:`captioning.config.settings` — the one typing engine: what a section is (a dataclass whose fields are
-  its keys, each with its default, type, choices or range), :func:`~captioning.config.settings.section_from`,
-  which types and checks a mapping of values against one, and the sizes' upper bounds (``MAX_*``);
-* :mod:`captioning.config.sections` — the sections every stage reads, ``data:``, ``train:``,
-  ``distribute:`` and ``decode:``. They stay in the base rather than moving into the stage that uses each
-  most: the loader types them, before TensorFlow loads, and the base imports no stage (a stage's modules
-  bring TensorFlow, and the layering forbids it); and several stages read each (its docstring says
-  which). ``model:``'s shared keys (:class:`ModelConfig`) are here, beside the loader that keeps the
-  decoder's keys in the same section;
-* :mod:`captioning.config.migrations` — the format versions of a saved config and the migrations
-  between them, a module that only grows.
+sections (:func:`validate`), writing a config back (:func:`save_config`); the package's other modules
+(:mod:`captioning.config`) hold the typing engine, the shared sections and the migrations. The sections
+every stage reads stay in this base package rather than in the stage that uses each most: the loader
+types them before TensorFlow loads, the base imports no stage, and several stages read each.
 
 **Components own their settings.** ``model:`` holds the keys every model has (:class:`ModelConfig`: the
 decoder's name, the encoder, dropout) and, in the same section, the chosen decoder's own settings
@@ -44,8 +34,8 @@ A training objective's settings are a section of their own, named after it (``sc
 objective's module (``captioning.train.objectives.scst.ScstSettings``). This module imports no stage, so
 it keeps those keys as given — in :attr:`ModelConfig.options`, and in a :class:`ComponentSection` for
 ``scst:`` — and the component's stage types and checks them with the same ``section_from``
-(``captioning.model.resolve``, ``captioning.train.objectives.resolve``; ``captioning train`` and
-``benchmark train`` do both before anything is read or written). There a decoder's or encoder's key that the
+(``captioning.model.resolve``, ``captioning.train.objectives.resolve``), once, when the composition root
+(``captioning.experiment``) makes the config an experiment, before anything is read or written. There a decoder's or encoder's key that the
 user gave (with ``--set`` or in the file itself, not in a ``base:``: :meth:`Config.given` says which) and the
 chosen ones do not read is refused (``captioning.model.check_read``). A new decoder or objective adds no
 field here; a new objective section adds one :class:`Config` field (tests/test_objectives.py checks
@@ -68,7 +58,7 @@ from captioning.config.migrations import FORMAT_VERSION, migrate
 from captioning.config.sections import DataConfig, DecodeConfig, DistributeConfig, TrainConfig
 from captioning.errors import InputError, excerpt
 from captioning.fileio import atomic_write_text
-from captioning.config.settings import (MAX_FEATURE_SIZE, Given, Section, between, choices, convert, fields_of, type_hints,
+from captioning.config.settings import (MAX_FEATURE_SIZE, NOT_A_KEY, Given, Section, between, choices, convert, fields_of, type_hints,
                                  unknown_key)
 
 
@@ -100,8 +90,27 @@ class ModelConfig(Section):
     # whose weights it then starts from), so `caption --detections` and the SavedModel can pool the regions of
     # new images from their boxes; false for imported features (a detector this project cannot run)
     regions_from_encoder: bool = False
-    # the decoder's own keys: {name: value} as the file gave them, or {name: Given(text)} from --set
-    options: dict = field(default_factory=dict)
+    # the decoder's and the encoder's own keys as given, until they are typed: {name: value} as the file gave
+    # them, or {name: Given(text)} from --set
+    options: dict = field(default_factory=dict, metadata=NOT_A_KEY)
+    # the chosen decoder's and encoder's settings (instances of their classes' settings_class), typed once by
+    # the model stage (captioning.model.type_components, which empties options); None until then
+    decoder_settings: typing.Any = field(default=None, metadata=NOT_A_KEY)
+    encoder_settings: typing.Any = field(default=None, metadata=NOT_A_KEY)
+
+    @property
+    def components(self) -> dict:
+        """The decoder's and the encoder's keys, ``{name: value}``: every one of them, typed, once they are
+        (:attr:`typed`); as given until then."""
+        if not self.typed:
+            return dict(self.options)
+        return {name: getattr(one, name) for one in (self.decoder_settings, self.encoder_settings)
+                for name in fields_of(type(one))}
+
+    @property
+    def typed(self) -> bool:
+        """Whether the components' settings are typed (:attr:`decoder_settings`, :attr:`encoder_settings`)."""
+        return self.decoder_settings is not None
 
 
 class ComponentSection(dict):
@@ -128,12 +137,15 @@ class Config:
     # train.objective: scst — the SCST objective's settings, captioning.train.objectives.scst.ScstSettings once
     # the training stage typed them (a ComponentSection until then)
     scst: object = field(default_factory=ComponentSection)
+    # where each key got its value when the config was loaded, {key: "file" | "base" | "set"} (:meth:`given`);
+    # a copy of the config keeps it (no section: it is not written back)
+    provenance: dict = field(default_factory=dict, repr=False, compare=False, metadata=NOT_A_KEY)
 
     def given(self, key: str) -> str | None:
         """Where ``key`` (``"data.captions_per_image"``) got its value when this config was loaded:
         ``"file"`` (the config file named), ``"base"`` (one of its ``base:`` files, or a program's
         ``defaults``), ``"set"`` (an override), or None (its default)."""
-        return getattr(self, "_given", {}).get(key)
+        return self.provenance.get(key)
 
 
 _ALL = {name: f.default_factory for name, f in fields_of(Config).items()}  # every section, in file order
@@ -285,7 +297,7 @@ def load_config(path: str | None = None, overrides: typing.Sequence[str] = (), c
     _set_overrides(config, overrides, given, "set")
     for name in _SECTIONS:
         getattr(config, name).check(f"{name}.")
-    object.__setattr__(config, "_given", given)
+    config.provenance = given
     return config
 
 
@@ -317,8 +329,8 @@ def to_dict(config: Config) -> dict:
             out[name] = {k: _plain(v) for k, v in section.items()}
             continue
         values = {k: _plain(getattr(section, k)) for k in fields_of(type(section))}  # a typed component's too
-        if name == "model":
-            values.update({k: _plain(v) for k, v in section.options.items()})
+        if name == "model":  # the components' keys: typed, every one; as given until then
+            values.update({k: _plain(v) for k, v in section.components.items()})
         out[name] = values
     return out
 
@@ -336,28 +348,34 @@ def from_dict(data: dict) -> Config:
 
 def save_config(config: Config, path: str) -> None:
     """Writes the resolved config (every key, and the format version) as YAML, atomically."""
-    atomic_write_text(path, yaml.safe_dump({"format_version": FORMAT_VERSION, **to_dict(config)}, sort_keys=False))
+    save_record(to_dict(config), path)
+
+
+def save_record(record: dict, path: str) -> None:
+    """Writes a config's record (:func:`to_dict`'s sections and keys) with the format version as YAML,
+    atomically: what :func:`load_config` with ``complete=True`` reads back."""
+    atomic_write_text(path, yaml.safe_dump({"format_version": FORMAT_VERSION, **record}, sort_keys=False))
 
 
 def ineffective(config: Config) -> list[str]:
     """One line for each setting that does nothing with the others, across sections (a warning, not an error, as
-    :meth:`~captioning.config.sections.DecodeConfig.ineffective`'s: a base config may serve several runs).
+    :meth:`~captioning.config.sections.DecodeConfig.ineffective`'s: a base config may serve several runs; a data
+    source's are its own ``ineffective``).
 
     >>> ineffective(Config(train=TrainConfig(encoder_lr_scale=0.1)))[0]
     'train.encoder_lr_scale 0.1 does nothing: the encoder is frozen (model.encoder_trainable: false)'
     """
     out = []
-    d, m, t = config.data, config.model, config.train
-    if t.encoder_lr_scale != TrainConfig().encoder_lr_scale and (not m.encoder_trainable or d.features == "regions"):
-        why = ("the encoder is frozen (model.encoder_trainable: false)" if not m.encoder_trainable else
-               "the encoder is not trained when the decoder reads regions (data.features: regions)")
-        out.append(f"train.encoder_lr_scale {t.encoder_lr_scale:g} does nothing: {why}")
+    m, t = config.model, config.train
+    if t.encoder_lr_scale != TrainConfig().encoder_lr_scale and not m.encoder_trainable:
+        out.append(f"train.encoder_lr_scale {t.encoder_lr_scale:g} does nothing: the encoder is frozen "
+                   "(model.encoder_trainable: false)")
     return out
 
 
 def validate(config: Config) -> None:
-    """Checks that concern several sections at once (each section checks its own keys as it loads);
-    raises InputError."""
+    """Checks that concern several sections at once (each section checks its own keys as it loads; what
+    ``data.features`` asks of the others is its data source's ``check``, a stage's); raises InputError."""
     d, m = config.data, config.model
     if not d.dir:
         raise InputError("data.dir is not set: point it at a folder written by `captioning prepare`")
@@ -365,12 +383,6 @@ def validate(config: Config) -> None:
         raise InputError("data.cache: features caches the frozen encoder's outputs, so it needs "
                          "model.encoder_trainable: false and data.random_crop, data.random_flip and "
                          "data.color_jitter all false")
-    if m.box_geometry and d.features != "regions":
-        raise InputError("model.box_geometry adds the regions' boxes to their features: it needs data.features: "
-                         "regions")
-    if m.region_feature_size and d.features != "regions":
-        raise InputError(f"model.region_feature_size ({m.region_feature_size}) is the size of region features: "
-                         "it needs data.features: regions")
     if config.train.steps_per_execution > 1 and d.service:
         raise InputError(f"train.steps_per_execution ({config.train.steps_per_execution}) reads the batches inside "
                          "the compiled call, where a stalled tf.data service cannot be watched: use 1 with "

@@ -38,7 +38,7 @@ class DataConfig(Section):
     # region features of the features store data.features_store inside data.dir (`captioning features import` or
     # `extract`): no JPEG is decoded, each image brings its own number of regions, padded per batch with a
     # mask (captioning.data.region_input); the image augmentations and image sizes do not apply to them
-    features: str = field(default="images", metadata=choices("images", "regions"))
+    features: str = "images"  # a data source's name (captioning.model.data_sources.DATA_SOURCES: images, regions)
     features_store: str = "regions"  # data.features: regions — the store's name (DATA/features/NAME)
     # data.features: regions — each batch's region count is rounded up to a multiple of this (masked), so a
     # compiled step sees few shapes (captioning.data.region_input); 1: the batch's largest
@@ -89,17 +89,6 @@ class DataConfig(Section):
     # the shuffles' seed, and with each element's place in the stream its every random draw (data/seeds.py)
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))
 
-    def evaluation_input(self) -> dict:
-        """The keys that decide what evaluation gives the model for each image: models whose values agree
-        read the same batches (an ensemble is evaluated over one input).
-
-        >>> DataConfig(image_size=64, resize_size=72).evaluation_input()
-        {'features': 'images', 'image_size': 64, 'resize_size': 72}
-        """
-        if self.features == "regions":
-            return {"features": self.features, "features_store": self.features_store}
-        return {"features": self.features, "image_size": self.image_size, "resize_size": self.resize_size}
-
     def check(self, prefix: str = "data.") -> None:
         if self.image_size > self.resize_size:
             raise InputError(f"{prefix}image_size ({self.image_size}) cannot exceed {prefix}resize_size "
@@ -109,10 +98,6 @@ class DataConfig(Section):
                              f"grouped, not {self.captions_per_image}")
         if list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)) or any(b < 1 for b in self.bucket_boundaries):
             raise InputError(f"{prefix}bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
-        if self.features == "regions" and self.cache in ("disk", "features"):
-            raise InputError(f"{prefix}cache: {self.cache} caches decoded images or their encoder features; "
-                             f"{prefix}features: regions reads a features store, which is on disk already: use "
-                             f"{prefix}cache: none or memory")
         if not self.service:
             return
         from captioning.config.addresses import parse_address

@@ -167,14 +167,19 @@ def type_hints(cls) -> typing.Mapping[str, typing.Any]:
     return types.MappingProxyType(typing.get_type_hints(cls))
 
 
+# the metadata of a dataclass field that is no config key (what a section holds besides its keys: the
+# components' settings as given and as typed, where each key's value came from)
+NOT_A_KEY = {"key": False}
+
+
 def fields_of(cls) -> dict[str, dataclasses.Field]:
-    """The keys of a section dataclass, ``{name: field}`` (``ModelConfig``'s without its ``options``, which
-    hold the decoder's keys as given)."""
-    return {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+    """The keys of a section dataclass, ``{name: field}``: its fields but those marked :data:`NOT_A_KEY`
+    (``ModelConfig``'s ``options``, which hold the components' keys as given, and their typed settings)."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("key", True)}
 
 
 def keys_of(cls) -> list[str]:
-    """The keys of a section dataclass (``ModelConfig``'s without its ``options``)."""
+    """The keys of a section dataclass (:func:`fields_of`'s names)."""
     return list(fields_of(cls))
 
 

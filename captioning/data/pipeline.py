@@ -21,8 +21,9 @@ by the command's :class:`captioning.data.integrity.ShardReader`.
 im2txt's colour distortions (``data.color_jitter``) are not here: they run on the device, in the
 training step (:mod:`captioning.data.augment`), where they cost a fraction of what they cost the CPU.
 
-``features: regions`` replaces the image stages with the regions of a features store
-(:mod:`captioning.data.region_input`): no JPEG is decoded; batches carry ``regions``, ``boxes`` and
+A data source that reads a features store (``features: regions``, handed in as ``source``: a
+:class:`captioning.model.data_sources.base.DataSource`, whose registry comes after this stage) replaces the image
+stages with the store's regions (:mod:`captioning.data.region_input`): no JPEG is decoded; batches carry ``regions``, ``boxes`` and
 ``region_mask`` instead of ``image``, padded per batch to its largest number of regions.
 
 ``cache: features`` replaces the image stages: the frozen encoder runs once over every image (central
@@ -57,7 +58,7 @@ from captioning.data.batching import epoch_captions_per_image, grouped_batches, 
 from captioning.data.feature_cache import features_dataset
 from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
-from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images, store_of
+from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images
 from captioning.data.preprocessor import ImagePreprocessor
 from captioning.data.reading import image_dataset, pipeline_images, sources_of, train_crop
 from captioning.data.seeds import CROPS, seeded
@@ -71,7 +72,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
                  repeat: bool | None = None, max_images: int | None = None,
                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
                  service_job: str | None = None,
-                 preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
+                 preprocessor: ImagePreprocessor | None = None, source=None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features" | "regions", "boxes", "region_mask"; "input_ids", "target_ids",
     "mask"}`` (see the module docstring).
 
@@ -86,7 +87,9 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     when not given; the reader then stays with the returned dataset, as ``.shard_reader``). ``preprocessor``: the
     encoder's (:meth:`captioning.model.encoders.base.ImageEncoder.preprocessor`), which resizes and crops the
     images; default: the geometry of ``data.image_size`` and ``data.resize_size``
-    (:meth:`~captioning.data.preprocessor.ImagePreprocessor.of`).
+    (:meth:`~captioning.data.preprocessor.ImagePreprocessor.of`). ``source``: the data source
+    (:func:`captioning.model.data_sources.data_source`), asked for the features store read instead of the images
+    (:meth:`~captioning.model.data_sources.base.DataSource.features_store`); None: the images.
 
     **Through the tf.data service** (``data.service``, training only): all of the above, the cache too,
     runs on the service's workers and batches arrive here (:func:`captioning.data.service.distribute`).
@@ -103,7 +106,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         repeat = wanted and cfg.service_mode == "parallel_epochs"  # distributed_epoch: repeated below
     dataset, shards = sources_of(cfg, dataset, shards)
     preprocessor = preprocessor or ImagePreprocessor.of(cfg)
-    store = store_of(cfg, dataset) if cfg.features == "regions" else None
+    store = source.features_store(dataset) if source is not None else None
     if training:
         _check_every_pipeline_has_an_image(split, dataset, store, input_context)
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
@@ -215,7 +218,7 @@ def _caption_batches(ds: tf.data.Dataset, key: str, cfg: DataConfig, split: str,
     per_image = dataset.split(split).captions_per_image
     if training:
         per_image = epoch_captions_per_image(cfg, per_image)
-    keys, finish = ((REGION_KEYS, functools.partial(padded, multiple=cfg.region_pad_multiple)) if key == "regions"
+    keys, finish = ((REGION_KEYS, functools.partial(padded, multiple=cfg.region_pad_multiple)) if key in REGION_KEYS
                     else ((key,), None))
     if training and cfg.captions_per_image == "grouped":  # evaluation sees every caption once either way
         return grouped_batches(ds, keys, cfg, batch_size, per_image, finish, input_context)

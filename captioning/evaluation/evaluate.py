@@ -44,7 +44,7 @@ each model's default unless ``--weights`` is given, the hash of its key covering
 **Ensembles.** Several model folders (``--model-dir A --model-dir B``; :mod:`captioning.model.ensemble`) are
 evaluated as one model: each step averages their word probabilities, and the perplexity is the averaged
 distribution's. They must share a vocabulary and read the same input (the same image sizes, or the same
-features store: :meth:`captioning.config.sections.DataConfig.evaluation_input`). The result is kept in the first
+features store: :meth:`captioning.model.data_sources.base.DataSource.evaluation_input`). The result is kept in the first
 folder, its key marked ``-ensemble<M>-<hash of the checkpoints>`` and its document holding ``"members"``
 (each model's checkpoint); ``checkpoint_step`` and the default decoding are the first model's.
 
@@ -77,8 +77,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 
@@ -90,14 +88,13 @@ from captioning.model.base import IMAGE_INPUTS
 from captioning.evaluation import grounding, hallucination, metrics, relations
 from captioning.evaluation.endings import bad_endings
 from captioning.evaluation.diversity import diversity
-from captioning.evaluation.results import (EvaluationResult, options_label, real_captions, result_name,
-                                           settings_label, used_decoding)
+from captioning.evaluation.results import (EvaluationResult, ensemble_label, options_label, real_captions,
+                                           result_name, settings_label, short_hash, stored_result, used_decoding)
 from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.data.pipeline import make_dataset
-from captioning.data.reading import eval_images, references
-from captioning.data.region_input import eval_regions, store_of
+from captioning.data.reading import references
 from captioning.data.integrity import ShardReader
 from captioning.model.decode import empty_captions_warning, ids_to_text
 from captioning.model.ensemble import check_same_input, model_dirs
@@ -147,7 +144,6 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     ``"ema"`` (the weight average), ``"raw"``, or None (the average when the checkpoint holds one)."""
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
-    folder = ModelDir(dirs[0])
     if output is not None:  # never over what it reads (models' files, presets, data, instances) nor others' JSON
         for path in dirs + ([os.path.dirname(checkpoint) or "."] if checkpoint else []):
             ModelDir(path).refuse_output(output, "`output`", params=("output",), data=True, data_dir=data_dir)
@@ -156,64 +152,128 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     objects = hallucination.load_objects(instances) if instances else None  # the synthetic shapes' or COCO's
     shapes = hallucination.shapes_of(objects)  # what grounding reads (None for COCO's)
     trained = inference.load(dirs, checkpoint, weights)  # weights: "ema", "raw", None (the average when there is one)
-    members = trained.members
-    check_same_input(members)
+    check_same_input(trained.members)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization).with_overrides(decode_overrides)
-    decode, beam_size = used_decoding(decode)  # what runs: greedy is beam 1, sampling has no beam
-    max_length, length_normalization = decode.max_length, decode.length_normalization
-    # one pass over the split: nothing to cache; --data-dir points at the records if they moved
-    dataset = _prepared_dataset(trained, folder, data_dir)
-    cfg = dataclasses.replace(trained.config.data, cache="none", dir=dataset.path)
-    split_images = dataset.split(split).images
-    partial = max_images if max_images and max_images < split_images else None
-    # the key: the same data, checkpoint and settings, or a new evaluation
-    foreign = not folder.owns_checkpoint(trained.checkpoint)
-    checkpoints = [os.path.realpath(m.checkpoint) for m in members]
-    ensemble = _ensemble_label([c + ("#ema" if m.weights == "ema" else "") for c, m in zip(checkpoints, members)])
-    averaged = "-ema" if any(m.weights == "ema" for m in members) else ""  # the weight average: another result
-    name = result_name(split, trained.step, beam_size, max_length, length_normalization, partial,
-                       dataset.identity[:8], _short_hash(trained.checkpoint) if foreign else "",
-                       options_label(decode) + averaged + ensemble)
-    stored = _stored(folder.file(os.path.join("eval", name + ".json")), baseline, spice, shapes is not None,
-                     os.path.abspath(instances) if instances else None, dataset.identity, checkpoints)
+    run = _Evaluation.of(trained, ModelDir(dirs[0]), decode, split, max_images, data_dir)
+    stored = stored_result(run.file(".json"), baseline, spice, shapes is not None,
+                     os.path.abspath(instances) if instances else None, run.dataset.identity, run.checkpoints)
     if stored is not None:
         log.info("%s is evaluated already (checkpoint step %d, these settings): the stored result, unchanged",
                  split, trained.step)
         if output:
             atomic_write_json(output, stored)
         return EvaluationResult(stored)
-    path = folder.file(os.path.join("eval", name + ".json"))
-    check_output_file(path, "the evaluation result")  # a read-only model folder: before an hour of decoding
+    check_output_file(run.file(".json"), "the evaluation result")  # a read-only model folder: before the decoding
     metrics.start_meteor()  # its JVM loads its tables (~4 s) while the split is captioned
-    # the best caption of each image is scored; the others (decode.top_k > 1: beams or samples, best first) count
-    # in the diversity among each image's captions
-    captioner = inference.Captioner(trained, decode)
+    result, captioned = _caption_and_score(run, objects, instances, spice, max_images, batch_size, progress)
+    _add_measures(run, result, captioned, objects, shapes, instances, baseline)
+    _write(run, result, captioned, output)
+    return result
+
+
+@dataclasses.dataclass
+class _Evaluation:
+    """One evaluation's identity: the trained model(s) and the decoding that runs, the dataset and split read,
+    and the key its result is kept under (the same data, checkpoint and settings, or a new evaluation)."""
+
+    trained: object
+    folder: ModelDir
+    decode: object  # the decode: section that runs
+    beam_size: int | None  # greedy is beam 1, sampling has no beam
+    split: str
+    dataset: PreparedDataset
+    data: object  # the data: section read (one pass over the split: nothing cached)
+    partial: int | None  # the first images of the split only
+    checkpoints: list[str]
+    label: str  # the decoding options, the weight average and the ensemble, as names and tags carry them
+    name: str
+
+    @classmethod
+    def of(cls, trained, folder: ModelDir, decode, split: str, max_images: int | None,
+           data_dir: str | None) -> "_Evaluation":
+        decode, beam_size = used_decoding(decode)
+        dataset = _prepared_dataset(trained, folder, data_dir)  # --data-dir points at the records if they moved
+        split_images = dataset.split(split).images
+        partial = max_images if max_images and max_images < split_images else None
+        members = trained.members
+        foreign = not folder.owns_checkpoint(trained.checkpoint)
+        checkpoints = [os.path.realpath(m.checkpoint) for m in members]
+        ensemble = ensemble_label([c + ("#ema" if m.weights == "ema" else "") for c, m in zip(checkpoints, members)])
+        averaged = "-ema" if any(m.weights == "ema" for m in members) else ""  # the weight average: another result
+        label = options_label(decode) + averaged + ensemble
+        name = result_name(split, trained.step, beam_size, decode.max_length, decode.length_normalization, partial,
+                           dataset.identity[:8], short_hash(trained.checkpoint) if foreign else "", label)
+        return cls(trained, folder, decode, beam_size, split, dataset,
+                   dataclasses.replace(trained.config.data, cache="none", dir=dataset.path), partial, checkpoints,
+                   label, name)
+
+    def file(self, suffix: str) -> str:
+        return self.folder.file(os.path.join("eval", self.name + suffix))
+
+    @property
+    def tag(self) -> str:
+        """The TensorBoard tag of its scalars."""
+        return (settings_label(self.beam_size, self.decode.max_length, self.decode.length_normalization) + self.label
+                + (f"-first{self.partial}" if self.partial else ""))
+
+
+@dataclasses.dataclass
+class _Captioned:
+    """What captioning a split gave: the best caption of each image, every caption of it (``decode.top_k``),
+    the references' cross-entropy, an attending decoder's weights and, reading regions, their boxes."""
+
+    candidates: dict
+    every: dict
+    refs: dict
+    loss: object
+    attention: dict
+    boxes: dict | None
+    scores: dict
+    token_layout: object  # where the encoder's tokens sit (None: no layout, or regions)
+
+
+def _caption_and_score(run: _Evaluation, objects, instances, spice: bool, max_images: int | None, batch_size: int,
+                       progress: bool) -> tuple[EvaluationResult, _Captioned]:
+    """Captions the split and scores the best caption of each image with pycocoevalcap; the others
+    (``decode.top_k`` > 1: beams or samples, best first) count in the diversity among each image's captions."""
+    captioner = inference.Captioner(run.trained, run.decode)
+    total = run.partial or run.dataset.split(run.split).images
     # a damaged shard: one line naming it (InputError), not a DataLossError traceback
-    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-        refs = references(cfg, split, dataset=dataset, shards=shards)  # parsed, not decoded: seconds
+    with ShardReader(run.data.skip_corrupt) as shards, shards.named_errors():
+        refs = references(run.data, run.split, dataset=run.dataset, shards=shards)  # parsed, not decoded: seconds
         if objects is not None:  # the instances file is checked before the hour of decoding, not after
-            grounding.check_covers(objects, refs, split, instances)
+            grounding.check_covers(objects, refs, run.split, instances)
         candidates, loss, attention, boxes, every = _read_and_caption(
-            captioner, cfg, dataset, shards, split, max_images, batch_size, partial or split_images, progress)
+            captioner, run.data, run.dataset, shards, run.split, max_images, batch_size, total, progress)
         refs = {image_id: refs[image_id] for image_id in candidates}
     log.info("scoring %d captions with pycocoevalcap (PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr)",
              len(candidates))
     scores = metrics.coco_metrics(refs, candidates, spice=spice)
+    trained, decode = run.trained, run.decode
     result = EvaluationResult(
-        metrics=scores, split=split, checkpoint_step=trained.step, num_images=len(candidates),
-        all_images=partial is None, beam_size=beam_size, max_length=max_length,
-        length_normalization=length_normalization, loss=loss.loss, perplexity=loss.perplexity,
-        dataset=dataset.identity, data_dir=os.path.abspath(dataset.path),
+        metrics=scores, split=run.split, checkpoint_step=trained.step, num_images=len(candidates),
+        all_images=run.partial is None, beam_size=run.beam_size, max_length=decode.max_length,
+        length_normalization=decode.length_normalization, loss=loss.loss, perplexity=loss.perplexity,
+        dataset=run.dataset.identity, data_dir=os.path.abspath(run.dataset.path),
         checkpoint=os.path.realpath(trained.checkpoint),
-        decode={**dataclasses.asdict(decode), "beam_size": beam_size})  # sampling: no beam
+        decode={**dataclasses.asdict(decode), "beam_size": run.beam_size})  # sampling: no beam
+    members = trained.members
     result["weights"] = [m.weights for m in members] if len(members) > 1 else members[0].weights  # "ema", "raw"
     if len(members) > 1:
-        result["members"] = checkpoints
-    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
-        train_refs = references(cfg, trained.config.data.train_split, dataset=dataset, shards=shards)
+        result["members"] = run.checkpoints
+    return result, _Captioned(candidates, every, refs, loss, attention, boxes, scores, captioner.token_layout)
+
+
+def _add_measures(run: _Evaluation, result: EvaluationResult, captioned: _Captioned, objects, shapes, instances,
+                  baseline: bool) -> None:
+    """Diversity, bad endings, CHAIR (``instances``), the most frequent caption's scores (``baseline``) and, on
+    the synthetic shapes, grounding: naming, relations and where an attending decoder looked."""
+    candidates, refs = captioned.candidates, captioned.refs
+    with ShardReader(run.data.skip_corrupt) as shards, shards.named_errors():
+        train_refs = references(run.data, run.trained.config.data.train_split, dataset=run.dataset, shards=shards)
     train_texts = [t for texts in train_refs.values() for t in texts]
-    result["diversity"] = diversity(every, len(trained.vocab), train_texts)
+    result["diversity"] = diversity(captioned.every, len(run.trained.vocab), train_texts)
     result.update(bad_endings(candidates.values()))
     if objects is not None:
         result.update(hallucination.results(objects, candidates, refs, os.path.abspath(instances)))
@@ -222,37 +282,41 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
         log.info("baseline: the most frequent training caption for every image: %r", constant)
         result["baseline"] = metrics.coco_metrics(refs, {i: constant for i in candidates})
         result["baseline_caption"] = constant
-    if shapes is not None:
-        result["grounding"] = {"instances": os.path.abspath(instances),
-                               "naming": grounding.naming_accuracy(shapes, candidates).to_json(),
-                               "relations": relations.relation_accuracy(shapes, candidates).to_json()}
-        layout = captioner.token_layout
-        if attention and (boxes is not None or layout is not None):
-            located = grounding.attention_localisation(
-                shapes, attention, None if layout is None else (layout.rows, layout.cols), cfg.resize_size,
-                cfg.image_size, regions=boxes, prefix=0 if layout is None else layout.prefix)
-            result["grounding"]["attention"] = located.to_json()
-        elif attention:
-            log.info("attention on the named shapes: not measured, model.encoder %s declares no layout of its tokens",
-                     trained.config.model.encoder)
+    if shapes is None:
+        return
+    result["grounding"] = {"instances": os.path.abspath(instances),
+                           "naming": grounding.naming_accuracy(shapes, candidates).to_json(),
+                           "relations": relations.relation_accuracy(shapes, candidates).to_json()}
+    layout, attention, boxes = captioned.token_layout, captioned.attention, captioned.boxes
+    if attention and (boxes is not None or layout is not None):
+        located = grounding.attention_localisation(
+            shapes, attention, None if layout is None else (layout.rows, layout.cols), run.data.resize_size,
+            run.data.image_size, regions=boxes, prefix=0 if layout is None else layout.prefix)
+        result["grounding"]["attention"] = located.to_json()
+    elif attention:
+        log.info("attention on the named shapes: not measured, model.encoder %s declares no layout of its tokens",
+                 run.trained.config.model.encoder)
 
+
+def _write(run: _Evaluation, result: EvaluationResult, captioned: _Captioned, output: str | None) -> None:
+    """The predictions, the result (last: a metrics file means the evaluation is complete), ``output`` and the
+    TensorBoard scalars; a full disk or a read-only folder in one line."""
+    path = run.file(".json")
     try:
-        atomic_write_json(folder.file(os.path.join("eval", name + ".predictions.json")),
-                          [{"image_id": i, "caption": c, "captions": every[i]}  # the k captions: mBLEU-4 again
-                           for i, c in sorted(candidates.items())])
-        atomic_write_json(path, result)  # last: a metrics file means the evaluation is complete
+        atomic_write_json(run.file(".predictions.json"),
+                          [{"image_id": i, "caption": c, "captions": captioned.every[i]}  # the k captions: mBLEU-4
+                           for i, c in sorted(captioned.candidates.items())])
+        atomic_write_json(path, result)
         if output:
             atomic_write_json(output, result)
-        with tf.summary.create_file_writer(folder.file(os.path.join("logs", f"eval_{split}"))).as_default(
-                step=trained.step):
-            tag = (settings_label(beam_size, max_length, length_normalization) + options_label(decode) + averaged
-                   + ensemble + (f"-first{partial}" if partial else ""))
-            for metric, value in scores.items():
-                tf.summary.scalar(f"{tag}/{metric}", value)
-            tf.summary.scalar(f"{tag}/perplexity", result.perplexity)
+        with tf.summary.create_file_writer(run.folder.file(os.path.join("logs", f"eval_{run.split}"))).as_default(
+                step=run.trained.step):
+            for metric, value in captioned.scores.items():
+                tf.summary.scalar(f"{run.tag}/{metric}", value)
+            tf.summary.scalar(f"{run.tag}/perplexity", result.perplexity)
             for key in ("bad_ending_rate",) + hallucination.SCALARS:
                 if result.get(key) is not None:
-                    tf.summary.scalar(f"{tag}/{key}", result[key])
+                    tf.summary.scalar(f"{run.tag}/{key}", result[key])
     except (OSError, tf.errors.OpError) as e:
         full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
         if full is None and not isinstance(e, OSError):
@@ -260,8 +324,6 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
         raise full or InputError(f"cannot write the evaluation results to {os.path.dirname(path)}: "
                                  f"{e.strerror or e}") from None
     log.info("wrote %s", path)
-    return result
-
 
 
 def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: int | None, batch_size: int,
@@ -271,15 +333,12 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     reading regions each image's region boxes (image id → [n, 4]; None otherwise), and every caption of each
     image, best first (its real ones, :func:`captioning.evaluation.results.real_captions`: up to ``decode.top_k``). A model reading regions
     captions the split's images that have regions in its features store."""
-    regions = cfg.features == "regions"
-    if regions:
-        batches = eval_regions(cfg, split, store_of(cfg, dataset), batch_size, max_images=max_images)
-    else:
-        batches = eval_images(cfg, split, batch_size, max_images=max_images, dataset=dataset, shards=shards,
-                              preprocessor=captioner.trained.preprocessor)
+    source = captioner.trained.members[0].model.source  # the members read one input (check_same_input)
+    batches = source.eval_batches(split, batch_size, max_images=max_images, dataset=dataset, shards=shards,
+                                  preprocessor=captioner.trained.preprocessor)
     decode = tf.function(captioner.decode_batch, reduce_retracing=True, autograph=False)
     vocab = captioner.trained.vocab
-    candidates, attention, boxes, every = {}, {}, ({} if regions else None), {}
+    candidates, attention, boxes, every = {}, {}, {}, {}
     bar = tqdm(total=total, desc=f"caption {split}", unit="img", disable=None if progress else True)
     for batch in batches:
         out = decode({key: value for key, value in batch.items() if key in IMAGE_INPUTS + ("image_id",)})
@@ -288,12 +347,12 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
             image_id = int(image_id)
             text = candidates[image_id] = texts[row][0] if texts[row] else ""  # the best caption
             every[image_id] = texts[row]
-            real = int(batch["region_mask"][row].numpy().sum()) if regions else None
-            if regions:
-                boxes[image_id] = batch["boxes"][row, :real].numpy()
+            seen = source.seen_regions(batch, row)  # reading regions: the boxes of the row's real ones
+            if seen is not None:
+                boxes[image_id] = seen
             if "attention" in out:
                 weights = out["attention"][row, 0, :out["lengths"][row, 0]].numpy()
-                attention[image_id] = (text.split(), weights[:, :real] if regions else weights)
+                attention[image_id] = (text.split(), weights if seen is None else weights[:, :len(seen)])
         bar.update(len(batch["image_id"]))
     bar.close()
     empty = empty_captions_warning(candidates.values())  # never silent (every caption has a word: a bug if any)
@@ -302,45 +361,6 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
     loss = evaluation_loss(captioner.trained.model, make_dataset(cfg, split, training=False, batch_size=batch_size,
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards,
-                                                                 preprocessor=captioner.trained.preprocessor))
-    return candidates, loss, attention, boxes, every
-
-
-def _short_hash(path: str) -> str:
-    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8]
-
-
-def _ensemble_label(checkpoints: list[str]) -> str:
-    """``""`` for one model; for an ensemble ``-ensemble<M>-`` and a hash of its checkpoints (in any order: the
-    average does not depend on it).
-
-    >>> _ensemble_label(["/m/a/ckpt-5"]), _ensemble_label(["/m/a/ckpt-5", "/m/b/ckpt-9"])[:10]
-    ('', '-ensemble2')
-    """
-    if len(checkpoints) == 1:
-        return ""
-    digest = hashlib.sha256("\n".join(sorted(checkpoints)).encode()).hexdigest()[:8]
-    return f"-ensemble{len(checkpoints)}-{digest}"
-
-
-def _stored(path: str, baseline: bool, spice: bool, grounded: bool, instances: str | None, dataset: str,
-            checkpoints: list[str]) -> dict | None:
-    """The result already stored under this key, if it is of the same dataset and checkpoint (the key says
-    so; the document is checked too) and holds everything asked for (CHAIR: of the same ``instances`` file)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
-    except (OSError, ValueError):
-        return None
-    members = checkpoints if len(checkpoints) > 1 else None  # (one model's result has no "members")
-    if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoints[0] \
-            or stored.get("members") != members:
-        return None
-    if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
-            (grounded and "relations" not in stored.get("grounding", {})) or \
-            (instances and not hallucination.holds(stored, instances)) or \
-            "distinct_2_per_bigram" not in stored.get("diversity", {}) or "bad_ending_rate" not in stored:
-        # (results of before relations, diversity, CHAIR (COCO's: both readings, named) or bad endings were measured,
-        # or of distinct_2 per bigram)
-        return None
-    return stored
+                                                                 preprocessor=captioner.trained.preprocessor,
+                                                                 source=source))
+    return candidates, loss, attention, boxes or None, every

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 
+from captioning.evaluation.hallucination import holds
 from captioning.model.word_rules import DEAD
 
 def result_name(split: str, step: int, beam_size: int, max_length: int, length_normalization: float,
@@ -121,3 +123,44 @@ class EvaluationResult(dict):
     chair_s_corrected: float | None = _key("chair_s_corrected")
     object_recall_corrected: float | None = _key("object_recall_corrected")
     hallucination_corrected: dict | None = _key("hallucination_corrected")
+
+
+def short_hash(path: str) -> str:
+    """Eight hex digits of ``path``'s real path: a checkpoint of another folder in a result's key."""
+    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8]
+
+
+def ensemble_label(checkpoints: list[str]) -> str:
+    """``""`` for one model; for an ensemble ``-ensemble<M>-`` and a hash of its checkpoints (in any order: the
+    average does not depend on it).
+
+    >>> ensemble_label(["/m/a/ckpt-5"]), ensemble_label(["/m/a/ckpt-5", "/m/b/ckpt-9"])[:10]
+    ('', '-ensemble2')
+    """
+    if len(checkpoints) == 1:
+        return ""
+    digest = hashlib.sha256("\n".join(sorted(checkpoints)).encode()).hexdigest()[:8]
+    return f"-ensemble{len(checkpoints)}-{digest}"
+
+
+def stored_result(path: str, baseline: bool, spice: bool, grounded: bool, instances: str | None, dataset: str,
+            checkpoints: list[str]) -> dict | None:
+    """The result already stored under this key, if it is of the same dataset and checkpoint (the key says
+    so; the document is checked too) and holds everything asked for (CHAIR: of the same ``instances`` file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        return None
+    members = checkpoints if len(checkpoints) > 1 else None  # (one model's result has no "members")
+    if not isinstance(stored, dict) or stored.get("dataset") != dataset or stored.get("checkpoint") != checkpoints[0] \
+            or stored.get("members") != members:
+        return None
+    if (baseline and "baseline" not in stored) or (spice and "SPICE" not in stored.get("metrics", {})) or \
+            (grounded and "relations" not in stored.get("grounding", {})) or \
+            (instances and not holds(stored, instances)) or \
+            "distinct_2_per_bigram" not in stored.get("diversity", {}) or "bad_ending_rate" not in stored:
+        # (results of before relations, diversity, CHAIR (COCO's: both readings, named) or bad endings were measured,
+        # or of distinct_2 per bigram)
+        return None
+    return stored

@@ -29,6 +29,7 @@ from captioning.inference.regions import boxes_to_regions
 from captioning.errors import InputError
 from captioning.model import check_caption_length
 from captioning.model.base import IMAGE_INPUTS
+from captioning.model.data_sources import data_source
 from captioning.model.ensemble import TrainedEnsemble, load_ensemble, model_dirs
 from captioning.model.folder import ModelDir, TrainedModel
 
@@ -50,14 +51,10 @@ def load(model_dir, checkpoint: str | None = None, weights: str | None = None) -
 
 
 def check_boxes(cfg, model_dir: str) -> None:
-    """An InputError when the model of ``cfg`` reads regions it cannot pool from new images' boxes: they were
-    imported (a detector's features this project cannot compute)."""
-    if cfg.data.features == "regions" and not cfg.model.regions_from_encoder:
-        raise InputError(f"the model in {model_dir} reads the regions of the features store "
-                         f"{cfg.data.features_store!r}, which were not pooled by its encoder (imported features, "
-                         "or an extraction encoder unlike its own): it captions only images of that store "
-                         "(`captioning evaluate`); captions from boxes need a model trained on regions of "
-                         "`captioning features extract`")
+    """An InputError when the model of ``cfg`` (in ``model_dir``) cannot caption new images from their boxes: its
+    data source's check (:meth:`~captioning.model.data_sources.base.DataSource.check_boxes`; regions imported from
+    a detector this project cannot run)."""
+    data_source(cfg).check_boxes(model_dir)
 
 
 def image_keys(encoded):
@@ -106,7 +103,7 @@ class Captioner:
         states, crops, seen, regions = [], {}, None, None
         for member in self.trained.members:
             model = member.model
-            if model.reads_regions:
+            if model.source.takes_boxes:
                 images, sizes = self._squashed(encoded, model.image_size)
                 inputs = boxes_to_regions(model, images, boxes, sizes)
                 states.append(model.image_state(inputs))
@@ -158,21 +155,23 @@ class Captioner:
         return model.token_layout if model.attends else None
 
     @property
-    def reads_regions(self) -> bool:
-        """Whether the model reads regions: :meth:`caption` then needs each image's boxes."""
-        return self.trained.model.reads_regions
+    def takes_boxes(self) -> bool:
+        """Whether a model (of an ensemble, any) reads regions (its data source's
+        :attr:`~captioning.model.data_sources.base.DataSource.takes_boxes`): :meth:`caption` then needs each
+        image's boxes."""
+        return any(member.model.source.takes_boxes for member in self.trained.members)
 
     def check_boxes(self) -> None:
         """An InputError when the model (of an ensemble, any) reads regions it cannot pool from new images
         (imported features)."""
         for member in self.trained.members:
-            check_boxes(member.config, member.model_dir)
+            member.model.source.check_boxes(member.model_dir)
 
     def caption(self, encoded: list[bytes], boxes: list | None = None) -> list[list[Caption]]:
         """Per image, the ``top_k`` captions, best first (with each word's attention weights and the crop
         the model saw, for an attention decoder). A model reading regions takes ``boxes``: per image an
         array ``[n, 4]`` (x, y, width, height pixels; n may be 0), and gives each caption's regions' boxes."""
-        if self.reads_regions:
+        if self.takes_boxes:
             self.check_boxes()
             boxes = [np.asarray(b, np.float32).reshape(-1, 4) for b in (boxes or [()] * len(encoded))]
             most = max([len(b) for b in boxes] + [0])

@@ -92,7 +92,7 @@ class CaptionServer(tf.Module):
         # and boxes for a model reading regions; and the same from serialized tf.train.Examples
         images = tf.TensorSpec([None], tf.string, name="images")
         examples = [tf.TensorSpec([None], tf.string, name="examples")]
-        if captioner.reads_regions:
+        if captioner.takes_boxes:
             self.serve = tf.function(self._serve_regions, input_signature=[
                 images, tf.TensorSpec([None, None, 4], tf.float32, name="boxes")], autograph=False)
         else:
@@ -103,12 +103,12 @@ class CaptionServer(tf.Module):
         """Serialized ``tf.train.Example`` s ``[batch]``: the image bytes under :data:`EXAMPLE_IMAGE_KEY` (and a model
         reading regions: the boxes under :data:`EXAMPLE_BOXES_KEY`, x, y, width, height pixels, flattened)."""
         spec = {EXAMPLE_IMAGE_KEY: tf.io.FixedLenFeature([], tf.string)}
-        if self.captioner.reads_regions:
+        if self.captioner.takes_boxes:
             spec[EXAMPLE_BOXES_KEY] = tf.io.VarLenFeature(tf.float32)
         parsed = tf.io.parse_example(examples, spec)
         # through self.serve, the tf.function: its one trace (the search) serves both signatures, which halves
         # the export's tracing and the graph it stores
-        if not self.captioner.reads_regions:
+        if not self.captioner.takes_boxes:
             return self.serve(parsed[EXAMPLE_IMAGE_KEY])
         flat = tf.sparse.to_dense(parsed[EXAMPLE_BOXES_KEY])  # [batch, 4 n]; zeros pad: boxes of no size
         boxes = tf.reshape(flat, [tf.shape(flat)[0], -1, 4])  # a length not a multiple of 4: an error of the call

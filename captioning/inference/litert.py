@@ -68,10 +68,8 @@ def refusal(captioner: Captioner) -> str | None:
     if captioner.settings.method == "sample":
         return ("--format litert: decode.method=sample cannot be exported: its per-image random draws hash strings "
                 "(tf.strings), which are not LiteRT built-in ops; export greedy or beam search")
-    if any(member.model.reads_regions for member in captioner.trained.members):
-        return ("--format litert: a model reading regions (data.features: regions) cannot be exported: its region "
-                "pooling (tf.image.crop_and_resize) is not a LiteRT built-in op; use the SavedModel export")
-    return None
+    refusals = [member.model.source.litert_refusal for member in captioner.trained.members]  # its data source's
+    return next((why for why in refusals if why), None)
 
 
 class LiteRTGraph(tf.Module):

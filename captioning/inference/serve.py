@@ -330,9 +330,9 @@ def start(captioner, host: str = "127.0.0.1", port: int = 0, limits: Limits = Li
     ``server``: one :func:`bind` made (default: bound here to ``host`` and ``port``); ``connections``: the
     deadlines and bounds (:mod:`~captioning.inference.serve_connections`); ``allowed_hosts``: the names besides
     its address a request's ``Host`` may give (``--allowed-host``)."""
-    if any(member.model.reads_regions for member in captioner.trained.members):
-        raise InputError("the model reads regions, which need each image's boxes from a detector: `captioning "
-                         "serve` takes images alone (use `captioning caption --detections`)")
+    refusals = [member.model.source.serve_refusal for member in captioner.trained.members]  # its data source's
+    if any(refusals):
+        raise InputError(next(why for why in refusals if why))
     server = server or bind(host, port)
     batcher = Batcher(captioner, max_batch=max_batch, wait_ms=batch_wait_ms)
     address, real_port = server.server_address[:2]

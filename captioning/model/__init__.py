@@ -86,7 +86,7 @@ def check_read(cfg: config_lib.Config) -> None:
     defaults) it is left out quietly. One exception, a warning instead: a key in the config file whose choice
     (``model.decoder`` for a decoder's key) was changed with ``--set`` — the file's key was right for the file's
     own choice (``--config experiments/shapes.yaml --set model.decoder=transformer``). A key no component
-    declares is left to :func:`settings_of` (unknown, with the nearest ones)."""
+    declares is left to :func:`typed_model` (unknown, with the nearest ones)."""
     model = cfg.model
     decoder_class(model.decoder), encoder_class(model.encoder)  # an unknown choice is its own error, first
     registries = {"decoder": DECODERS, "encoder": ENCODERS}  # model.decoder, model.encoder choose from them
@@ -110,38 +110,39 @@ def check_read(cfg: config_lib.Config) -> None:
                          f"model.{kind}: {names[0]}")
 
 
-def settings_of(model_cfg: ModelConfig, complete: bool = False):
-    """The chosen decoder's settings (an instance of its ``settings_class``), typed and checked.
-    ``complete``: every one of them must be given (a saved config.yaml)."""
-    cls = decoder_class(model_cfg.decoder)
+def _typed(cls, model_cfg: ModelConfig, complete: bool, what: str):
+    """``cls``'s settings (the chosen decoder's or encoder's ``settings_class``) from ``model_cfg.options``, typed
+    and checked; ``complete``: every one of them must be given (a saved config.yaml)."""
     return settings_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
-                                   where=f"the model section (decoder {model_cfg.decoder})")
+                                     where=f"the model section ({what})")
 
 
-def encoder_settings_of(model_cfg: ModelConfig, complete: bool = False):
-    """The chosen encoder's settings (an instance of its ``settings_class``), typed and checked."""
-    cls = encoder_class(model_cfg.encoder)
-    return settings_lib.section_from(cls.settings_class, _options_of(model_cfg, cls), "model.", complete=complete,
-                                   where=f"the model section (encoder {model_cfg.encoder})")
-
-
-def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config:
-    """A copy of ``cfg`` whose ``model.options`` are exactly the decoder's and the encoder's settings, typed
-    (every one of them, defaults included; the encoder's paths made absolute): what training records and
-    compares. A key the user gave that neither reads is refused first (:func:`check_read`; not in a saved
-    config.yaml, ``complete``, which holds theirs only)."""
-    if not complete:
-        check_read(cfg)
-    out = copy.copy(cfg)
-    encoder = encoder_settings_of(cfg.model, complete)
-    for key in encoder_class(cfg.model.encoder).path_keys:  # a folder or file named relative to here, made absolute
+def typed_model(model_cfg: ModelConfig, complete: bool = False) -> ModelConfig:
+    """A copy of ``model_cfg`` with the chosen decoder's and encoder's settings typed and checked
+    (:attr:`~captioning.config.ModelConfig.decoder_settings`, ``encoder_settings``: every one of them, defaults
+    included; the encoder's paths made absolute) and ``options`` emptied: the one place a component's key is
+    typed. ``model_cfg`` typed already is returned as it is. ``complete``: every key must be given (a saved
+    config.yaml)."""
+    if model_cfg.typed:
+        return model_cfg
+    decoder = _typed(decoder_class(model_cfg.decoder), model_cfg, complete, f"decoder {model_cfg.decoder}")
+    encoder = _typed(encoder_class(model_cfg.encoder), model_cfg, complete, f"encoder {model_cfg.encoder}")
+    for key in encoder_class(model_cfg.encoder).path_keys:  # a folder or file named relative to here, made absolute
         value = getattr(encoder, key)
         if value and os.path.exists(value):
             setattr(encoder, key, os.path.abspath(value))
-    out.model = dataclasses.replace(cfg.model, options={**dataclasses.asdict(settings_of(cfg.model, complete)),
-                                                        **dataclasses.asdict(encoder)})
-    object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
-    return out
+    return dataclasses.replace(model_cfg, options={}, decoder_settings=decoder, encoder_settings=encoder)
+
+
+def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config:
+    """A copy of ``cfg`` whose model section is typed (:func:`typed_model`): what training records and
+    compares. A key the user gave that neither the decoder nor the encoder reads is refused first
+    (:func:`check_read`; not in a saved config.yaml, ``complete``, which holds theirs only)."""
+    if cfg.model.typed:
+        return cfg
+    if not complete:
+        check_read(cfg)
+    return dataclasses.replace(cfg, model=typed_model(cfg.model, complete))
 
 
 def check_caption_length(model_cfg: ModelConfig, key: str, length: int) -> None:
@@ -149,7 +150,7 @@ def check_caption_length(model_cfg: ModelConfig, key: str, length: int) -> None:
     ``scst.max_length``), are more than the decoder of ``model_cfg`` can decode with its settings
     (:meth:`~captioning.model.base.CaptionModel.max_caption_length`)."""
     cls = decoder_class(model_cfg.decoder)
-    limit = cls.max_caption_length(settings_of(model_cfg))
+    limit = cls.max_caption_length(typed_model(model_cfg).decoder_settings)
     if limit is not None and length > limit:
         why = f" (model.{cls.caption_length_setting})" if cls.caption_length_setting else ""
         raise InputError(f"{key} is {length}, but model.decoder {model_cfg.decoder} decodes captions of at most "
@@ -162,43 +163,61 @@ def all_keys() -> list[str]:
                    for f in dataclasses.fields(cls.settings_class)})
 
 
-def architecture_diff(old: config_lib.Config, new: config_lib.Config) -> list[str]:
+def _images_unless(source, model_cfg: ModelConfig):
+    """``source``, or when it is None the images' data source of a model of ``model_cfg``, checked (a model
+    section with region keys is refused in one line: give its source) — :mod:`captioning.model.data_sources`
+    comes after this module, whose functions take a source as an argument."""
+    if source is not None:
+        return source
+    from captioning.model.data_sources.images import Images
+
+    images = Images(config_lib.Config(model=model_cfg))
+    images.check()
+    return images
+
+
+def architecture_diff(old: config_lib.Config, new: config_lib.Config, source=None) -> list[str]:
     """The keys in which the models of two configs differ in their variables' shapes (a checkpoint of
     one does not fit the other): the decoder, the encoder, their ``incompatible_keys``, the image size where
     the encoder's shapes follow it (:meth:`~captioning.model.encoders.base.ImageEncoder.shapes_follow_image_size`);
-    the size of the region features read and whether their boxes are added."""
+    the size of the region features read and whether their boxes are added. ``source``: ``new``'s data source
+    (:func:`captioning.model.data_sources.data_source`; default: the images), asked whether its encoder is pooled."""
     diff = [f"model.{k}" for k in ("decoder", "encoder", "region_feature_size", "box_geometry")
             if getattr(old.model, k) != getattr(new.model, k)]
     if diff:
         return diff
     cls, encoder = decoder_class(new.model.decoder), encoder_class(new.model.encoder)
-    a, b = settings_of(old.model), settings_of(new.model)
+    old_model, new_model = typed_model(old.model), typed_model(new.model)
+    a, b = old_model.decoder_settings, new_model.decoder_settings
     diff = [f"model.{k}" for k in cls.incompatible_keys if getattr(a, k) != getattr(b, k)]
-    a, b = encoder_settings_of(old.model), encoder_settings_of(new.model)
+    a, b = old_model.encoder_settings, new_model.encoder_settings
     diff += [f"model.{k}" for k in encoder.incompatible_keys if getattr(a, k) != getattr(b, k)]
-    pooled = cls.features == "pooled" and not new.model.region_feature_size
+    pooled = _images_unless(source, new.model).encoder_pooled(cls)
     if old.data.image_size != new.data.image_size and encoder.shapes_follow_image_size(b, pooled):
         diff.append(f"data.image_size (the shapes of model.encoder {new.model.encoder}'s variables follow it)")
     return diff
 
 
 def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 0,
-                restoring: bool = False) -> CaptionModel:
+                restoring: bool = False, source=None) -> CaptionModel:
     """The model of ``cfg.decoder`` over the encoder of ``cfg.encoder``, built here once, pooled or as tokens
     as the decoder reads it (a model reading regions keeps the encoder's tokens: it pools the regions of new
     images from them). Not built: call ``build_all()`` to create its variables. ``restoring``: a checkpoint
     brings the weights (the encoder loads none: nothing downloads). ``seed`` seeds the encoder's initial
-    weights as the decoder's (:func:`~captioning.model.encoders.build_encoder`): one seed, one model."""
+    weights as the decoder's (:func:`~captioning.model.encoders.build_encoder`): one seed, one model. ``source``:
+    the data source the model reads (:func:`captioning.model.data_sources.data_source`; default: the images),
+    asked whether the encoder is pooled and trains, and held by the model (``model.source``)."""
+    cfg = typed_model(cfg)
     cls = decoder_class(cfg.decoder)
-    pooled = cls.features == "pooled" and not cfg.region_feature_size
-    encoder = build_encoder(cfg, image_size, settings=encoder_settings_of(cfg), pooled=pooled, restoring=restoring,
-                            seed=seed)
-    model = cls(vocab_size, cfg, encoder, seed=seed, settings=settings_of(cfg))
-    if model.reads_regions:  # training reads regions: the encoder (for new images' regions) is not trained
+    source = _images_unless(source, cfg)
+    encoder = build_encoder(cfg, image_size, settings=cfg.encoder_settings, pooled=source.encoder_pooled(cls),
+                            restoring=restoring, seed=seed)
+    model = cls(vocab_size, cfg, encoder, seed=seed, settings=cfg.decoder_settings, source=source)
+    if not source.encoder_trains:  # regions: the encoder (for new images' regions) is not trained
         model.encoder.trainable = False
     return model
 
 
 __all__ = ["CaptionModel", "DECODERS", "ENCODERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
            "all_layers", "architecture_diff", "build_encoder", "build_model", "check_caption_length", "check_read",
-           "decoder_class", "encoder_class", "encoder_settings_of", "resolve", "settings_of"]
+           "decoder_class", "encoder_class", "resolve", "typed_model"]

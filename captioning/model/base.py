@@ -39,7 +39,8 @@ their state at the cut. :func:`split_point` picks the cut per batch to compute t
 The logits are the same (padded positions, which the loss masks, come out as zeros). Grouped batches
 (whole images with all their captions) gain the most: an image's captions differ in length.
 
-**Regions** (``data.features: regions``, ``model.region_feature_size`` > 0): the decoder reads each image's
+**Regions** (``data.features: regions``, the model's data source :mod:`captioning.model.data_sources.regions`,
+``model.source``): the decoder reads each image's
 regions ``[B, N, D]`` from the batch (``regions``, ``boxes``, ``region_mask``; padded per batch) instead of
 the encoder's grid, and :meth:`CaptionModel.image_features` gives them with their ``mask [B, N]`` (1 for
 a region, 0 for padding). A decoder reading a grid takes them as its cells and must respect the mask:
@@ -181,8 +182,8 @@ class CaptionModel(keras.Model):
       and ``scst.max_length`` are checked against it before a command starts
       (:func:`captioning.model.check_caption_length`);
 
-    and its constructor ``(vocab_size, cfg: ModelConfig, encoder: ImageEncoder, seed=0, settings=None)`` calls
-    :meth:`setup` first, which keeps the built encoder it is handed (:func:`captioning.model.build_model`
+    and its constructor ``(vocab_size, cfg: ModelConfig, encoder: ImageEncoder, seed=0, settings=None, **kwargs)``
+    hands ``kwargs`` (``source``, the data source it reads) to this class's and calls :meth:`setup` first, which keeps the built encoder it is handed (:func:`captioning.model.build_model`
     builds it, pooled or as tokens as :attr:`features` asks: no decoder builds one) as :attr:`encoder` (its
     Keras model from pixels to features), and implements :meth:`initial_state`, :meth:`step`,
     :meth:`teacher_forced` and :meth:`decoder_variables`. Beam
@@ -202,18 +203,29 @@ class CaptionModel(keras.Model):
     image_size: int
     cfg: ModelConfig
 
+    def __init__(self, source=None, **kwargs):
+        """``source``: the data source the model reads (:mod:`captioning.model.data_sources`; default: the
+        images), handed on by a decoder's constructor with its other keyword arguments
+        (:func:`captioning.model.build_model` gives it)."""
+        super().__init__(**kwargs)
+        if source is None:
+            from captioning.model.data_sources.images import Images
+
+            source = Images()
+        self.source = source
+
     def setup(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, settings=None):
         """Records the model's sizes, config and encoder; ``settings`` (an instance of :attr:`settings_class`)
-        default to ``cfg.options`` read as that class declares them. Sets :attr:`encoder` (the encoder's Keras
+        default to ``cfg.decoder_settings`` (typed by :func:`captioning.model.typed_model`). Sets :attr:`encoder` (the encoder's Keras
         model: the checkpoints' ``model/encoder``), :attr:`grid_cells` (its tokens), :attr:`feature_size`
         (the depth of what the decoder reads) and :attr:`token_layout`."""
         self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, encoder.image_size
-        self.settings = settings if settings is not None else section_from(self.settings_class, cfg.options, "model.")
+        self.settings = settings if settings is not None else cfg.decoder_settings
         self.image_encoder = encoder
         self.encoder = encoder.model
         self.grid_cells = encoder.tokens
-        self.feature_size = self.feature_depth(encoder.depth)
-        self.token_layout = None if self.reads_regions else encoder.layout
+        self.feature_size = self.source.feature_depth(encoder.depth)
+        self.token_layout = self.source.token_layout(encoder)
         if untracked(self.encoder):  # then the checkpoint holds all of the encoder's weights by index as well
             self.encoder_weights = _Weights(self.encoder.weights)
 
@@ -233,17 +245,6 @@ class CaptionModel(keras.Model):
         """The decoding state of each image before its first word, from its features ``[B, ...]``; ``mask
         [B, cells]`` (float, 1 where a cell or region is real; None: all are) for a grid decoder."""
         raise NotImplementedError
-
-    @property
-    def reads_regions(self) -> bool:
-        """Whether the model reads region features (``data.features: regions``) instead of its encoder's."""
-        return bool(self.cfg.region_feature_size)
-
-    def feature_depth(self, encoder_depth: int) -> int:
-        """The depth of the features the decoder reads: the encoder's, or the regions' (with their box geometry)."""
-        if not self.reads_regions:
-            return encoder_depth
-        return self.cfg.region_feature_size + (GEOMETRY if self.cfg.box_geometry else 0)
 
     def image_features(self, inputs, training=False):
         """What the batch's images give the decoder: ``(features, mask)``. Pixels (``image``) are encoded,
@@ -365,14 +366,11 @@ class CaptionModel(keras.Model):
         self.built = True
 
     def build_all(self) -> "CaptionModel":
-        """Creates every variable (encoder and decoder) with one tiny forward pass (a model reading regions
-        runs its encoder once more: it extracts the regions of new images)."""
-        image = np.zeros((1, self.image_size, self.image_size, 3), "uint8")
-        if self.reads_regions:
-            self.encode(image)
-            self({"regions": np.zeros((1, 1, self.cfg.region_feature_size), "float16"),
-                  "boxes": np.zeros((1, 1, 4), "float32"), "region_mask": np.ones((1, 1), "float32"),
-                  "input_ids": np.zeros((1, 1), "int64")})
-        else:
-            self({"image": image, "input_ids": np.zeros((1, 1), "int64")})
+        """Creates every variable (encoder and decoder) with one tiny forward pass over the inputs its data source
+        gives (:meth:`~captioning.model.data_sources.base.DataSource.probe_inputs`); a model whose inputs hold no
+        image runs its encoder once more (it extracts the regions of new images)."""
+        inputs = self.source.probe_inputs(self.image_size)
+        if "image" not in inputs:
+            self.encode(np.zeros((1, self.image_size, self.image_size, 3), "uint8"))
+        self({**inputs, "input_ids": np.zeros((1, 1), "int64")})
         return self

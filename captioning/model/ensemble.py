@@ -56,11 +56,6 @@ class Ensemble(tf.Module):
         self.members = models
         self.vocab_size = models[0].vocab_size
 
-    @property
-    def reads_regions(self) -> bool:
-        """Whether any member reads regions (captions then need each image's boxes)."""
-        return any(m.reads_regions for m in self.members)
-
     def image_state(self, inputs, training=False):
         """Each member's decoding state of the batch's images (:meth:`CaptionModel.image_state`), as a tuple."""
         return tuple(m.image_state(inputs, training) for m in self.members)
@@ -166,11 +161,11 @@ def load_ensemble(model_dirs, weights: str | None = None) -> TrainedEnsemble:
 
 def check_same_input(members) -> None:
     """An InputError in one line when the trained models ``members`` read different inputs
-    (:meth:`captioning.config.DataConfig.evaluation_input`): evaluation reads each image once, as all of
-    them read it (``caption`` and ``export`` give each model its own)."""
-    first = members[0].config.data.evaluation_input()
+    (their data sources' :meth:`~captioning.model.data_sources.base.DataSource.evaluation_input`): evaluation
+    reads each image once, as all of them read it (``caption`` and ``export`` give each model its own)."""
+    first = members[0].model.source.evaluation_input()
     for member in members[1:]:
-        other = member.config.data.evaluation_input()
+        other = member.model.source.evaluation_input()
         if other != first:
             differ = ", ".join(f"data.{k} {first.get(k)!r} against {other.get(k)!r}"
                                for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k))

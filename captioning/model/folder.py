@@ -66,12 +66,20 @@ def read_folders(cfg: config_lib.Config, whose: str = "", data: bool = False) ->
 
     folders = {}
     for key in encoder_class(cfg.model.encoder).path_keys:
-        value = (cfg.model.options or {}).get(key)
+        value = getattr(cfg.model.encoder_settings, key) if cfg.model.typed else cfg.model.options.get(key)
         if value and os.path.isdir(value):
             folders[value] = f"model.{key}{' ' + whose if whose else ','}"
     if data and cfg.data.dir:
         folders[cfg.data.dir] = "the prepared dataset"
     return folders
+
+
+def _architecture_diff(old: config_lib.Config, cfg: config_lib.Config) -> list[str]:
+    """:func:`captioning.model.architecture_diff` of ``old`` and ``cfg``, asking ``cfg``'s data source."""
+    from captioning.model import architecture_diff
+    from captioning.model.data_sources import data_source
+
+    return architecture_diff(old, cfg, data_source(cfg))
 
 
 @dataclass
@@ -154,9 +162,7 @@ class ModelDir(CheckpointFiles):
             raise refuse(f"its folder {other.path} has no config.yaml and vocab.txt to tell what it was trained with")
         if old_vocab != vocab:
             raise refuse(f"was trained with another vocabulary ({len(old_vocab)} words against {len(vocab)})")
-        from captioning.model import architecture_diff
-
-        diff = architecture_diff(old, cfg)
+        diff = _architecture_diff(old, cfg)
         if diff:
             raise refuse(f"holds a model with other {', '.join(diff)}")
         log.info("checkpoint %s is of another model folder, %s, with the same vocabulary and architecture", checkpoint,
@@ -243,9 +249,7 @@ class ModelDir(CheckpointFiles):
                              "is damaged; use a new --model-dir")
         old = self.read_config(later)
         if old is not None:
-            from captioning.model import architecture_diff
-
-            diff = architecture_diff(old, cfg)
+            diff = _architecture_diff(old, cfg)
             if diff:
                 raise InputError(f"{self.path} holds a model with other {', '.join(diff)}; "
                                  "use a new `model_dir` or the same model settings", params=("model_dir",))
@@ -267,23 +271,21 @@ class ModelDir(CheckpointFiles):
             raise refuse("lacks its config.yaml or vocab.txt")
         if old_vocab != vocab:
             raise refuse(f"was trained with another vocabulary than {cfg.data.dir}")
-        from captioning.model import architecture_diff
-
-        diff = architecture_diff(old, cfg)
+        diff = _architecture_diff(old, cfg)
         if diff:
             raise refuse(f"holds a model with other {', '.join(diff)}")
 
-    def write(self, cfg: config_lib.Config, vocab: Vocabulary, step: int) -> None:
-        """Records the config a training run starting at ``step`` uses (paths made absolute) and the
-        vocabulary, each atomically. When config.yaml held another config, history.yaml keeps it: every
-        run that changed the config, with the step it started at. The configs are compared as written (an
-        objective's section is typed in ``cfg`` and as written in the folder's)."""
+    def write(self, record: dict, vocab: Vocabulary, step: int) -> None:
+        """Records the config a training run starting at ``step`` uses — ``record``, the experiment's own
+        (``captioning.experiment.Experiment.record``: every key, paths absolute) — and the vocabulary, each
+        atomically. When config.yaml held another config, history.yaml keeps it: every run that changed the
+        config, with the step it started at. The configs are compared as written (an objective's section is
+        typed in the record and as written in the folder's)."""
         import yaml
 
-        cfg = config_lib.with_absolute_paths(cfg)
         try:
             old = self.read_config()
-            if old is None or config_lib.to_dict(old) != config_lib.to_dict(cfg):
+            if old is None or config_lib.to_dict(old) != record:
                 history = []
                 if os.path.exists(self.file(HISTORY)):
                     with open(self.file(HISTORY), encoding="utf-8") as f:
@@ -291,10 +293,10 @@ class ModelDir(CheckpointFiles):
                 if not history and old is not None:  # a folder from before history.yaml: keep what it had
                     history.append({"started_at_step": None, "config": config_lib.to_dict(old)})
                 history.append({"started_at_step": step, "time": datetime.datetime.now().isoformat(timespec="seconds"),
-                                "config": config_lib.to_dict(cfg)})
+                                "config": record})
                 atomic_write_text(self.file(HISTORY), yaml.safe_dump(history, sort_keys=False))
             vocab.save(self.file(VOCAB))
-            config_lib.save_config(cfg, self.file(CONFIG))
+            config_lib.save_record(record, self.file(CONFIG))
         except OSError as e:
             from captioning.fileio import disk_full_error
 
@@ -364,11 +366,13 @@ class ModelDir(CheckpointFiles):
         import tensorflow as tf
 
         from captioning.model import build_model
+        from captioning.model.data_sources import data_source
 
         cfg, vocab = self.require_trained()
         if checkpoint and not self.owns_checkpoint(checkpoint):
             self.check_foreign_checkpoint(checkpoint, cfg, vocab)
-        model = build_model(len(vocab), cfg.model, cfg.data.image_size, restoring=True).build_all()
+        model = build_model(len(vocab), cfg.model, cfg.data.image_size, restoring=True,
+                            source=data_source(cfg)).build_all()
         step = tf.Variable(0, dtype=tf.int64)
         for attempt in range(attempts):
             path = checkpoint or self.latest_checkpoint()

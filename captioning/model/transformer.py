@@ -184,8 +184,8 @@ class Transformer(CaptionModel):
         # not follow Keras' tracked lists.
         self.project_features = layers.Dense(d, kernel_initializer=init(0), name="project_features")
         # a grid's cells have places; regions are a set (their places are in their boxes: model.box_geometry)
-        self.cell_positions = None if self.reads_regions else layers.Embedding(
-            self.grid_cells, d, embeddings_initializer=uniform(0), name="cell_positions")
+        self.cell_positions = layers.Embedding(self.grid_cells, d, embeddings_initializer=uniform(0),
+                                               name="cell_positions") if self.source.tokens_have_places else None
         self.memory_dropout = layers.Dropout(rate, seed=seed + 1, name="memory_dropout")
         for i in range(s.encoder_layers):
             setattr(self, f"encoder_attention_{i}", attention(f"encoder_attention_{i}", 10 + i))

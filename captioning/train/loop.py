@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import shutil
 import time
@@ -20,19 +19,13 @@ import keras
 import tensorflow as tf
 from tqdm import tqdm
 
-from captioning import config as config_lib
 from captioning.data import disk_cache
-from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.data.feature_cache import encoder_key
 from captioning.fileio import disk_full_error
 from captioning.data.pipeline import make_dataset
-from captioning.data.reading import eval_images
-from captioning.data.region_input import eval_regions, store_of
 from captioning.data.service import service_error
-from captioning.train.regions import regions_fitted, start_encoder_from
 from captioning.data.integrity import ShardReader
-from captioning.model import build_model, resolve
 from captioning.model.folder import ModelDir
 from captioning.train import distribute
 from captioning.train.accumulate import Accumulation
@@ -40,13 +33,13 @@ from captioning.train.ema import WeightAverage
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
                                         restore_run, service_watch, wait_for_service)
-from captioning.train.objectives import RunContext, check_caption_lengths, fit_config, objective_class
+from captioning.train.objectives import RunContext, objective_class
 from captioning.train.objectives import resolve as resolve_objectives
 from captioning.train.result import NonFiniteError, TrainResult
 from captioning.train.optimizer import epoch_plan, make_optimizer
 from captioning.train.steps import (Compiled, EvaluationLoss, evaluation_loss, make_multi_step, make_train_step,
                                    steps_in_call)
-from captioning.train.summaries import Sample, Summaries, Window, greedy_samples
+from captioning.train.summaries import Progress, Sample, Summaries, Window, greedy_samples
 
 log = logging.getLogger("captioning.train")
 
@@ -54,17 +47,16 @@ log = logging.getLogger("captioning.train")
 class Trainer:
     """Builds the strategy, data, model, optimizer and checkpoints for one run; :meth:`run` trains."""
 
-    def __init__(self, cfg: config_lib.Config, model_dir: str, strategy: tf.distribute.Strategy | None = None,
+    def __init__(self, experiment, model_dir: str, strategy: tf.distribute.Strategy | None = None,
                  init_from: str | None = None):
-        """``init_from``: another model folder whose latest checkpoint's weights a new folder starts from
-        (e.g. SCST from a cross-entropy model); ignored once this folder has a checkpoint of its own."""
-        cfg = fit_config(resolve(cfg))  # the decoder's settings typed; the batches the objective needs
-        config_lib.validate(cfg)
-        for line in config_lib.ineffective(cfg):  # train.encoder_lr_scale with a frozen encoder, ...
-            log.warning("%s", line)
-        check_caption_lengths(cfg)  # what evaluate decodes and what the objective decodes, against the decoder
-        self.dataset = PreparedDataset.load(cfg.data.dir)
-        cfg, self.extractor = regions_fitted(cfg, self.dataset)
+        """``experiment``: a :class:`captioning.experiment.Experiment` made for training
+        (``captioning.experiment.for_training``: typed, fitted to its objective and data, its dataset open); this
+        stage reads its pieces and types nothing again. ``init_from``: another model folder whose latest
+        checkpoint's weights a new folder starts from (e.g. SCST from a cross-entropy model); ignored once this
+        folder has a checkpoint of its own."""
+        self.experiment = experiment
+        cfg, self.dataset, self.extractor = experiment.config, experiment.dataset, experiment.extractor
+        self.source = experiment.source  # what the model reads (data.features): asked, never tested by name
         self.cfg, self.model_dir = cfg, model_dir
         self.cache_dir = cfg.data.cache_dir or os.path.join(model_dir, "cache")  # data.cache: disk
         # a clear error for a missing split; the eval split only matters when something evaluates
@@ -82,8 +74,7 @@ class Trainer:
         if cfg.train.batch_size % replicas:
             raise InputError(f"train.batch_size {cfg.train.batch_size} must be a multiple of the "
                              f"{replicas} replicas")
-        held = store_of(cfg.data, self.dataset).split(cfg.data.train_split).images if cfg.data.features == "regions" \
-            else None  # regions: the images the store holds
+        held = self.source.held_images(self.dataset, cfg.data.train_split)  # regions: the images the store holds
         self.plan = epoch_plan(self.dataset, cfg, replicas, held)
         self.steps_per_epoch = self.plan.steps_per_epoch
         source = ModelDir(init_from) if init_from else None
@@ -96,7 +87,7 @@ class Trainer:
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(cfg.train.seed)
         with self.strategy.scope():
-            self.model = build_model(len(self.vocab), cfg.model, cfg.data.image_size, seed=cfg.train.seed)
+            self.model = experiment.build_model(len(self.vocab))
             self.model.build_all()
             # a fine-tuned encoder learns at train.encoder_lr_scale times the decoder's rate
             self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16",
@@ -137,12 +128,12 @@ class Trainer:
         self._saved_step = None
         restore_run(self.folder, latest, previous, cfg, source, self.model, self.step, self.optimizer)
         if not latest and source is None and self.extractor:  # a new model reading regions pooled by an encoder
-            start_encoder_from(self.model, self.extractor)
+            self.source.start_encoder(self.model, self.extractor, ModelDir)
         self.average.start(latest)  # the checkpoint's average, else from the weights the run starts with
         if latest:
             self._saved_step = self.current_step()  # so an interrupted run does not write it again
         if self.chief and self.current_step() < cfg.train.steps:  # a finished folder's record stays as it is
-            self.folder.write(cfg, self.vocab, step=self.current_step())
+            self.folder.write(self.experiment.record(), self.vocab, step=self.current_step())
 
     def current_step(self) -> int:
         return int(self.step.numpy())
@@ -160,16 +151,15 @@ class Trainer:
         dataset = self.distributed_dataset(self.cfg.data.train_split, training=True)
         train_step = self.train_step_for(dataset)
         multi_step = self.multi_step() if cfg.steps_per_execution > 1 else None  # k steps a call
-        # under loss scaling an overflowing gradient is the scaler's business: only the loss counts
-        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         batches = iter(dataset)
         summaries = Summaries(self.model_dir, self.chief, self.plan.step_captions, self.objective.parts)
-        summaries.config(config_lib.to_dict(config_lib.with_absolute_paths(self.cfg)))
+        summaries.config(self.experiment.record())
         profiler = StepProfiler(cfg.profile_steps, summaries.train_dir, enabled=self.chief)
-        window = Window()
         bar = tqdm(total=cfg.steps, initial=record.step, desc="train", unit="step", disable=None if progress else True,
                    mininterval=1.0)
-        start = time.perf_counter()
+        progress_of_run = Progress(record, summaries, bar, time.perf_counter())
+        # under loss scaling an overflowing gradient is the scaler's business: only the loss counts
+        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
         # a signal, or a lost tf.data service, while the loop waits for a batch that does not come: another
         # thread saves the last step and ends the run (not across workers, whose saves need them all)
         gate, save = Gate(), (None if distribute.is_multi_worker(self.strategy) else self.save)
@@ -183,57 +173,15 @@ class Trainer:
             preemption = preemption_handler(self.strategy, stop, self.save, self.model_dir)
             try:
                 while self.current_step() < cfg.steps and (preemption is not None or stop.signal_name is None):
-                    # 1. One iteration = ingestion (waiting for the batch) + the train step; with
-                    #    train.steps_per_execution > 1, up to that many steps in one call that reads its own
-                    #    batches and never runs past a checkpoint, evaluation or profiled step.
                     profiler.before(self.current_step() + 1)
-                    t0 = time.perf_counter()
-                    if multi_step is None:
-                        batch = self.step_batches(gate, batches)  # train.accumulate_steps > 1: a list
-                        t1 = time.perf_counter()
-                        # Under multi-worker, the handler first checks whether any worker was signalled; if
-                        # so, every worker saves at one common step and Preempted ends the loop.
-                        out = train_step(batch) if preemption is None else preemption.run(train_step, batch)
-                        outs = [{k: float(v) for k, v in out.items()}]  # waits for the device: step time
-                    else:
-                        gate.hold()
-                        t1, n = t0, tf.constant(steps_in_call(cfg, self.current_step()), tf.int32)
-                        out = multi_step(batches, n) if preemption is None else preemption.run(multi_step, batches, n)
-                        out = {k: v.numpy() for k, v in out.items()}
-                        outs = [{k: float(v[i]) for k, v in out.items()} for i in range(len(out["loss"]))]
+                    t0, t1, outs = self._call(gate, batches, train_step, multi_step, preemption)  # 1.
                     t2 = time.perf_counter()
                     step = self.current_step()
                     profiler.after(step)
-                    for i, out in enumerate(outs):  # each step's numbers at its own step
-                        at = step - len(outs) + 1 + i
-                        loss, norm, weight = out.pop("loss"), out.pop("gradient_norm"), out.pop("weight")
-                        record.losses.append(loss)
-                        record.ingestion_s.append((t1 - t0) / len(outs))
-                        record.step_s.append((t2 - t1) / len(outs))
-                        record.elapsed_s.append(t1 - start + (t2 - t1) * (i + 1) / len(outs))
-
-                        # 2. A step whose loss or gradient norm is not finite applied no update.
-                        finite = math.isfinite(loss) and (math.isfinite(norm) or scaled)
-                        if not finite:
-                            self._non_finite_step(at, loss, norm, record.skipped_steps)
-                        window.add(loss, weight, norm, finite, (t1 - t0) / len(outs), (t2 - t1) / len(outs), out)
-                        bar.update(1)
-                        if at < step and at % cfg.log_every_steps == 0:  # (the call's last step: below)
-                            summaries.window(window, at, self._learning_rate(at), len(record.skipped_steps))
-                            window = Window()
-
-                    # 3. The checkpoint first: whatever fails after it (summaries, evaluation, samples)
-                    #    never loses the steps trained. An evaluation step is always saved first.
-                    evaluate = cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps)
-                    if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps or evaluate:
-                        log.info("saved %s", self.save())
-                    if step % cfg.log_every_steps == 0 or step == cfg.steps:
-                        summaries.window(window, step, self._learning_rate(step), len(record.skipped_steps))
-                        bar.set_postfix(loss=f"{window.mean_loss:.3f}")
-                        window = Window()
-                    if evaluate:
-                        samples = self.sample_captions(self.cfg.train.sample_captions) if self.chief else []
-                        summaries.evaluation(step, self.evaluate_loss(cfg.eval_batches), samples)
+                    # 2. each step's numbers at its own step; a step with a non-finite loss applied no update
+                    progress_of_run.account(outs, step, (t0, t1, t2), scaled, cfg.log_every_steps,
+                                            self._non_finite_step, self._learning_rate)
+                    self._after_call(progress_of_run, step)  # 3.
 
                 # 4. SIGINT/SIGTERM (one worker): the step under way finished; save it and stop.
                 if stop.signal_name and preemption is None and self.current_step() < cfg.steps:
@@ -254,6 +202,39 @@ class Trainer:
         if self._saved_step is not None:
             record.checkpoint = os.path.join(self.model_dir, f"ckpt-{self._saved_step}")
         return record
+
+    def _call(self, gate, batches, train_step, multi_step, preemption):
+        """1. One iteration = ingestion (waiting for the batch) + the train step; with train.steps_per_execution
+        > 1, up to that many steps in one call that reads its own batches and never runs past a checkpoint,
+        evaluation or profiled step. Under multi-worker, the handler first checks whether any worker was
+        signalled; if so, every worker saves at one common step and Preempted ends the loop. Returns the start,
+        the end of ingestion and each step's numbers."""
+        t0 = time.perf_counter()
+        if multi_step is None:
+            batch = self.step_batches(gate, batches)  # train.accumulate_steps > 1: a list
+            t1 = time.perf_counter()
+            out = train_step(batch) if preemption is None else preemption.run(train_step, batch)
+            return t0, t1, [{k: float(v) for k, v in out.items()}]  # waits for the device: step time
+        gate.hold()
+        steps = tf.constant(steps_in_call(self.cfg.train, self.current_step()), tf.int32)
+        out = multi_step(batches, steps) if preemption is None else preemption.run(multi_step, batches, steps)
+        out = {k: v.numpy() for k, v in out.items()}
+        return t0, t0, [{k: float(v[i]) for k, v in out.items()} for i in range(len(out["loss"]))]
+
+    def _after_call(self, run: Progress, step: int) -> None:
+        """3. The checkpoint first: whatever fails after it (summaries, evaluation, samples) never loses the steps
+        trained. An evaluation step is always saved first."""
+        cfg = self.cfg.train
+        evaluate = cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps)
+        if step % cfg.checkpoint_every_steps == 0 or step == cfg.steps or evaluate:
+            log.info("saved %s", self.save())
+        if step % cfg.log_every_steps == 0 or step == cfg.steps:
+            run.summaries.window(run.window, step, self._learning_rate(step), len(run.record.skipped_steps))
+            run.bar.set_postfix(loss=f"{run.window.mean_loss:.3f}")
+            run.window = Window()
+        if evaluate:
+            samples = self.sample_captions(cfg.sample_captions) if self.chief else []
+            run.summaries.evaluation(step, self.evaluate_loss(cfg.eval_batches), samples)
 
     # ---- data ---------------------------------------------------------------------------------------
     @property
@@ -281,7 +262,8 @@ class Trainer:
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
                                 feature_fn=feature_fn, feature_key=feature_key, cache_dir=self.cache_dir,
-                                dataset=self.dataset, shards=self.shards, service_job=job, preprocessor=self.preprocessor)
+                                dataset=self.dataset, shards=self.shards, service_job=job, preprocessor=self.preprocessor,
+                                source=self.source)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -334,10 +316,8 @@ class Trainer:
         if count <= 0:
             return []
         cfg = self.cfg.data
-        batches = eval_regions(cfg, cfg.eval_split, store_of(cfg, self.dataset), count, max_images=count) \
-            if cfg.features == "regions" else \
-            eval_images(cfg, cfg.eval_split, count, max_images=count, dataset=self.dataset, shards=self.shards,
-                        preprocessor=self.preprocessor)
+        batches = self.source.eval_batches(cfg.eval_split, count, max_images=count, dataset=self.dataset,
+                                           shards=self.shards, preprocessor=self.preprocessor)
         return greedy_samples(self.model, self.vocab, next(iter(batches)), self.objective.sample_notes)
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------
@@ -379,12 +359,14 @@ class Trainer:
         log.warning("step %d: %s: batch skipped, no update applied (%d skipped so far)", step, what, len(skipped))
 
 
-def train(cfg: config_lib.Config, model_dir: str, progress: bool = True, init_from: str | None = None,
+def train(experiment, model_dir: str, progress: bool = True, init_from: str | None = None,
           then=None) -> TrainResult:
-    """Configures devices, then trains (see :mod:`captioning.train`); ``then(trainer)`` after a run that ended."""
+    """Configures devices, then trains ``experiment`` (made for training: see :class:`Trainer`; see
+    :mod:`captioning.train`); ``then(trainer)`` after a run that ended."""
+    cfg = experiment.config
     distribute.configure_devices(cfg.distribute)
     try:
-        trainer = Trainer(cfg, model_dir, init_from=init_from)
+        trainer = Trainer(experiment, model_dir, init_from=init_from)
         # a damaged shard: one line naming it (InputError), not a DataLossError traceback
         with trainer.shards, trainer.shards.named_errors():
             try:

@@ -22,6 +22,7 @@ Only the chief writes (the other workers of a cluster get no-op writers).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -66,6 +67,41 @@ class Window:
 
     def mean(self, part: str) -> float:
         return self.parts.get(part, 0.0) / max(self.weight, 1.0)
+
+
+@dataclass
+class Progress:
+    """What a training run's loop accumulates: its result (``captioning.train.result.TrainResult``), the
+    summaries' writer, the progress bar, when it started and the steps since the last log line."""
+
+    record: object
+    summaries: "Summaries"
+    bar: object
+    start: float
+    window: Window = field(default_factory=Window)
+
+    def account(self, outs: list[dict], step: int, times: tuple[float, float, float], scaled: bool, log_every: int,
+                non_finite, learning_rate) -> None:
+        """Each of one call's steps (``outs``, the last at ``step``; ``times``: the call's start, the end of its
+        ingestion, its end) at its own step: a step whose loss or gradient norm is not finite (the norm only
+        without loss scaling, ``scaled``) applied no update and is told to ``non_finite(step, loss, norm,
+        skipped)``; a log line at every ``log_every``-th step but the call's last (the loop's own)."""
+        (t0, t1, t2), calls, record = times, len(outs), self.record
+        for i, out in enumerate(outs):
+            at = step - calls + 1 + i
+            loss, norm, weight = out.pop("loss"), out.pop("gradient_norm"), out.pop("weight")
+            record.losses.append(loss)
+            record.ingestion_s.append((t1 - t0) / calls)
+            record.step_s.append((t2 - t1) / calls)
+            record.elapsed_s.append(t1 - self.start + (t2 - t1) * (i + 1) / calls)
+            finite = math.isfinite(loss) and (math.isfinite(norm) or scaled)
+            if not finite:
+                non_finite(at, loss, norm, record.skipped_steps)
+            self.window.add(loss, weight, norm, finite, (t1 - t0) / calls, (t2 - t1) / calls, out)
+            self.bar.update(1)
+            if at < step and at % log_every == 0:
+                self.summaries.window(self.window, at, learning_rate(at), len(record.skipped_steps))
+                self.window = Window()
 
 
 @dataclass

@@ -46,9 +46,13 @@ def npy(x):
 def tiny_regions(name, seed=0, geometry=False, **changes):
     """A tiny model of decoder ``name`` reading regions of R features (data.features: regions)."""
     cls = DECODERS[name]
+    from captioning.config import Config, DataConfig
+    from captioning.model.data_sources import data_source
+
     cfg = ModelConfig(decoder=name, encoder="small_cnn", dropout=0.0, region_feature_size=R, box_geometry=geometry,
                       options={**cls.tiny_settings, **changes})
-    return build_model(V, cfg, SIZE, seed=seed).build_all()
+    source = data_source(Config(data=DataConfig(features="regions"), model=cfg))
+    return build_model(V, cfg, SIZE, seed=seed, source=source).build_all()
 
 
 def region_batch(counts=(3, 5, 1), extra=0, seed=0, garbage=0):

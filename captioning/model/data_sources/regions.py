@@ -33,7 +33,7 @@ import numpy as np
 from captioning.config.sections import TrainConfig
 from captioning.data.region_input import eval_regions, store_of
 from captioning.errors import InputError
-from captioning.model import decoder_class, encoder_class, typed_model
+from captioning.model import decoder_class, encoder_class
 from captioning.model.base import GEOMETRY
 from captioning.model.data_sources.base import DataSource
 
@@ -105,7 +105,7 @@ class Regions(DataSource):
             return False, None
         if "encoder" in source:  # a config's encoder: the same encoder, weights, size and settings build the same one
             ours = encoder_class(cfg.model.encoder).source(cfg.model, cfg.data.image_size,
-                                                           typed_model(cfg.model).encoder_settings)
+                                                           cfg.model.encoder_settings)  # typed by the experiment
             same = source["encoder"] == ours and ours["encoder_weights"] != "none"
             if not same:
                 log.warning("the regions of %s were pooled by %s, not by this model's encoder (%s; random weights "

@@ -80,7 +80,9 @@ class ImageEncoder:
         """``pooled``: :attr:`model` gives one vector an image (a decoder of pooled features), else the token
         set. ``restoring``: a checkpoint brings the weights, so none are loaded (nothing downloads)."""
         self.cfg, self.image_size, self.pooled, self.restoring = cfg, image_size, pooled, restoring
-        if settings is None:  # its own keys among the model section's (the decoder's are not its business)
+        if settings is None and cfg.typed:
+            settings = cfg.encoder_settings
+        elif settings is None:  # a model section not typed yet (built alone): its own keys, typed by its class
             own = {f.name for f in dataclasses.fields(self.settings_class)}
             settings = section_from(self.settings_class, {k: v for k, v in cfg.options.items() if k in own}, "model.")
         self.settings = settings

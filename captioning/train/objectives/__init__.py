@@ -54,7 +54,6 @@ def resolve(cfg: config_lib.Config, complete: bool = False) -> config_lib.Config
                                 where=f"the {name} section")
         if out is cfg:
             out = copy.copy(cfg)
-            object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
         setattr(out, name, settings)
     return out
 
@@ -89,7 +88,6 @@ def fit_config(cfg: config_lib.Config) -> config_lib.Config:
         if out is cfg:
             out = copy.copy(cfg)
             out.data = dataclasses.replace(cfg.data)
-            object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
         setattr(out.data, name, wanted)
         log.info("train.objective %s trains on %s: %s (set for this run)", cls.name, key, wanted)
     if out.train.jit_compile and not cls.xla:  # XLA for a whole step is a speed choice made for other objectives
@@ -98,7 +96,6 @@ def fit_config(cfg: config_lib.Config) -> config_lib.Config:
                              "false for it")
         if out is cfg:
             out = copy.copy(cfg)
-            object.__setattr__(out, "_given", getattr(cfg, "_given", {}))
         out.train = dataclasses.replace(cfg.train, jit_compile=False)
         log.info("train.objective %s does not compile its whole step with XLA: train.jit_compile: false for this "
                  "run", cls.name)
