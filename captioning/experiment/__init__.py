@@ -16,8 +16,8 @@ registries (``model``: decoders and encoders; ``train``: objectives), so it can 
 Stages take the pieces as arguments: :class:`~captioning.train.loop.Trainer` an experiment for training,
 :func:`captioning.model.build_model` the typed model section (:meth:`Experiment.build_model`), decoding the
 ``decode:`` section. None of them types a key again, and the ``config.yaml`` a model folder keeps is
-:meth:`Experiment.record`. A saved config is typed by :func:`saved` (every key must be there: a missing one
-is damage). Everything here runs before TensorFlow's runtime starts (the registries' modules import
+:meth:`Experiment.record`. A model folder's saved config is typed by the model stage that reads it
+(``ModelDir.read_config``: the same ``captioning.model.resolve``, every key required, a missing one is damage). Everything here runs before TensorFlow's runtime starts (the registries' modules import
 TensorFlow; nothing executes on a device).
 
 How one setting travels, from YAML key to the layer that uses it, is docs/architecture.md's worked example.
@@ -112,12 +112,6 @@ def load(path: str | None = None, overrides: typing.Sequence[str] = (), defaults
     return typed(config_lib.load_config(path, overrides, defaults=defaults))
 
 
-def saved(cfg: config_lib.Config) -> Experiment:
-    """The experiment a model folder's ``config.yaml`` records (loaded with ``complete=True``), every component's
-    key typed and required."""
-    return typed(cfg, complete=True)
-
-
 def for_training(cfg: config_lib.Config | Experiment) -> Experiment:
     """The experiment a training run takes: typed, then fitted to its objective (the batches it needs) and
     checked across sections (warnings for settings that do nothing), the caption lengths it decodes checked
@@ -136,4 +130,4 @@ def for_training(cfg: config_lib.Config | Experiment) -> Experiment:
     return Experiment(fitted, dataset, extractor)
 
 
-__all__ = ["Chosen", "Experiment", "for_training", "load", "saved", "typed"]
+__all__ = ["Chosen", "Experiment", "for_training", "load", "typed"]
