@@ -26,6 +26,7 @@ How one setting travels, from YAML key to the layer that uses it, is docs/archit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import typing
 
@@ -88,9 +89,10 @@ class Experiment:
         return build_model(vocab_size, self.config.model, self.config.data.image_size, seed=seed, restoring=restoring,
                            source=self.source)
 
-    @property
+    @functools.cached_property
     def source(self):
-        """The data source (``data.features``: :func:`captioning.model.data_sources.data_source`)."""
+        """The data source (``data.features``: :func:`captioning.model.data_sources.data_source`), made once: the
+        one the trainer asks and the model holds."""
         return data_source(self.config)
 
     def record(self) -> dict:

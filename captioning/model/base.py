@@ -67,7 +67,6 @@ import numpy as np
 import tensorflow as tf
 
 from captioning.config import ModelConfig
-from captioning.config.settings import section_from
 from captioning.model.encoders.base import ImageEncoder, NoSettings
 from captioning.model.layout import TokenLayout
 from captioning.model.scheduled_sampling import mixed_teacher_forced
@@ -183,10 +182,10 @@ class CaptionModel(keras.Model):
       (:func:`captioning.model.check_caption_length`);
 
     and its constructor ``(vocab_size, cfg: ModelConfig, encoder: ImageEncoder, seed=0, settings=None, **kwargs)``
-    hands ``kwargs`` (``source``, the data source it reads) to this class's and calls :meth:`setup` first, which keeps the built encoder it is handed (:func:`captioning.model.build_model`
-    builds it, pooled or as tokens as :attr:`features` asks: no decoder builds one) as :attr:`encoder` (its
-    Keras model from pixels to features), and implements :meth:`initial_state`, :meth:`step`,
-    :meth:`teacher_forced` and :meth:`decoder_variables`. Beam
+    hands ``kwargs`` (``source``, the data source it reads) to this class's and calls :meth:`setup` first, which
+    keeps the built encoder it is handed (:func:`captioning.model.build_model` builds it, pooled or as tokens as
+    :attr:`features` asks: no decoder builds one) as :attr:`encoder` (its Keras model from pixels to features), and
+    implements :meth:`initial_state`, :meth:`step`, :meth:`teacher_forced` and :meth:`decoder_variables`. Beam
     search, captions, export, TensorBoard pictures and grounding show an attending decoder's weights."""
 
     settings_class: type = NoSettings
@@ -216,8 +215,8 @@ class CaptionModel(keras.Model):
 
     def setup(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, settings=None):
         """Records the model's sizes, config and encoder; ``settings`` (an instance of :attr:`settings_class`)
-        default to ``cfg.decoder_settings`` (typed by :func:`captioning.model.typed_model`). Sets :attr:`encoder` (the encoder's Keras
-        model: the checkpoints' ``model/encoder``), :attr:`grid_cells` (its tokens), :attr:`feature_size`
+        default to ``cfg.decoder_settings`` (typed by :func:`captioning.model.typed_model`). Sets :attr:`encoder`
+        (the encoder's Keras model: the checkpoints' ``model/encoder``), :attr:`grid_cells` (its tokens), :attr:`feature_size`
         (the depth of what the decoder reads) and :attr:`token_layout`."""
         self.vocab_size, self.cfg, self.image_size = vocab_size, cfg, encoder.image_size
         self.settings = settings if settings is not None else cfg.decoder_settings
