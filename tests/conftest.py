@@ -296,7 +296,8 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
-    test_uneven_splits.py, test_accumulate.py, test_ema.py, test_optimizer.py and test_train_reliability.py,
+    test_uneven_splits.py, test_accumulate.py, test_ema.py, test_optimizer.py and test_train_reliability.py
+    (tests/distributed_worker.py's modes; those of one test file each are in tests/harness/scenarios.py),
     run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in one process and
     the MultiWorkerMirroredStrategy ones in one pair of localhost workers, both pairs of processes at once
     (tests/helpers.py's run_distributed_scenarios). A test reads its scenario

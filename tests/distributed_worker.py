@@ -19,6 +19,11 @@
     python tests/distributed_worker.py many SPEC.json   (TF_CONFIG set: the multi-worker scenarios)
         the scenarios SPEC.json lists ([MODE, DATA_DIR, OUT_DIR, ARG...] each) one after another in this
         process (tests/helpers.py's run_distributed_scenarios, for the tests of several files at once)
+
+The scenarios that belong to one test file each (accumulate, ema, nan_skip, uneven_cli, resume, fused) and
+eval_losses, which tests/test_uneven_splits.py also runs on one device in its own process, live in the harness
+(tests/harness/scenarios.py), as do the small config, the two logical CPUs and the process's one multi-worker
+strategy (tests/harness/distributed.py); this script imports them, and no test module.
 """
 
 import json
@@ -27,35 +32,16 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __name__ == "__main__":  # a scenario that imports tests.distributed_worker gets this very module, and so
-    sys.modules.setdefault("tests.distributed_worker", sys.modules[__name__])  # the one multi-worker strategy
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from captioning.config import load_config  # noqa: E402
-
-
-def small_config(data_dir, *extra):
-    """The LSTM decoders' sizes come as defaults (a base's values): a Transformer in ``extra`` reads none of them."""
-    return load_config(None, [
-        f"data.dir={data_dir}", "data.image_size=32", "data.resize_size=36", "data.bucket_boundaries=[6,10]",
-        "data.random_flip=false", "data.deterministic=true", "data.shuffle_buffer=64",
-        "model.encoder=small_cnn", "model.encoder_trainable=true", "model.dropout=0.0", "train.batch_size=8",
-        "train.optimizer=sgd", "train.learning_rate=0.5", "train.lr_schedule=constant", "train.eval_every_steps=0",
-        "train.log_every_steps=1", "train.checkpoint_every_steps=100", *extra],
-        defaults=["model.embedding_size=16", "model.lstm_units=16"])
+from tests.harness import scenarios  # noqa: E402
+from tests.harness.distributed import multi_worker_strategy, small_config, two_cpus  # noqa: E402
 
 
 def weights(model):
     return {f"{i:03d}_{v.name}": v.numpy() for i, v in enumerate(model.variables)}
-
-
-def two_cpus():
-    """Two logical CPU devices, configured once, before the runtime starts."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    if len(tf.config.get_logical_device_configuration(cpu) or ()) != 2:
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
 def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
@@ -167,17 +153,6 @@ def mirrored_scst(data_dir, out_dir):
     mirrored_grouped(data_dir, out_dir, *SCST, "scst.xe_weight=0.5", out_name="mirrored_scst")
 
 
-_MULTI_WORKER = []
-
-
-def multi_worker_strategy():
-    """This process's MultiWorkerMirroredStrategy (TF_CONFIG), made once: the scenarios of ``many`` share
-    the cluster, as the collectives are configured once per process."""
-    if not _MULTI_WORKER:
-        _MULTI_WORKER.append(tf.distribute.MultiWorkerMirroredStrategy())
-    return _MULTI_WORKER[0]
-
-
 def multi_worker(data_dir, out_dir, *extra):
     strategy = multi_worker_strategy()
     from captioning.experiment import for_training
@@ -189,37 +164,6 @@ def multi_worker(data_dir, out_dir, *extra):
     result = trainer.run(progress=False)
     np.savez(os.path.join(out_dir, f"weights-{task}.npz"), losses=np.array(result["losses"]),
              replicas=strategy.num_replicas_in_sync, **weights(trainer.model))
-
-
-EVAL_BATCHES = (2, 4, 6, 16)  # global batch sizes: per replica 1, 2, 3, 8 under two replicas
-# the architecture of tests/conftest.py's trained_model_dir
-TRAINED = ("train.optimizer=adam", "train.learning_rate=0.01", "model.embedding_size=32", "model.lstm_units=32")
-
-
-def eval_losses(data_dir, out_dir, model_dir, strategy_name):
-    """Every (split, global batch) evaluation loss of one checkpoint under one strategy."""
-    if strategy_name == "mirrored":
-        two_cpus()
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
-                                                  cross_device_ops=tf.distribute.ReductionToOneDevice())
-    elif strategy_name == "multi_worker":
-        strategy = multi_worker_strategy()
-    else:
-        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-
-    trainer = Trainer(for_training(small_config(data_dir, *TRAINED)), model_dir, strategy=strategy)
-    results = {"replicas": strategy.num_replicas_in_sync, "step": int(trainer.step.numpy())}
-    for split in ("val", "test"):
-        for batch in EVAL_BATCHES:
-            trainer.cfg.data.eval_split, trainer.cfg.train.batch_size = split, batch
-            loss = trainer.evaluate_loss()
-            results[f"{split}/{batch}"] = [loss["loss"], loss["tokens"]]
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index")
-    name = f"eval-{strategy_name}" + ("" if task is None else f"-{task}")
-    with open(os.path.join(out_dir, name + ".json"), "w") as f:
-        json.dump(results, f)
 
 
 def mirrored_decoder(data_dir, out_dir, names, *registered):
@@ -295,14 +239,11 @@ MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs,
          "mirrored_grouped": mirrored_grouped, "multi_worker": multi_worker, "mirrored_scst": mirrored_scst,
          "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
          "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
-         "eval_losses": eval_losses,
-         "accumulate": lambda d, o: __import__("tests.test_accumulate", fromlist=["mirrored"]).mirrored(d, o),
-         "ema": lambda d, o: __import__("tests.test_ema", fromlist=["mirrored"]).mirrored(d, o),
+         "eval_losses": scenarios.eval_losses,
+         "accumulate": scenarios.accumulate, "ema": scenarios.ema,
          # commands that need 2 logical CPUs, through the CLI's main in this process (tests/helpers.py's run_main_into)
-         "nan_skip": lambda d, o: __import__("tests.test_train_reliability", fromlist=["x"]).mirrored_nan_skip(d, o),
-         "uneven_cli": lambda d, o: __import__("tests.test_uneven_splits", fromlist=["x"]).mirrored_cli(d, o),
-         "resume": lambda d, o: __import__("tests.test_train", fromlist=["x"]).mirrored_resume(d, o),
-         "fused": lambda d, o: __import__("tests.test_optimizer", fromlist=["x"]).replicated(d, o),
+         "nan_skip": scenarios.nan_skip, "uneven_cli": scenarios.uneven_cli, "resume": scenarios.resume,
+         "fused": scenarios.fused,
          "multi_worker_service": lambda d, o, service: multi_worker(
              d, o, f"data.service={service}", "data.service_mode=distributed_epoch", "train.steps=30"),
          "many": many}

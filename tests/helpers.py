@@ -262,9 +262,9 @@ def copy_model(model_dir, out) -> str:
 
 
 def small_train_config(data_dir, *extra):
-    """A config that trains in seconds on the shapes fixture (tests/distributed_worker.py defines it)."""
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from distributed_worker import small_config
+    """A config that trains in seconds on the shapes fixture (tests/harness/distributed.py's ``small_config``, which
+    tests/distributed_worker.py's scenarios use)."""
+    from tests.harness.distributed import small_config
 
     return small_config(data_dir, *extra)
 

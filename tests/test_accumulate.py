@@ -2,45 +2,17 @@
 float tolerance: grouped captions with split padding, SGD and Adam, 2 replicas one of which gets an empty
 micro-batch), and the step counter, the logs and the learning-rate schedule count optimizer steps.
 
-The 2-replica check (:func:`mirrored`) runs in the process of conftest's ``distributed_runs`` (logical CPU
-devices must be configured before TensorFlow starts), as the scenario ``mirrored/accumulate``."""
+The 2-replica check (tests/harness/scenarios.py's ``accumulate``) runs in the process of conftest's
+``distributed_runs`` (logical CPU devices must be configured before TensorFlow starts), as the scenario
+``mirrored/accumulate``."""
 
 import os
 
 import numpy as np
 import pytest
 
+from tests.harness.scenarios import GROUPED, grouped_batches, joined
 from tests.helpers import REPO, distributed_result, run_cli, small_train_config
-
-# a frozen encoder: batch normalisation in training mode normalises by its batch's statistics, which no
-# accumulation (here, Keras' or PyTorch's) can make those of the large batch
-GROUPED = ("data.captions_per_image=grouped", "train.split_padding=true", "model.encoder_trainable=false",
-           "train.clip_gradient_norm=0.05")  # clipping always active: it must see the whole step's gradient
-
-
-def joined(*batches):
-    """One batch holding ``batches`` (grouped: each with its images), captions padded to the longest."""
-    import tensorflow as tf
-
-    width = max(int(b["input_ids"].shape[1]) for b in batches)
-    out, images = {}, 0
-    for b in batches:
-        for k, v in b.items():
-            if k in ("input_ids", "target_ids", "mask"):
-                v = tf.pad(v, [[0, 0], [0, width - v.shape[1]]])
-            if k == "image_index":
-                v = v + images
-            out.setdefault(k, []).append(v)
-        images += int(b["image"].shape[0])
-    return {k: tf.concat(v, 0) for k, v in out.items()}
-
-
-def grouped_batches(cfg, count, images):
-    """``count`` grouped training batches of ``images`` images each, as the pipeline makes them."""
-    from captioning.data.pipeline import make_dataset
-
-    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=5 * images))
-    return [next(stream) for _ in range(count)]
 
 
 def snapshot(trainer):
@@ -158,40 +130,3 @@ def test_the_issue_command_trains_with_accumulation(prepared_dir, tmp_path):
     assert saved.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 2
     assert any(name.startswith("ema/") for name in saved.get_variable_to_shape_map())
 
-
-def mirrored(data_dir, out_dir):
-    """The 2-replica check (tests/distributed_worker.py's scenario ``accumulate``): writes OUT_DIR/mirrored.npz."""
-    import tensorflow as tf
-
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-    from tests.distributed_worker import two_cpus
-
-    two_cpus()
-    extra = (*GROUPED, "train.optimizer=sgd", "train.learning_rate=0.5")
-    one = Trainer(for_training(small_train_config(data_dir, *extra, "train.batch_size=10")), os.path.join(out_dir, "one"),
-                  strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(for_training(small_train_config(data_dir, *extra, "train.batch_size=10", "train.accumulate_steps=2")),
-                  os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
-                      ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
-    for a, b in zip(one.model.variables, two.model.variables):
-        b.assign(a.numpy())
-    a1, b1, a2 = grouped_batches(one.cfg, 3, images=1)
-    empty = {k: v[:0] for k, v in b1.items()}
-    results = {"replicas": two.strategy.num_replicas_in_sync, "empty_captions": int(empty["mask"].shape[0])}
-    big = one.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(joined(a1, b1, a2)))
-    out = one.train_step_for(big)(next(iter(big)))
-    # distribute_datasets_from_function hands the elements to the replicas in turn: micro-batch 1 is (a1, b1),
-    # micro-batch 2 is (a2, nothing)
-    elements = tf.data.Dataset.from_tensors(a1)
-    for b in (b1, a2, empty):
-        elements = elements.concatenate(tf.data.Dataset.from_tensors(b))
-    micro = two.strategy.distribute_datasets_from_function(lambda context: elements)
-    batches = iter(micro)
-    got = two.train_step_for(micro)([next(batches), next(batches)])
-    for name, trainer, o in (("one", one, out), ("two", two, got)):
-        results[f"{name}_loss"], results[f"{name}_norm"] = float(o["loss"]), float(o["gradient_norm"])
-        results[f"{name}_weight"], results[f"{name}_step"] = float(o["weight"]), int(trainer.step.numpy())
-        for i, v in enumerate(trainer.model.trainable_variables):
-            results[f"{name}/{i:03d}_{v.name}"] = v.numpy()
-    np.savez(os.path.join(out_dir, "mirrored.npz"), **results)

@@ -17,7 +17,7 @@ import re
 import pytest
 
 import captioning
-from tests.harness.source import MODULES, imports_of_test_modules, is_test_module
+from tests.harness.source import MODULES, imports_of_test_modules
 from tests.harness.source import imports as _imports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,32 +105,37 @@ def test_no_import_cycle_anywhere():
 
 
 def _test_files():
-    """The test modules (``test_*.py``) and the harness (tests/harness/, tests/helpers.py, tests/conftest.py): what a
-    test imports. tests/distributed_worker.py is a process of its own that runs each test file's 2-replica scenario,
-    written beside the assertions that read its results, by the test module's name."""
+    """Every module of tests/: the test modules (``test_*.py``), the harness (tests/harness/, tests/helpers.py,
+    tests/conftest.py) and the scripts the tests run in processes of their own (tests/distributed_worker.py, whose
+    scenarios live in the harness, tests/data_service_consumer.py, tests/rewrite_cache.py), and the files a test
+    registers components from (tests/data/)."""
     tests = os.path.join(ROOT, "tests")
-    for folder, _, files in os.walk(tests):
+    for folder, folders, files in os.walk(tests):
+        folders[:] = sorted(f for f in folders if f != "__pycache__")
         for name in sorted(files):
-            path = os.path.join(folder, name)
-            if name.endswith(".py") and (is_test_module(name[:-3]) or name in ("helpers.py", "conftest.py")
-                                         or os.path.relpath(folder, tests).split(os.sep)[0] == "harness"):
-                yield path
+            if name.endswith(".py"):
+                yield os.path.join(folder, name)
 
 
 def test_no_test_module_imports_another(tmp_path):
-    """Shared builders live in the harness (tests/harness/, tests/helpers.py, conftest.py's fixtures): no test module
-    and no part of the harness imports a test module, in any of the ways Python can."""
+    """Shared builders live in the harness (tests/harness/, tests/helpers.py, conftest.py's fixtures): no module of
+    tests/ (a test module, the harness, or a script a test runs, such as tests/distributed_worker.py) imports a test
+    module, in any of the ways Python can."""
     planted = tmp_path / "test_planted.py"  # what the check finds: each way, at the top and inside a function
     planted.write_text("import tests.test_a\nfrom tests.test_b import x\nfrom tests import test_c, helpers\n"
                        "import test_d\nfrom .test_e import y\nfrom . import test_f\nfrom tests.harness import models\n"
                        "from tests.harness.encoder_contract import run_encoder_test\n"
-                       "def f():\n    from tests.test_g import z\n    importlib.import_module('tests.test_h')\n")
+                       "def f():\n    from tests.test_g import z\n    importlib.import_module('tests.test_h')\n"
+                       "MODES = {'x': lambda: __import__('tests.test_i', fromlist=['y']).y()}\n")
     assert {name for _, name in imports_of_test_modules(planted)} == {
-        "tests.test_a", "tests.test_b", "tests.test_c", "test_d", "test_e", "test_f", "tests.test_g", "tests.test_h"}
-    files = list(_test_files())
-    assert len(files) > 60 and os.path.join(ROOT, "tests", "harness", "models.py") in files
-    wrong = [f"{os.path.relpath(path, ROOT)}:{line} imports {name}" for path in files
-             for line, name in imports_of_test_modules(path)]
+        "tests.test_a", "tests.test_b", "tests.test_c", "test_d", "test_e", "test_f", "tests.test_g", "tests.test_h",
+        "tests.test_i"}
+    files = {os.path.relpath(path, ROOT) for path in _test_files()}
+    assert len(files) > 60 and {"tests/harness/models.py", "tests/helpers.py", "tests/conftest.py",
+                                "tests/distributed_worker.py", "tests/data_service_consumer.py",
+                                "tests/rewrite_cache.py", "tests/test_architecture.py"} <= files
+    wrong = [f"{path}:{line} imports {name}" for path in sorted(files)
+             for line, name in imports_of_test_modules(os.path.join(ROOT, path))]
     assert wrong == []
 
 

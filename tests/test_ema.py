@@ -1,8 +1,8 @@
 """train.ema_decay: the weight average (captioning.train.ema) — its value after each applied step, skipped steps,
 loss scaling, resuming, 2 replicas (the scenario ``mirrored/ema`` of conftest's ``distributed_runs``:
-:func:`mirrored`), steps_per_execution, and --weights ema|raw in caption, export and evaluate. The models here
-fine-tune the small CNN encoder, so its batch-norm moving statistics are averaged with the weights; a checkpoint
-written before they were (its average of the trainable weights only) still loads."""
+tests/harness/scenarios.py's ``ema``), steps_per_execution, and --weights ema|raw in caption, export and
+evaluate. The models here fine-tune the small CNN encoder, so its batch-norm moving statistics are averaged with
+the weights; a checkpoint written before they were (its average of the trainable weights only) still loads."""
 
 import json
 import logging
@@ -12,9 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.harness.scenarios import DECAY
 from tests.helpers import distributed_result, run_cli, small_train_config
-
-DECAY = 0.5
 
 
 def trainable_positions(model) -> list[int]:
@@ -429,40 +428,6 @@ def test_evaluate_with_the_average_reads_the_statistics_average(averaged, tmp_pa
 
     assert perplexity(other, "raw") == perplexity(averaged["folder"], "raw")
     assert perplexity(other, "ema") != pytest.approx(perplexity(averaged["folder"], "ema"), rel=1e-6)
-
-
-def mirrored(data_dir, out_dir):
-    """The 2-replica check (tests/distributed_worker.py's scenario ``ema``, in the process of conftest's
-    ``distributed_runs``): 3 steps on one device and on 2 mirrored replicas from the same weights; writes each
-    replica's copy of every average and the weights to OUT_DIR/ema.npz."""
-    import tensorflow as tf
-
-    from captioning.data.pipeline import make_dataset
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-    from tests.distributed_worker import small_config, two_cpus
-
-    two_cpus()
-    cfg = small_config(data_dir, f"train.ema_decay={DECAY}", "train.clip_gradient_norm=0.05")
-    one = Trainer(for_training(cfg), os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
-    for a, b in zip(one.model.variables, two.model.variables):
-        b.assign(a.numpy())
-    two.average.start(None)  # from the weights both start with
-    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
-    out = {}
-    for name, trainer in (("one", one), ("two", two)):
-        dataset = trainer.strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
-        step = trainer.train_step_for(dataset)
-        for _ in range(3):
-            step(next(iter(dataset)))
-        for k, (variable, average) in enumerate(trainer.average.pairs):
-            copies = [c.numpy() for c in trainer.strategy.experimental_local_results(average)]
-            out[f"{name}_copies_{k}"] = np.stack(copies)
-            out[f"{name}_weight_{k}"] = variable.numpy()
-    np.savez(os.path.join(out_dir, "ema.npz"), **out)
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """The training kit Transformers need: the noam schedule, AdamW's decoupled weight decay, label smoothing."""
 
-import json
 import os
 
 import keras
@@ -11,6 +10,7 @@ import tensorflow as tf
 from captioning.config import load_config
 from captioning.errors import InputError
 from captioning.train.optimizer import LearningRate, make_optimizer
+from tests.harness.scenarios import KINDS, SHAPES, optimizer_of, random_gradients, run_updates
 from tests.helpers import distributed_result, model_config, small_train_config
 
 
@@ -78,51 +78,16 @@ def test_a_transformer_trains_with_the_kit(prepared_dir, tmp_path):
 
 
 # The fused updates (captioning.train.optimizer._FusedUpdates) against Keras' own element-wise ones: every kind the
-# config can ask for, with a schedule, a rate scale on some variables and AdamW's decay.
-KINDS = {"sgd": ["train.optimizer=sgd"], "momentum": ["train.optimizer=sgd", "train.momentum=0.9"],
-         "adam": ["train.optimizer=adam"], "adamw": ["train.optimizer=adamw", "train.weight_decay=0.1"]}
+# config can ask for (tests/harness/scenarios.py's KINDS, the same variables and gradients as its scenario ``fused``).
 KERNELS = {"sgd": "ResourceApplyGradientDescent", "momentum": "ResourceApplyKerasMomentum",
            "adam": "ResourceApplyAdam", "adamw": "ResourceApplyAdam"}
-SHAPES = [(7, 5), (5,), (64,)]
-
-
-def _optimizer(kind, fused, variables):
-    cfg = load_config(None, [*KINDS[kind], "train.learning_rate=0.01", "train.lr_schedule=cosine",
-                             "train.warmup_steps=2", "train.steps=10"]).train
-    optimizer = make_optimizer(cfg, 10, False, variables[:1], 0.25, fused=fused)  # the first at a quarter rate
-    optimizer.build(variables)
-    return optimizer
-
-
-def _gradients(steps, seed=0):
-    """Gradients from 1e-4 to 10 in size, so Adam's normalisation and its epsilon both matter."""
-    rng = np.random.default_rng(seed)
-    return [[(rng.normal(size=s) * 10 ** rng.uniform(-4, 1, size=s)).astype(np.float32) for s in SHAPES]
-            for _ in range(steps)]
-
-
-def _start():
-    rng = np.random.default_rng(1)
-    return [rng.normal(size=s).astype(np.float32) for s in SHAPES]
-
-
-def _run(kind, fused, gradients, start=None):
-    variables = [tf.Variable(x) for x in _start()]
-    optimizer = _optimizer(kind, fused, variables)
-    if start is not None:
-        tf.train.Checkpoint(optimizer=optimizer, variables=variables).read(start).assert_consumed()
-    step = tf.function(lambda g: optimizer.apply(g, variables), autograph=False)
-    for g in gradients:
-        step([tf.constant(x) for x in g])
-    graph = step.get_concrete_function([tf.TensorSpec(s, tf.float32) for s in SHAPES]).graph
-    return variables, optimizer, [op.type for op in graph.get_operations()]
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_each_variable_is_updated_by_one_fused_kernel_with_keras_own_result(kind, tmp_path):
-    gradients = _gradients(6)
-    fused, fused_opt, fused_ops = _run(kind, True, gradients)
-    keras_own, keras_opt, keras_ops = _run(kind, False, gradients)
+    gradients = random_gradients(6)
+    fused, fused_opt, fused_ops = run_updates(kind, True, gradients)
+    keras_own, keras_opt, keras_ops = run_updates(kind, False, gradients)
     assert fused_ops.count(KERNELS[kind]) == len(SHAPES) and KERNELS[kind] not in keras_ops
     # ops a variable saves: SGD's multiply and subtract, momentum's 7, Adam's 30 (of a 153-op graph)
     assert len(keras_ops) - len(fused_ops) >= len(SHAPES) * {"sgd": 1, "momentum": 6}.get(kind, 25)
@@ -136,12 +101,12 @@ def test_each_variable_is_updated_by_one_fused_kernel_with_keras_own_result(kind
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         else:
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=5e-5, atol=1e-6)
-    assert not np.allclose(fused[0].numpy(), _run(kind, True, [])[0][0].numpy())  # they moved
+    assert not np.allclose(fused[0].numpy(), run_updates(kind, True, [])[0][0].numpy())  # they moved
     # a checkpoint of Keras' own optimizer carries on under the fused one, as it would under Keras'
     path = tf.train.Checkpoint(optimizer=keras_opt, variables=keras_own).write(str(tmp_path / "ckpt"))
-    more = _gradients(3, seed=2)
-    resumed, _, _ = _run(kind, True, more, start=path)
-    continued, _, _ = _run(kind, False, more, start=path)
+    more = random_gradients(3, seed=2)
+    resumed, _, _ = run_updates(kind, True, more, start=path)
+    continued, _, _ = run_updates(kind, False, more, start=path)
     for a, b in zip(resumed, continued):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=5e-5, atol=1e-6)
 
@@ -151,49 +116,13 @@ def test_a_sparse_gradient_takes_keras_own_update():
     results = []
     for fused in (True, False):
         variables = [tf.Variable(np.ones((6, 3), np.float32)), tf.Variable(np.ones(3, np.float32))]
-        optimizer = _optimizer("adam", fused, variables)
+        optimizer = optimizer_of("adam", fused, variables)
         sparse = tf.IndexedSlices(tf.constant([[1.0, 2.0, 3.0]]), tf.constant([4]), tf.constant([6, 3]))
         optimizer.apply([sparse, tf.constant([0.5, -1.0, 0.0])], variables)
         results.append([v.numpy() for v in variables])
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     assert (results[0][0][4] != 1).all() and (results[0][0][:4] == 1).all()
-
-
-def replicated(data_dir, out_dir):
-    """A scenario of conftest's distributed_runs: the fused updates under this process's strategy (2 mirrored
-    replicas on 2 logical CPUs, or one replica in each of 2 workers under TF_CONFIG), each replica handing
-    ``optimizer.apply`` half of every gradient as the training step does (its sum restores the whole), against
-    Keras' own update on one device: ``fused.npz`` holds both sets of variables and slots after 4 steps."""
-    from tests.distributed_worker import multi_worker_strategy, two_cpus
-
-    if "TF_CONFIG" in os.environ:
-        strategy = multi_worker_strategy()
-    else:
-        two_cpus()
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
-                                                  cross_device_ops=tf.distribute.ReductionToOneDevice())
-    gradients = _gradients(4)
-    out = {"replicas": strategy.num_replicas_in_sync}
-    for kind in KINDS:
-        with strategy.scope():
-            variables = [tf.Variable(x) for x in _start()]
-            optimizer = _optimizer(kind, True, variables)
-
-        @tf.function(autograph=False)
-        def step(g):
-            share = 1.0 / strategy.num_replicas_in_sync
-            strategy.run(lambda: optimizer.apply([x * share for x in g], variables))
-
-        for g in gradients:
-            step([tf.constant(x) for x in g])
-        reference, keras_own, _ = _run(kind, False, gradients)  # Keras' own, on one device
-        for name, vs in (("two", list(variables) + list(optimizer.variables)),
-                         ("one", reference + list(keras_own.variables))):
-            for i, v in enumerate(vs):
-                out[f"{name}/{kind}/{i}"] = v.numpy()
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", "one")
-    np.savez(os.path.join(out_dir, f"fused-{task}.npz"), **out)
 
 
 @pytest.mark.slow

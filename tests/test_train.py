@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from captioning.errors import InputError
+from tests.harness.scenarios import RESUME
 from tests.helpers import distributed_result, run_cli, small_train_config
 
 @pytest.fixture(scope="module")
@@ -176,26 +177,6 @@ def test_train_cli_config_errors_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     result = run_cli("train", "--config", str(config), "--model-dir", str(tmp_path / "m"), "--set", "train.steps=abc")
     assert result.returncode == 2
-
-
-RESUME = ("train.steps=6", "train.checkpoint_every_steps=3")
-
-
-def mirrored_resume(data_dir, out_dir):
-    """:func:`test_train_cli_runs_and_resumes`'s two commands (6 steps on one device, then resumed to 9 on 2
-    replicas), run as the scenario ``mirrored/resume`` of conftest's ``distributed_runs`` (in the process of the
-    MirroredStrategy scenarios: 2 logical CPUs)."""
-    from captioning.config import save_config
-    from tests.distributed_worker import two_cpus
-    from tests.helpers import run_main_into
-
-    two_cpus()
-    config, model_dir = os.path.join(out_dir, "c.yaml"), os.path.join(out_dir, "m")
-    save_config(small_config(data_dir, *RESUME), config)
-    run_main_into(out_dir, "first", "train", "--config", config, "--model-dir", model_dir)
-    shutil.copy(os.path.join(model_dir, "config.yaml"), os.path.join(out_dir, "first.yaml"))  # as the first saved it
-    run_main_into(out_dir, "resumed", "train", "--config", config, "--model-dir", model_dir, "--set",
-                  "train.steps=9", "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
 
 
 @pytest.mark.slow

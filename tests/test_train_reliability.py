@@ -252,23 +252,11 @@ def test_nan_policy_skip_applies_no_update_and_counts(data_dir, tmp_path):
     assert int(after["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == good  # skipped steps: no iteration
 
 
-def mirrored_nan_skip(data_dir, out_dir):
-    """:func:`test_nan_policy_skip_under_mirrored_strategy`'s command, run as the scenario ``mirrored/nan_skip``
-    of conftest's ``distributed_runs`` (in the process of the MirroredStrategy scenarios: 2 logical CPUs)."""
-    from tests.distributed_worker import two_cpus
-    from tests.helpers import run_main_into
-
-    two_cpus()
-    config = write_config(os.path.join(out_dir, "c.yaml"), data_dir, "train.steps=4",
-                          "train.checkpoint_every_steps=1", "train.nan_policy=skip", "distribute.logical_cpus=2",
-                          "distribute.strategy=mirrored", *EXPLODE)
-    run_main_into(out_dir, "train", "train", "--config", config, "--model-dir", os.path.join(out_dir, "m"))
-
-
 @pytest.mark.slow
 def test_nan_policy_skip_under_mirrored_strategy(distributed_runs):
     """The same through the CLI on a MirroredStrategy of 2 logical CPUs: the skip is decided inside the
-    compiled step from all-reduced values, so both replicas skip together (:func:`mirrored_nan_skip`)."""
+    compiled step from all-reduced values, so both replicas skip together (tests/harness/scenarios.py's
+    ``nan_skip``)."""
     from tests.helpers import distributed_result, main_result
 
     out = distributed_result(distributed_runs, "mirrored", "nan_skip")

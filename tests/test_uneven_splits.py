@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from tests.helpers import REPO, copy_model, distributed_result, run_cli, small_train_config
-from tests.distributed_worker import EVAL_BATCHES
+from tests.harness.scenarios import EVAL_BATCHES, eval_losses
+from tests.helpers import copy_model, distributed_result, run_cli, small_train_config
 
 
 # uneven_dir (train 8 images, val ONE caption, test 3 images) is conftest's: distributed_runs evaluates on it too
@@ -17,10 +17,8 @@ from tests.distributed_worker import EVAL_BATCHES
 
 @pytest.fixture(scope="module")
 def one_device_losses(uneven_dir, trained_model_dir, tmp_path_factory):
-    """What the two-replica runs must equal: tests/distributed_worker.py's eval_losses on one device, in this
-    process (one device needs no runtime set up before TensorFlow starts)."""
-    from tests.distributed_worker import eval_losses
-
+    """What the two-replica runs must equal: tests/harness/scenarios.py's eval_losses (the scenario the two-replica
+    runs are) on one device, in this process (one device needs no runtime set up before TensorFlow starts)."""
     out = tmp_path_factory.mktemp("one")
     model_dir = out / "model"
     copy_model(trained_model_dir, model_dir)
@@ -61,24 +59,11 @@ def test_multi_worker_evaluation_equals_one_device_for_uneven_splits(distributed
         assert_same_losses(got, one_device_losses)
 
 
-def mirrored_cli(data_dir, out_dir):
-    """:func:`test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas`'s command, run as the scenario
-    ``mirrored/uneven_cli`` of conftest's ``distributed_runs`` (in the process of the MirroredStrategy scenarios)."""
-    from tests.distributed_worker import two_cpus
-    from tests.helpers import run_main_into
-
-    two_cpus()
-    run_main_into(out_dir, "train", "train", "--config", os.path.join(REPO, "experiments", "shapes.yaml"),
-                  "--model-dir", os.path.join(out_dir, "m"), "--set", f"data.dir={data_dir}",
-                  "--set", "train.batch_size=16", "--set", "train.steps=4", "--set", "train.eval_every_steps=2",
-                  "--set", "train.warmup_steps=0", "--set", "distribute.strategy=mirrored",
-                  "--set", "distribute.logical_cpus=2")
-
-
 @pytest.mark.slow
 def test_mirrored_train_cli_evaluates_a_split_smaller_than_the_replicas(distributed_runs):
     """The issue's command, on a validation split of one caption: training, the evaluation at the end and
-    its sample captions all run on 2 replicas, exit 0, and the last step is saved (:func:`mirrored_cli`)."""
+    its sample captions all run on 2 replicas, exit 0, and the last step is saved (tests/harness/scenarios.py's
+    ``uneven_cli``)."""
     from tests.helpers import main_result
 
     out = distributed_result(distributed_runs, "mirrored", "uneven_cli")
