@@ -259,14 +259,37 @@ def test_the_upper_bounds_table_is_the_code():
 def test_the_suites_schedule_names_test_files_and_make_keeps_its_order():
     """tests/conftest.py's FILE_SECONDS orders the files heaviest first; each name is a test file, and both of the
     Makefile's pytest runs turn off xdist's own reordering (by number of tests), which would undo it."""
-    from tests.conftest import FILE_SECONDS
+    from tests.conftest import FILE_SECONDS, QUICK_SECONDS
 
     files = {f[:-3] for f in os.listdir(os.path.join(REPO, "tests")) if f.startswith("test_") and f.endswith(".py")}
     assert set(FILE_SECONDS) <= files, set(FILE_SECONDS) - files
+    assert set(QUICK_SECONDS) <= files, set(QUICK_SECONDS) - files
     makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
     assert re.search(r"^PYTEST +=.* \$\(BIN\)/python -m pytest$", makefile, re.M)
     runs = re.findall(r"^\t\$\(PYTEST\) (.*)$", makefile, re.M)
     assert len(runs) == 2 and all("--dist loadfile --no-loadscope-reorder" in run for run in runs), runs
+
+
+def test_the_quick_loop_is_scheduled_by_its_own_weights():
+    """With a slow test of a file selected, the file weighs its FILE_SECONDS; with only its quick tests (`-m 'not
+    slow'`), its QUICK_SECONDS: test_scst, heaviest of the whole suite for its 2-replica runs, goes after
+    test_decode in the quick loop. Within a file the order stays."""
+    import pathlib
+
+    from tests.conftest import FILE_SECONDS, QUICK_SECONDS, schedule
+
+    class Item:  # what schedule reads of a pytest item: its file and its slow mark
+        def __init__(self, stem, name, slow):
+            self.path, self.name, self.slow = pathlib.Path(f"tests/{stem}.py"), name, slow
+
+        def get_closest_marker(self, name):
+            return name == "slow" and self.slow or None
+
+    assert FILE_SECONDS["test_scst"] > FILE_SECONDS["test_decode"] and QUICK_SECONDS["test_scst"] < QUICK_SECONDS["test_decode"]
+    quick = [Item("test_scst", "a", False), Item("test_decode", "b", False), Item("test_scst", "c", False)]
+    full = quick + [Item("test_scst", "d", True)]
+    schedule(quick), schedule(full)
+    assert [i.name for i in quick] == ["b", "a", "c"] and [i.name for i in full] == ["a", "c", "d", "b"]
 
 
 def test_the_cpu_log_counts_a_tests_own_cpu_and_its_childrens(request, monkeypatch, tmp_path):
