@@ -41,7 +41,12 @@ def consume(service, n, mode="distributed_epoch"):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    """One dispatcher (with a work dir) and workers w1, w2 for the whole file: the readers first, then the
+    tests that kill a server, each leaving a working cluster for the next (a killed worker is started
+    again, a killed dispatcher too), in the file's order; the last kills the dispatcher for good. One
+    cluster start-up instead of five."""
+    folder = tmp_path_factory.mktemp("cluster")
+    c = Cluster(folder, dispatcher_args=("--work-dir", str(folder / "journal")))
     yield c
     c.close()
 
@@ -176,14 +181,14 @@ def test_an_unreachable_dispatcher_is_one_line_within_the_timeout(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_costs_its_splits_but_the_stream_goes_on(tmp_path):
+def test_a_killed_worker_costs_its_splits_but_the_stream_goes_on(cluster, tmp_path):
     """distributed_epoch after ``kill -9`` of one of two workers: the consumer keeps receiving the other
     worker's elements; none repeats (TF's at-most-once for dynamic sharding), the dead worker's splits are
-    lost. The epoch's end waits until a worker is back at the dead one's address."""
+    lost. The epoch's end waits until a worker is back at the dead one's address (the file's cluster: w1
+    is started again there, as the next tests need it)."""
     n = 400
-    cluster = Cluster(tmp_path)
+    c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
     try:
-        c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
         c.wait_for_elements(40)
         cluster.workers["w1"].proc.send_signal(signal.SIGKILL)
         at_kill = len(c.elements())
@@ -197,7 +202,7 @@ def test_a_killed_worker_costs_its_splits_but_the_stream_goes_on(tmp_path):
         cluster.restart_worker("w1")
         assert c.proc.wait(timeout=90) == 0, c.stderr
     finally:
-        cluster.close()
+        c.kill()
     got = [x for x, _, _ in c.elements()]
     assert c.stdout.endswith("END\n")
     assert len(got) == len(set(got)) and set(got) <= set(range(n))  # at most once
@@ -208,15 +213,17 @@ def test_a_killed_worker_costs_its_splits_but_the_stream_goes_on(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("work_dir", [True, False], ids=["from-its-work-dir", "without-state"])
-def test_a_restarted_dispatcher(tmp_path, work_dir):
+def test_a_restarted_dispatcher(cluster, tmp_path, work_dir):
     """``kill -9`` of the dispatcher mid-stream, restarted on its port. From its work dir: the consumer
     started before goes on, and distributed_epoch still gives every element exactly once. Without a work
-    dir: the consumer's job is gone, and it stops with one line (TF's NotFoundError)."""
+    dir: the consumer's job is gone, and it stops with one line (TF's NotFoundError). The file's cluster,
+    its dispatcher started with a work dir: restarted with it, then (the second case) without it, and
+    then again from its work dir for the next test (a dispatcher without state does not know the workers
+    within seconds; the journal does)."""
     n = 300
-    args = ("--work-dir", str(tmp_path / "journal")) if work_dir else ()
-    cluster = Cluster(tmp_path, dispatcher_args=args)
+    args = cluster.dispatcher_args if work_dir else ()
+    c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
     try:
-        c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
         c.wait_for_elements(40)
         cluster.dispatcher.proc.send_signal(signal.SIGKILL)
         killed = time.time()
@@ -232,25 +239,26 @@ def test_a_restarted_dispatcher(tmp_path, work_dir):
                                 r"input job \(.*(Unknown iteration client id|Iteration id) \d+.*\): start the "
                                 r"dispatcher with a work dir, which keeps jobs across its restarts, then run this "
                                 r"again", line), line
+            cluster.restart_dispatcher(*cluster.dispatcher_args)
         print(f"consumer done {time.time() - killed:.1f} s after the kill")
     finally:
-        cluster.close()
+        c.kill()
 
 
 @pytest.mark.slow
-def test_a_dispatcher_gone_for_good_ends_a_watched_trainer_with_one_line(tmp_path):
+def test_a_dispatcher_gone_for_good_ends_a_watched_trainer_with_one_line(cluster, tmp_path):
     """TF's iterator waits forever for a dispatcher that does not come back; watch_dispatcher ends the
-    process with one line after its timeout."""
-    cluster = Cluster(tmp_path, workers=1)
+    process with one line after its timeout. The file's cluster, last: its dispatcher is not started
+    again."""
+    c = consumer(tmp_path, "consumer", cluster.service, "--n", "100000", "--delay", "0.01", "--watch", "3")
     try:
-        c = consumer(tmp_path, "consumer", cluster.service, "--n", "100000", "--delay", "0.01", "--watch", "3")
         c.wait_for_elements(20)
         cluster.dispatcher.proc.send_signal(signal.SIGKILL)
         killed = time.time()
         line = one_error_line(c, 1, timeout=60)
         took = time.time() - killed
     finally:
-        cluster.close()
+        c.kill()
     assert 3 <= took < 15, took
     assert line == (f"captioning: error: lost the tf.data dispatcher at localhost:{cluster.port}: no answer for 3 s "
                     "(TensorFlow would wait for it forever); restart it on its port from its work dir")

@@ -37,32 +37,44 @@ def test_listening_addresses_reads_what_the_kernel_reports():
     assert listening_addresses(local_port) == []  # closed: nothing listens
 
 
+@pytest.fixture(scope="module")
+def first_dispatcher(tmp_path_factory):
+    """One dispatcher on a work dir for the file's two server tests (a process start fewer): the first
+    reads what it binds and prints, the second starts others on its work dir, then stops it."""
+    folder = tmp_path_factory.mktemp("security")
+    work, port = folder / "work", free_port()
+    dispatcher = Background(folder, "first", CLI + ["data-service", "dispatcher", "--port", str(port),
+                                                    "--work-dir", str(work)])
+    try:
+        wait_for(lambda: "listening on" in dispatcher.stderr, what="the first dispatcher")
+        yield dispatcher, port, work
+    finally:
+        if dispatcher.proc.poll() is None:
+            dispatcher.proc.kill()
+            dispatcher.proc.wait()
+
+
 @pytest.mark.slow
-def test_servers_bind_every_interface_warn_once_and_no_protocol_narrows_them(tmp_path):
+def test_servers_bind_every_interface_warn_once_and_no_protocol_narrows_them(first_dispatcher, tmp_path):
     """The facts docs/distributed.md states, against the installed TensorFlow: the dispatcher and the
     worker listen on every interface whatever --port says, each prints the one warning line, and this
     TensorFlow registers no protocol but plain grpc (grpc+local, which would accept local connections
-    only, is refused). A TensorFlow that changes any of these turns this test red."""
-    port = free_port()
-    dispatcher = Background(tmp_path, "dispatcher", CLI + ["data-service", "dispatcher", "--port", str(port)])
+    only, is refused). A TensorFlow that changes any of these turns this test red. The dispatcher is the
+    file's ``first_dispatcher`` (its stop on SIGTERM is checked in the next test)."""
+    dispatcher, port, _ = first_dispatcher
+    worker_port = free_port()
+    worker = Background(tmp_path, "worker", CLI + ["data-service", "worker", "--dispatcher",
+                                                   f"localhost:{port}", "--port", str(worker_port)])
     try:
-        wait_for(lambda: "listening on" in dispatcher.stderr, what="the dispatcher")
-        worker_port = free_port()
-        worker = Background(tmp_path, "worker", CLI + ["data-service", "worker", "--dispatcher",
-                                                       f"localhost:{port}", "--port", str(worker_port)])
-        try:
-            wait_for(lambda: "serving dispatcher" in worker.stderr, what="the worker")
-            for server, what, at in ((dispatcher, "tf.data dispatcher", port), (worker, "tf.data worker", worker_port)):
-                assert listening_addresses(at) and set(listening_addresses(at)) <= {"0.0.0.0", "::"}
-                lines = [line for line in server.stderr.splitlines() if "without authentication" in line]
-                assert len(lines) == 1 and f"the {what} listens on every network interface at port {at}" in lines[0]
-                assert 'docs/distributed.md, "Trust model"' in lines[0]
-        finally:
-            worker.proc.send_signal(signal.SIGTERM)
-            worker.proc.wait(30)
+        wait_for(lambda: "serving dispatcher" in worker.stderr, what="the worker")
+        for server, what, at in ((dispatcher, "tf.data dispatcher", port), (worker, "tf.data worker", worker_port)):
+            assert listening_addresses(at) and set(listening_addresses(at)) <= {"0.0.0.0", "::"}
+            lines = [line for line in server.stderr.splitlines() if "without authentication" in line]
+            assert len(lines) == 1 and f"the {what} listens on every network interface at port {at}" in lines[0]
+            assert 'docs/distributed.md, "Trust model"' in lines[0]
     finally:
-        dispatcher.proc.send_signal(signal.SIGTERM)
-        assert dispatcher.proc.wait(30) == 0
+        worker.proc.send_signal(signal.SIGTERM)
+        worker.proc.wait(30)
 
     # in a process of its own: a refused server start has crashed a process that had run other servers
     import subprocess
@@ -78,12 +90,11 @@ def test_servers_bind_every_interface_warn_once_and_no_protocol_narrows_them(tmp
 
 
 @pytest.mark.slow
-def test_a_second_dispatcher_on_a_work_dir_in_use_is_refused(tmp_path):
-    work = tmp_path / "work"
-    first = Background(tmp_path, "first", CLI + ["data-service", "dispatcher", "--port", str(free_port()),
-                                                "--work-dir", str(work)])
+def test_a_second_dispatcher_on_a_work_dir_in_use_is_refused(first_dispatcher, tmp_path):
+    """The file's ``first_dispatcher`` holds its work dir: a second is refused; once the first has stopped
+    (SIGTERM, exit 0), a third starts there."""
+    first, _, work = first_dispatcher
     try:
-        wait_for(lambda: "listening on" in first.stderr, what="the first dispatcher")
         second = Background(tmp_path, "second", CLI + ["data-service", "dispatcher", "--port", str(free_port()),
                                                       "--work-dir", str(work)])
         assert second.proc.wait(60) == 2
