@@ -143,14 +143,15 @@ def images_in(batch: dict, captions_per_image: float) -> float:
 
 
 def stage_cpu_ms(cfg: DataConfig, split: str, batch_size: int, measure_images: int,
-                 captions_per_image: float) -> dict:
+                 captions_per_image: float, full: tf.data.Dataset | None = None) -> dict:
     """CPU ms per image of each stage of the training pipeline, from cumulative pipelines timed one after
     another (the difference of two is the stage between them): ``parse`` (read, parse and split the
     records, no image decoded), ``decode_crop`` (decode of the crop window, resize, flip: the per-image
     work), ``batching`` (caption grouping, padding, gathering images into batches: the rest of the full
     pipeline). The partial pipelines are batched too, so each stage's figure carries the same share of
     Python's per-batch cost. CPU time, unlike a rate, compares between machines and barely moves when
-    something else shares the machine."""
+    something else shares the machine. ``full``: the training pipeline of ``cfg``, when the caller has built it
+    already (its construction traces the pipeline's functions, about half a CPU second: not done twice)."""
     from captioning.data.reading import image_dataset, parsed_images
 
     def batched(ds):  # Python pulls a batch at a time, as from the full pipeline: its per-pull cost is shared
@@ -163,7 +164,7 @@ def stage_cpu_ms(cfg: DataConfig, split: str, batch_size: int, measure_images: i
         "parse": (batched(parsed_images(cfg, split, training=True, shuffle=True, repeat=True)), per_image_ids),
         "decode_crop": (batched(image_dataset(cfg, split, training=True, shuffle=True, repeat=True,
                                               random_crop=cfg.random_crop)), per_image_ids),
-        "full": (make_dataset(cfg, split, training=True, batch_size=batch_size),
+        "full": (full if full is not None else make_dataset(cfg, split, training=True, batch_size=batch_size),
                  lambda b: images_in(b, captions_per_image)),
     }
     cumulative = {name: common.throughput(iter(ds), counter, measure_images, warmup=min(300, measure_images))
@@ -264,14 +265,15 @@ def run(config: str | None = None, overrides: tuple[str, ...] = (), data_dir: st
         pipelines["service"] = (make_dataset(served, split, training=True, batch_size=batch), count)
     best = _best_of_rounds(pipelines, rounds, measure_images)
 
-    stages = stage_cpu_ms(cfg.data, split, batch, measure_images, per_image)
+    stages = stage_cpu_ms(cfg.data, split, batch, measure_images, per_image, full=pipelines["pipeline"][0])
     log.info("CPU ms per image by stage: parse %.2f, decode + crop/flip %.2f, batching %.2f (total %.2f)",
              stages["parse"], stages["decode_crop"], stages["batching"], stages["total"])
     padding = _padding_efficiencies(cfg.data, split, batch, max(20, measure_images // batch), pipelines)
     speedups = cache_speedups(cfg, cfg.data.eval_split if cfg.data.eval_split in dataset.splits else split, batch)
 
     if service:  # what the service takes off the trainer: servers and trainer on separate cores
-        offloaded = offload.measure(cfg.data, split, batch, measure_images, rounds, service, count, work_dir)
+        offloaded = offload.measure(cfg.data, split, batch, measure_images, rounds, service, count, work_dir,
+                                    built={"local": pipelines["pipeline"][0], "local_grouped": pipelines["grouped"][0]})
     rate = {name: m["per_s"] for name, m in best.items()}
     result = {
         "naive_img_per_s": rate["naive"], "pipeline_img_per_s": rate["pipeline"], "ceiling_img_per_s": rate["ceiling"],

@@ -108,21 +108,28 @@ def batch_bytes(batch) -> int:
 
 
 def measure(data_cfg, split: str, batch: int, measure_images: int, rounds: int, workers: int, count,
-            log_dir: str) -> dict:
+            log_dir: str, built: dict | None = None) -> dict:
     """The local pipeline against the service's (per compression), with the trainer and the service on
-    separate cores (see the module docstring). ``count(batch)``: the images in a batch."""
+    separate cores (see the module docstring). ``count(batch)``: the images in a batch. ``built``: the local
+    variants the caller has built already (``"local"``, ``"local_grouped"``: the training pipeline of ``data_cfg``,
+    and with grouped captions), used instead of building them again (each construction traces the pipeline's
+    functions; iterating a dataset again starts it afresh)."""
+    built = built or {}
     trainer, served_on = split_cores()
     log.info("offload: the trainer on core(s) %s, the tf.data service (%d worker(s)) on %s", sorted(trainer),
              workers, sorted(served_on))
     with service_processes(workers, served_on, log_dir) as address:
-        variants = {"local": make_dataset(data_cfg, split, training=True, batch_size=batch)}
+        local = built.get("local")
+        variants = {"local": make_dataset(data_cfg, split, training=True, batch_size=batch) if local is None else local}
         for compression in COMPRESSIONS:
             served = dataclasses.replace(data_cfg, service=address, service_mode="parallel_epochs",
                                          service_compression=compression)
             variants[f"service_{compression}"] = make_dataset(served, split, training=True, batch_size=batch)
         if data_cfg.captions_per_image != "grouped":  # sending each image once, not once per caption
             grouped = dataclasses.replace(data_cfg, captions_per_image="grouped")
-            variants["local_grouped"] = make_dataset(grouped, split, training=True, batch_size=batch)
+            local_grouped = built.get("local_grouped")
+            variants["local_grouped"] = (make_dataset(grouped, split, training=True, batch_size=batch)
+                                         if local_grouped is None else local_grouped)
             variants["service_grouped"] = make_dataset(dataclasses.replace(
                 grouped, service=address, service_mode="parallel_epochs", service_compression="none"), split,
                 training=True, batch_size=batch)
