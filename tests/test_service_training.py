@@ -20,7 +20,11 @@ from tests.harness.data_service import Cluster
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("service"))
+    """A dispatcher with a work dir and workers w1, w2 for the file: the trainers read through it in turn;
+    the last two tests to use it kill w2 and the dispatcher (started again from its work dir), then the
+    workers left (two cluster start-ups saved)."""
+    folder = tmp_path_factory.mktemp("service")
+    c = Cluster(folder, dispatcher_args=("--work-dir", str(folder / "journal")))
     yield c
     c.close()
 
@@ -153,23 +157,25 @@ def wait_for_step(log, step, proc, timeout=240):
 
 
 @pytest.mark.slow
-def test_training_goes_on_after_a_worker_is_killed_and_the_dispatcher_restarts_from_its_work_dir(prepared_dir,
+def test_training_goes_on_after_a_worker_is_killed_and_the_dispatcher_restarts_from_its_work_dir(cluster,
+                                                                                                  prepared_dir,
                                                                                                   tmp_path):
     """kill -9 of one of two workers (parallel_epochs): the other keeps the batches coming; then kill -9 of the
     dispatcher, started again from its work dir on its port: training goes on and ends (one run for both, a
-    cluster and a training process fewer)."""
-    cluster = Cluster(tmp_path / "cluster", dispatcher_args=("--work-dir", str(tmp_path / "journal")))
+    cluster and a training process fewer). The file's cluster; w2 stays dead."""
+    proc, log = start_training(tmp_path, prepared_dir, cluster.service, 150)
     try:
-        proc, log = start_training(tmp_path, prepared_dir, cluster.service, 150)
         at = wait_for_step(log, 20, proc)
         cluster.workers["w2"].proc.send_signal(signal.SIGKILL)
         going_on = wait_for_step(log, at + 20, proc)  # w1 alone keeps the batches coming
-        cluster.restart_dispatcher("--work-dir", str(tmp_path / "journal"))  # kill -9, then again on its port
+        cluster.restart_dispatcher(*cluster.dispatcher_args)  # kill -9, then again on its port from its work dir
         assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
         assert max(int(s) for s in re.findall(r"step (\d+): loss", log.read_text())) == 150 > going_on > at
         assert (tmp_path / "model" / "ckpt-150.index").exists()
     finally:
-        cluster.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
@@ -304,12 +310,13 @@ def test_a_signal_while_waiting_for_the_dispatcher_is_one_line_and_exit_0(prepar
 
 
 @pytest.mark.slow
-def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp_path):
-    """kill -9 of the only worker: TF's iterator waits forever. The run ends within data.service_timeout_s
+def test_losing_every_worker_ends_the_run_saving_its_last_step(cluster, prepared_dir, tmp_path):
+    """kill -9 of every live worker: TF's iterator waits forever. The run ends within data.service_timeout_s
     with one line, exit 1, and the last step saved; a signal while it waits (SIGINT, SIGTERM) saves and exits
-    0 at once. The three runs at once through one dispatcher and its one worker (each run its own job: the
-    service's job name is its model folder's), which one kill -9 takes from all three: one cluster, not three."""
-    cluster = Cluster(tmp_path / "cluster", workers=1)
+    0 at once. The three runs at once through one dispatcher (each run its own job: the service's job name is
+    its model folder's), whose workers one kill -9 each takes from all three: one cluster, not three, and
+    the file's: after the test before, its dispatcher restarted from its work dir still lists the w2 that
+    test killed, and w1 is the one live worker."""
     runs = {}
     try:
         for then in ("timeout", "SIGINT", "SIGTERM"):
@@ -319,7 +326,9 @@ def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp
                                f"data.service_timeout_s={timeout}")
         for proc, err, _ in runs.values():
             wait_for_step(err, 5, proc)
-        cluster.workers["w1"].proc.send_signal(signal.SIGKILL)
+        for w in cluster.workers.values():
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGKILL)
         steps, codes, took = {}, {}, {}
         for then, (proc, err, _) in runs.items():  # the timeout's run first: its clock runs from the kill
             steps[then] = stalls(err, proc)
@@ -333,7 +342,6 @@ def test_losing_every_worker_ends_the_run_saving_its_last_step(prepared_dir, tmp
         for proc, _, _ in runs.values():
             if proc.poll() is None:
                 proc.kill()
-        cluster.close()
     for then, (proc, err, out) in runs.items():
         step, code, model = steps[then], codes[then], tmp_path / then / "model"
         text = err.read_text()
