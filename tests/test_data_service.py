@@ -68,25 +68,31 @@ def test_help_explains_each_flag():
         assert sorted(described) == sorted(flags), result.stdout
 
 
+def stops_cleanly(server, signum, what):
+    """Sends ``signum`` to ``server``, a dispatcher or worker: it stops within 10 s, exit 0, with plain lines."""
+    code, took = server.stop(signum)
+    assert code == 0 and took < 10, (server.name, code, took, server.stderr)
+    assert f"{signum.name}: stopping the {what}\n" in server.stderr
+    assert server.stderr.rstrip().endswith(f"{what} stopped"), server.stderr
+    assert "Traceback" not in server.stderr
+
+
 @pytest.mark.slow
 def test_servers_log_their_address_and_stop_cleanly_on_sigterm_and_sigint(tmp_path):
-    ports = [free_port() for _ in range(4)]
-    servers = {"dispatcher-term": dispatcher(tmp_path, ports[0]), "dispatcher-int": dispatcher(tmp_path, ports[1]),
-               "worker-int": worker(tmp_path, "worker-int", ports[0], ports[2]),
-               "worker-term": worker(tmp_path, "worker-term", ports[1], ports[3])}
+    """A dispatcher and its two workers log their addresses; SIGINT stops one worker, SIGTERM the other and
+    then the dispatcher. (SIGINT to a dispatcher: test_a_restarted_dispatcher's without a work dir, which
+    is stopped so, a process start fewer here.)"""
+    ports = [free_port() for _ in range(3)]
+    servers = {"dispatcher-term": dispatcher(tmp_path, ports[0]),
+               "worker-int": worker(tmp_path, "worker-int", ports[0], ports[1]),
+               "worker-term": worker(tmp_path, "worker-term", ports[0], ports[2])}
     try:
         servers["dispatcher-term"].wait_for(rf"dispatcher listening on grpc://{HOST}:{ports[0]} \(no work dir")
-        servers["dispatcher-int"].wait_for(rf"dispatcher listening on grpc://{HOST}:{ports[1]} \(no work dir")
-        servers["worker-int"].wait_for(rf"worker localhost:{ports[2]} serving dispatcher localhost:{ports[0]}\n")
-        servers["worker-term"].wait_for(rf"worker localhost:{ports[3]} serving dispatcher localhost:{ports[1]}\n")
-        for name in ("worker-int", "worker-term", "dispatcher-term", "dispatcher-int"):  # workers first
-            signum = signal.SIGINT if name.endswith("int") else signal.SIGTERM
-            code, took = servers[name].stop(signum)
-            what = name.split("-")[0]
-            assert code == 0 and took < 10, (name, code, took, servers[name].stderr)
-            assert f"{signum.name}: stopping the {what}\n" in servers[name].stderr
-            assert servers[name].stderr.rstrip().endswith(f"{what} stopped"), servers[name].stderr
-            assert "Traceback" not in servers[name].stderr
+        servers["worker-int"].wait_for(rf"worker localhost:{ports[1]} serving dispatcher localhost:{ports[0]}\n")
+        servers["worker-term"].wait_for(rf"worker localhost:{ports[2]} serving dispatcher localhost:{ports[0]}\n")
+        for name in ("worker-int", "worker-term", "dispatcher-term"):  # workers first
+            stops_cleanly(servers[name], signal.SIGINT if name.endswith("int") else signal.SIGTERM,
+                          name.split("-")[0])
     finally:
         for s in servers.values():
             s.kill()
@@ -217,9 +223,9 @@ def test_a_restarted_dispatcher(cluster, tmp_path, work_dir):
     """``kill -9`` of the dispatcher mid-stream, restarted on its port. From its work dir: the consumer
     started before goes on, and distributed_epoch still gives every element exactly once. Without a work
     dir: the consumer's job is gone, and it stops with one line (TF's NotFoundError). The file's cluster,
-    its dispatcher started with a work dir: restarted with it, then (the second case) without it, and
-    then again from its work dir for the next test (a dispatcher without state does not know the workers
-    within seconds; the journal does)."""
+    its dispatcher started with a work dir: restarted with it, then (the second case) without it, which
+    SIGINT then stops cleanly (a check of the signal test's), and then again from its work dir for the next
+    test (a dispatcher without state does not know the workers within seconds; the journal does)."""
     n = 300
     args = cluster.dispatcher_args if work_dir else ()
     c = consumer(tmp_path, "consumer", cluster.service, "--n", str(n), "--delay", "0.02")
@@ -239,6 +245,9 @@ def test_a_restarted_dispatcher(cluster, tmp_path, work_dir):
                                 r"input job \(.*(Unknown iteration client id|Iteration id) \d+.*\): start the "
                                 r"dispatcher with a work dir, which keeps jobs across its restarts, then run this "
                                 r"again", line), line
+            assert re.search(rf"dispatcher listening on grpc://{HOST}:{cluster.port} \(no work dir",
+                             cluster.dispatcher.stderr), cluster.dispatcher.stderr
+            stops_cleanly(cluster.dispatcher, signal.SIGINT, "dispatcher")
             cluster.restart_dispatcher(*cluster.dispatcher_args)
         print(f"consumer done {time.time() - killed:.1f} s after the kill")
     finally:
