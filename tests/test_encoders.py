@@ -26,7 +26,8 @@ from captioning.errors import InputError
 from captioning.model import DECODERS, build_encoder, build_model
 from captioning.model.encoders import ENCODERS, register
 from captioning.model.layout import TokenLayout
-from tests.harness.encoder_contract import V, check_encoder_declarations, check_pair, encoder_of, run_encoder_test
+from tests.harness.encoder_contract import (V, check_encoder_declarations, check_pair, encoder_of, probe,
+                                             run_encoder_test)
 from tests.harness.models import npy
 from tests.harness.presets import ENTRIES, HEAVY, entry_config, write_preset
 
@@ -57,9 +58,8 @@ def test_every_imagenet_cnn_and_the_vit_preset_with_every_decoder(entry, decoder
     encoder = encoder_of(entry, hub_presets, pooled=DECODERS[decoder].features == "pooled")
     check_pair(entry, decoder, encoder)
     if encoder.pooled and entry in HEAVY:  # a CNN pooled: the global mean of its map, which region pooling reads
-        images = np.random.default_rng(1).integers(0, 256, (1, encoder.image_size, encoder.image_size, 3), np.uint8)
-        np.testing.assert_allclose(npy(encoder.model(images)), npy(encoder.tokens_model()(images)).mean(1),
-                                   rtol=1e-4, atol=1e-4)
+        images, tokens = probe(encoder)  # the token set check_pair read, computed once
+        np.testing.assert_allclose(npy(encoder.model(images)), tokens.mean(1), rtol=1e-4, atol=1e-4)
 
 
 TOY = '''
@@ -242,32 +242,44 @@ def test_a_preset_whose_converter_and_backbone_disagree_is_read_at_the_backbones
            "32 × 32 px: images are resized to the backbone's 32 × 32" in [r.getMessage() for r in caplog.records]
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
-def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer):
-    """train.encoder_lr_scale: the encoder's update is that share of the one it would get at the decoder's rate
-    (SGD exactly; Adam's first step is lr × sign, so the same), the decoder's unchanged; AdamW's decay too."""
-    from captioning.config.sections import TrainConfig
+@pytest.fixture(scope="module")
+def fine_tuned():
+    """A model whose small_cnn trains, its first weights and their gradient on one batch, made once for the three
+    optimizers and both scales: each update starts from these weights (a build of its own gave the same)."""
     from captioning.train.objectives import caption_loss_sum
+
+    keras.utils.set_random_seed(0)
+    cfg = ModelConfig(encoder="small_cnn", encoder_trainable=True, dropout=0.0, options={"lstm_units": 8,
+                                                                                          "embedding_size": 8})
+    model = build_model(V, cfg, 32, seed=0).build_all()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, V, (4, 5))
+    batch = {"image": rng.integers(0, 256, (4, 32, 32, 3), np.uint8), "input_ids": ids, "target_ids": ids,
+             "mask": np.ones((4, 5), np.float32)}
+    with tf.GradientTape() as tape:
+        loss = caption_loss_sum(model, batch, training=False)
+    gradients = tape.gradient(loss, model.trainable_variables)
+    return model, [v.numpy() for v in model.trainable_variables], gradients
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_a_fine_tuned_encoder_learns_at_its_own_rate(optimizer, fine_tuned):
+    """train.encoder_lr_scale: the encoder's update is that share of the one it would get at the decoder's rate
+    (SGD exactly; Adam's first step is lr × sign, so the same), the decoder's unchanged; AdamW's decay too. Each
+    update is a fresh optimizer's first, from the same weights and their gradient (:func:`fine_tuned`)."""
+    from captioning.config.sections import TrainConfig
     from captioning.train.optimizer import make_optimizer
 
+    model, first, gradients = fine_tuned
     deltas = {}
     for scale in (1.0, 0.25):
-        keras.utils.set_random_seed(0)
-        cfg = ModelConfig(encoder="small_cnn", encoder_trainable=True, dropout=0.0, options={"lstm_units": 8,
-                                                                                              "embedding_size": 8})
-        model = build_model(V, cfg, 32, seed=0).build_all()
+        for v, w in zip(model.trainable_variables, first, strict=True):
+            v.assign(w)
         train = TrainConfig(optimizer=optimizer, learning_rate=0.01, lr_schedule="constant", weight_decay=0.5)
         opt = make_optimizer(train, 10, False, model.encoder.trainable_variables, scale)
         opt.build(model.trainable_variables)
-        rng = np.random.default_rng(0)
-        ids = rng.integers(4, V, (4, 5))
-        batch = {"image": rng.integers(0, 256, (4, 32, 32, 3), np.uint8), "input_ids": ids, "target_ids": ids,
-                 "mask": np.ones((4, 5), np.float32)}
-        before = [v.numpy() for v in model.trainable_variables]
-        with tf.GradientTape() as tape:
-            loss = caption_loss_sum(model, batch, training=False)
-        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-        deltas[scale] = [v.numpy() - b for v, b in zip(model.trainable_variables, before)]
+        opt.apply(gradients, model.trainable_variables)
+        deltas[scale] = [v.numpy() - b for v, b in zip(model.trainable_variables, first)]
     encoder = {id(v) for v in model.encoder.trainable_variables}
     kinds = ["encoder" if id(v) in encoder else "decoder" for v in model.trainable_variables]
     checked = 0

@@ -4,6 +4,7 @@ decoder's pass over it and its variables (:func:`check_pair`). :func:`run_encode
 and every decoder, so that an encoder's own test is a few lines; tests/test_encoders.py runs them over every entry."""
 
 import dataclasses
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -17,6 +18,7 @@ from tests.harness.presets import entry_config
 
 V, B, T = 30, 2, 5
 _BUILT = {}
+_TOKENS = weakref.WeakKeyDictionary()  # a built encoder → {seed: its token set of probe(encoder, seed)'s images}
 
 
 def encoder_of(entry, presets, pooled):
@@ -26,6 +28,18 @@ def encoder_of(entry, presets, pooled):
         cfg, size = entry_config(entry, presets)
         _BUILT[key] = build_encoder(cfg, size, pooled=pooled)
     return _BUILT[key]
+
+
+def probe(encoder, seed=0):
+    """``B`` random images at ``encoder``'s size, drawn from ``seed``, and its token set of them, computed once
+    per encoder and seed: every decoder :func:`check_pair` runs over one built encoder reads the same tokens (an
+    ImageNet CNN's forward pass is the expensive part; the encoder does not change in a check)."""
+    size = encoder.image_size
+    images = np.random.default_rng(seed).integers(0, 256, (B, size, size, 3), dtype=np.uint8)
+    seen = _TOKENS.setdefault(encoder, {})
+    if seed not in seen:
+        seen[seed] = npy(encoder.tokens_model()(images))
+    return images, seen[seed]
 
 
 def check_encoder_declarations(name):
@@ -52,13 +66,10 @@ def check_pair(entry, decoder, encoder, seed=0):
     cls = DECODERS[decoder]
     cfg = dataclasses.replace(encoder.cfg, decoder=decoder, options={**encoder.cfg.options, **cls.tiny_settings})
     model = cls(V, cfg, encoder, seed=seed, settings=cls.settings_class(**cls.tiny_settings)).build_all()
-    size = encoder.image_size
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (B, size, size, 3), dtype=np.uint8)
-    ids = rng.integers(4, V, (B, T), dtype=np.int64)
+    images, tokens = probe(encoder, seed)
+    ids = np.random.default_rng(seed).integers(4, V, (B, T), dtype=np.int64)
     ids[:, 0] = 1
     # what it gives: one vector an image, or its token set, whose layout (if declared) accounts for every token
-    tokens = npy(encoder.tokens_model()(images))
     assert tokens.shape == (B, encoder.tokens, encoder.width), entry
     if encoder.layout is not None:
         assert encoder.layout.tokens == encoder.tokens, f"{entry} declares {encoder.layout} for {encoder.tokens}"
