@@ -61,7 +61,10 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
                                                                     tmp_path):
     """A frozen keras-hub backbone of each family: its tokens cached once (float16), a Transformer trained over
     them, captions with attention over its tokens (a class token apart), an evaluation with grounding, and a
-    SavedModel that captions as the captioner does, with its attention split as the layout says."""
+    SavedModel that captions as the captioner does, with its attention split as the layout says. The smallest
+    Transformer (one decoder layer over the tokens as the encoder gives them, no encoder layers: its stacks are
+    tests/test_decoders.py's), as what is checked here is the family's tokens through every stage, and each
+    layer more is traced again in training, captioning, the export and the evaluation (a third of the cost)."""
     from captioning.config.sections import DecodeConfig
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference import Captioner, load
@@ -75,7 +78,8 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
                              f"model.encoder_preset={hub_presets[family]}", "model.encoder_trainable=false",
                              "data.random_crop=false",
                              "data.cache=features", "train.steps=2", "train.checkpoint_every_steps=2",
-                             *(f"model.{k}={v}" for k, v in DECODERS["transformer"].tiny_settings.items()))
+                             *(f"model.{k}={v}" for k, v in DECODERS["transformer"].tiny_settings.items()),
+                             "model.decoder_layers=1", "model.encoder_layers=0")
     Trainer(for_training(cfg), model_dir).run(progress=False)
     captioner = Captioner(load(model_dir), DecodeConfig(beam_size=2, max_length=4))
     layout = captioner.token_layout
