@@ -316,7 +316,9 @@ def test_losing_every_worker_ends_the_run_saving_its_last_step(cluster, prepared
     0 at once. The three runs at once through one dispatcher (each run its own job: the service's job name is
     its model folder's), whose workers one kill -9 each takes from all three: one cluster, not three, and
     the file's: after the test before, its dispatcher restarted from its work dir still lists the w2 that
-    test killed, and w1 is the one live worker."""
+    test killed, and w1 is the one live worker. A run that has reached step 5 is paused (SIGSTOP) until the
+    others have, then all go on (SIGCONT) as the workers are killed: the first ones started do not train
+    (and the worker decode) hundreds of steps that nothing reads while the last starts."""
     runs = {}
     try:
         for then in ("timeout", "SIGINT", "SIGTERM"):
@@ -324,8 +326,17 @@ def test_losing_every_worker_ends_the_run_saving_its_last_step(cluster, prepared
             timeout = 8 if then == "timeout" else 120
             runs[then] = start(tmp_path / then, prepared_dir, cluster.service, 100000, "data.cache=none",
                                f"data.service_timeout_s={timeout}")
-        for proc, err, _ in runs.values():
-            wait_for_step(err, 5, proc)
+        paused, deadline = set(), time.time() + 240
+        while len(paused) < len(runs):  # each paused at step 5 (SIGSTOP) until the slowest has started
+            assert time.time() < deadline, "no step 5 in every run within 240 s"
+            for then, (proc, err, _) in runs.items():
+                assert proc.poll() is None, err.read_text()[-3000:]
+                if then not in paused and re.search(r"^\S+ step ([5-9]|\d\d+): loss", err.read_text(), re.M):
+                    proc.send_signal(signal.SIGSTOP)
+                    paused.add(then)
+            time.sleep(0.02)
+        for proc, _, _ in runs.values():
+            proc.send_signal(signal.SIGCONT)
         for w in cluster.workers.values():
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGKILL)
