@@ -179,27 +179,29 @@ def test_no_eval_split_is_needed_without_evaluation(shapes_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_record_of_how_a_model_was_trained_is_kept(prepared_dir, tmp_path):
+def test_the_record_of_how_a_model_was_trained_is_kept(model, prepared_dir):
+    """The first run is conftest's trained_model_dir (60 steps with adam), copied: its record is one entry."""
     from captioning.experiment import for_training
     from captioning.train import Trainer
 
-    model_dir = tmp_path / "m"
-    Trainer(for_training(small_train_config(prepared_dir, "train.steps=4")), str(model_dir)).run(progress=False)
+    def trainer(*overrides):
+        return Trainer(for_training(small_train_config(  # trained_model_dir's config, then the overrides
+            prepared_dir, "model.embedding_size=32", "model.lstm_units=32", "train.optimizer=adam",
+            "train.learning_rate=0.01", "train.checkpoint_every_steps=60", *overrides)), str(model))
+
+    model_dir = model
     config = (model_dir / "config.yaml").read_text()
     # a smaller train.steps in the finished folder: nothing to train, nothing rewritten
-    assert Trainer(for_training(small_train_config(prepared_dir, "train.steps=2")), str(model_dir)).run(
-        progress=False)["trained_steps"] == 0
+    assert trainer("train.steps=2").run(progress=False)["trained_steps"] == 0
     assert (model_dir / "config.yaml").read_text() == config
-    # another optimizer from step 4 on: config.yaml says so, history.yaml keeps both
-    Trainer(for_training(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam")), str(model_dir)).run(
-        progress=False)
-    assert yaml.safe_load((model_dir / "config.yaml").read_text())["train"]["optimizer"] == "adam"
+    # another optimizer from step 60 on: config.yaml says so, history.yaml keeps both
+    trainer("train.steps=62", "train.optimizer=sgd").run(progress=False)
+    assert yaml.safe_load((model_dir / "config.yaml").read_text())["train"]["optimizer"] == "sgd"
     history = yaml.safe_load((model_dir / "history.yaml").read_text())
     assert [(h["started_at_step"], h["config"]["train"]["optimizer"], h["config"]["train"]["steps"])
-            for h in history] == [(0, "sgd", 4), (4, "adam", 6)]
+            for h in history] == [(0, "adam", 60), (60, "sgd", 62)]
     # the same config again (a resume): no new entry
-    Trainer(for_training(small_train_config(prepared_dir, "train.steps=6", "train.optimizer=adam")), str(model_dir)).run(
-        progress=False)
+    trainer("train.steps=62", "train.optimizer=sgd").run(progress=False)
     assert len(yaml.safe_load((model_dir / "history.yaml").read_text())) == 2
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from captioning.errors import InputError
 from tests.harness.scenarios import RESUME
-from tests.helpers import distributed_result, run_cli, small_train_config
+from tests.helpers import copy_model, distributed_result, run_cli, small_train_config
 
 @pytest.fixture(scope="module")
 def data_dir(prepared_dir):
@@ -36,7 +36,7 @@ def test_training_lowers_the_loss(data_dir, tmp_path):
     result = trainer.run(progress=False)
     after = trainer.evaluate_loss()
     losses = result["losses"]
-    assert result["step"] == 80 and len(losses) == 80
+    assert result["step"] == 80 and result["trained_steps"] == 80 and len(losses) == 80
     assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5])  # from ~ln(V) down by far more than noise
     assert after["loss"] < 0.7 * before["loss"] and after["tokens"] == before["tokens"] > 0
     assert after["perplexity"] == pytest.approx(np.exp(after["loss"]))
@@ -54,21 +54,22 @@ def test_training_lowers_the_loss(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_from_the_latest_checkpoint(data_dir, tmp_path):
+def test_resume_continues_from_the_latest_checkpoint(data_dir, trained_model_dir, tmp_path):
+    """The first run is conftest's trained_model_dir (60 steps, its ckpt-60; a fresh run's trained_steps is
+    test_training_lowers_the_loss'): a copy resumes to 70 with a checkpoint every 5 steps."""
     from captioning.experiment import for_training
     from captioning.train import Trainer
 
-    model_dir = str(tmp_path / "model")
-    first = Trainer(for_training(small_config(data_dir, "train.steps=20", "train.checkpoint_every_steps=10")), model_dir).run(
-        progress=False)
-    assert first["step"] == 20 and first["trained_steps"] == 20
-    second_trainer = Trainer(for_training(small_config(data_dir, "train.steps=30", "train.checkpoint_every_steps=10")), model_dir)
-    assert int(second_trainer.step.numpy()) == 20  # restored, not started again
+    model_dir = copy_model(trained_model_dir, tmp_path / "model")
+    trained = ("model.embedding_size=32", "model.lstm_units=32", "train.optimizer=adam", "train.learning_rate=0.01")
+    second_trainer = Trainer(for_training(small_config(data_dir, *trained, "train.steps=70",
+                                                       "train.checkpoint_every_steps=5")), model_dir)
+    assert int(second_trainer.step.numpy()) == 60  # restored, not started again
     second = second_trainer.run(progress=False)
-    assert second["step"] == 30 and second["trained_steps"] == 10
+    assert second["step"] == 70 and second["trained_steps"] == 10
     names = set(os.listdir(model_dir))
-    assert {"ckpt-10.index", "ckpt-20.index", "ckpt-30.index", "config.yaml", "vocab.txt"} <= names
-    done = Trainer(for_training(small_config(data_dir, "train.steps=30")), model_dir).run(progress=False)
+    assert {"ckpt-60.index", "ckpt-65.index", "ckpt-70.index", "config.yaml", "vocab.txt"} <= names
+    done = Trainer(for_training(small_config(data_dir, *trained, "train.steps=70")), model_dir).run(progress=False)
     assert done["trained_steps"] == 0
 
 
