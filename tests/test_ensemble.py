@@ -204,12 +204,13 @@ def test_evaluate_an_ensemble_keeps_it_in_the_first_folder(two_models, tmp_path)
     names = [n for n in os.listdir(os.path.join(dirs[0], "eval")) if "-ensemble2-" in n and n.endswith(".json")]
     assert len(names) == 2 and not os.path.exists(os.path.join(dirs[1], "eval", names[0]))  # and its predictions
     result = json.load(open(os.path.join(dirs[0], "eval", sorted(names)[0])))
-    checkpoints = [load(d).checkpoint for d in dirs]
+    members = [load(d) for d in dirs]
+    checkpoints = [m.checkpoint for m in members]
     assert result["members"] == [os.path.realpath(c) for c in checkpoints]
     # Jensen: -log of the averaged probability is at most the models' mean -log p, token by token
     data = DataConfig(dir=result["data_dir"], image_size=32, resize_size=36, cache="none")
-    losses = [evaluation_loss(load(d).model, make_dataset(data, "test", training=False, batch_size=8)).loss
-              for d in dirs]
+    losses = [evaluation_loss(m.model, make_dataset(data, "test", training=False, batch_size=8)).loss
+              for m in members]
     assert result["loss"] <= sum(losses) / 2 + 1e-6 and result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     stamp = os.stat(os.path.join(dirs[0], "eval", sorted(names)[0])).st_mtime_ns
     again = evaluate([dirs[0], dirs[1]], split="test", beam_size=2, progress=False)  # the stored result

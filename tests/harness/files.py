@@ -68,14 +68,14 @@ def damage(path, kind, record=2):
 LOADER = r"""
 import json, sys
 import tensorflow as tf
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+loaded = tf.saved_model.load(sys.argv[1])  # once, for both signatures
+serve = loaded.signatures["serving_default"]
 paths = sys.argv[2:]
 data = [open(p, "rb").read() for p in paths]
 out = serve(images=tf.constant(data))
 # the tf.Example signature, as TF Serving / TFX clients send: the same outputs for the same images
 examples = [tf.train.Example(features=tf.train.Features(feature={"image/encoded": tf.train.Feature(
     bytes_list=tf.train.BytesList(value=[d]))})).SerializeToString() for d in data]
-loaded = tf.saved_model.load(sys.argv[1])
 assert sorted(loaded.signatures) == ["serving_default", "serving_examples"], sorted(loaded.signatures)
 from_examples = loaded.signatures["serving_examples"](examples=tf.constant(examples))
 assert sorted(from_examples) == sorted(out), (sorted(from_examples), sorted(out))
