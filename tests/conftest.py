@@ -318,10 +318,10 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
-    test_uneven_splits.py, test_accumulate.py, test_ema.py, test_optimizer.py and test_train_reliability.py
+    test_uneven_splits.py, test_accumulate.py, test_optimizer.py and test_train_reliability.py
     (tests/distributed_worker.py's modes; those of one test file each are in tests/harness/scenarios.py),
     run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in one process and
-    the MultiWorkerMirroredStrategy ones in one pair of localhost workers, both pairs of processes at once
+    the MultiWorkerMirroredStrategy ones in one pair of localhost workers, all three processes at once
     (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
     with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
     from tests.helpers import REGIONS, run_distributed_scenarios
@@ -334,19 +334,50 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
             shutil.copytree(trained_model_dir, models[group])
         data, regions = prepared_dir, region_data[0]
         run_distributed_scenarios(root, {
-            # in two processes (each scenario's CPU and wall seconds are in root/mirrored-pN.log), each about as
-            # long as the multi-worker pair: the SCST steps and the training steps' own scenarios, then the CLI
-            # commands on 2 logical CPUs (test_train_reliability, test_uneven_splits, test_train)
-            "mirrored": ([["mirrored_scst", data, "scst"], ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
-                          ["mirrored_grouped", data, "grouped"],
-                          ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"]],
-                         [["accumulate", data, "accumulate"],  # tests/test_accumulate.py
-                          ["ema", data, "ema"],  # tests/test_ema.py
-                          ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
-                          ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py
+            # in one process (each scenario's CPU and wall seconds are in root/mirrored.log; a process of 2.6 CPU s
+            # fewer than two, each about as long as the multi-worker pair): the SCST steps and the training steps'
+            # own scenarios, then the CLI commands on 2 logical CPUs (test_train_reliability, test_uneven_splits,
+            # test_train). tests/test_ema.py's is the decoder contract's run of show_and_tell (mirrored_contracts).
+            "mirrored": [["mirrored_scst", data, "scst"], ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
+                         ["mirrored_grouped", data, "grouped"],
+                         ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"],
+                         ["accumulate", data, "accumulate"],  # tests/test_accumulate.py
+                         ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
+                         ["resume", data, "resume"], ["fused", data, "fused"]],  # test_optimizer.py
             "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
                              ["multi_worker", regions, "regions", *REGIONS],
                              ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"],
                              ["fused", data, "fused"]]})
 
     return built_once(tmp_path_factory, "distributed_runs", build)
+
+
+@pytest.fixture(scope="session")
+def mirrored_contracts(prepared_dir, request, tmp_path_factory):
+    """The 2-replica steps of the decoder contract (tests/test_decoders.py's mirrored and XLA tests, over every
+    selected decoder, ``--decoder`` ones included; show_and_tell's also trains with the weight average, for
+    tests/test_ema.py's 2-replica test) and of the encoder contract (tests/test_encoders_end_to_end.py's
+    mirrored test, over tests/harness/scenarios.py's MIRRORED_PAIRS selected), run once for both files in one
+    process of 2 logical CPUs (tests/distributed_worker.py's ``mirrored_decoder`` and ``mirrored_specs`` as two
+    scenarios of ``many``): one TensorFlow start-up instead of one a file. A test reads its decoder's or pair's
+    result with tests/harness/scenarios.py's ``contract_result``."""
+    from tests.harness.scenarios import AVERAGED, DECODER_TESTS, EMA_TEST, ENCODER_TEST, pair_spec
+    from tests.helpers import run_distributed_scenarios
+
+    items = request.session.items
+    names = sorted({item.callspec.params["name"] for item in items
+                    if getattr(item, "originalname", None) in DECODER_TESTS}
+                   | {AVERAGED for item in items if getattr(item, "originalname", None) == EMA_TEST})
+    pairs = sorted({(item.callspec.params["entry"], item.callspec.params["decoder"]) for item in items
+                    if getattr(item, "originalname", None) == ENCODER_TEST})
+    registered = [a for spec in request.config.getoption("--decoder") for a in ("--decoder", spec)]
+    presets = request.getfixturevalue("hub_presets") if pairs else None
+
+    def build(root):
+        scenarios = [["mirrored_decoder", prepared_dir, "decoders", ",".join(names), *registered]] if names else []
+        if pairs:
+            specs = [pair_spec(entry, decoder, presets) for entry, decoder in pairs]
+            scenarios.append(["mirrored_specs", prepared_dir, "encoders", *specs])
+        run_distributed_scenarios(root, {"mirrored": scenarios})
+
+    return built_once(tmp_path_factory, "mirrored_contracts", build)

@@ -5,7 +5,8 @@
         MirroredStrategy over 2 logical CPUs; writes both losses and weights to OUT_DIR/mirrored.npz
     python tests/distributed_worker.py mirrored_decoder DATA_DIR OUT_DIR NAME[,NAME...] [--decoder FILE:NAME ...]
         the same for each decoder NAME with its tiny settings, and its XLA-compiled step, into
-        OUT_DIR/mirrored-NAME.npz (tests/test_decoders.py, for every decoder, in one process)
+        OUT_DIR/mirrored-NAME.npz (tests/test_decoders.py, for every decoder; conftest's mirrored_contracts runs it
+        with mirrored_specs, tests/test_encoders_end_to_end.py's pairs, in one process through many)
     python tests/distributed_worker.py mirrored_scst DATA_DIR OUT_DIR
         one self-critical step (samples, CIDEr-D reward, policy gradient) on one device and on 2 replicas
     python tests/distributed_worker.py multi_worker DATA_DIR OUT_DIR   (with TF_CONFIG set; multi_worker_scst: SCST)
@@ -20,7 +21,7 @@
         the scenarios SPEC.json lists ([MODE, DATA_DIR, OUT_DIR, ARG...] each) one after another in this
         process (tests/helpers.py's run_distributed_scenarios, for the tests of several files at once)
 
-The scenarios that belong to one test file each (accumulate, ema, nan_skip, uneven_cli, resume, fused) and
+The scenarios that belong to one test file each (accumulate, nan_skip, uneven_cli, resume, fused) and
 eval_losses, which tests/test_uneven_splits.py also runs on one device in its own process, live in the harness
 (tests/harness/scenarios.py), as do the small config, the two logical CPUs and the process's one multi-worker
 strategy (tests/harness/distributed.py); this script imports them, and no test module.
@@ -44,11 +45,15 @@ def weights(model):
     return {f"{i:03d}_{v.name}": v.numpy() for i, v in enumerate(model.variables)}
 
 
-def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
+def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False, average=False):
     """One training step on one device against two mirrored replicas from the same weights and batch, into
     ``OUT_NAME.npz`` (``one_*``, ``two_*``, and each weight as ``one/KEY``, ``two/KEY``). ``xla``: a third,
     on one device with ``train.jit_compile=true`` (``xla_*``, ``xla/KEY``), for tests/test_decoders.py's XLA
-    test, which so shares this process's plain step and TensorFlow start-up."""
+    test, which so shares this process's plain step and TensorFlow start-up. ``average``: with the weight average
+    (``train.ema_decay`` at tests/harness/scenarios.py's DECAY) started from the weights all start with, three steps
+    on the batch instead of one (the loss and norm are the first's, the weights those after the third), and each
+    replica's copy of every average (``NAME_copies_K``) beside its weight (``NAME_weight_K``), for
+    tests/test_ema.py's 2-replica test, which so shares the decoder contract's run of show_and_tell."""
     two_cpus()
     from captioning.data.pipeline import make_dataset
     from captioning.experiment import for_training
@@ -57,7 +62,7 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
     # clipping at 0.05 is always active here, so clipping per replica instead of after the all-reduce
     # would change the update
     # The encoder trains too: its batch norm sees the global batch's statistics (model.sync_batch_norm).
-    settings = ("train.clip_gradient_norm=0.05", *extra)
+    settings = ("train.clip_gradient_norm=0.05", *extra, *[f"train.ema_decay={scenarios.DECAY}"] * average)
     cfg = small_config(data_dir, *settings)
     folders = os.path.join(out_dir, out_name)
     one = Trainer(for_training(cfg), os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
@@ -70,6 +75,8 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
     for _, trainer in trainers[1:]:
         for a, b in zip(one.model.variables, trainer.model.variables):
             b.assign(a.numpy())
+        if average:
+            trainer.average.start(None)  # from the weights all start with
     # one fixed global batch of 8 captions; its two halves hold different numbers of real tokens
     batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8, source=one.source)))
     mask = batch["mask"].numpy()
@@ -77,12 +84,19 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False):
     for name, trainer in trainers:
         dataset = trainer.strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
-        out = trainer.train_step_for(dataset)(next(iter(dataset)))
+        step = trainer.train_step_for(dataset)
+        out = step(next(iter(dataset)))
+        for _ in range(2 if average else 0):
+            step(next(iter(dataset)))
         loss, norm, tokens = out["loss"], out["gradient_norm"], out["weight"]
         results[f"{name}_loss"], results[f"{name}_norm"] = float(loss), float(norm)
         results[f"{name}_replicas"] = trainer.strategy.num_replicas_in_sync
         for key, value in weights(trainer.model).items():
             results[f"{name}/{key}"] = value
+        for k, (variable, copies) in enumerate(trainer.average.pairs if average else ()):
+            local = trainer.strategy.experimental_local_results(copies)
+            results[f"{name}_copies_{k}"] = np.stack([c.numpy() for c in local])
+            results[f"{name}_weight_{k}"] = variable.numpy()
     np.savez(os.path.join(out_dir, f"{out_name}.npz"), **results)
 
 
@@ -167,7 +181,8 @@ def multi_worker(data_dir, out_dir, *extra):
 
 
 def mirrored_decoder(data_dir, out_dir, names, *registered):
-    """``mirrored`` (with its XLA step) for each decoder of ``names`` (comma-separated) with its tiny settings, into
+    """``mirrored`` (with its XLA step; for tests/harness/scenarios.py's AVERAGED, with the weight average) for each
+    decoder of ``names`` (comma-separated) with its tiny settings, into
     ``mirrored-NAME.npz``, or its traceback into ``mirrored-NAME.error``: one process (one TensorFlow
     start) for every decoder. ``--decoder FILE:NAME`` pairs in ``registered`` register decoders from
     files first, as the contract tests' option does."""
@@ -182,7 +197,8 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
     for name in names.split(","):
         tiny = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
         try:
-            mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}", xla=True)
+            mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}", xla=True,
+                     average=name == scenarios.AVERAGED)
         except Exception:  # noqa: BLE001 - reported by the test of that decoder
             with open(os.path.join(out_dir, f"mirrored-{name}.error"), "w") as f:
                 f.write(traceback.format_exc())
@@ -240,7 +256,7 @@ MODES = {"mirrored_decoder": mirrored_decoder, "mirrored_specs": mirrored_specs,
          "multi_worker_scst": lambda d, o: multi_worker(d, o, *SCST),
          "mirrored_scst_with": lambda d, o, *extra: mirrored_grouped(d, o, *SCST, *extra, out_name="mirrored_scst"),
          "eval_losses": scenarios.eval_losses,
-         "accumulate": scenarios.accumulate, "ema": scenarios.ema,
+         "accumulate": scenarios.accumulate,
          # commands that need 2 logical CPUs, through the CLI's main in this process (tests/helpers.py's run_main_into)
          "nan_skip": scenarios.nan_skip, "uneven_cli": scenarios.uneven_cli, "resume": scenarios.resume,
          "fused": scenarios.fused,

@@ -26,7 +26,8 @@ import pytest
 
 from captioning.model import DECODERS
 from tests.harness import decoder_contract as contract
-from tests.helpers import REPO, register_decoder_file, run_distributed_worker
+from tests.harness.scenarios import contract_result
+from tests.helpers import REPO, register_decoder_file
 
 NAMES = sorted(DECODERS)
 
@@ -88,12 +89,12 @@ def test_a_checkpoint_round_trips_and_one_of_other_shapes_is_refused(name, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_an_xla_compiled_training_step_equals_the_plain_one(name, mirrored_runs):
+def test_an_xla_compiled_training_step_equals_the_plain_one(name, mirrored_contracts):
     """train.jit_compile: the replica's forward and backward pass compiled by XLA (fixed shapes from
     data.bucket_boundaries) gives the same loss, gradient norm and update as without (a trainable encoder
-    with batch norm, clipping active). Both steps, from the same weights and batch, are mirrored_runs' (the
-    plain one is the one-device step the mirrored replicas are held to)."""
-    r = mirrored_result(mirrored_runs, name)
+    with batch norm, clipping active). Both steps, from the same weights and batch, are conftest's
+    mirrored_contracts' (the plain one is the one-device step the mirrored replicas are held to)."""
+    r = contract_result(mirrored_contracts, "decoders", name)
     assert float(r["one_norm"]) > 0.05 and float(r["xla_norm"]) == pytest.approx(float(r["one_norm"]), rel=1e-4)
     assert float(r["xla_loss"]) == pytest.approx(float(r["one_loss"]), rel=1e-5)
     names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
@@ -108,33 +109,16 @@ def test_the_saved_model_captions_as_the_captioner_does(name, tmp_path, shapes_d
     contract.check_saved_model(name, tmp_path, os.path.join(shapes_dir, "images"))
 
 
-MIRRORED = ("test_two_mirrored_replicas_compute_what_one_device_computes",
-            "test_an_xla_compiled_training_step_equals_the_plain_one")
-
-
-@pytest.fixture(scope="module")
-def mirrored_runs(prepared_dir, tmp_path_factory, request):
-    """Every selected decoder's one-device, mirrored and XLA-compiled steps, in one process (TensorFlow starts
-    once with two devices)."""
-    names = sorted({item.callspec.params["name"] for item in request.session.items
-                    if getattr(item, "originalname", None) in MIRRORED})
-    out = tmp_path_factory.mktemp("mirrored")
-    registered = [a for spec in request.config.getoption("--decoder") for a in ("--decoder", spec)]
-    run_distributed_worker("mirrored_decoder", prepared_dir, str(out), ",".join(names), *registered, timeout=900)
-    return out
-
-
-def mirrored_result(mirrored_runs, name):
-    error = mirrored_runs / f"mirrored-{name}.error"
-    if error.exists():
-        pytest.fail(error.read_text())
-    return np.load(mirrored_runs / f"mirrored-{name}.npz")
+# Every selected decoder's one-device, mirrored and XLA-compiled steps are conftest's mirrored_contracts': one process
+# (TensorFlow starts once with two devices) for them and tests/test_encoders_end_to_end.py's pairs. show_and_tell's
+# train 3 steps with the weight average (tests/test_ema.py's): their loss and norm are the first step's, their
+# weights those after the third.
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_runs):
-    r = mirrored_result(mirrored_runs, name)
+def test_two_mirrored_replicas_compute_what_one_device_computes(name, mirrored_contracts):
+    r = contract_result(mirrored_contracts, "decoders", name)
     assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
     assert r["tokens_first_half"] != r["tokens_second_half"]  # an uneven split of the words
     assert float(r["one_norm"]) > 0.05  # so clipping at 0.05 was active (on the global gradient)

@@ -1,6 +1,6 @@
 """train.ema_decay: the weight average (captioning.train.ema) — its value after each applied step, skipped steps,
-loss scaling, resuming, 2 replicas (the scenario ``mirrored/ema`` of conftest's ``distributed_runs``:
-tests/harness/scenarios.py's ``ema``), steps_per_execution, and --weights ema|raw in caption, export and
+loss scaling, resuming, 2 replicas (the decoder contract's 2-replica run of show_and_tell, which trains with the
+average: conftest's ``mirrored_contracts``), steps_per_execution, and --weights ema|raw in caption, export and
 evaluate. The models here fine-tune the small CNN encoder, so its batch-norm moving statistics are averaged with
 the weights; a checkpoint written before they were (its average of the trainable weights only) still loads."""
 
@@ -12,8 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.harness.scenarios import DECAY
-from tests.helpers import distributed_result, run_cli, small_train_config
+from tests.harness.scenarios import AVERAGED, DECAY, contract_result
+from tests.helpers import run_cli, small_train_config
 
 
 def trainable_positions(model) -> list[int]:
@@ -431,8 +431,10 @@ def test_evaluate_with_the_average_reads_the_statistics_average(averaged, tmp_pa
 
 
 @pytest.mark.slow
-def test_two_replicas_keep_identical_averages_equal_to_one_replicas(distributed_runs):
-    out = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "ema"), "ema.npz"))
+def test_two_replicas_keep_identical_averages_equal_to_one_replicas(mirrored_contracts):
+    """3 steps from the same weights on one device and on 2 mirrored replicas: the decoder contract's run of
+    show_and_tell (conftest's mirrored_contracts, tests/distributed_worker.py's mirrored with ``average``)."""
+    out = contract_result(mirrored_contracts, "decoders", AVERAGED)
     count = len([k for k in out.files if k.startswith("two_copies_")])
     assert count > 5
     moved = 0

@@ -10,43 +10,17 @@ import tensorflow as tf
 
 from captioning.model import DECODERS
 from captioning.model.layout import TokenLayout
-from tests.harness.presets import FAMILIES, entry_config
-
-
-MIRRORED = "test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder"
-# each kind of token set once: a ViT's class token and patches (vit), a preset's with its normalisation (CLIP),
-# patches alone (SigLIP), under soft attention; pooled from a class token with registers beside it (DINOv2, whose
-# unused mask token gets no gradient) under Show and Tell. Every decoder over small_cnn is tests/test_decoders.py's;
-# keras-hub's ViT preset is the vit encoder's backbone read from a folder (tests/test_encoders.py).
-MIRRORED_PAIRS = [("vit", "attention"), ("keras_hub:clip", "attention"), ("keras_hub:siglip", "attention"),
-                  ("keras_hub:dinov2", "show_and_tell")]
-
-
-@pytest.fixture(scope="module")
-def mirrored_encoders(prepared_dir, hub_presets, tmp_path_factory):
-    """:data:`MIRRORED_PAIRS`, two mirrored replicas against one device, in one process (TensorFlow starts once
-    with two logical CPUs); each encoder trainable (its batch norm, if any, synchronised)."""
-    from tests.helpers import run_distributed_worker
-
-    specs = []
-    for entry, decoder in MIRRORED_PAIRS:
-        cfg, size = entry_config(entry, hub_presets, decoder)
-        overrides = [f"model.decoder={decoder}", f"model.encoder={cfg.encoder}",
-                     *(f"model.{k}={v}" for k, v in cfg.options.items())]
-        specs.append(f"{entry.replace(':', '-')}-{decoder}=" + ";".join(overrides))
-    out = tmp_path_factory.mktemp("mirrored_encoders")
-    run_distributed_worker("mirrored_specs", prepared_dir, str(out), *specs, timeout=900)
-    return out
+from tests.harness.presets import FAMILIES
+from tests.harness.scenarios import MIRRORED_PAIRS, contract_result, pair_label
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry,decoder", MIRRORED_PAIRS)
-def test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder(entry, decoder, mirrored_encoders):
-    label = f"{entry.replace(':', '-')}-{decoder}"
-    error = mirrored_encoders / f"mirrored-{label}.error"
-    if error.exists():
-        pytest.fail(error.read_text())
-    r = np.load(mirrored_encoders / f"mirrored-{label}.npz")
+def test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder(entry, decoder, mirrored_contracts):
+    """tests/harness/scenarios.py's MIRRORED_PAIRS, two mirrored replicas against one device, each encoder trainable
+    (its batch norm, if any, synchronised): conftest's mirrored_contracts, one process (TensorFlow starts once with
+    two logical CPUs) for them and tests/test_decoders.py's decoders."""
+    r = contract_result(mirrored_contracts, "encoders", pair_label(entry, decoder))
     assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
     assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
     names = [k[len("one/"):] for k in r.files if k.startswith("one/")]

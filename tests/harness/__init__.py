@@ -14,8 +14,9 @@ in-process or in a process, small configs) in tests/helpers.py; the rest here, b
 - :mod:`tests.harness.distributed` — what a process of 2 replicas needs: the small config (``small_config``), two
   logical CPUs (``two_cpus``) and the process's one ``multi_worker_strategy``.
 - :mod:`tests.harness.scenarios` — the 2-replica scenarios of conftest's ``distributed_runs`` that belong to one
-  test file each (``accumulate``, ``ema``, ``eval_losses``, ``nan_skip``, ``uneven_cli``, ``resume``, ``fused``), which
-  tests/distributed_worker.py runs, and what those test files share with them.
+  test file each (``accumulate``, ``eval_losses``, ``nan_skip``, ``uneven_cli``, ``resume``, ``fused``), which
+  tests/distributed_worker.py runs, and what those test files share with them; the decoder and encoder contracts'
+  2-replica steps of conftest's ``mirrored_contracts`` (``MIRRORED_PAIRS``, ``contract_result``).
 - :mod:`tests.harness.data_service` — tf.data service dispatchers and workers as processes (``Proc``, ``Cluster``).
 - :mod:`tests.harness.files` — shards damaged in place (``damage``), the script that loads an export without the
   project (``LOADER``), docs/litert.md's snippet (``doc_snippet``).

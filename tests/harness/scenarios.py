@@ -7,7 +7,9 @@ files share with them. Each writes its results into OUT_DIR, which the test read
 - :func:`accumulate` (tests/test_accumulate.py) — ``mirrored.npz``: an accumulated step on 2 replicas, one of them
   given an empty micro-batch, against one device's step on the batches joined (:data:`GROUPED`, :func:`joined`,
   :func:`grouped_batches`).
-- :func:`ema` (tests/test_ema.py) — ``ema.npz``: every replica's copy of the weight average (:data:`DECAY`).
+- :data:`DECAY` (tests/test_ema.py): the weight average's decay in the decoder contract's 2-replica run of
+  :data:`AVERAGED` (tests/distributed_worker.py's ``mirrored_decoder``, conftest's ``mirrored_contracts``), which
+  writes every replica's copy of each average.
 - :func:`nan_skip` (tests/test_train_reliability.py) — ``train.json``: ``train.nan_policy=skip`` through the CLI.
 - :func:`eval_losses` (tests/test_uneven_splits.py, which runs it on one device too) — ``eval-STRATEGY[-TASK].json``:
   a checkpoint's evaluation losses for the batch sizes :data:`EVAL_BATCHES`.
@@ -17,6 +19,11 @@ files share with them. Each writes its results into OUT_DIR, which the test read
 - :func:`fused` (tests/test_optimizer.py) — ``fused-TASK.npz``: the fused optimizer updates under 2 replicas against
   Keras' own on one device (:data:`KINDS`, :func:`optimizer_of`, :func:`random_gradients`, :func:`start_values`,
   :func:`run_updates`).
+
+And what conftest's ``mirrored_contracts`` (the decoder and encoder contracts' 2-replica steps, in one process for
+tests/test_decoders.py and tests/test_encoders_end_to_end.py) selects and runs: :data:`DECODER_TESTS`,
+:data:`EMA_TEST`, :data:`AVERAGED`, :data:`ENCODER_TEST`, :data:`MIRRORED_PAIRS`, :func:`pair_spec`; and
+:func:`contract_result`, which reads it.
 """
 
 import json
@@ -100,40 +107,7 @@ def accumulate(data_dir, out_dir):
 
 # ---- tests/test_ema.py ----------------------------------------------------------------------------------------
 
-DECAY = 0.5  # train.ema_decay
-
-
-def ema(data_dir, out_dir):
-    """The 2-replica check of the weight average (scenario ``ema``): 3 steps on one device and on 2 mirrored
-    replicas from the same weights; writes each replica's copy of every average and the weights to
-    OUT_DIR/ema.npz."""
-    import tensorflow as tf
-
-    from captioning.data.pipeline import make_dataset
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-
-    two_cpus()
-    cfg = small_config(data_dir, f"train.ema_decay={DECAY}", "train.clip_gradient_norm=0.05")
-    one = Trainer(for_training(cfg), os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
-    for a, b in zip(one.model.variables, two.model.variables):
-        b.assign(a.numpy())
-    two.average.start(None)  # from the weights both start with
-    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8)))
-    out = {}
-    for name, trainer in (("one", one), ("two", two)):
-        dataset = trainer.strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
-        step = trainer.train_step_for(dataset)
-        for _ in range(3):
-            step(next(iter(dataset)))
-        for k, (variable, average) in enumerate(trainer.average.pairs):
-            copies = [c.numpy() for c in trainer.strategy.experimental_local_results(average)]
-            out[f"{name}_copies_{k}"] = np.stack(copies)
-            out[f"{name}_weight_{k}"] = variable.numpy()
-    np.savez(os.path.join(out_dir, "ema.npz"), **out)
+DECAY = 0.5  # train.ema_decay (also of the decoder contract's run of AVERAGED: tests/distributed_worker.py's mirrored)
 
 
 # ---- tests/test_uneven_splits.py -------------------------------------------------------------------------------
@@ -297,3 +271,49 @@ def fused(data_dir, out_dir):
                 out[f"{name}/{kind}/{i}"] = v.numpy()
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", "one")
     np.savez(os.path.join(out_dir, f"fused-{task}.npz"), **out)
+
+
+# ---- tests/test_decoders.py and tests/test_encoders_end_to_end.py: the contracts' 2-replica steps ------------
+# conftest's ``mirrored_contracts`` runs them (tests/distributed_worker.py's ``mirrored_decoder``, ``mirrored_specs``)
+# in one process for both files, for the decoders and pairs of the tests selected.
+
+DECODER_TESTS = ("test_two_mirrored_replicas_compute_what_one_device_computes",
+                 "test_an_xla_compiled_training_step_equals_the_plain_one")
+# tests/test_ema.py's 2-replica test reads the run of AVERAGED, which alone trains with the weight average (3 steps: the
+# average's 2 traces more in each of the 4 decoders' 3 steps cost more than the 2 of a run of its own)
+EMA_TEST, AVERAGED = "test_two_replicas_keep_identical_averages_equal_to_one_replicas", "show_and_tell"
+ENCODER_TEST = "test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder"
+# each kind of token set once: a ViT's class token and patches (vit), a preset's with its normalisation (CLIP),
+# patches alone (SigLIP), under soft attention; pooled from a class token with registers beside it (DINOv2, whose
+# unused mask token gets no gradient) under Show and Tell. Every decoder over small_cnn is tests/test_decoders.py's;
+# keras-hub's ViT preset is the vit encoder's backbone read from a folder (tests/test_encoders.py).
+MIRRORED_PAIRS = [("vit", "attention"), ("keras_hub:clip", "attention"), ("keras_hub:siglip", "attention"),
+                  ("keras_hub:dinov2", "show_and_tell")]
+
+
+def pair_label(entry, decoder) -> str:
+    return f"{entry.replace(':', '-')}-{decoder}"
+
+
+def pair_spec(entry, decoder, presets) -> str:
+    """``mirrored_specs``' argument for an encoder entry under a decoder (tests/harness/presets.py's tiny configs)."""
+    from tests.harness.presets import entry_config
+
+    cfg, _ = entry_config(entry, presets, decoder)
+    overrides = [f"model.decoder={decoder}", f"model.encoder={cfg.encoder}",
+                 *(f"model.{k}={v}" for k, v in cfg.options.items())]
+    return f"{pair_label(entry, decoder)}=" + ";".join(overrides)
+
+
+def contract_result(root, folder, label):
+    """What ``mirrored_contracts`` wrote for decoder or pair ``label`` (``folder``: "decoders" or "encoders"), after
+    asserting that its scenario finished; the test fails with the traceback of that decoder or pair if it raised."""
+    import pytest
+
+    from tests.helpers import distributed_result
+
+    out = distributed_result(root, "mirrored", folder)
+    error = os.path.join(out, f"mirrored-{label}.error")
+    if os.path.exists(error):
+        pytest.fail(open(error).read())
+    return np.load(os.path.join(out, f"mirrored-{label}.npz"))
