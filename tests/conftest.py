@@ -51,35 +51,35 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built
-# first; `make test` from a fresh clone, 3 workers on 2 cores, 2026-11-26, 15:00). `make test` runs pytest-xdist with
+# first; `make test` in the working tree, 3 workers on 2 cores, 2026-11-28, 06:00). `make test` runs pytest-xdist with
 # --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order: collected
 # heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing time
 # first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
 # quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured).
 # A file not listed counts 4 s.
 FILE_SECONDS = {
-    "test_scst": 119, "test_decoders": 114, "test_litert": 109, "test_encoders_end_to_end": 90,
-    "test_service_training": 70, "test_benchmarks": 65, "test_data_service": 50, "test_train_reliability": 45,
-    "test_region_training": 42, "test_encoders": 37, "test_lost_worker": 31, "test_ensemble": 28, "test_model_dir": 26,
-    "test_train": 26, "test_ema": 25, "test_steps_per_execution": 23, "test_inference": 22, "test_decode": 21,
-    "test_disk_cache": 21, "test_train_start": 20, "test_transformer": 20, "test_accumulate": 17,
-    "test_input_pipeline": 17, "test_attention_use": 17, "test_objectives": 16, "test_full_disk": 14,
-    "test_features_store": 13, "test_evaluate_identity": 12,
+    "test_decoders": 109, "test_scst": 106, "test_litert": 82, "test_service_training": 63, "test_benchmarks": 53,
+    "test_train_reliability": 41, "test_encoders_end_to_end": 40, "test_data_service": 36, "test_lost_worker": 35,
+    "test_region_training": 34, "test_encoders": 28, "test_ema": 24, "test_model_dir": 23, "test_inference": 23,
+    "test_steps_per_execution": 21, "test_train": 20, "test_ensemble": 20, "test_train_start": 19,
+    "test_disk_cache": 17, "test_features_store": 16, "test_decode": 16, "test_transformer": 15,
+    "test_attention_use": 15, "test_accumulate": 15, "test_input_pipeline": 14,
     "test_browser": 12,  # wall seconds: Chromium is not its child
-    "test_corrupt_shards": 11, "test_security": 10, "test_serve": 10, "test_metrics": 9, "test_prepare": 9,
-    "test_optimizer": 10, "test_regions": 6, "test_uneven_splits": 6, "test_outputs": 5, "test_config": 5,
-    "test_scheduled_sampling": 5, "test_cli_edges": 5, "test_orientation": 6, "test_serve_clients": 5}
+    "test_objectives": 11, "test_full_disk": 11, "test_evaluate_identity": 11, "test_cli": 11, "test_security": 10,
+    "test_metrics": 9, "test_corrupt_shards": 9, "test_serve": 7, "test_regions": 6, "test_prepare": 6,
+    "test_architecture": 6, "test_uneven_splits": 5, "test_serve_options": 5, "test_serve_clients": 5,
+    "test_orientation": 5, "test_optimizer": 5}
 
 
-# The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (`make test-fast`
-# from the working tree, 3 workers on 2 cores, 2026-11-28, 04:28). Ordered by FILE_SECONDS, the quick loop's
+# The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (the larger of
+# `make test-fast`'s, 2026-11-28 04:28, and the full suite's of 06:00). Ordered by FILE_SECONDS, the quick loop's
 # worker given test_scst and test_decoders first (light there without their 2-replica runs) ended 13 s after the
 # other two. A file not listed counts 3 s.
 QUICK_SECONDS = {
     "test_decoders": 26, "test_encoders": 16, "test_decode": 16, "test_scst": 14, "test_region_training": 12,
-    "test_inference": 12, "test_input_pipeline": 11, "test_objectives": 10, "test_features_store": 9, "test_train": 7,
-    "test_ensemble": 7, "test_data_service": 7, "test_train_reliability": 6, "test_transformer": 5,
-    "test_train_start": 5, "test_regions": 5, "test_litert": 5, "test_disk_cache": 5, "test_architecture": 5}
+    "test_objectives": 11, "test_input_pipeline": 11, "test_features_store": 7, "test_ensemble": 7,
+    "test_data_service": 7, "test_transformer": 6, "test_inference": 6, "test_architecture": 6, "test_regions": 5,
+    "test_train_reliability": 4, "test_text": 4, "test_litert": 4, "test_corrupt_shards": 4, "test_config": 4}
 
 
 def schedule(items):
@@ -320,8 +320,8 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
     test_uneven_splits.py, test_accumulate.py, test_optimizer.py and test_train_reliability.py
     (tests/distributed_worker.py's modes; those of one test file each are in tests/harness/scenarios.py),
-    run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in one process and
-    the MultiWorkerMirroredStrategy ones in one pair of localhost workers, all three processes at once
+    run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in two processes and
+    the MultiWorkerMirroredStrategy ones in one pair of localhost workers, all four processes at once
     (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
     with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
     from tests.helpers import REGIONS, run_distributed_scenarios
@@ -334,16 +334,18 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
             shutil.copytree(trained_model_dir, models[group])
         data, regions = prepared_dir, region_data[0]
         run_distributed_scenarios(root, {
-            # in one process (each scenario's CPU and wall seconds are in root/mirrored.log; a process of 2.6 CPU s
-            # fewer than two, each about as long as the multi-worker pair): the SCST steps and the training steps'
-            # own scenarios, then the CLI commands on 2 logical CPUs (test_train_reliability, test_uneven_splits,
-            # test_train). tests/test_ema.py's is the decoder contract's run of show_and_tell (mirrored_contracts).
-            "mirrored": [["mirrored_scst", data, "scst"], ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
-                         ["mirrored_grouped", data, "grouped"],
-                         ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"],
-                         ["accumulate", data, "accumulate"],  # tests/test_accumulate.py
-                         ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
-                         ["resume", data, "resume"], ["fused", data, "fused"]],  # test_optimizer.py
+            # in two processes at once (each scenario's CPU and wall seconds are in root/mirrored-pN.log), each about
+            # as long as the multi-worker pair: the SCST steps and the evaluation's, then the training steps' own
+            # scenarios and the CLI commands on 2 logical CPUs (test_train_reliability, test_uneven_splits, test_train).
+            # In one process they cost 2.6 CPU s less but the chain twice the wall, and the worker that waits for it
+            # idles: the full suite's first 150 s ran at 1.2 of the 2 cores (2026-11-28). tests/test_ema.py's
+            # 2-replica run is the decoder contract's run of show_and_tell (mirrored_contracts).
+            "mirrored": ([["mirrored_scst", data, "scst"], ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
+                          ["mirrored_grouped", data, "grouped"],
+                          ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"]],
+                         [["accumulate", data, "accumulate"],  # tests/test_accumulate.py
+                          ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
+                          ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py
             "multi_worker": [["multi_worker", data, "xe"], ["multi_worker_scst", data, "scst"],
                              ["multi_worker", regions, "regions", *REGIONS],
                              ["eval_losses", uneven_dir, "uneven", models["multi_worker"], "multi_worker"],
@@ -357,9 +359,9 @@ def mirrored_contracts(prepared_dir, request, tmp_path_factory):
     """The 2-replica steps of the decoder contract (tests/test_decoders.py's mirrored and XLA tests, over every
     selected decoder, ``--decoder`` ones included; show_and_tell's also trains with the weight average, for
     tests/test_ema.py's 2-replica test) and of the encoder contract (tests/test_encoders_end_to_end.py's
-    mirrored test, over tests/harness/scenarios.py's MIRRORED_PAIRS selected), run once for both files in one
-    process of 2 logical CPUs (tests/distributed_worker.py's ``mirrored_decoder`` and ``mirrored_specs`` as two
-    scenarios of ``many``): one TensorFlow start-up instead of one a file. A test reads its decoder's or pair's
+    mirrored test, over tests/harness/scenarios.py's MIRRORED_PAIRS selected), run once for both files, each
+    file's in a process of 2 logical CPUs, both at once (tests/distributed_worker.py's ``mirrored_decoder`` and
+    ``mirrored_specs``, each through ``many``). A test reads its decoder's or pair's
     result with tests/harness/scenarios.py's ``contract_result``."""
     from tests.harness.scenarios import AVERAGED, DECODER_TESTS, EMA_TEST, ENCODER_TEST, pair_spec
     from tests.helpers import run_distributed_scenarios
@@ -374,10 +376,14 @@ def mirrored_contracts(prepared_dir, request, tmp_path_factory):
     presets = request.getfixturevalue("hub_presets") if pairs else None
 
     def build(root):
-        scenarios = [["mirrored_decoder", prepared_dir, "decoders", ",".join(names), *registered]] if names else []
+        # the decoders' and the encoders' in two processes at once: in one, 3 CPU s less, but the worker waiting
+        # for it idled 145 s instead of 88 (2026-11-28)
+        parts = []
+        if names:
+            parts.append([["mirrored_decoder", prepared_dir, "decoders", ",".join(names), *registered]])
         if pairs:
             specs = [pair_spec(entry, decoder, presets) for entry, decoder in pairs]
-            scenarios.append(["mirrored_specs", prepared_dir, "encoders", *specs])
-        run_distributed_scenarios(root, {"mirrored": scenarios})
+            parts.append([["mirrored_specs", prepared_dir, "encoders", *specs]])
+        run_distributed_scenarios(root, {"mirrored": tuple(parts)})
 
     return built_once(tmp_path_factory, "mirrored_contracts", build)
