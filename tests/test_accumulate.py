@@ -109,6 +109,7 @@ def test_two_replicas_with_an_empty_micro_batch_equal_one_device(distributed_run
     assert int(got["two_step"]) == 1
 
 
+@pytest.mark.slow
 def test_the_issue_command_trains_with_accumulation(prepared_dir, tmp_path):
     """``captioning train --config experiments/shapes.yaml --set train.ema_decay=0.999 --set
     train.accumulate_steps=4 --model-dir runs/ema``, on the fixture for 2 steps (4 s: the quick loop's check

@@ -174,6 +174,7 @@ print(json.dumps(np.concatenate([t.numpy() for t in strategy.experimental_local_
 """
 
 
+@pytest.mark.slow
 def test_the_scorer_runs_in_each_replica_of_a_mirrored_strategy():
     rng = random.Random(4)
     words = list(range(3, 12))

@@ -138,25 +138,32 @@ def test_trainers_sharing_a_job_split_it_between_them(cluster, how):
     assert sorted(xs) == list(range(n))
 
 
+SERVED = pytest.mark.slow  # the cases that need the file's running servers: the quick loop starts none
+
+
 @pytest.mark.parametrize("args, pattern", [
-    (["dispatcher", "--port", "{dispatcher}"], r"--port {dispatcher} is in use on this machine \(another dispatcher "
-                                                r"or worker\?\): stop that server or choose another port"),
-    (["worker", "--dispatcher", "localhost:{dispatcher}", "--port", "{w1}"], r"--port {w1} is in use on this machine"),
+    pytest.param(["dispatcher", "--port", "{dispatcher}"], r"--port {dispatcher} is in use on this machine \(another "
+                 r"dispatcher or worker\?\): stop that server or choose another port", marks=SERVED),
+    pytest.param(["worker", "--dispatcher", "localhost:{dispatcher}", "--port", "{w1}"],
+                 r"--port {w1} is in use on this machine", marks=SERVED),
     (["worker", "--dispatcher", "dispatcher-host"],
      r"--dispatcher must look like HOST:PORT, e.g. data0:5050, got 'dispatcher-host'"),
     (["worker", "--dispatcher", "localhost:70000"], r"--dispatcher must look like HOST:PORT, .* got 'localhost:70000'"),
-    (["worker", "--dispatcher", "localhost:{w1}"], r"localhost:{w1} answers, but it is not a tf.data dispatcher "
-                                                   r"\(.*\): --dispatcher must be the address the dispatcher logs, "
-                                                   r"not a worker's"),
+    pytest.param(["worker", "--dispatcher", "localhost:{w1}"], r"localhost:{w1} answers, but it is not a tf.data "
+                 r"dispatcher \(.*\): --dispatcher must be the address the dispatcher logs, not a worker's",
+                 marks=SERVED),
     (["dispatcher", "--port", "{free}", "--work-dir", "{file}/journal"],
      r"--work-dir {file}/journal cannot be created or written: \[Errno 20\] Not a directory"),
     (["dispatcher", "--port", "65536"], r"argument --port: must be a port number from 1 to 65535, got '65536'"),
 ], ids=["dispatcher-port-in-use", "worker-port-in-use", "no-port", "port-too-large", "a-worker-not-the-dispatcher",
         "work-dir-under-a-file", "port-out-of-range"])
-def test_usage_errors_are_one_line_and_exit_2(cluster, tmp_path, args, pattern):
+def test_usage_errors_are_one_line_and_exit_2(request, tmp_path, args, pattern):
+    """The file's cluster is started only for the cases that name its servers' ports."""
     (tmp_path / "file").write_text("not a folder")
-    values = {"dispatcher": cluster.port, "w1": cluster.worker_ports["w1"], "free": free_port(),
-              "file": tmp_path / "file"}
+    values = {"free": free_port(), "file": tmp_path / "file"}
+    if any("{dispatcher}" in a or "{w1}" in a for a in args):
+        cluster = request.getfixturevalue("cluster")
+        values.update(dispatcher=cluster.port, w1=cluster.worker_ports["w1"])
     started = time.time()
     result = run_cli("data-service", *[a.format(**values) for a in args], timeout=60)
     assert result.returncode == 2, result.stderr

@@ -74,6 +74,7 @@ def start_writer(data_dir, cache_dir, tmp_path):
     raise AssertionError("the writer never started writing")
 
 
+@pytest.mark.slow
 def test_a_live_writer_is_left_alone_and_a_killed_ones_cache_is_never_read(prepared_dir, tmp_path):
     cache = str(tmp_path / "cache")
     writer = start_writer(prepared_dir, cache, tmp_path)

@@ -251,6 +251,7 @@ def test_an_import_killed_mid_way_goes_on_when_run_again(data_dir, ids, tmp_path
     assert ours == theirs
 
 
+@pytest.mark.slow
 def test_two_imports_into_one_store_at_once_the_second_stops(data_dir, ids, tmp_path):
     from data_prep.features_writer import Row, work_path, write_store
 

@@ -81,6 +81,7 @@ def pipeline_crop(trained, photo, tmp_path_factory):
     return crop
 
 
+@pytest.mark.slow
 def test_the_pipeline_the_captioner_and_the_litert_graph_see_the_same_pixels_of_a_jpeg(trained, photo, pipeline_crop,
                                                                                        tmp_path):
     from ai_edge_litert.interpreter import Interpreter

@@ -32,6 +32,7 @@ def data_key(prepared_dir):
     return "data" + PreparedDataset.load(prepared_dir).identity[:8]
 
 
+@pytest.mark.slow
 def test_evaluate_writes_every_metric(evaluation, trained_model_dir, prepared_dir):
     key = data_key(prepared_dir)
     on_disk = json.load(open(os.path.join(trained_model_dir, "eval", f"test-step60-beam2-len20-norm0-all-{key}.json")))
@@ -286,6 +287,7 @@ def test_export_never_replaces_what_it_did_not_write(trained_model_dir, tmp_path
         assert {p: sorted(os.listdir(p)) for p in before} == before  # nothing deleted, nothing written
 
 
+@pytest.mark.slow
 def test_export_again_is_a_no_op_and_overwrite_swaps_in_a_complete_export(trained_model_dir, exported, tmp_path):
     """On a copy of the module's export (--top-k 2)."""
     out = tmp_path / "export"
@@ -302,6 +304,7 @@ def test_export_again_is_a_no_op_and_overwrite_swaps_in_a_complete_export(traine
     assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary or old folder left beside it
 
 
+@pytest.mark.slow
 def test_decoding_follows_the_models_decode_section_and_flags_override_it(trained_model_dir, user_images, tmp_path):
     """config.yaml's decode: section is how the model decodes; a flag overrides one setting for one call.
     An impossible combination is named by parameter in the library and by flag on the command line."""

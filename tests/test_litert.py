@@ -400,6 +400,7 @@ def test_a_model_reading_regions_is_refused_before_any_work(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_resize_in_built_in_ops_gives_the_pipelines_pixels_in_the_interpreter(tmp_path):
     """resize_in_builtin_ops (the LiteRT graph's resize), converted and run by LiteRT's interpreter (its XNNPACK delegate on), gives squash's pixels
     bit for bit: up- and downscaled, one pixel to a camera frame, on noise and on the flat colours of the synthetic

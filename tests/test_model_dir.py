@@ -163,6 +163,7 @@ def test_a_relative_data_dir_works_from_any_directory_and_a_moved_one_is_named(p
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_no_eval_split_is_needed_without_evaluation(shapes_dir, tmp_path):
     from captioning.errors import InputError
     from captioning.experiment import for_training

@@ -21,6 +21,7 @@ def data_dir(prepared_dir):
 small_config = small_train_config
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(data_dir, tmp_path):
     """Also train.profile_steps (steps 3 and 4 profiled, a trace in the train logs): one run for both."""
     from captioning.experiment import for_training

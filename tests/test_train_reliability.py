@@ -77,6 +77,7 @@ with StopOnSignal() as stop:
 """
 
 
+@pytest.mark.slow
 def test_a_second_signal_kills_at_once():
     result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL], capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))

@@ -146,6 +146,7 @@ def test_the_folders_own_checkpoint_wins_over_init_from_and_says_so(trained_mode
     assert "trained to step 61" in out
 
 
+@pytest.mark.slow
 def test_a_grouped_batch_says_what_it_holds_and_epochs_count_images(prepared_dir, tmp_path, caplog):
     """Four batch sizes (1, 3 and 7 give 1 image, 10 gives 2): each run's plan; the training log line of the
     first (one image) and the last (images) from a one-step run, the other two's text from the plan that the
