@@ -98,7 +98,6 @@ def averaged(prepared_dir, tmp_path_factory):
             "statistics": statistics_positions(trainer.model), **record}
 
 
-@pytest.mark.slow
 def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
     assert averaged["applied"][1:] == [True, True, False, True]
     expected = averaged["raw"][0]  # a new run's average starts from the initial weights
