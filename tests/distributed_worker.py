@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.harness import scenarios  # noqa: E402
-from tests.harness.distributed import multi_worker_strategy, small_config, two_cpus  # noqa: E402
+from tests.harness.distributed import multi_worker_strategy, small_config, two_cpus, two_replicas  # noqa: E402
 
 
 def weights(model):
@@ -66,8 +66,7 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False, average=
     cfg = small_config(data_dir, *settings)
     folders = os.path.join(out_dir, out_name)
     one = Trainer(for_training(cfg), os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(for_training(cfg), os.path.join(folders, "two"), strategy=tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    two = Trainer(for_training(cfg), os.path.join(folders, "two"), strategy=two_replicas())
     trainers = [("one", one), ("two", two)]
     if xla:
         trainers.append(("xla", Trainer(for_training(small_config(data_dir, *settings, "train.jit_compile=true")),
@@ -112,8 +111,7 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     cfg = small_config(data_dir, "train.clip_gradient_norm=0.05", "data.captions_per_image=grouped",
                        "train.split_padding=true", *extra)
     one = Trainer(for_training(cfg), os.path.join(out_dir, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
-    two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=two_replicas())
     for a, b in zip(one.model.variables, two.model.variables):
         b.assign(a.numpy())
     stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10, source=one.source))

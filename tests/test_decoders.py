@@ -110,7 +110,7 @@ def test_the_saved_model_captions_as_the_captioner_does(name, tmp_path, shapes_d
 
 
 # Every selected decoder's one-device, mirrored and XLA-compiled steps are conftest's mirrored_contracts': one process
-# (TensorFlow starts once with two devices) for them and tests/test_encoders_end_to_end.py's pairs. show_and_tell's
+# (TensorFlow starts once with two devices) for them, beside the one of tests/test_encoders_end_to_end.py's pairs. show_and_tell's
 # train 3 steps with the weight average (tests/test_ema.py's): their loss and norm are the first step's, their
 # weights those after the third.
 

@@ -19,7 +19,7 @@ from tests.harness.scenarios import MIRRORED_PAIRS, contract_result, pair_label
 def test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encoder(entry, decoder, mirrored_contracts):
     """tests/harness/scenarios.py's MIRRORED_PAIRS, two mirrored replicas against one device, each encoder trainable
     (its batch norm, if any, synchronised): conftest's mirrored_contracts, one process (TensorFlow starts once with
-    two logical CPUs) for them and tests/test_decoders.py's decoders."""
+    two logical CPUs) for them, beside the one of tests/test_decoders.py's decoders."""
     r = contract_result(mirrored_contracts, "encoders", pair_label(entry, decoder))
     assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
     assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)

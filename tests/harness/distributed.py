@@ -29,6 +29,14 @@ def two_cpus():
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
+def two_replicas():
+    """The MirroredStrategy over the two logical CPUs of :func:`two_cpus` (called first, before the runtime starts),
+    its all-reduce on one device."""
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
 _MULTI_WORKER = []
 
 

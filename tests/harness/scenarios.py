@@ -20,8 +20,8 @@ files share with them. Each writes its results into OUT_DIR, which the test read
   Keras' own on one device (:data:`KINDS`, :func:`optimizer_of`, :func:`random_gradients`, :func:`start_values`,
   :func:`run_updates`).
 
-And what conftest's ``mirrored_contracts`` (the decoder and encoder contracts' 2-replica steps, in one process for
-tests/test_decoders.py and tests/test_encoders_end_to_end.py) selects and runs: :data:`DECODER_TESTS`,
+And what conftest's ``mirrored_contracts`` (the decoder and encoder contracts' 2-replica steps, a process for each of
+tests/test_decoders.py and tests/test_encoders_end_to_end.py, at once) selects and runs: :data:`DECODER_TESTS`,
 :data:`EMA_TEST`, :data:`AVERAGED`, :data:`ENCODER_TEST`, :data:`MIRRORED_PAIRS`, :func:`pair_spec`; and
 :func:`contract_result`, which reads it.
 """
@@ -32,7 +32,7 @@ import shutil
 
 import numpy as np
 
-from tests.harness.distributed import multi_worker_strategy, small_config, two_cpus
+from tests.harness.distributed import multi_worker_strategy, small_config, two_cpus, two_replicas
 from tests.helpers import REPO, run_main_into, small_train_config
 
 # ---- tests/test_accumulate.py ---------------------------------------------------------------------------------
@@ -80,8 +80,7 @@ def accumulate(data_dir, out_dir):
     one = Trainer(for_training(small_train_config(data_dir, *extra, "train.batch_size=10")), os.path.join(out_dir, "one"),
                   strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(for_training(small_train_config(data_dir, *extra, "train.batch_size=10", "train.accumulate_steps=2")),
-                  os.path.join(out_dir, "two"), strategy=tf.distribute.MirroredStrategy(
-                      ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+                  os.path.join(out_dir, "two"), strategy=two_replicas())
     for a, b in zip(one.model.variables, two.model.variables):
         b.assign(a.numpy())
     a1, b1, a2 = grouped_batches(one.cfg, 3, images=1)
@@ -124,8 +123,7 @@ def eval_losses(data_dir, out_dir, model_dir, strategy_name):
 
     if strategy_name == "mirrored":
         two_cpus()
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
-                                                  cross_device_ops=tf.distribute.ReductionToOneDevice())
+        strategy = two_replicas()
     elif strategy_name == "multi_worker":
         strategy = multi_worker_strategy()
     else:
@@ -248,8 +246,7 @@ def fused(data_dir, out_dir):
         strategy = multi_worker_strategy()
     else:
         two_cpus()
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
-                                                  cross_device_ops=tf.distribute.ReductionToOneDevice())
+        strategy = two_replicas()
     gradients = random_gradients(4)
     out = {"replicas": strategy.num_replicas_in_sync}
     for kind in KINDS:
@@ -275,7 +272,7 @@ def fused(data_dir, out_dir):
 
 # ---- tests/test_decoders.py and tests/test_encoders_end_to_end.py: the contracts' 2-replica steps ------------
 # conftest's ``mirrored_contracts`` runs them (tests/distributed_worker.py's ``mirrored_decoder``, ``mirrored_specs``)
-# in one process for both files, for the decoders and pairs of the tests selected.
+# in a process for each file, at once, for the decoders and pairs of the tests selected.
 
 DECODER_TESTS = ("test_two_mirrored_replicas_compute_what_one_device_computes",
                  "test_an_xla_compiled_training_step_equals_the_plain_one")
