@@ -1,0 +1,105 @@
+"""Tiny random keras-hub causal language models saved as presets with ``save_to_preset`` — the format of a real
+preset folder (``config.json``, ``model.weights.h5``, ``tokenizer.json`` and its assets), written in a second
+instead of downloaded: GPT-2 with a byte-level BPE ``GPT2Tokenizer`` made from a vocabulary dict and merges, and
+Gemma with a ``GemmaTokenizer`` over a SentencePiece model trained in this process on the same words.
+
+The tokenizers know the synthetic scenes' words as whole pieces (a space-led ``Ġred`` for GPT-2) and fall back to
+characters for any other word, as a real BPE does on a word it never merged."""
+
+from __future__ import annotations
+
+import io
+import os
+
+# the words of the shapes and hard scenes' captions, and a few of COCO's (any other word is spelt in characters)
+WORDS = ("a", "an", "the", "of", "and", "on", "in", "to", "is", "with", "at", "there", "are", "picture", "photo",
+         "red", "green", "blue", "yellow", "purple", "orange", "white", "black", "gray", "small", "large", "big",
+         "circle", "square", "triangle", "circles", "squares", "triangles", "left", "right", "above", "below",
+         "one", "two", "three", "four", "five", "six", "shape", "shapes", "largest", "outlined", "filled", "next",
+         "man", "dog", "cat", "riding", "wave", "top", "surfboard", "sitting", "table")
+LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789'"
+END = "<|endoftext|>"
+
+
+def gpt2_tokenizer_parts(words=WORDS) -> tuple[dict, list]:
+    """A byte-level BPE vocabulary (piece → id) and merges for ``words``: id 0 is ``<|endoftext|>`` (GPT-2's start,
+    end and padding), then every character alone and after a space (``Ġ``), then each word's merges in order, so a
+    word of ``words`` after a space is one piece and every merge's parts and result are in the vocabulary."""
+    vocabulary = {END: 0}
+
+    def add(piece):
+        vocabulary.setdefault(piece, len(vocabulary))
+
+    for ch in LETTERS:
+        add(ch)
+        add("Ġ" + ch)
+    add("Ġ")
+    merges = [f"Ġ {ch}" for ch in LETTERS]  # a space and the letter after it are one piece
+    for word in words:
+        piece = "Ġ" + word[0]
+        for ch in word[1:]:
+            merge = f"{piece} {ch}"
+            if merge not in merges:
+                merges.append(merge)
+            piece += ch
+            add(piece)
+    return vocabulary, merges
+
+
+def sentencepiece_proto(sentences, vocab_size: int = 96) -> bytes:
+    """A SentencePiece model (bytes) trained in this process on ``sentences``: Gemma's special pieces at its ids
+    (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<unk>`` 3), byte fallback so that any text encodes (its 256 byte
+    pieces come on top of ``vocab_size``'s pieces of words)."""
+    import sentencepiece
+
+    out = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(list(sentences)), model_writer=out, vocab_size=vocab_size + 260, model_type="BPE",
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
+        unk_piece="<unk>", byte_fallback=True, character_coverage=1.0, minloglevel=2, num_threads=1)
+    return out.getvalue()
+
+
+def caption_sentences(words=WORDS, count: int = 400, seed: int = 0) -> list[str]:
+    """``count`` made-up sentences of ``words`` (seeded), for training a SentencePiece model."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(count)]
+
+
+def write_gpt2(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, max_length: int = 64,
+               seed: int = 0) -> str:
+    """A tiny random GPT-2 (backbone and tokenizer) saved as a keras-hub preset in ``folder``."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    vocabulary, merges = gpt2_tokenizer_parts()
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=layers,
+                                             num_heads=heads, hidden_dim=hidden, intermediate_dim=2 * hidden,
+                                             dropout=0.0, max_sequence_length=max_length)
+    os.makedirs(folder, exist_ok=True)
+    backbone.save_to_preset(folder)
+    tokenizer.save_to_preset(folder)
+    return folder
+
+
+def write_gemma(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, seed: int = 0) -> str:
+    """A tiny random Gemma (backbone and a SentencePiece tokenizer trained here) saved as a keras-hub preset."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    tokenizer = keras_hub.models.GemmaTokenizer(proto=sentencepiece_proto(caption_sentences()))
+    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=layers,
+                                              num_query_heads=heads, num_key_value_heads=1, hidden_dim=hidden,
+                                              intermediate_dim=2 * hidden, head_dim=hidden // heads, dropout=0.0)
+    os.makedirs(folder, exist_ok=True)
+    backbone.save_to_preset(folder)
+    tokenizer.save_to_preset(folder)
+    return folder
+
+
+WRITERS = {"gpt2": write_gpt2, "gemma": write_gemma}
