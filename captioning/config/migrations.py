@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 9  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 10  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -139,3 +139,9 @@ def _from_format_8(data: dict) -> dict:
     """Format 9 brought train.fused_updates; a format-8 model was updated by Keras' element-wise update, which
     false keeps bit for bit when it trains on (true: the fused kernels, Adam's last bits rounded differently)."""
     return with_defaults(data, {"train.fused_updates": False})
+
+
+@migration(9)
+def _from_format_9(data: dict) -> dict:
+    """Format 10 brought data.tokenizer; a format-9 model read the prepared dataset's word vocabulary (words)."""
+    return with_defaults(data, {"data.tokenizer": "words"})

@@ -40,6 +40,11 @@ class DataConfig(Section):
     # mask (captioning.data.region_input); the image augmentations and image sizes do not apply to them
     features: str = "images"  # a data source's name (captioning.model.data_sources.DATA_SOURCES: images, regions)
     features_store: str = "regions"  # data.features: regions — the store's name (DATA/features/NAME)
+    # what turns captions into ids (captioning.data.tokenizers): words, the prepared dataset's vocabulary (the
+    # records' caption/ids); preset, the decoder's language-model preset's own tokenizer, run inside the input
+    # pipeline on the records' caption/text (the same prepared records serve both); auto, the decoder's own
+    # (words for the decoders trained from scratch, the preset's for a decoder that reads a language model)
+    tokenizer: str = field(default="auto", metadata=choices("auto", "words", "preset"))
     # data.features: regions — each batch's region count is rounded up to a multiple of this (masked), so a
     # compiled step sees few shapes (captioning.data.region_input); 1: the batch's largest
     region_pad_multiple: int = field(default=16, metadata=between(1, MAX_REGION_PAD_MULTIPLE))
