@@ -103,3 +103,41 @@ def write_gemma(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, 
 
 
 WRITERS = {"gpt2": write_gpt2, "gemma": write_gemma}
+
+
+def tiny_backbone(family: str, vocabulary: int = 64, hidden: int = 16, layers: int = 2, seed: int = 0):
+    """A tiny random keras-hub backbone of ``family`` (``gpt2``, ``gemma``, ``gemma2``, ``gemma3``, ``llama3``,
+    ``qwen3``, ``smollm3``; text only, no tokenizer): two grouped-query heads over one key/value head where the
+    family has them, Gemma 2's soft caps and sliding window, Gemma 3's query/key norms and SmolLM3's layer
+    without rotary positions, so each family's own arithmetic is exercised."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    m = keras_hub.models
+    common = dict(vocabulary_size=vocabulary, num_layers=layers, hidden_dim=hidden, intermediate_dim=2 * hidden)
+    gqa = dict(num_query_heads=2, num_key_value_heads=1)
+    if family == "gpt2":
+        return m.GPT2Backbone(**common, num_heads=2, dropout=0.0, max_sequence_length=64)
+    if family in ("gemma", "gemma2"):
+        two = dict(attention_logit_soft_cap=50.0, final_logit_soft_cap=3.0, use_post_ffw_norm=True,
+                   use_post_attention_norm=True, use_sliding_window_attention=True, sliding_window_size=4,
+                   query_head_dim_normalize=False) if family == "gemma2" else {}
+        return m.GemmaBackbone(**common, **gqa, head_dim=hidden // 2, dropout=0.0, **two)
+    if family == "gemma3":
+        return m.Gemma3Backbone(**common, **gqa, image_size=None, head_dim=hidden // 2, use_post_ffw_norm=True,
+                                use_post_attention_norm=True, use_sliding_window_attention=True,
+                                sliding_window_size=4, vision_encoder=None)
+    if family == "llama3":
+        return m.Llama3Backbone(**common, **gqa)
+    if family == "qwen3":
+        return m.Qwen3Backbone(**common, **gqa, head_dim=hidden // 2)
+    if family == "smollm3":
+        return m.SmolLM3Backbone(**common, num_attention_heads=2, num_key_value_heads=1, attention_bias=False,
+                                 attention_dropout=0.0, rope_layer_enabled_list=[True, False][:layers] + [True] * (layers - 2),
+                                 layer_types=["full_attention"] * layers, mlp_bias=False, layer_norm_epsilon=1e-6,
+                                 max_position_embeddings=64, rope_theta=10000.0, partial_rotary_factor=1.0)
+    raise ValueError(f"no tiny backbone of family {family}")
+
+
+BACKBONE_FAMILIES = ("gpt2", "gemma", "gemma2", "gemma3", "llama3", "qwen3", "smollm3")
