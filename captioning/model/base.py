@@ -180,6 +180,9 @@ class CaptionModel(keras.Model):
       Transformer's is ``model.max_positions``, named by :attr:`caption_length_setting`): ``decode.max_length``
       and ``scst.max_length`` are checked against it before a command starts
       (:func:`captioning.model.check_caption_length`);
+    * :meth:`tokenizer_preset` — the keras-hub preset whose tokenizer its captions are written in (None: the
+      prepared dataset's word vocabulary, the default): ``data.tokenizer: auto`` follows it, and ``words`` or
+      ``preset`` against it is refused (:func:`captioning.data.tokenizers.choose`);
 
     and its constructor ``(vocab_size, cfg: ModelConfig, encoder: ImageEncoder, seed=0, settings=None, **kwargs)``
     hands ``kwargs`` (``source``, the data source it reads) to this class's and calls :meth:`setup` first, which
@@ -233,6 +236,13 @@ class CaptionModel(keras.Model):
         """The most words a caption decoded with ``settings`` (an instance of :attr:`settings_class`) may have
         — the steps beam search and sampling may take —, or None for no bound (the default: a recurrent
         decoder's state is the same size at any length)."""
+        return None
+
+    @classmethod
+    def tokenizer_preset(cls, settings) -> str | None:
+        """The keras-hub preset (a folder or a name) whose tokenizer a decoder of ``settings`` (an instance of
+        :attr:`settings_class`) reads and writes captions in, or None: the prepared dataset's word vocabulary
+        (the default; every decoder trained from scratch)."""
         return None
 
     def encode(self, images, training=False):
