@@ -34,6 +34,7 @@ from captioning.errors import InputError
 from captioning.model.attention import ShowAttendTell
 from captioning.model.base import CaptionModel
 from captioning.model.encoders import ENCODERS, all_layers, build_encoder, encoder_class
+from captioning.model.prefix_lm import PrefixLM
 from captioning.model.show_and_tell import ShowAndTell
 from captioning.model.transformer import Transformer
 from captioning.model.updown import UpDown
@@ -41,7 +42,7 @@ from captioning.model.updown import UpDown
 log = logging.getLogger("captioning.model")
 
 DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attention": ShowAttendTell,
-                                           "transformer": Transformer, "updown": UpDown}
+                                           "transformer": Transformer, "updown": UpDown, "prefix_lm": PrefixLM}
 
 
 def decoder_class(name: str) -> type[CaptionModel]:
@@ -120,17 +121,18 @@ def _typed(cls, model_cfg: ModelConfig, complete: bool, what: str):
 def typed_model(model_cfg: ModelConfig, complete: bool = False) -> ModelConfig:
     """A copy of ``model_cfg`` with the chosen decoder's and encoder's settings typed and checked
     (:attr:`~captioning.config.ModelConfig.decoder_settings`, ``encoder_settings``: every one of them, defaults
-    included; the encoder's paths made absolute) and ``options`` emptied: the one place a component's key is
-    typed. ``model_cfg`` typed already is returned as it is. ``complete``: every key must be given (a saved
-    config.yaml)."""
+    included; the paths the encoder's and decoder's ``path_keys`` name made absolute) and ``options`` emptied: the
+    one place a component's key is typed. ``model_cfg`` typed already is returned as it is. ``complete``: every key
+    must be given (a saved config.yaml)."""
     if model_cfg.typed:
         return model_cfg
     decoder = _typed(decoder_class(model_cfg.decoder), model_cfg, complete, f"decoder {model_cfg.decoder}")
     encoder = _typed(encoder_class(model_cfg.encoder), model_cfg, complete, f"encoder {model_cfg.encoder}")
-    for key in encoder_class(model_cfg.encoder).path_keys:  # a folder or file named relative to here, made absolute
-        value = getattr(encoder, key)
-        if value and os.path.exists(value):
-            setattr(encoder, key, os.path.abspath(value))
+    for cls, settings in ((encoder_class(model_cfg.encoder), encoder), (decoder_class(model_cfg.decoder), decoder)):
+        for key in getattr(cls, "path_keys", ()):  # a folder or file named relative to here, made absolute
+            value = getattr(settings, key)
+            if value and os.path.exists(value):
+                setattr(settings, key, os.path.abspath(value))
     return dataclasses.replace(model_cfg, options={}, decoder_settings=decoder, encoder_settings=encoder)
 
 
@@ -218,6 +220,6 @@ def build_model(vocab_size: int, cfg: ModelConfig, image_size: int, seed: int = 
     return model
 
 
-__all__ = ["CaptionModel", "DECODERS", "ENCODERS", "ShowAndTell", "ShowAttendTell", "Transformer", "all_keys",
-           "all_layers", "architecture_diff", "build_encoder", "build_model", "check_caption_length", "check_read",
-           "decoder_class", "encoder_class", "resolve", "typed_model"]
+__all__ = ["CaptionModel", "DECODERS", "ENCODERS", "PrefixLM", "ShowAndTell", "ShowAttendTell", "Transformer",
+           "all_keys", "all_layers", "architecture_diff", "build_encoder", "build_model", "check_caption_length",
+           "check_read", "decoder_class", "encoder_class", "resolve", "typed_model"]

@@ -28,9 +28,28 @@ preset with a vision encoder is refused); ``Llama3Backbone`` (and ``LlamaBackbon
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
+from tensorflow.compiler.tf2xla.ops import gen_xla_ops
 
 from captioning.errors import InputError
+
+
+def _dynamic_update_slice_gradient(op, grad):
+    """The gradient TensorFlow lacks for ``XlaDynamicUpdateSlice``, the op Keras' ``ops.slice_update`` is on
+    TensorFlow and keras-hub's attention layers write their caches with: the operand gets the gradient but where
+    the update went (zeros), the update gets that slice of it (the indices are always in bounds here). Training
+    differentiates through the cache: a caption's gradient reaches the prefix, and the mapper, through the keys
+    and values cached for it."""
+    _, update, indices = op.inputs
+    operand = gen_xla_ops.xla_dynamic_update_slice(grad, tf.zeros_like(update), indices)
+    return operand, tf.slice(grad, indices, tf.shape(update)), None
+
+
+try:
+    tf.RegisterGradient("XlaDynamicUpdateSlice")(_dynamic_update_slice_gradient)
+except KeyError:  # registered already (a TensorFlow that has one)
+    pass
 
 
 class LanguageModel:

@@ -20,7 +20,7 @@ from captioning.model import DECODERS, architecture_diff, resolve
 from captioning.model.layout import TokenLayout
 from tests.harness.models import (
     B, R, SIZE, T, V, inputs, loss_and_grads, npy, region_batch, rescore, same_gradient, shared_tiny, tiny,
-    tiny_regions)
+    tiny_options, tiny_regions)
 
 
 def check_declarations(name, **settings):
@@ -39,8 +39,8 @@ def check_declarations(name, **settings):
     longest = cls.max_caption_length(cls.settings_class())  # a bound on the words it decodes names its setting
     assert longest is None or (isinstance(longest, int) and longest >= 1 and cls.caption_length_setting in fields)
     model = shared_tiny(name, **settings)
-    assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()), **cls.tiny_settings,
-                                                   **settings})
+    assert model.settings == cls.settings_class(**{**dataclasses.asdict(cls.settings_class()),
+                                                   **tiny_options(name, **settings)})
     assert model.token_layout == model.image_encoder.layout == TokenLayout(2, 2)  # small_cnn's map at 32 px
     for v in model.decoder_variables():
         assert any(v is w for w in model.trainable_variables), v.path  # the decoder's own, trained

@@ -134,7 +134,8 @@ def tiny_backbone(family: str, vocabulary: int = 64, hidden: int = 16, layers: i
         return m.Qwen3Backbone(**common, **gqa, head_dim=hidden // 2)
     if family == "smollm3":
         return m.SmolLM3Backbone(**common, num_attention_heads=2, num_key_value_heads=1, attention_bias=False,
-                                 attention_dropout=0.0, rope_layer_enabled_list=[True, False][:layers] + [True] * (layers - 2),
+                                 attention_dropout=0.0,
+                                 rope_layer_enabled_list=[True, False][:layers] + [True] * (layers - 2),
                                  layer_types=["full_attention"] * layers, mlp_bias=False, layer_norm_epsilon=1e-6,
                                  max_position_embeddings=64, rope_theta=10000.0, partial_rotary_factor=1.0)
     raise ValueError(f"no tiny backbone of family {family}")

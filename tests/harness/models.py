@@ -1,8 +1,14 @@
 """Tiny decoder models and their inputs: a registered decoder with its ``tiny_settings`` on ``small_cnn`` at
 ``SIZE`` px (a 2 × 2 grid), a vocabulary of ``V`` words, ``B`` random images and captions of ``T`` words, and
-regions of ``R`` features (data.features: regions)."""
+regions of ``R`` features (data.features: regions). A decoder that reads a language-model preset (a
+``decoder_preset`` setting: ``prefix_lm``) gets a tiny random GPT-2 preset written once a process into a temporary
+folder (tests/harness/lm_presets.py), unless its settings name one."""
 
+import atexit
+import dataclasses
 import functools
+import shutil
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -14,11 +20,30 @@ V, B, T, SIZE = 40, 3, 7, 32
 R = 12  # region features
 
 
+@functools.lru_cache(maxsize=None)
+def lm_preset() -> str:
+    """A tiny random GPT-2 preset (backbone and tokenizer), written once a process into a temporary folder."""
+    from tests.harness.lm_presets import write_gpt2
+
+    folder = tempfile.mkdtemp(prefix="tiny_gpt2_")
+    atexit.register(shutil.rmtree, folder, True)
+    return write_gpt2(folder)
+
+
+def tiny_options(name, **changes) -> dict:
+    """Decoder ``name``'s ``tiny_settings`` with ``changes``, and the tiny preset for a decoder reading one."""
+    cls = DECODERS[name]
+    options = {**cls.tiny_settings, **changes}
+    if "decoder_preset" in {f.name for f in dataclasses.fields(cls.settings_class)} and not options.get(
+            "decoder_preset"):
+        options["decoder_preset"] = lm_preset()
+    return options
+
+
 def tiny(name, seed=0, trainable=True, **changes):
     """A tiny model of decoder ``name``: its ``tiny_settings`` with ``changes``, the encoder trainable unless not."""
-    cls = DECODERS[name]
     cfg = ModelConfig(decoder=name, encoder="small_cnn", encoder_trainable=trainable, dropout=0.0,
-                      options={**cls.tiny_settings, **changes})
+                      options=tiny_options(name, **changes))
     return build_model(V, cfg, SIZE, seed=seed).build_all()
 
 
@@ -45,12 +70,11 @@ def npy(x):
 
 def tiny_regions(name, seed=0, geometry=False, **changes):
     """A tiny model of decoder ``name`` reading regions of R features (data.features: regions)."""
-    cls = DECODERS[name]
     from captioning.config import Config, DataConfig
     from captioning.model.data_sources import data_source
 
     cfg = ModelConfig(decoder=name, encoder="small_cnn", dropout=0.0, region_feature_size=R, box_geometry=geometry,
-                      options={**cls.tiny_settings, **changes})
+                      options=tiny_options(name, **changes))
     source = data_source(Config(data=DataConfig(features="regions"), model=cfg))
     return build_model(V, cfg, SIZE, seed=seed, source=source).build_all()
 
