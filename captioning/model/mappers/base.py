@@ -23,7 +23,9 @@ layers clone theirs, as :class:`keras.layers.MultiHeadAttention` does for its pr
 every projection its own initial values, the same ones in every process for one seed, and different ones for
 another seed. (An integer seed on the initializer instead would give a layer's query, key and value projections the
 same initial values, every clone repeating it.) Build it outside a ``tf.function`` (the decoder builds it with a
-first call on concrete tokens) or under one: both work.
+first call on concrete tokens) or under one: both work. Its sublayers take the mapper's own dtype policy, the
+global one when the mapper was constructed (a mixed precision policy applies while the model is constructed only,
+and the build may come after): variables in float32, computation in the policy's compute dtype.
 
 :meth:`Mapper.parameter_count` is each mapper's count of trainable parameters as a formula (its class docstring),
 checked against the built layer's weights by the tests."""

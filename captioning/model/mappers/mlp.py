@@ -32,9 +32,9 @@ class MLPMapper(Mapper):
 
     def make_layers(self, dim: int) -> None:
         k, w = self.length, self.width
-        self.hidden = layers.Dense(k * w // 2, activation="tanh", name="hidden")
+        self.hidden = layers.Dense(k * w // 2, activation="tanh", dtype=self.dtype_policy, name="hidden")
         self.hidden.build((None, dim))
-        self.out = layers.Dense(k * w, name="out")
+        self.out = layers.Dense(k * w, dtype=self.dtype_policy, name="out")
         self.out.build((None, k * w // 2))
 
     def map(self, tokens, mask, training):

@@ -83,12 +83,13 @@ class QFormerMapper(Mapper):
         self.qformer = keras_hub.models.BLIP2QFormer(
             num_query_tokens=self.length, num_layers=int(self.settings.mapper_layers),
             num_heads=int(self.settings.mapper_heads), hidden_dim=h, intermediate_dim=4 * h, vision_dim=dim,
-            cross_attention_frequency=FREQUENCY, dropout=DROPOUT, layer_norm_epsilon=EPSILON, name="qformer")
+            cross_attention_frequency=FREQUENCY, dropout=DROPOUT, layer_norm_epsilon=EPSILON,
+            dtype=self.dtype_policy, name="qformer")
         queries = self.qformer.query_tokens
         start = keras.initializers.RandomNormal(stddev=QUERY_STDDEV)(queries.shape, dtype=queries.dtype)
         with tf.init_scope():  # once, eagerly, also when the first call is traced
             queries.assign(start)
-        self.language_projection = layers.Dense(self.width, name="language_projection")
+        self.language_projection = layers.Dense(self.width, dtype=self.dtype_policy, name="language_projection")
         self.language_projection.build((None, None, h))
 
     def map(self, tokens, mask, training):

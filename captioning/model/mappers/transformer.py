@@ -48,7 +48,7 @@ class TransformerMapper(Mapper):
         import keras_hub
 
         w = self.width
-        self.project = layers.Dense(w, name="project")
+        self.project = layers.Dense(w, dtype=self.dtype_policy, name="project")
         self.project.build((None, None, dim))
         self.prefix_const = self.add_weight(shape=(self.length, w), initializer=keras.initializers.RandomNormal(
             stddev=1.0), name="prefix_const")
@@ -56,7 +56,8 @@ class TransformerMapper(Mapper):
         for i in range(int(self.settings.mapper_layers)):
             layer = keras_hub.layers.TransformerEncoder(
                 intermediate_dim=2 * w, num_heads=int(self.settings.mapper_heads), dropout=0.0, activation="relu",
-                layer_norm_epsilon=1e-5, normalize_first=True, name=f"layer_{i}")
+                layer_norm_epsilon=1e-5, normalize_first=True, dtype=self.dtype_policy,
+                name=f"layer_{i}")
             layer.build((None, None, w))
             setattr(self, f"layer_{i}", layer)
 
