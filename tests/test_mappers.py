@@ -2,8 +2,8 @@
 ``[B, L, width]``, an empty batch, padding that changes nothing, one seed one mapper, the parameter counts their
 docstrings give, the Q-Former running keras-hub's own layers, mixed precision and XLA. Tiny sizes throughout."""
 
+import dataclasses
 import random
-from dataclasses import dataclass
 
 import keras
 import numpy as np
@@ -12,17 +12,16 @@ import tensorflow as tf
 
 from captioning.errors import InputError
 from captioning.model.mappers import MAPPERS, MLPMapper, QFormerMapper, TransformerMapper
+from captioning.model.prefix_lm import PrefixLMSettings
 
 NAMES = ("mlp", "transformer", "qformer")
 W, D, N = 8, 6, 5  # the LM's width, the tokens' size, the tokens per image
 
 
-@dataclass
-class Settings:  # the fields of PrefixLMSettings a mapper reads
-    prefix_length: int = 3
-    query_tokens: int = 4
-    mapper_layers: int = 2
-    mapper_heads: int = 2
+def Settings(**changes) -> PrefixLMSettings:
+    """The decoder's settings, tiny (a mapper reads prefix_length, query_tokens, mapper_layers and mapper_heads)."""
+    return dataclasses.replace(PrefixLMSettings(prefix_length=3, query_tokens=4, mapper_layers=2, mapper_heads=2),
+                               **changes)
 
 
 SETTINGS = Settings()
@@ -121,14 +120,14 @@ def test_the_parameter_counts_are_the_docstrings():
     # ClipCap's MLP for CLIP ViT-B/32 (512) into GPT-2 (768) with k = 10: its ~32M trainable parameters
     assert MLPMapper.parameter_count(Settings(prefix_length=10), 768, 512) == 31_468_800
     assert QFormerMapper.attention_width(SETTINGS, 2560) == 768 and QFormerMapper.attention_width(SETTINGS, W) == W
-    cases = [dict(), dict(mapper_layers=1, prefix_length=2), dict(mapper_layers=3, query_tokens=2, mapper_heads=4)]
+    cases = [(W, D, dict()), (12, 10, dict(mapper_layers=1, prefix_length=2)),
+             (12, 10, dict(mapper_layers=3, query_tokens=2, mapper_heads=4))]  # 2 and 3 layers: 1 and 2 crossing
     for name in NAMES:
-        for settings in cases:
-            for width, dim in ((W, D), (12, 10)):
-                m = mapper(name, width=width, dim=dim, **settings)
-                counted = sum(int(np.prod(v.shape)) for v in m.trainable_weights)
-                assert counted == m.count_params() == MAPPERS[name].parameter_count(Settings(**settings), width, dim), \
-                    (name, settings, width, dim)
+        for width, dim, settings in cases:
+            m = mapper(name, width=width, dim=dim, **settings)
+            counted = sum(int(np.prod(v.shape)) for v in m.trainable_weights)
+            assert counted == m.count_params() == MAPPERS[name].parameter_count(Settings(**settings), width, dim), \
+                (name, settings, width, dim)
     assert mapper("qformer").qformer.hidden_dim == W  # a width under 768 is the Q-Former's own
 
 
