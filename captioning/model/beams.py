@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from captioning.model.search_loop import Strategy
 from captioning.model.search_tools import best_of, log_normalizer, never_proposed, search_over, traced_back
-from captioning.model.word_rules import DEAD, blocked_words
+from captioning.model.word_rules import DEAD, WordRules, blocked_words
 from captioning.vocab import END_ID, RESERVED
 
 
@@ -41,8 +41,12 @@ class BeamSearch(Strategy):
 
     def __init__(self, model, beam_size: int, max_length: int, top_k: int = 1, length_normalization: float = 0.0,
                  length_penalty_form: str = "avg", block_ngrams: int = 0, bad_endings=(), beam_groups: int = 1,
-                 diversity: float = 0.0, min_length: int = 0):
+                 diversity: float = 0.0, min_length: int = 0, words=None):
         self.check(beam_size, top_k, beam_groups)
+        # over a subword tokenizer's words (words: its WordTable), in word_-keyed loop variables
+        self.word_rules = WordRules.of(words, model.vocab_size, max_length, block_ngrams, bad_endings)
+        if self.word_rules:
+            block_ngrams, bad_endings = 0, ()
         self.beams = self.rows_per_image = beam_size
         self.top_k, self.max_length, self.groups, self.diversity = top_k, max_length, beam_groups, diversity
         self.beams_per_group = beam_size // beam_groups
@@ -78,16 +82,19 @@ class BeamSearch(Strategy):
         first_live = [0.0] + [DEAD] * (self.beams_per_group - 1)  # one live caption a group
         alive_logp = tf.tile(tf.constant([first_live * self.groups]), [batch, 1])
         grown = tf.zeros([batch, beams, 0])
-        return {"alive_logp": alive_logp, "alive_score": alive_logp,
+        words = self.word_rules.start(batch * beams) if self.word_rules else {}
+        return {**words, "alive_logp": alive_logp, "alive_score": alive_logp,
                 "alive_ids": tf.zeros([batch, beams, self.max_length if self.tracks_ids else 0], tf.int32),
                 "best_done": tf.fill([batch, self.groups, self.kept_per_group], DEAD),
                 "words": tf.cast(grown, tf.int32), "parents": tf.cast(grown, tf.int32), "ends_logp": grown,
                 "ends_score": grown, "weights": tf.zeros([batch, beams, 0, self.cells]) if self.attends else tf.zeros([0])}
 
-    def _ruled_out(self, t, tokens, alive_ids):
+    def _ruled_out(self, t, tokens, alive_ids, chosen):
         """``[rows, V]`` the dead score on the words the rules forbid after step ``t`` (the words never proposed,
         ``<end>`` before ``min_length`` words, n-gram blocking, bad endings)."""
         rules = self.never[tf.cast(t < self.min_length, tf.int32)] if self.min_length else self.never[0]
+        if self.word_rules:  # rows: image-major, beam-minor, as the flattened [B, beams]
+            rules += self.word_rules.blocked(chosen) * DEAD
         if self.tracks_ids:
             blocked = blocked_words(alive_ids, t, self.vocab, self.block_ngrams, self.bad_endings)
             rules += tf.reshape(blocked, [-1, self.vocab]) * DEAD
@@ -101,7 +108,7 @@ class BeamSearch(Strategy):
         (:func:`captioning.model.search_tools.log_normalizer`). A word ruled out may be the likeliest, which the
         normalizer cannot tell: with n-gram blocking or bad endings the log-softmax itself."""
         shape = [self.batch, self.beams, self.words_per_caption]
-        if self.tracks_ids or self.bad_endings:
+        if self.tracks_ids or self.bad_endings or self.word_rules:
             ranked = best_of(logits + rules, self.words_per_caption)
             ranked_logp = tf.gather(tf.nn.log_softmax(logits) + rules, ranked, batch_dims=1)
         else:  # the rules: the words never proposed, the vocabulary's first
@@ -163,7 +170,7 @@ class BeamSearch(Strategy):
         return out
 
     def next_words(self, t, tokens, logits, state, chosen):
-        rules = self._ruled_out(t, tokens, chosen["alive_ids"])
+        rules = self._ruled_out(t, tokens, chosen["alive_ids"], chosen)
         if self.diverse:  # a group's choice depends on the earlier groups' words
             candidates = tf.reshape(tf.nn.log_softmax(logits) + rules, [self.batch, self.beams, self.vocab])
         else:
@@ -198,6 +205,9 @@ class BeamSearch(Strategy):
             weights = tf.gather(weights, parent, batch_dims=1) if self.beams > 1 else weights
             out["weights"] = tf.concat([chosen["weights"], weights[:, :, None]], axis=2)
         parents = tf.reshape(self.row_starts + parent, [-1]) if self.beams > 1 else None  # (one beam: its own)
+        if self.word_rules:  # each live caption's words are its parent's and its new piece's
+            before = chosen if parents is None else self.word_rules.reordered(chosen, parents)
+            out.update(self.word_rules.advanced(before, tf.reshape(words, [-1])))
         return tf.reshape(words, [-1]), out, parents, over
 
     def _group_best(self, group, chosen, ran):

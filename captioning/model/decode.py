@@ -38,6 +38,7 @@ not complete here).
 
 from __future__ import annotations
 
+from captioning.data.tokenizers import as_tokenizer
 from captioning.model.beams import BeamSearch
 from captioning.model.greedy import Greedy
 from captioning.model.sampling import Sampling
@@ -50,7 +51,9 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, initi
     """Captions for a batch of encoder ``features`` ``[B, D]`` (or from the decoder's ``initial_state``
     for them, when given; ``features`` is then unused). ``options``: ``top_k`` (1), ``length_normalization`` (0),
     ``length_penalty_form`` (``avg``), ``block_ngrams`` (0), ``bad_endings`` (none), ``beam_groups`` (1),
-    ``diversity`` (0) and ``min_length`` (0), each said below (the module docstring says the first ones).
+    ``diversity`` (0), ``min_length`` (0), each said below (the module docstring says the first ones), and ``words``
+    (None; a subword tokenizer's :class:`~captioning.model.word_rules.WordTable`: n-gram blocking and bad endings over
+    its words, :class:`~captioning.model.word_rules.WordRules`).
 
     Returns ``{"ids": int32 [B, top_k, max_length] (words only, 0-padded), "lengths": int32 [B, top_k]
     (words), "log_probs": float32 [B, top_k] (summed log-probabilities of the words and of <end> when the
@@ -100,9 +103,12 @@ def beam_search_counted(model, features, beam_size: int = 3, max_length: int = 2
 
 
 def ids_to_text(vocab, ids, lengths) -> list[list[str]]:
-    """Captions as strings from :func:`beam_search`'s ``ids`` and ``lengths`` (numpy or tensors)."""
+    """Captions as strings from :func:`beam_search`'s ``ids`` and ``lengths`` (numpy or tensors), in the words of
+    ``vocab``: a tokenizer (:mod:`captioning.data.tokenizers`: a subword tokenizer's pieces detokenized, its
+    :meth:`~captioning.data.tokenizers.base.Tokenizer.text`) or a :class:`captioning.vocab.Vocabulary`."""
+    text = as_tokenizer(vocab).text
     ids, lengths = getattr(ids, "numpy", lambda: ids)(), getattr(lengths, "numpy", lambda: lengths)()
-    return [[" ".join(vocab.words[w] for w in row[:length]) for row, length in zip(image_ids, image_lengths)]
+    return [[text(row[:length]) for row, length in zip(image_ids, image_lengths)]
             for image_ids, image_lengths in zip(ids, lengths)]
 
 
@@ -122,21 +128,25 @@ def empty_captions_warning(best) -> str | None:
             "are described by nothing")
 
 
-def generate(model, initial_state, settings, bad_endings=(), keys=None) -> dict:
+def generate(model, initial_state, settings, bad_endings=(), keys=None, words=None) -> dict:
     """Captions from the decoder's initial state as ``settings`` (a :class:`captioning.config.DecodeConfig`) say, in
-    :func:`beam_search`'s format (greedy: a beam of 1; or sampling); ``bad_endings``: word ids, ``keys [B]``: seeds."""
-    return generate_counted(model, initial_state, settings, bad_endings, keys)[0]
+    :func:`beam_search`'s format (greedy: a beam of 1; or sampling); ``bad_endings``: what
+    :func:`~captioning.model.word_rules.bad_ending_ids` gives, ``keys [B]``: seeds; ``words``: a subword tokenizer's
+    :class:`~captioning.model.word_rules.WordTable` (:func:`~captioning.model.word_rules.word_table`), whose words
+    n-gram blocking and bad endings then read (None: a word vocabulary's ids)."""
+    return generate_counted(model, initial_state, settings, bad_endings, keys, words)[0]
 
 
-def generate_counted(model, initial_state, settings, bad_endings=(), keys=None):
+def generate_counted(model, initial_state, settings, bad_endings=(), keys=None, words=None):
     """:func:`generate`'s captions and the steps the search ran (an int32 scalar), and the rows per image it stepped:
     ``(captions, steps ran, rows per image)``."""
     method, arguments = search_arguments(settings)
     if method == "sample":
-        strategy = Sampling(model, keys=keys, bad_endings=bad_endings, **arguments)
+        strategy = Sampling(model, keys=keys, bad_endings=bad_endings, words=words, **arguments)
         captions, ran = search(model, initial_state, strategy, arguments["max_length"])
         return captions, ran, strategy.rows_per_image
-    captions, ran = beam_search_counted(model, None, initial_state=initial_state, bad_endings=bad_endings, **arguments)
+    captions, ran = beam_search_counted(model, None, initial_state=initial_state, bad_endings=bad_endings, words=words,
+                                        **arguments)
     return captions, ran, arguments["beam_size"]
 
 

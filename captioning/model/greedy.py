@@ -11,7 +11,7 @@ import tensorflow as tf
 from captioning.model.beams import length_penalty
 from captioning.model.search_loop import Strategy
 from captioning.model.search_tools import log_normalizer, never_proposed
-from captioning.model.word_rules import DEAD, blocked_words
+from captioning.model.word_rules import DEAD, WordRules, blocked_words
 from captioning.vocab import END_ID
 
 
@@ -22,8 +22,12 @@ class Greedy(Strategy):
     (zeros once it ended)."""
 
     def __init__(self, model, max_length: int, length_normalization: float = 0.0, length_penalty_form: str = "avg",
-                 block_ngrams: int = 0, bad_endings=(), min_length: int = 0):
+                 block_ngrams: int = 0, bad_endings=(), min_length: int = 0, words=None):
         self.vocab, self.attends, self.max_length = model.vocab_size, model.attends, max_length
+        # over a subword tokenizer's words (words: its WordTable), in word_-keyed loop variables
+        self.word_rules = WordRules.of(words, self.vocab, max_length, block_ngrams, bad_endings)
+        if self.word_rules:
+            block_ngrams, bad_endings = 0, ()
         self.penalty_form, self.alpha, self.min_length = length_penalty_form, length_normalization, min_length
         self.block_ngrams, self.bad_endings = block_ngrams, tuple(bad_endings)
         self.tracks_ids = block_ngrams >= 1
@@ -32,15 +36,20 @@ class Greedy(Strategy):
 
     def start(self, batch, state):
         self.never = never_proposed(self.vocab, self.min_length)
-        return {"live": tf.ones([batch, 1], tf.bool), "log_probs": tf.zeros([batch, 1]),
+        words = self.word_rules.start(batch) if self.word_rules else {}
+        return {**words, "live": tf.ones([batch, 1], tf.bool), "log_probs": tf.zeros([batch, 1]),
                 "ids": tf.zeros([batch, self.max_length if self.tracks_ids else 0], tf.int32),
                 "words": tf.zeros([batch, 0], tf.int32),
                 "weights": tf.zeros([batch, 0, tf.shape(state["attention"])[1]]) if self.attends else tf.zeros([0])}
 
-    def _likeliest(self, t, tokens, logits, ids):
+    def _likeliest(self, t, tokens, logits, ids, chosen):
         """The likeliest word allowed ``[B, 1]`` (the first of equal ones: the next step waits only for it, the
         softmax runs beside it) and its log p."""
         bias = self.never[tf.cast(t < self.min_length, tf.int32)] if self.min_length else self.never[0]
+        if self.word_rules:
+            rules = self.word_rules.blocked(chosen) * DEAD
+            word = tf.argmax(logits + bias + rules, axis=1, output_type=tf.int32)[:, None]
+            return word, tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1)
         if self.tracks_ids or self.bad_endings:
             rules = blocked_words(ids, t, self.vocab, self.block_ngrams, self.bad_endings) if self.tracks_ids else (
                 blocked_words(tokens[:, None], tf.minimum(t, 1), self.vocab, 0, self.bad_endings))  # the last word's
@@ -53,11 +62,13 @@ class Greedy(Strategy):
         return word, tf.gather(logits, word, batch_dims=1) - log_normalizer(logits, likeliest, of_all=True)[:, None]
 
     def next_words(self, t, tokens, logits, state, chosen):
-        word, word_logp = self._likeliest(t, tokens, logits, chosen["ids"])
+        word, word_logp = self._likeliest(t, tokens, logits, chosen["ids"], chosen)
         live = chosen["live"] & tf.not_equal(word, END_ID)
         kept = tf.where(live, word, 0)
         out = {"live": live, "log_probs": chosen["log_probs"] + tf.where(chosen["live"], word_logp, 0.0),
                "ids": chosen["ids"], "words": tf.concat([chosen["words"], kept], axis=1), "weights": chosen["weights"]}
+        if self.word_rules:
+            out.update(self.word_rules.advanced(chosen, tf.reshape(word, [-1])))
         if self.tracks_ids:
             out["ids"] += kept * tf.one_hot(t, self.max_length, dtype=tf.int32)[None, :]
         if self.attends:

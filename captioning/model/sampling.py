@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from captioning.model.search_loop import Strategy, search
 from captioning.model.search_tools import never_proposed
-from captioning.model.word_rules import DEAD, blocked_words, end_banned
+from captioning.model.word_rules import DEAD, WordRules, blocked_words, end_banned
 from captioning.vocab import END_ID, PAD_ID, START_ID
 
 
@@ -64,9 +64,13 @@ class Sampling(Strategy):
 
     def __init__(self, model, max_length: int, samples: int = 1, temperature: float = 1.0, sample_top_k: int = 0,
                  sample_top_p: float = 1.0, seed: int = 0, keys=None, block_ngrams: int = 0, bad_endings=(),
-                 min_length: int = 0):
+                 min_length: int = 0, words=None):
         self.rows_per_image, self.max_length, self.keys = samples, max_length, keys
         self.vocab, self.attends = model.vocab_size, model.attends
+        # over a subword tokenizer's words (words: its WordTable), in word_-keyed loop variables
+        self.word_rules = WordRules.of(words, self.vocab, max_length, block_ngrams, bad_endings)
+        if self.word_rules:
+            block_ngrams, bad_endings = 0, ()
         self.filter = dict(temperature=temperature, top_k=sample_top_k, top_p=sample_top_p)
         self.seed, self.block_ngrams, self.bad_endings, self.min_length = seed, block_ngrams, bad_endings, min_length
 
@@ -76,7 +80,8 @@ class Sampling(Strategy):
         self.batch, self.never = batch, never_proposed(self.vocab, 0)[0]  # <pad>, <start>, <unk>
         self.row_keys = tf.stack([tf.repeat(keys, samples), tf.tile(tf.range(samples, dtype=tf.int64), [batch])], 1)
         cells = tf.shape(state["attention"])[1] if self.attends else None
-        return {"ids": tf.zeros([rows, self.max_length], tf.int32), "going": tf.ones([rows], tf.bool),
+        words = self.word_rules.start(rows) if self.word_rules else {}
+        return {**words, "ids": tf.zeros([rows, self.max_length], tf.int32), "going": tf.ones([rows], tf.bool),
                 "lengths": tf.zeros([rows], tf.int32), "log_prob": tf.zeros([rows]),
                 "attention": tf.zeros([rows, self.max_length, cells]) if self.attends else tf.zeros([0])}
 
@@ -87,6 +92,8 @@ class Sampling(Strategy):
             logp += end_banned(self.vocab, t, self.min_length)
         if self.block_ngrams or self.bad_endings:
             logp += blocked_words(chosen["ids"], t, self.vocab, self.block_ngrams, self.bad_endings) * DEAD
+        if self.word_rules:
+            logp += self.word_rules.blocked(chosen) * DEAD
         cdf = tf.cumsum(tf.exp(filtered(logp, **self.filter)), axis=1)
         draw = _uniform(self.seed, self.row_keys, t)
         word = tf.minimum(tf.reduce_sum(tf.cast(cdf < draw[:, None] * cdf[:, -1:], tf.int32), axis=1), self.vocab - 1)
@@ -97,6 +104,8 @@ class Sampling(Strategy):
                "lengths": chosen["lengths"] + tf.cast(is_word, tf.int32), "attention": chosen["attention"],
                # as beam search reports it
                "log_prob": chosen["log_prob"] + tf.where(going, tf.gather(model_logp, word, batch_dims=1), 0.0)}
+        if self.word_rules:
+            out.update(self.word_rules.advanced(chosen, word))
         if self.attends:
             weights = tf.cast(state["attention"], tf.float32) * tf.cast(is_word, tf.float32)[:, None]
             out["attention"] += weights[:, None, :] * tf.one_hot(t, self.max_length)[None, :, None]
@@ -116,16 +125,17 @@ class Sampling(Strategy):
 
 def sample_search(model, initial_state, max_length: int = 20, samples: int = 1, temperature: float = 1.0,
                   sample_top_k: int = 0, sample_top_p: float = 1.0, seed: int = 0, keys=None, block_ngrams: int = 0,
-                  bad_endings=(), min_length: int = 0) -> dict:
+                  bad_endings=(), min_length: int = 0, words=None) -> dict:
     """``samples`` captions per image drawn from the model (:func:`filtered`: temperature, top-k, top-p; the
     blocking rules and ``min_length`` of :func:`beam_search` apply too), as :func:`beam_search` returns them, most
     likely first:
     ``log_probs`` and ``scores`` are the captions' log-probabilities under the model itself (temperature 1,
     unfiltered). Seeded: ``keys [B]`` (int64, e.g. image ids or a hash of the image's bytes) name the images, and
     the same ``seed`` and keys give the same captions under any batch size and order. (:class:`Sampling` in the one
-    loop.)"""
+    loop; ``words``: a subword tokenizer's :class:`~captioning.model.word_rules.WordTable`, for the rules over its
+    words.)"""
     strategy = Sampling(model, max_length, samples, temperature, sample_top_k, sample_top_p, seed, keys, block_ngrams,
-                        bad_endings, min_length)
+                        bad_endings, min_length, words)
     return search(model, initial_state, strategy, max_length)[0]
 
 
