@@ -300,7 +300,8 @@ def _batched_parts(captioner, data: list[bytes], rounds: int = ROUNDS) -> tuple[
     rows_per_image = []
 
     def searched(features):
-        captions, ran, rows = generate_counted(model, model.initial_state(features), settings, captioner.bad_endings)
+        captions, ran, rows = generate_counted(model, model.initial_state(features), settings, captioner.bad_endings,
+                                               words=captioner.words)
         rows_per_image.append(rows)
         return captions["ids"], ran
 
@@ -351,7 +352,8 @@ def _cache_against_recomputing(captioner, data: list[bytes], batch_size: int, im
     for name, decoder in (("cached", Plain()), ("recomputed", PrefixRecomputer(model, settings.max_length)),
                           ("prefix", GrowingPrefix(model, settings.max_length))):
         searches[name] = tf.function(lambda images, d=decoder: generate(
-            d, d.initial_state(model.encode(images)), settings, captioner.bad_endings)["ids"], autograph=False)
+            d, d.initial_state(model.encode(images)), settings, captioner.bad_endings, words=captioner.words)["ids"],
+            autograph=False)
     rates = {name: 0.0 for name in searches}
     for _ in range(rounds):  # in turn, the best of each: a burst of other work lowers one round, not a decoder
         for name, search in searches.items():

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
 from captioning.model.decode import bad_ending_ids, generate, ids_to_text
+from captioning.model.word_rules import word_table
 from captioning.config.sections import DecodeConfig
 from captioning.data.reading import model_input, squash
 from captioning.inference.regions import boxes_to_regions
@@ -77,6 +78,7 @@ class Captioner:
             check_caption_length(member.config.model, "decode.max_length (--max-length)", self.settings.max_length)
         self.options = dataclasses.asdict(self.settings)  # what an export records
         self.bad_endings = bad_ending_ids(self.settings.bad_endings, trained.vocab)
+        self.words = word_table(trained.vocab)  # a subword tokenizer's words, which the decoding rules read
         for line in self.settings.ineffective():
             log.warning("%s", line)
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)],
@@ -93,7 +95,7 @@ class Captioner:
 
     def _generate(self, initial_state, keys) -> dict:
         """Captions as :attr:`settings` say (:func:`captioning.model.decode.generate`)."""
-        return generate(self.trained.model, initial_state, self.settings, self.bad_endings, keys)
+        return generate(self.trained.model, initial_state, self.settings, self.bad_endings, keys, self.words)
 
     def _image_states(self, encoded, boxes=None):
         """The decoding state of encoded images ``[B]`` (an ensemble's: each model's, as a tuple), the first
