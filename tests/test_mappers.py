@@ -179,15 +179,31 @@ def test_mixed_precision_computes_in_bfloat16_with_float32_variables():
         np.testing.assert_allclose(npy(out), reference, atol=0.1 * np.abs(reference).max(), err_msg=name)
 
 
-def test_under_xla_the_prefix_is_the_eager_one():
+def test_built_and_run_under_xla_the_prefix_is_the_eager_one():
+    """A mapper built by its first call inside an XLA-compiled function (its weights made while the call is traced)
+    has the weights of the one built eagerly with its seed, and gives its prefix; an empty batch too."""
     x = tokens()
     mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 1, 1]], np.float32)
     for name in NAMES:
-        m = mapper(name)
+        m = MAPPERS[name](SETTINGS, W, seed=0)
         compiled = tf.function(lambda t, k: m(t, k), jit_compile=True, input_signature=[
             tf.TensorSpec([None, None, D], tf.float32), tf.TensorSpec([None, None], tf.float32)])
-        np.testing.assert_allclose(npy(compiled(x, mask)), npy(m(x, mask)), atol=1e-5, err_msg=name)
+        eager = mapper(name)
+        np.testing.assert_allclose(npy(compiled(x, mask)), npy(eager(x, mask)), atol=1e-5, err_msg=name)
         assert tuple(compiled(x[:0], mask[:0]).shape) == (0, m.output_length(SETTINGS), W)
+        assert weights(m).keys() == weights(eager).keys()
+
+
+def test_a_checkpoint_round_trips_every_weight(tmp_path):
+    """tf.train.Checkpoint (the model folder's) finds every weight, keras-hub's Q-Former layers included: a mapper
+    of another seed restored from it gives the same prefix."""
+    x = tokens()
+    for name in NAMES:
+        saved, other = mapper(name), MAPPERS[name](SETTINGS, W, seed=1)
+        other.build((None, None, D))
+        path = tf.train.Checkpoint(mapper=saved).write(str(tmp_path / name))
+        tf.train.Checkpoint(mapper=other).read(path).assert_consumed()
+        np.testing.assert_array_equal(npy(other(x)), npy(saved(x)))
 
 
 def test_settings_a_mapper_cannot_use_are_refused_in_one_line():

@@ -86,9 +86,8 @@ class QFormerMapper(Mapper):
             cross_attention_frequency=FREQUENCY, dropout=DROPOUT, layer_norm_epsilon=EPSILON,
             dtype=self.dtype_policy, name="qformer")
         queries = self.qformer.query_tokens
-        start = keras.initializers.RandomNormal(stddev=QUERY_STDDEV)(queries.shape, dtype=queries.dtype)
         with tf.init_scope():  # once, eagerly, also when the first call is traced
-            queries.assign(start)
+            queries.assign(keras.initializers.RandomNormal(stddev=QUERY_STDDEV)(queries.shape, dtype=queries.dtype))
         self.language_projection = layers.Dense(self.width, dtype=self.dtype_policy, name="language_projection")
         self.language_projection.build((None, None, h))
 
