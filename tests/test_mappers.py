@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from captioning.errors import InputError
+from captioning.model.base import untracked
 from captioning.model.mappers import MAPPERS, MLPMapper, QFormerMapper, TransformerMapper
 from captioning.model.prefix_lm import PrefixLMSettings
 
@@ -201,6 +202,7 @@ def test_a_checkpoint_round_trips_every_weight(tmp_path):
     for name in NAMES:
         saved, other = mapper(name), MAPPERS[name](SETTINGS, W, seed=1)
         other.build((None, None, D))
+        assert untracked(saved) == [], name
         path = tf.train.Checkpoint(mapper=saved).write(str(tmp_path / name))
         tf.train.Checkpoint(mapper=other).read(path).assert_consumed()
         np.testing.assert_array_equal(npy(other(x)), npy(saved(x)))
