@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 10  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 11  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -145,3 +145,9 @@ def _from_format_8(data: dict) -> dict:
 def _from_format_9(data: dict) -> dict:
     """Format 10 brought data.tokenizer; a format-9 model read the prepared dataset's word vocabulary (words)."""
     return with_defaults(data, {"data.tokenizer": "words"})
+
+
+@migration(10)
+def _from_format_10(data: dict) -> dict:
+    """Format 11 brought train.lm_lr_scale; a format-10 model had no language model to scale (1)."""
+    return with_defaults(data, {"train.lm_lr_scale": 1.0})

@@ -172,6 +172,9 @@ class TrainConfig(Section):
     # model.encoder_trainable: the encoder's learning rate is this times the decoder's (im2txt's second stage and
     # BLIP's fine-tuning train a pretrained encoder slower than the decoder: 0.1 is a common choice); 1: the same
     encoder_lr_scale: float = field(default=1.0, metadata=between(0.0, 100.0, low_open=True))
+    # model.lm_trainable or model.lm_lora_rank (prefix_lm): the language model's learning rate (its weights or its
+    # LoRA adapters) is this times the mapper's; 1: the same
+    lm_lr_scale: float = field(default=1.0, metadata=between(0.0, 100.0, low_open=True))
     # sgd: heavy-ball momentum (0: plain SGD, the paper's and im2txt's)
     momentum: float = field(default=0.0, metadata=between(0.0, 1.0, high_open=True))
     # each variable's update as TensorFlow's one fused kernel (ResourceApplyAdam, ...: tf.keras 2's), with Keras'

@@ -333,6 +333,12 @@ class CaptionModel(keras.Model):
         """The decoder's variables (everything but the encoder's)."""
         raise NotImplementedError
 
+    def lm_variables(self) -> list:
+        """The trainable variables of a pretrained language model inside the decoder (``prefix_lm``'s, fine-tuned
+        or its LoRA adapters), which learn at ``train.lm_lr_scale`` times the rate; none for a decoder trained from
+        scratch (the default)."""
+        return []
+
     def image_state(self, inputs, training=False):
         """The decoding state of each image of a batch (``image``, ``features`` or regions: as
         :meth:`image_features` reads them) before its first word: what beam search starts from."""

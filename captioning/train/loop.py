@@ -89,10 +89,11 @@ class Trainer:
         with self.strategy.scope():
             self.model = experiment.build_model(len(self.vocab))
             self.model.build_all()
-            # a fine-tuned encoder learns at train.encoder_lr_scale times the decoder's rate
+            # a fine-tuned encoder learns at train.encoder_lr_scale times the decoder's rate, a fine-tuned language
+            # model (prefix_lm) at train.lm_lr_scale times it
             self.optimizer = make_optimizer(cfg.train, self.steps_per_epoch, policy == "mixed_float16",
                                             self.model.encoder.trainable_variables, cfg.train.encoder_lr_scale,
-                                            fused=cfg.train.fused_updates)
+                                            fused=cfg.train.fused_updates, lm=self.model.lm_variables())
             # Keras 3 optimizers must create their slots inside the scope before the first
             # distributed step, or the first step fails on an unfed 'cond' placeholder.
             self.optimizer.build(self.model.trainable_variables)

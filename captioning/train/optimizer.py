@@ -85,8 +85,10 @@ class _ScaledRates:
     AdamW's decay reads the learning rate once per step (Keras' own evaluates the schedule again for every
     variable: a noam schedule's ten operations, times the variables, in every traced step)."""
 
-    def set_rate_scales(self, variables, factor: float) -> None:
-        self._rate_scales = {self._var_key(v): float(factor) for v in variables} if float(factor) != 1.0 else {}
+    def set_rate_scales(self, variables, factor: float, *groups) -> None:
+        """``variables`` at ``factor`` times the rate, and each further ``(variables, factor)`` of ``groups``."""
+        self._rate_scales = {self._var_key(v): float(f) for vs, f in ((variables, factor), *groups) for v in vs
+                             if float(f) != 1.0}
 
     def _scaled(self, learning_rate, variable):
         factor = getattr(self, "_rate_scales", {}).get(self._var_key(variable))
@@ -209,10 +211,12 @@ _CLASSES = {(name, fused): type(name, (_ScaledRates, *([_FUSED[name]] if fused e
 
 
 def make_optimizer(t: TrainConfig, steps_per_epoch: int, mixed_float16: bool, scaled=(),
-                   scale: float = 1.0, fused: bool = True):
+                   scale: float = 1.0, fused: bool = True, lm=()):
     """The optimizer of ``train.*``; the learning rate of the ``scaled`` variables is ``scale`` times the others'
     (a fine-tuned encoder's at ``train.encoder_lr_scale``: im2txt's second stage and BLIP's fine-tuning train
-    the image encoder slower than the decoder). ``fused``: each variable's update as one TensorFlow kernel
+    the image encoder slower than the decoder), and that of the ``lm`` variables (a prefix_lm's fine-tuned language
+    model or its LoRA adapters) ``train.lm_lr_scale`` times the others'. ``fused``: each variable's update as one
+    TensorFlow kernel
     (:class:`_FusedUpdates`, ``train.fused_updates``); False gives Keras' own element-wise update, the reference
     the tests hold the fused one to."""
     schedule = LearningRate(t.learning_rate, t.lr_schedule, round(t.lr_decay_epochs * steps_per_epoch),
@@ -223,7 +227,7 @@ def make_optimizer(t: TrainConfig, steps_per_epoch: int, mixed_float16: bool, sc
         optimizer = _CLASSES["AdamW", fused](learning_rate=schedule, weight_decay=t.weight_decay)
     else:
         optimizer = _CLASSES["Adam", fused](learning_rate=schedule)
-    optimizer.set_rate_scales(scaled, scale)
+    optimizer.set_rate_scales(scaled, scale, (lm, t.lm_lr_scale))
     return keras.optimizers.LossScaleOptimizer(optimizer) if mixed_float16 else optimizer
 
 
