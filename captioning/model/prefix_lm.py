@@ -49,7 +49,7 @@ on their quality drops; nothing fails). A preset *name* is not read before the m
 inference mode (no dropout, as ClipCap puts a frozen GPT-2 in eval mode); ``model.lm_trainable: true`` fine-tunes it
 at ``train.lm_lr_scale`` times the learning rate; ``model.lm_lora_rank: R`` trains rank-``R`` LoRA adapters of its
 attention's query and value projections instead (keras-hub's ``Backbone.enable_lora``: every other LM weight
-frozen); the two together are refused. :meth:`PrefixLM.decoder_variables` is every variable but the encoder's (the
+frozen, the adapted projections' biases too, which Keras' LoRA leaves trainable); the two together are refused. :meth:`PrefixLM.decoder_variables` is every variable but the encoder's (the
 LM's too, trained or not). The checkpoints hold the LM's weights (``model/backbone/...``, and by index those
 TensorFlow's tracking does not reach): rebuilding a folder reads the preset's architecture and tokenizer, the
 checkpoint brings the weights. ``model.decoder_preset`` is not among :attr:`PrefixLM.incompatible_keys`: another
@@ -72,6 +72,7 @@ import tensorflow as tf
 
 from captioning.config import ModelConfig
 from captioning.config.settings import MAX_HEADS, MAX_LAYERS, between, choices
+from captioning.data.tokenizers.preset import PresetTokenizer
 from captioning.errors import InputError
 from captioning.model.base import CaptionModel, _Weights, untracked
 from captioning.model.encoders.base import ImageEncoder
@@ -126,15 +127,14 @@ def _is_path(preset: str) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(preset: str):
-    """The preset's tokenizer (loaded once a process: it is only read)."""
-    import keras_hub
+def _captions_tokenizer(preset: str) -> PresetTokenizer:
+    """The preset's tokenizer under the project's id rule (loaded once a process: it is only read)."""
+    return PresetTokenizer.from_preset(preset)
 
-    try:
-        return keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        raise InputError(f"model.decoder_preset: cannot load the tokenizer of {preset}: "
-                         f"{str(e).splitlines()[0][:200]}") from None
+
+def _tokenizer(preset: str):
+    """The preset's own keras-hub tokenizer."""
+    return _captions_tokenizer(preset).lm
 
 
 def prompt_ids(preset: str, prompt: str) -> list[int]:
@@ -194,7 +194,8 @@ class PrefixLM(CaptionModel):
             raise InputError(f"model.decoder_preset: cannot load keras-hub preset {s.decoder_preset}: "
                              f"{str(e).splitlines()[0][:200]}") from None
         self.lm = adapter(backbone, s.decoder_preset)
-        tokenizer = _tokenizer(s.decoder_preset)
+        captions = _captions_tokenizer(s.decoder_preset)
+        tokenizer = captions.lm
         if not OFFSET < vocab_size <= OFFSET + self.lm.vocabulary_size:
             raise InputError(f"prefix_lm: a vocabulary of {vocab_size} ids does not fit the LM of "
                              f"{s.decoder_preset} ({self.lm.vocabulary_size} tokens + {OFFSET} reserved ids)")
@@ -202,15 +203,18 @@ class PrefixLM(CaptionModel):
         if self.end_token >= vocab_size - OFFSET:
             raise InputError(f"prefix_lm: the LM's end token {self.end_token} is outside the vocabulary of "
                              f"{vocab_size} ids")
-        special = np.zeros(vocab_size - OFFSET, bool)
-        special[[i for i in tokenizer.special_token_ids if i < vocab_size - OFFSET]] = True
+        special = np.zeros(vocab_size - OFFSET, bool)  # the tokenizer's (start, end, padding, unknown, control...)
+        special[[i - OFFSET for i in captions.special_ids() if i - OFFSET < vocab_size - OFFSET]] = True
         self.special = tf.constant(special)  # the LM's special tokens: never proposed
         self.prompt = tf.constant(prompt_ids(s.decoder_preset, s.prompt), tf.int32)
         self.prefix_positions = MAPPERS[s.mapper].output_length(s) + int(self.prompt.shape[0])  # P
         # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
         self.backbone = backbone
         if s.lm_lora_rank:
-            backbone.enable_lora(s.lm_lora_rank)  # every LM weight frozen but the adapters
+            backbone.enable_lora(s.lm_lora_rank)  # every LM weight frozen but the adapters ...
+            for variable in backbone.trainable_variables:  # ... and the adapted projections' biases, which it leaves
+                if "lora_kernel" not in variable.path:
+                    variable.trainable = False
         elif not s.lm_trainable:
             backbone.trainable = False
         if untracked(backbone):  # weights TensorFlow's tracking misses: the checkpoint holds them by index
