@@ -55,7 +55,25 @@ SIGNATURE = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int
              tf.RaggedTensorSpec([None, None, None], tf.int32, ragged_rank=2), tf.TensorSpec([None], tf.int32)]
 
 __all__ = ["CiderD", "DocumentFrequencies", "SIGNATURE", "benchmark", "caption_lengths", "document_frequencies",
-           "frequencies_from_split", "max_vocab_size", "ngram_key", "words_of"]
+           "frequencies_from_split", "max_vocab_size", "ngram_key", "rebased", "words_of"]
+
+
+def rebased(keys: np.ndarray, base: int, new_base: int, n: int) -> np.ndarray:
+    """:func:`ngram_key`\ s of n-grams up to order ``n`` in ``base`` written in ``new_base`` (≥ ``base``): the
+    same n-grams' keys for a larger vocabulary.
+
+    >>> rebased(np.array([ngram_key([4], 10), ngram_key([4, 5], 10)]), 11, 13, 2).tolist() == [
+    ...     ngram_key([4], 12), ngram_key([4, 5], 12)]
+    True
+    """
+    if new_base == base:
+        return keys
+    out, rest, place = np.zeros_like(keys), keys.copy(), 1
+    for _ in range(n):  # least significant digit first; a shorter n-gram's higher digits are 0
+        out += (rest % base) * place
+        rest //= base
+        place *= new_base
+    return out
 
 
 def caption_lengths(ids) -> tf.Tensor:
@@ -91,18 +109,24 @@ class CiderD:
     array([5.8145, 4.5645, 5.    , 0.    ], dtype=float32)
     """
 
-    def __init__(self, frequencies: DocumentFrequencies, n: int = 4, sigma: float = 6.0):
+    def __init__(self, frequencies: DocumentFrequencies, n: int = 4, sigma: float = 6.0, extra_ids: int = 0):
         if not 1 <= n <= frequencies.n:
             raise InputError(f"CIDEr-D of n-grams up to {n} needs document frequencies of orders 1..{n}; "
                              f"these have 1..{frequencies.n}")
-        self.n, self.sigma, self.vocab_size = n, float(sigma), frequencies.vocab_size
-        self._base = frequencies.vocab_size + 1
+        # extra_ids: word ids from the frequencies' vocabulary size on, which no reference holds (a subword
+        # tokenizer's unknown words, captioning.train.reward_words): the keys' base grows by as much
+        self.n, self.sigma, self.vocab_size = n, float(sigma), frequencies.vocab_size + extra_ids
+        if self.vocab_size > max_vocab_size(n):
+            raise InputError(f"{frequencies.vocab_size} words and {extra_ids} more do not pack n-grams up to {n} "
+                             f"into int64 keys (at most {max_vocab_size(n)})")
+        self._base = self.vocab_size + 1
         log_documents = np.log(float(frequencies.num_documents))  # pycocoevalcap's ref_len
-        keep = frequencies.keys < self._base ** n
+        keep = frequencies.keys < (frequencies.vocab_size + 1) ** n
+        keys = rebased(frequencies.keys[keep], frequencies.vocab_size + 1, self._base, n)
         idf = log_documents - np.log(np.maximum(1.0, frequencies.counts[keep].astype(np.float64)))
         # an n-gram in no document has df 0 → log(max(1, 0)) = 0: the idf is log(documents)
         self._table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-            tf.constant(frequencies.keys[keep], tf.int64), tf.constant(idf, tf.float64)), float(log_documents))
+            tf.constant(keys, tf.int64), tf.constant(idf, tf.float64)), float(log_documents))
 
     def _ngrams(self, ids, lengths, invalid: int):
         """``ids [M, T]``, ``lengths [M]`` → keys ``int64 [M, n, T]`` (position p holds the k-gram starting there;

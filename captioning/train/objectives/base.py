@@ -51,8 +51,8 @@ class ReplicaLoss:
 @dataclass
 class RunContext:
     """What a training run hands an objective: the config, the step counter, the prepared dataset and the
-    run's shard reader, the model folder (``captioning.model.folder.ModelDir``) and whether this process
-    writes it (the chief)."""
+    run's shard reader, the model folder (``captioning.model.folder.ModelDir``), whether this process
+    writes it (the chief) and the run's tokenizer."""
 
     cfg: object
     step: tf.Variable
@@ -60,6 +60,7 @@ class RunContext:
     shards: object
     folder: object
     chief: bool = True
+    tokenizer: object = None  # data.tokenizer's (captioning.data.tokenizers); None: the dataset's word vocabulary
 
 
 class Objective:

@@ -76,6 +76,7 @@ import tensorflow as tf
 from captioning.errors import InputError
 from captioning.config.settings import MAX_BEAM, MAX_FACTOR, MAX_TEMPERATURE, MAX_WORDS, Section, between, choices
 from captioning.train.cider import CiderD, caption_lengths
+from captioning.train.reward_words import reward_words
 from captioning.train.objectives.base import Objective, ReplicaLoss, RunContext, caption_loss_sum, step_seed
 from captioning.train.objectives.scst_cost import breakdown, describe
 from captioning.train.objectives.scst_sampling import (as_drawn, greedy_captions, references_of, sample_captions,
@@ -128,8 +129,10 @@ class SelfCritical(Objective):
     xla = False  # its sampling stops captions at <end>, and the reward's lookup table runs on the host
 
     def __init__(self, cider: CiderD, cfg: ScstSettings, step: tf.Variable, seed: int = 0,
-                 split_padding: bool = False):
+                 split_padding: bool = False, words=None):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
+        # a subword tokenizer's captions as word ids (captioning.train.reward_words.RewardWords; None: ids are words)
+        self.words = words
         self.split_padding = split_padding  # the references' teacher-forced pass (scst.xe_weight)
         if cfg.xe_weight > 0:  # the cross-entropy term, reported apart (TensorBoard train/xe)
             self.parts = type(self).parts + ("xe",)
@@ -172,8 +175,9 @@ class SelfCritical(Objective):
             logging.getLogger("captioning.train").warning(
                 "train.scheduled_sampling is not used under train.objective: scst: its captions are the model's own "
                 "samples already (scst.xe_weight's references are teacher-forced)")
-        return cls(CiderD(frequencies), cfg.scst, step, seed=cfg.train.seed,
-                   split_padding=cfg.train.split_padding)
+        words = reward_words(context.tokenizer, dataset, cfg.scst.max_length)
+        return cls(CiderD(frequencies, extra_ids=words.extra if words else 0), cfg.scst, step, seed=cfg.train.seed,
+                   split_padding=cfg.train.split_padding, words=words)
 
     def sample_notes(self, best: dict, captions: tf.RaggedTensor) -> list[str]:
         """Each sample caption's reward (TensorBoard's sample captions under SCST)."""
@@ -211,8 +215,17 @@ class SelfCritical(Objective):
         references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array:
         scored as a sample of the same words is."""
         ids = as_drawn(best["ids"][:, 0], best["lengths"][:, 0])
+        if self.words is not None:  # pieces: the references' words
+            return self.score(ids, self.words.references(captions[:, :, 1:-1], self.cfg.end_in_reward)).numpy()
         references = tf.cast(captions[:, :, 1:] if self.cfg.end_in_reward else captions[:, :, 1:-1], tf.int32)
         return self.score(ids, references).numpy()
+
+    def references(self, batch: dict) -> tf.RaggedTensor:
+        """A grouped batch's references as the reward's word ids ``[images, (captions), (words)]`` (with ``<end>``
+        when ``end_in_reward``): the target ids, or a subword tokenizer's pieces made words."""
+        if self.words is None:
+            return references_of(batch, end_token=self.cfg.end_in_reward)
+        return self.words.references(references_of(batch), self.cfg.end_in_reward)
 
     def scored_lengths(self, ids):
         """Words scored per caption: its words, and its ``<end>`` when it has one and the reward counts it."""
@@ -223,8 +236,12 @@ class SelfCritical(Objective):
 
     def score(self, ids, references, index=None):
         """The CIDEr-D reward ``[rows]`` of captions ``ids`` as :func:`sample_captions` draws them (words,
-        then ``<end>`` or ``<pad>``) against ``references`` (of image ``index`` of each row): samples and
-        the greedy baseline alike."""
+        then ``<end>`` or ``<pad>``) against ``references`` (:meth:`references`: word ids; of image ``index`` of
+        each row): samples and the greedy baseline alike. A subword tokenizer's pieces are scored as the words
+        they spell (:mod:`captioning.train.reward_words`)."""
+        if self.words is not None:
+            words, lengths = self.words.candidates(ids, self.cfg.end_in_reward)
+            return self.cider.scores(words, lengths, references, index)
         return self.cider.scores(ids, self.scored_lengths(ids), references, index)
 
     def rewards(self, model, batch, training=False) -> dict:
@@ -232,7 +249,7 @@ class SelfCritical(Objective):
         ``baseline``, ``log_prob`` and ``ended`` (``[images × samples]``, image-major), and with
         ``baseline: greedy`` the images' greedy captions ``greedy`` (as drawn: :func:`as_drawn`)."""
         features, mask = model.image_features(batch, training=training)
-        references = references_of(batch, end_token=self.cfg.end_in_reward)
+        references = self.references(batch)
         n, s = tf.shape(features)[0], self.cfg.samples
         state = model.initial_state(features, training=False, mask=mask)
         repeated = tf.nest.map_structure(lambda x: tf.repeat(x, s, axis=0), state)

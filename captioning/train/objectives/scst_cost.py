@@ -33,7 +33,7 @@ import time
 import tensorflow as tf
 
 from captioning.train.objectives.base import caption_loss_sum
-from captioning.train.objectives.scst_sampling import greedy_captions, references_of, sample_captions, sequence_log_prob
+from captioning.train.objectives.scst_sampling import greedy_captions, sample_captions, sequence_log_prob
 
 
 def _fastest_ms(fn, args: tuple, repeats: int) -> float:
@@ -54,11 +54,11 @@ def _computed(gradients) -> list:
 def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, float]:
     """Each part's fastest milliseconds on ``batch`` (one replica's grouped batch), as the module docstring
     lists them. ``objective`` is the run's :class:`~captioning.train.objectives.scst.SelfCritical`."""
-    cfg, cider = objective.cfg, objective.cider
+    cfg = objective.cfg
     length, temperature, s = cfg.max_length, cfg.temperature, cfg.samples
     seed = tf.constant([objective.seed, 0], tf.int32)
     weights = model.trainable_variables
-    references = references_of(batch, end_token=cfg.end_in_reward)
+    references = objective.references(batch)
 
     @tf.function(autograph=False)
     def encode(batch):
@@ -83,7 +83,7 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
 
     def greedy(state):
         words = greedy_captions(model, state, length)
-        return cider.scores(words, objective.scored_lengths(words), references, tf.range(tf.shape(words)[0]))
+        return objective.score(words, references, tf.range(tf.shape(words)[0]))
 
     def cross_entropy(batch):
         with tf.GradientTape() as tape:
@@ -98,7 +98,7 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
         "through_loop": (gradient_of(lambda r: sample_captions(model, r, length, temperature, seed)["log_prob"]),
                          (repeated,)),
         "teacher_forced": (gradient_of(lambda r, ids: sequence_log_prob(model, r, ids, temperature)), (repeated, ids)),
-        "reward": (graph(lambda ids: cider.scores(ids, objective.scored_lengths(ids), references, index)), (ids,)),
+        "reward": (graph(lambda ids: objective.score(ids, references, index)), (ids,)),
         "greedy": (graph(greedy), (state,)),
         "cross_entropy": (graph(cross_entropy), (batch,)),
     }
