@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from captioning.data.tokenizers import PresetTokenizer
 from captioning.errors import InputError
 from captioning.model.decode import beam_search
 from captioning.model.sampling import sample_search
@@ -15,63 +16,36 @@ from captioning.model.word_rules import (ENGLISH_BAD_ENDINGS, WordRules, WordTab
 from captioning.vocab import END_ID, PAD_ID, RESERVED, START_ID, UNK_ID, Vocabulary
 from tests.harness.lm_presets import WRITERS
 
-OFFSET = 4  # project id = the language model's id + 4
 NEVER = (PAD_ID, START_ID, UNK_ID)
 
 
-class PresetPieces:
-    """A keras-hub tokenizer's pieces as the project numbers them: ``pieces()`` (bytes: a byte piece may be part of
-    a character), ``starts_word()``, ``special`` (the language model's own special ids, never proposed), ``ids(text)``
-    (a caption's project ids) and ``text(ids)``."""
+class Pieces:
+    """A preset tokenizer (captioning.data.tokenizers' PresetTokenizer) and what the tests read of it: ``pieces()`` and
+    ``starts_word()`` (so that ``word_table`` takes it as it takes the tokenizer), ``special`` (the language model's
+    own special ids, never proposed), ``size``, ``ids(text)`` (a caption's pieces) and ``text(ids)``."""
 
-    def __init__(self, lm):
-        import keras_hub
-
-        self.lm = lm
-        size = lm.vocabulary_size()
-        tokens = [lm.id_to_token(i) for i in range(size)]
-        special = {int(i) for i in lm.special_token_ids if i is not None}
-        if isinstance(lm, keras_hub.tokenizers.BytePairTokenizer):
-            from keras_hub.src.tokenizers.byte_pair_tokenizer import bytes_to_unicode
-
-            byte_of = {char: byte for byte, char in zip(*bytes_to_unicode())}
-            pieces = [b"" if i in special else b"".join(byte_of[ch] for ch in token) for i, token in enumerate(tokens)]
-        else:
-            import re
-
-            pieces = []
-            for i, token in enumerate(tokens):
-                byte = re.fullmatch(r"<0x([0-9A-F]{2})>", token)
-                pieces.append(b"" if i in special or token in ("<pad>", "<eos>", "<bos>", "<unk>") else
-                              bytes([int(byte.group(1), 16)]) if byte else token.replace("\u2581", " ").encode())
-                if token in ("<pad>", "<eos>", "<bos>", "<unk>"):
-                    special.add(i)
-        self.bytes = [b""] * OFFSET + pieces
-        self.special = {i + OFFSET for i in special}
-        self.size = len(self.bytes)
+    def __init__(self, tokenizer):
+        self.tokenizer, self.texts = tokenizer, tokenizer.pieces()
+        self.special, self.size = set(tokenizer.special_ids()), len(tokenizer)
 
     def pieces(self):
-        return self.bytes
+        return self.texts
 
     def starts_word(self):
-        return np.array([piece.startswith(b" ") for piece in self.bytes], bool)
+        return self.tokenizer.starts_word()
 
     def ids(self, text):
-        return [int(i) + OFFSET for i in np.asarray(self.lm.tokenize(text))]
+        return [int(i) for i in self.tokenizer.caption_ids(tf.constant([text])).to_list()[0][1:-1]]
 
-    def text(self, ids):
-        return b"".join(self.bytes[i] for i in ids if i != END_ID).decode("utf-8", "replace")
+    def text(self, ids):  # as bytes (a piece that is part of a character is its bytes)
+        pieces = [self.texts[i] for i in ids if i != END_ID]
+        return b"".join(p if isinstance(p, bytes) else p.encode() for p in pieces)
 
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    import keras_hub
-
-    out = {}
-    for name, write in WRITERS.items():
-        folder = write(str(tmp_path_factory.mktemp(name)))
-        out[name] = PresetPieces(keras_hub.tokenizers.Tokenizer.from_preset(folder))
-    return out
+    return {name: Pieces(PresetTokenizer.from_preset(write(str(tmp_path_factory.mktemp(name)))))
+            for name, write in WRITERS.items()}
 
 
 class Scripted:
@@ -103,17 +77,17 @@ class Scripted:
         return self.table[t] + self.noise[token]
 
 
-def allowed(text: str, piece: int, starts, block_ngrams=0, bad_endings=()) -> bool:
+def allowed(text: bytes, piece: int, starts, block_ngrams=0, bad_endings=()) -> bool:
     """The rules over the caption's text, written independently: a piece that starts a word, or <end>, completes
     the current word (the text after the last space, when there is any: words are separated by spaces, which only
     a piece that starts a word begins with); it may not when that word equals the one
     before it (n >= 1) or when the caption's last n words, that one included, occurred before (n >= 2); <end> may not
     follow a last word that is a bad ending."""
     completes = piece == END_ID or starts[piece]
-    words = [word for word in text.split(" ") if word]  # (a byte piece of other whitespace is within a word)
-    if piece == END_ID and words and words[-1] in bad_endings:
+    words = [word for word in text.split(b" ") if word]  # (a byte piece of other whitespace is within a word)
+    if piece == END_ID and words and words[-1].decode("utf-8", "replace") in bad_endings:
         return False
-    if not completes or not text or text[-1] == " " or not block_ngrams:
+    if not completes or not text or text[-1:] == b" " or not block_ngrams:
         return True
     if len(words) >= 2 and words[-1] == words[-2]:
         return False
