@@ -115,3 +115,20 @@ def test_unknown_words_get_fresh_ids_and_the_frequencies_new_keys(tokenizers):
         tf.RaggedTensor.from_tensor(drawn(tokenizers["gemma"], ["a zebra", "red"])), [2]), False)
     assert refs.to_list() == [[[vocab.id("a"), 3], [vocab.id("red")]]]
     assert rebased(np.array([ngram_key([4, 5, 6], v)]), v + 1, v + 5, 3).tolist() == [ngram_key([4, 5, 6], v + 4)]
+
+
+def test_a_sample_captions_note_scores_its_pieces_against_the_records_words(tokenizers):
+    """The reward noted beside a greedy sample caption (SelfCritical.rewards_of: the best caption against the
+    records' word ids) is the same for the caption's words and its pieces."""
+    vocab = tokenizers["words"]
+    captions = tf.ragged.constant([[vocab.encode(r.split()) for r in refs] for refs in REFERENCES])
+    texts = [image[1] for image in CANDIDATES]
+    got = {}
+    for name, tokenizer in tokenizers.items():
+        ids = drawn(tokenizer, texts)
+        words = tf.where(tf.equal(ids, END_ID), 0, ids)
+        best = {"ids": words[:, None], "lengths": tf.reduce_sum(tf.cast(words > 0, tf.int32), axis=1)[:, None]}
+        got[name] = objective(tokenizers, name, True).rewards_of(best, captions)
+    assert got["words"].min() > 1.0
+    for name in ("gpt2", "gemma"):
+        np.testing.assert_allclose(got[name], got["words"], rtol=0, atol=1e-6, err_msg=name)

@@ -59,7 +59,7 @@ __all__ = ["CiderD", "DocumentFrequencies", "SIGNATURE", "benchmark", "caption_l
 
 
 def rebased(keys: np.ndarray, base: int, new_base: int, n: int) -> np.ndarray:
-    """:func:`ngram_key`\ s of n-grams up to order ``n`` in ``base`` written in ``new_base`` (≥ ``base``): the
+    """The :func:`ngram_key` keys of n-grams up to order ``n`` in ``base`` written in ``new_base`` (≥ ``base``): the
     same n-grams' keys for a larger vocabulary.
 
     >>> rebased(np.array([ngram_key([4], 10), ngram_key([4, 5], 10)]), 11, 13, 2).tolist() == [

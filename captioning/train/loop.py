@@ -116,7 +116,7 @@ class Trainer:
         if cfg.data.cache in ("disk", "features"):
             disk_cache.check_folder(self.cache_dir)
         self.objective = objective_class(cfg.train.objective).for_run(
-            RunContext(cfg, self.step, self.dataset, self.shards, self.folder, self.chief))
+            RunContext(cfg, self.step, self.dataset, self.shards, self.folder, self.chief, tokenizer=self.vocab))
         latest = self.folder.latest_checkpoint()
         if self.chief:
             self.folder.remove_partial_checkpoints(latest)

@@ -212,11 +212,9 @@ class SelfCritical(Objective):
 
     def rewards_of(self, best: dict, captions: tf.RaggedTensor):
         """The reward of each image's best caption of a beam search (``best``) against the image's
-        references (``captions``: the records' ids, ``[images, (captions), (ids)]``), as a NumPy array:
-        scored as a sample of the same words is."""
+        references (``captions``: the records' ids, ``[images, (captions), (ids)]``: words whatever the
+        tokenizer), as a NumPy array: scored as a sample of the same words (or pieces) is."""
         ids = as_drawn(best["ids"][:, 0], best["lengths"][:, 0])
-        if self.words is not None:  # pieces: the references' words
-            return self.score(ids, self.words.references(captions[:, :, 1:-1], self.cfg.end_in_reward)).numpy()
         references = tf.cast(captions[:, :, 1:] if self.cfg.end_in_reward else captions[:, :, 1:-1], tf.int32)
         return self.score(ids, references).numpy()
 
