@@ -37,13 +37,17 @@ _held: dict[str, int] = {}  # prefix -> fd holding its lock, for this process's 
 
 
 def cache_prefix(cache_dir: str, dataset_identity: str, split: str, resize_size: int, skip_corrupt: bool,
-                 pipeline: int = 0, pipelines: int = 1, max_images: int | None = None) -> tuple[str, dict]:
+                 pipeline: int = 0, pipelines: int = 1, max_images: int | None = None,
+                 tokenizer: str | None = None) -> tuple[str, dict]:
     """The file prefix of the cache of one split's decoded images (the first ``max_images`` of them, when
     given), and the key it was made from. ``dataset_identity`` is
-    :attr:`captioning.data.prepared.PreparedDataset.identity`."""
+    :attr:`captioning.data.prepared.PreparedDataset.identity`; ``tokenizer`` the identity of a tokenizer that
+    wrote the cached captions' ids from their text (None: the records' word ids, and the key as it always was)."""
     key = {"dataset": dataset_identity, "split": split, "resize_size": resize_size,
            "skip_corrupt": skip_corrupt, "pipeline": pipeline, "pipelines": pipelines, "max_images": max_images,
            "version": CACHE_VERSION}
+    if tokenizer is not None:
+        key["tokenizer"] = tokenizer
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(cache_dir, f"{split}-{digest}-{pipeline}of{pipelines}"), key
 

@@ -41,7 +41,7 @@ from captioning.data.prepared import PreparedDataset
 from captioning.fileio import disk_full_error
 from captioning.data.integrity import ShardReader
 from captioning.data.preprocessor import ImagePreprocessor
-from captioning.data.reading import eval_images
+from captioning.data.reading import eval_images, reads_text
 
 FORMAT_VERSION = 1
 
@@ -65,15 +65,17 @@ def encoder_key(encoder) -> str:
 def features_dataset(cfg: DataConfig, split: str, feature_fn: Callable, feature_key: str, cache_dir: str, *,
                      input_context=None, max_images: int | None = None, dataset: PreparedDataset,
                      shards: ShardReader, batch_size: int = 64,
-                     preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
+                     preprocessor: ImagePreprocessor | None = None, tokenizer=None) -> tf.data.Dataset:
     """One element per image: ``{"features": float16 [...], "image_id", "captions": ragged [(C), (T)]}``,
     from the cache file (written first if it is not there; see the module docstring). ``feature_fn``
     maps a batch of ``uint8`` central crops (``preprocessor``'s: the encoder's; default: the data settings')
-    to features. The file's name holds the preprocessor's sizes."""
+    to features. The file's name holds the preprocessor's sizes, and the identity of a ``tokenizer`` that wrote the
+    captions' ids from their text (:func:`captioning.data.reading.image_dataset`'s)."""
     preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     n, i = (input_context.num_input_pipelines, input_context.input_pipeline_id) if input_context else (1, 0)
     prefix, key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, preprocessor.resize_size,
-                                          cfg.skip_corrupt, i, n, max_images)
+                                          cfg.skip_corrupt, i, n, max_images,
+                                          tokenizer.identity if reads_text(tokenizer) else None)
     key = {**key, "image_size": preprocessor.image_size, "features": feature_key, "format": FORMAT_VERSION}
     name = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     prefix = os.path.join(cache_dir, f"features-{split}-{name}-{i}of{n}")
@@ -81,7 +83,7 @@ def features_dataset(cfg: DataConfig, split: str, feature_fn: Callable, feature_
     disk_cache.claim(prefix, key, complete=".tfrecord", leftovers=(".tfrecord.tmp",), what="data.cache: features")
     if not os.path.exists(path):
         images = eval_images(cfg, split, batch_size, input_context=input_context, max_images=max_images,
-                             dataset=dataset, shards=shards, preprocessor=preprocessor)
+                             dataset=dataset, shards=shards, preprocessor=preprocessor, tokenizer=tokenizer)
         try:
             with tf.io.TFRecordWriter(path + ".tmp") as writer:
                 shape = None

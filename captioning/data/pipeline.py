@@ -60,7 +60,7 @@ from captioning.data.integrity import ShardReader
 from captioning.data.prepared import PreparedDataset
 from captioning.data.region_input import KEYS as REGION_KEYS, padded, region_images
 from captioning.data.preprocessor import ImagePreprocessor
-from captioning.data.reading import image_dataset, pipeline_images, sources_of, train_crop
+from captioning.data.reading import image_dataset, pipeline_images, reads_text, sources_of, train_crop
 from captioning.data.seeds import CROPS, seeded
 from captioning.errors import InputError
 
@@ -72,7 +72,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
                  repeat: bool | None = None, max_images: int | None = None,
                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
                  service_job: str | None = None,
-                 preprocessor: ImagePreprocessor | None = None, source=None) -> tf.data.Dataset:
+                 preprocessor: ImagePreprocessor | None = None, source=None, tokenizer=None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features" | "regions", "boxes", "region_mask"; "input_ids", "target_ids",
     "mask"}`` (see the module docstring).
 
@@ -89,7 +89,10 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     images; default: the geometry of ``data.image_size`` and ``data.resize_size``
     (:meth:`~captioning.data.preprocessor.ImagePreprocessor.of`). ``source``: the data source
     (:func:`captioning.model.data_sources.data_source`), asked for the features store read instead of the images
-    (:meth:`~captioning.model.data_sources.base.DataSource.features_store`); None: the images.
+    (:meth:`~captioning.model.data_sources.base.DataSource.features_store`); None: the images. ``tokenizer``: the
+    run's (:mod:`captioning.data.tokenizers`), whose ids the captions are in: the words tokenizer (or None) reads
+    the records' ``caption/ids``, a subword tokenizer tokenizes their ``caption/text`` as the records are parsed
+    (before any cache, whose files it keys; a features store holds word ids only, and is refused).
 
     **Through the tf.data service** (``data.service``, training only): all of the above, the cache too,
     runs on the service's workers and batches arrive here (:func:`captioning.data.service.distribute`).
@@ -107,10 +110,14 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     dataset, shards = sources_of(cfg, dataset, shards)
     preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     store = source.features_store(dataset) if source is not None else None
+    if store is not None and reads_text(tokenizer):
+        raise InputError(f"data.features: regions reads the features store's caption ids, which are words of "
+                         f"{dataset.path}'s vocabulary: data.tokenizer {tokenizer.kind} needs data.features: images")
     if training:
         _check_every_pipeline_has_an_image(split, dataset, store, input_context)
     images_of = functools.partial(image_dataset, cfg, split, training=training, input_context=input_context,
-                                  max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor)
+                                  max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor,
+                                  tokenizer=tokenizer)
     repeat = training if repeat is None else repeat
     key = "regions" if store is not None else "features" if cfg.cache == "features" else "image"
     cropped = False
@@ -123,7 +130,8 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     else:
         ds = _cached_elements(cfg, split, images_of, training=training, repeat=repeat, feature_fn=feature_fn,
                               feature_key=feature_key, cache_dir=cache_dir, input_context=input_context,
-                              max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor)
+                              max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor,
+                              tokenizer=tokenizer)
     if key == "image" and not cropped:  # once per image and epoch, before the image is shared by its captions
         ds = _cropped(ds, cfg, preprocessor, training=training, input_context=input_context)
     ds = _caption_batches(ds, key, cfg, split, training=training, batch_size=batch_size, dataset=dataset,
@@ -170,7 +178,7 @@ def _region_elements(cfg: DataConfig, split: str, store, *, training: bool, repe
 def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, training: bool, repeat: bool,
                      feature_fn: Callable | None, feature_key: str, cache_dir: str | None, input_context,
                      max_images: int | None, dataset: PreparedDataset, shards: ShardReader,
-                     preprocessor: ImagePreprocessor) -> tf.data.Dataset:
+                     preprocessor: ImagePreprocessor, tokenizer=None) -> tf.data.Dataset:
     """One element per image through ``data.cache`` (``features``: the encoder's features; ``memory``, ``disk``:
     the decoded, resized images ``images_of`` gives), then repeated and, in training, shuffled again on every
     pass (the cache holds the first epoch's order)."""
@@ -178,7 +186,8 @@ def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, traini
         if feature_fn is None or not cache_dir:
             raise ValueError("cache: features needs the encoder as feature_fn and a cache_dir")
         ds = features_dataset(cfg, split, feature_fn, feature_key, cache_dir, input_context=input_context,
-                              max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor)
+                              max_images=max_images, dataset=dataset, shards=shards, preprocessor=preprocessor,
+                              tokenizer=tokenizer)
     elif cfg.cache == "memory":
         ds = images_of().cache()
     else:
@@ -187,7 +196,8 @@ def _cached_elements(cfg: DataConfig, split: str, images_of: Callable, *, traini
         pipelines, pipeline_id = ((input_context.num_input_pipelines, input_context.input_pipeline_id)
                                   if input_context else (1, 0))
         prefix, cache_key = disk_cache.cache_prefix(cache_dir, dataset.identity, split, preprocessor.resize_size,
-                                                    cfg.skip_corrupt, pipeline_id, pipelines, max_images)
+                                                    cfg.skip_corrupt, pipeline_id, pipelines, max_images,
+                                                    tokenizer.identity if reads_text(tokenizer) else None)
         disk_cache.claim(prefix, cache_key)  # files named by what they hold; a killed run's never read
         ds = images_of().cache(prefix)
     if repeat:

@@ -203,23 +203,34 @@ def _records(dataset: PreparedDataset, split: str, shards: ShardReader, cfg: Dat
     return ds
 
 
-def _parsed(records: tf.data.Dataset, cfg: DataConfig) -> tf.data.Dataset:
+def reads_text(tokenizer) -> bool:
+    """Whether ``tokenizer`` (a :class:`captioning.data.tokenizers.base.Tokenizer`, or None: the records' word ids)
+    tokenizes the records' caption text instead of reading their ``caption/ids``."""
+    return tokenizer is not None and tokenizer.kind != "words"
+
+
+def _parsed(records: tf.data.Dataset, cfg: DataConfig, tokenizer=None) -> tf.data.Dataset:
+    """Batches of parsed records, ``captions`` in ``tokenizer``'s ids: the records' own (the words tokenizer, or
+    None), or their text tokenized here, a parse batch at a time (a subword tokenizer: ``data.tokenizer: preset``)."""
     @do_not_convert
     def parse(serialized):
         batch = schema.parse_batch(serialized)
-        return {"encoded": batch[schema.IMAGE_ENCODED], "image_id": batch[schema.IMAGE_ID],
-                "captions": batch[schema.CAPTION_IDS]}
+        captions = batch[schema.CAPTION_IDS]
+        if reads_text(tokenizer):
+            captions = tokenizer.image_captions(captions, batch[schema.CAPTION_TEXT])
+        return {"encoded": batch[schema.IMAGE_ENCODED], "image_id": batch[schema.IMAGE_ID], "captions": captions}
 
     return records.batch(cfg.parse_batch_size).map(parse, num_parallel_calls=AUTOTUNE)
 
 
 def parsed_images(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
                   repeat: bool = False, max_images: int | None = None, dataset: PreparedDataset | None = None,
-                  shards: ShardReader | None = None) -> tf.data.Dataset:
+                  shards: ShardReader | None = None, tokenizer=None) -> tf.data.Dataset:
     """One element per image, not decoded: ``{"encoded": JPEG bytes, "image_id", "captions"}`` (the
     arguments as :func:`image_dataset`'s)."""
     dataset, shards = sources_of(cfg, dataset, shards)
-    ds = _parsed(_records(dataset, split, shards, cfg, training, input_context, shuffle, repeat), cfg).unbatch()
+    records = _records(dataset, split, shards, cfg, training, input_context, shuffle, repeat)
+    ds = _parsed(records, cfg, tokenizer).unbatch()
     if max_images:
         ds = ds.take(max_images)
     ds.shard_reader = shards
@@ -229,7 +240,7 @@ def parsed_images(cfg: DataConfig, split: str, *, training: bool, input_context=
 def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=None, shuffle: bool = False,
                   repeat: bool = False, max_images: int | None = None, random_crop: bool = False,
                   dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
-                  preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
+                  preprocessor: ImagePreprocessor | None = None, tokenizer=None) -> tf.data.Dataset:
     """One element per image: ``{"image": uint8 [R, R, 3], "image_id", "captions": ragged [(C), (T)]}``,
     R = ``resize_size``, resized by ``preprocessor`` (the encoder's; default: the data settings',
     :meth:`~captioning.data.preprocessor.ImagePreprocessor.of`); not cropped. ``shuffle`` and ``repeat`` act on the serialised records;
@@ -241,11 +252,13 @@ def image_dataset(cfg: DataConfig, split: str, *, training: bool, input_context=
     whole per-image training work.
 
     ``dataset`` is ``cfg.dir``'s :class:`~captioning.dataset.PreparedDataset` (loaded when not given);
-    ``shards`` the command's :class:`~captioning.integrity.ShardReader` (a new one when not given)."""
+    ``shards`` the command's :class:`~captioning.integrity.ShardReader` (a new one when not given). ``captions``
+    are ``tokenizer``'s ids (:mod:`captioning.data.tokenizers`; None: the records' word ids, as the words
+    tokenizer reads them)."""
     dataset, shards = sources_of(cfg, dataset, shards)
     preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     ds = parsed_images(cfg, split, training=training, input_context=input_context, shuffle=shuffle, repeat=repeat,
-                       max_images=max_images, dataset=dataset, shards=shards)
+                       max_images=max_images, dataset=dataset, shards=shards, tokenizer=tokenizer)
     order = cfg.deterministic or not training
     if random_crop:
         def decode(example, seed):
@@ -302,12 +315,12 @@ def train_crop(image: tf.Tensor, cfg: DataConfig, preprocessor: ImagePreprocesso
 
 def eval_images(cfg: DataConfig, split: str, batch_size: int, *, input_context=None, max_images: int | None = None,
                 dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
-                preprocessor: ImagePreprocessor | None = None) -> tf.data.Dataset:
+                preprocessor: ImagePreprocessor | None = None, tokenizer=None) -> tf.data.Dataset:
     """Batches of ``{"image": uint8 [B, S, S, 3] central crops, "image_id", "captions"}``: the images as
     decoding, evaluation and feature extraction see them, cropped by ``preprocessor`` (the encoder's; default:
-    the data settings')."""
+    the data settings'), the captions in ``tokenizer``'s ids (as :func:`image_dataset`'s)."""
     preprocessor = preprocessor or ImagePreprocessor.of(cfg)
     images = image_dataset(cfg, split, training=False, input_context=input_context, max_images=max_images,
-                           dataset=dataset, shards=shards, preprocessor=preprocessor)
+                           dataset=dataset, shards=shards, preprocessor=preprocessor, tokenizer=tokenizer)
     return images.map(do_not_convert(lambda ex: {**ex, "image": preprocessor.cropped(ex["image"])}),
                       num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)

@@ -48,8 +48,10 @@ features store: :meth:`captioning.model.data_sources.base.DataSource.evaluation_
 folder, its key marked ``-ensemble<M>-<hash of the checkpoints>`` and its document holding ``"members"``
 (each model's checkpoint); ``checkpoint_step`` and the default decoding are the first model's.
 
-The dataset must have been prepared with the model's vocabulary (as ``train`` requires); ``--data-dir``
-points at the records when the config's ``data.dir`` is not where they are on this machine.
+The dataset must have been prepared with the model's vocabulary (as ``train`` requires), unless the model reads
+a language model's tokenizer (``data.tokenizer: preset``), which tokenizes the records' caption text itself;
+``--data-dir`` points at the records when the config's ``data.dir`` is not where they are on this machine. What
+is scored is the detokenized caption's words (:mod:`captioning.data.tokenizers`), whichever tokenizer wrote it.
 
 Every result also holds ``"diversity"`` (:mod:`captioning.evaluation.diversity`): distinct-1 and -2,
 vocabulary usage and the share of novel captions over the best captions, and with ``decode.top_k`` > 1
@@ -94,6 +96,7 @@ from captioning.data.prepared import PreparedDataset
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_json, check_output_file, disk_full_error
 from captioning.data.pipeline import make_dataset
+from captioning.data.tokenizers import as_tokenizer
 from captioning.data.reading import references
 from captioning.data.integrity import ShardReader
 from captioning.model.decode import empty_captions_warning, ids_to_text
@@ -124,7 +127,7 @@ def _prepared_dataset(trained, model_folder: ModelDir, data_dir: str | None) -> 
         raise InputError(f"{folder} ({where}) is not a prepared dataset on this machine; pass `data_dir` with "
                          "the folder `captioning prepare` wrote", params=("data_dir",))
     dataset = PreparedDataset.load(folder)
-    if dataset.vocabulary() != trained.vocab:
+    if not as_tokenizer(trained.vocab).fits(dataset):  # words: the same vocabulary; a preset's reads the text
         raise InputError(f"{folder} was prepared with another vocabulary than the model in {trained.model_dir}: "
                          f"prepare it with `captioning prepare --vocab {model_folder.vocab_file}`")
     return dataset
@@ -273,7 +276,8 @@ def _add_measures(run: _Evaluation, result: EvaluationResult, captioned: _Captio
     with ShardReader(run.data.skip_corrupt) as shards, shards.named_errors():
         train_refs = references(run.data, run.trained.config.data.train_split, dataset=run.dataset, shards=shards)
     train_texts = [t for texts in train_refs.values() for t in texts]
-    result["diversity"] = diversity(captioned.every, len(run.trained.vocab), train_texts)
+    # vocabulary usage counts words of the dataset's vocabulary, whichever tokenizer wrote the captions
+    result["diversity"] = diversity(captioned.every, len(run.dataset.vocabulary()), train_texts)
     result.update(bad_endings(candidates.values()))
     if objects is not None:
         result.update(hallucination.results(objects, candidates, refs, os.path.abspath(instances)))
@@ -362,5 +366,5 @@ def _read_and_caption(captioner, cfg, dataset, shards, split: str, max_images: i
                                                                  max_images=max_images, dataset=dataset,
                                                                  shards=shards,
                                                                  preprocessor=captioner.trained.preprocessor,
-                                                                 source=source))
+                                                                 source=source, tokenizer=vocab))
     return candidates, loss, attention, boxes or None, every

@@ -11,7 +11,9 @@ registries (``model``: decoders and encoders; ``train``: objectives), so it can 
 2. :func:`for_training` — then what the objective needs of the data brought in
    (:func:`captioning.train.objectives.fit_config`), the checks across sections, the caption lengths against
    the decoder, the prepared dataset opened and what the data source needs fitted from it (a features
-   store's region size: :meth:`captioning.model.data_sources.base.DataSource.fitted`).
+   store's region size: :meth:`captioning.model.data_sources.base.DataSource.fitted`), ``data.tokenizer``
+   resolved against the decoder (:attr:`Experiment.tokenizer_kind`); the tokenizer itself is made once, when a
+   stage first asks for it (:attr:`Experiment.tokenizer`).
 
 Stages take the pieces as arguments: :class:`~captioning.train.loop.Trainer` an experiment for training,
 :func:`captioning.model.build_model` the typed model section (:meth:`Experiment.build_model`), decoding the
@@ -31,7 +33,9 @@ import logging
 import typing
 
 from captioning import config as config_lib
+from captioning.errors import InputError
 from captioning.data.prepared import PreparedDataset
+from captioning.data.tokenizers import build as build_tokenizer, choose as choose_tokenizer
 from captioning.model import build_model, decoder_class, encoder_class, resolve
 from captioning.model.data_sources import data_source, source_class
 from captioning.model.folder import ModelDir
@@ -89,6 +93,24 @@ class Experiment:
         return build_model(vocab_size, self.config.model, self.config.data.image_size, seed=seed, restoring=restoring,
                            source=self.source)
 
+    @property
+    def tokenizer_kind(self) -> str:
+        """``data.tokenizer`` resolved against the decoder (:func:`captioning.data.tokenizers.choose`): ``words`` or
+        ``preset``; InputError for a setting the decoder cannot read."""
+        decoder = self.decoder
+        return choose_tokenizer(self.config.data.tokenizer, decoder.cls.tokenizer_preset(decoder.settings), decoder.name)
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The run's tokenizer (:mod:`captioning.data.tokenizers`), made once: the prepared dataset's vocabulary
+        (``words``), or the decoder's preset's tokenizer (``preset``). The trainer, the input pipeline and the
+        model folder take this one; ``len(tokenizer)`` is the model's vocabulary size."""
+        kind, decoder = self.tokenizer_kind, self.decoder
+        if kind == "words":
+            dataset = self.dataset or PreparedDataset.load(self.config.data.dir)
+            return build_tokenizer(kind, vocabulary=dataset.vocabulary())
+        return build_tokenizer(kind, preset=decoder.cls.tokenizer_preset(decoder.settings))
+
     @functools.cached_property
     def source(self):
         """The data source (``data.features``: :func:`captioning.model.data_sources.data_source`), made once: the
@@ -122,12 +144,16 @@ def for_training(cfg: config_lib.Config | Experiment) -> Experiment:
     experiment = cfg if isinstance(cfg, Experiment) else typed(cfg)
     fitted = fit_config(experiment.config)
     config_lib.validate(fitted)
+    tokenizer = Experiment(fitted).tokenizer_kind  # data.tokenizer against the decoder
     source = data_source(fitted)
     source.check()  # what data.features asks of the other sections
     for line in config_lib.ineffective(fitted) + source.ineffective():  # train.encoder_lr_scale, frozen encoder, ...
         log.warning("%s", line)
     check_caption_lengths(fitted)  # what evaluate decodes and what the objective decodes, against the decoder
     dataset = PreparedDataset.load(fitted.data.dir)
+    if tokenizer != "words" and source.features_store(dataset) is not None:
+        raise InputError(f"data.tokenizer: {tokenizer} tokenizes the records' caption text, and a features store "
+                         f"holds only word ids (data.features: {fitted.data.features}): use data.features: images")
     fitted, extractor = source.fitted(dataset, ModelDir)
     return Experiment(fitted, dataset, extractor)
 

@@ -4,7 +4,8 @@ Nobody else knows its file names or its rules; everything goes through :class:`M
 
     config.yaml       the resolved config of the latest training run: every key, paths absolute
     history.yaml      each training run that changed config.yaml: the step it started at, its config
-    vocab.txt         the dataset's vocabulary (line i is id i)
+    vocab.txt         the dataset's vocabulary (line i is id i), or (data.tokenizer: preset) tokenizer/, the
+                      language model's tokenizer (save_to_preset: captioning.data.tokenizers), not its preset
     checkpoint        TF's state file: names the latest complete checkpoint, written last, atomically
     ckpt-<step>.*     checkpoints (model, optimizer, step; with train.ema_decay the weights' average, ema)
     logs/             TensorBoard: train; eval, the validation during training; eval_<split>, evaluate
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from captioning import config as config_lib
 from captioning.errors import InputError
 from captioning.fileio import atomic_write_text, make_dirs, refuse_inputs
+from captioning.data.tokenizers import as_tokenizer, choose, load_tokenizer, preset as preset_tokenizer
 from captioning.model.checkpoints import CHECKPOINT_FILE, STATE_TEMP, STATE, CheckpointFiles
 from captioning.vocab import Vocabulary
 
@@ -54,7 +56,8 @@ VOCAB = "vocab.txt"
 LOCK = "training.lock"  # held by the training run writing into the folder
 DOCUMENT_FREQUENCIES = "cider_document_frequencies.npz"  # scst's reward (captioning.train.document_frequencies)
 # what a run creates in the folder besides checkpoints (all of it removed again when the run is refused)
-OWN_NAMES = frozenset({CONFIG, HISTORY, VOCAB, LOCK, DOCUMENT_FREQUENCIES, "logs", "cache", "eval"})
+TOKENIZER = preset_tokenizer.FOLDER  # a language model's tokenizer (data.tokenizer: preset), instead of vocab.txt
+OWN_NAMES = frozenset({CONFIG, HISTORY, VOCAB, TOKENIZER, LOCK, DOCUMENT_FREQUENCIES, "logs", "cache", "eval"})
 
 
 def read_folders(cfg: config_lib.Config, whose: str = "", data: bool = False) -> dict[str, str]:
@@ -88,7 +91,7 @@ class TrainedModel:
 
     model: object  # a captioning.model.CaptionModel
     config: config_lib.Config
-    vocab: Vocabulary
+    vocab: Vocabulary  # its tokenizer (captioning.data.tokenizers: the words one is a Vocabulary)
     step: int
     checkpoint: str
     model_dir: str
@@ -213,18 +216,23 @@ class ModelDir(CheckpointFiles):
         except InputError as e:
             raise InputError(f"{path} is damaged: {e}; restore it, or use a new model folder") from None
 
-    def read_vocab(self) -> Vocabulary | None:
-        path = self.file(VOCAB)
-        if not os.path.exists(path):
-            return None
-        return Vocabulary.load(path)  # InputError naming the file when damaged
+    def read_vocab(self) -> Vocabulary | None:  # its tokenizer (tokenizer/, or vocab.txt), None, or InputError
+        return load_tokenizer(self.path)
+
+    @staticmethod
+    def tokenizer_file(cfg: config_lib.Config | None) -> str:
+        """The tokenizer's file a folder of ``cfg`` keeps: ``vocab.txt``, or ``tokenizer`` (a folder)."""
+        from captioning.model import decoder_class
+        model = cfg.model if cfg is not None and cfg.model.typed else None
+        preset = model and decoder_class(model.decoder).tokenizer_preset(model.decoder_settings)
+        return TOKENIZER if model and choose(cfg.data.tokenizer, preset, model.decoder) == "preset" else VOCAB
 
     def require_trained(self) -> tuple[config_lib.Config, Vocabulary]:
-        """config.yaml and vocab.txt of a folder that ``train`` wrote (InputError otherwise)."""
+        """config.yaml and vocab.txt (or tokenizer/) of a folder that ``train`` wrote (InputError otherwise)."""
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InputError(f"{self.path} is a file, not a model folder")
         cfg, vocab = self.read_config(), self.read_vocab()
-        for name, value in ((CONFIG, cfg), (VOCAB, vocab)):
+        for name, value in ((CONFIG, cfg), (self.tokenizer_file(cfg), vocab)):
             if value is None:
                 raise InputError(f"{self.path} is not a model folder: {name} is missing (train a model there first)")
         return cfg, vocab
@@ -238,11 +246,13 @@ class ModelDir(CheckpointFiles):
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InputError(f"model folder {self.path} is a file, not a folder")
         if os.path.exists(self.file(STATE)):
-            for name in (CONFIG, VOCAB):
+            for name in (CONFIG, VOCAB if os.path.exists(self.file(VOCAB)) else self.tokenizer_file(cfg)):
                 if not os.path.exists(self.file(name)):
                     raise InputError(f"{self.path} holds checkpoints but no {name}, so what they were trained with "
                                      f"is unknown; put its {name} back or use a new --model-dir")
         old_vocab = self.read_vocab()
+        if old_vocab is not None and old_vocab != vocab and not isinstance(vocab, type(old_vocab)):  # preset's
+            raise InputError(f"{self.path} was trained with another tokenizer ({old_vocab.identity}); use a new --model-dir")
         if old_vocab is not None and old_vocab != vocab:
             raise InputError(f"{self.file(VOCAB)} ({len(old_vocab)} words) is not the vocabulary of {cfg.data.dir} "
                              f"({len(vocab)} words): {self.path} was trained with another vocabulary, or that file "
@@ -295,7 +305,7 @@ class ModelDir(CheckpointFiles):
                 history.append({"started_at_step": step, "time": datetime.datetime.now().isoformat(timespec="seconds"),
                                 "config": record})
                 atomic_write_text(self.file(HISTORY), yaml.safe_dump(history, sort_keys=False))
-            vocab.save(self.file(VOCAB))
+            as_tokenizer(vocab).save_to(self.path)
             config_lib.save_record(record, self.file(CONFIG))
         except OSError as e:
             from captioning.fileio import disk_full_error

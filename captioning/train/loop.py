@@ -62,7 +62,7 @@ class Trainer:
         # a clear error for a missing split; the eval split only matters when something evaluates
         for split in (cfg.data.train_split,) + ((cfg.data.eval_split,) if cfg.train.eval_every_steps else ()):
             self.dataset.split(split)
-        self.vocab = self.dataset.vocabulary()
+        self.vocab = experiment.tokenizer  # data.tokenizer's (captioning.data.tokenizers); the words one: the vocabulary
         self.shards = ShardReader(cfg.data.skip_corrupt)  # the run's shards, checked against the manifest
         self.strategy = strategy or distribute.make_strategy(cfg.distribute)
         self.chief = distribute.is_chief(self.strategy)
@@ -264,7 +264,7 @@ class Trainer:
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
                                 feature_fn=feature_fn, feature_key=feature_key, cache_dir=self.cache_dir,
                                 dataset=self.dataset, shards=self.shards, service_job=job, preprocessor=self.preprocessor,
-                                source=self.source)
+                                source=self.source, tokenizer=self.vocab)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -319,7 +319,8 @@ class Trainer:
         cfg = self.cfg.data
         batches = self.source.eval_batches(cfg.eval_split, count, max_images=count, dataset=self.dataset,
                                            shards=self.shards, preprocessor=self.preprocessor)
-        return greedy_samples(self.model, self.vocab, next(iter(batches)), self.objective.sample_notes)
+        return greedy_samples(self.model, self.vocab, next(iter(batches)), self.objective.sample_notes,
+                              references=self.dataset.vocabulary())
 
     # ---- checkpoints and bad numbers -----------------------------------------------------------------
     def save(self) -> str:

@@ -119,11 +119,13 @@ class Sample:
     note: str | None = None  # what the objective says of it (SCST: its CIDEr-D reward)
 
 
-def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
+def greedy_samples(model, vocab, batch: dict, notes=None, references=None) -> list[Sample]:
     """Greedy captions of a batch of eval images (``eval_images``' ``image``, ``image_id``, ``captions``)
     with their first references, the crops, each word's attention weights (attention decoder) and, given
     ``notes`` (a function of the beam search's output and the references: the objective's
-    :meth:`~captioning.train.objectives.Objective.sample_notes`), a note each."""
+    :meth:`~captioning.train.objectives.Objective.sample_notes`), a note each. ``vocab``: the model's tokenizer
+    (:mod:`captioning.data.tokenizers`); ``references``: the vocabulary of the batch's caption ids (the records'
+    words; default: ``vocab``)."""
     from captioning.model.decode import beam_search, ids_to_text
 
     longest = min(20, model.max_caption_length(model.settings) or 20)  # the decoder's bound, if it has one
@@ -133,7 +135,7 @@ def greedy_samples(model, vocab, batch: dict, notes=None) -> list[Sample]:
     noted = notes(best, batch["captions"]) if notes else None
     out = []
     for i, (caption,) in enumerate(captions):
-        reference = " ".join(vocab.decode(batch["captions"][i][0].numpy()))
+        reference = " ".join((references or vocab).decode(batch["captions"][i][0].numpy()))
         weights = best["attention"][i, 0, :best["lengths"][i, 0]].numpy() if "attention" in best else None
         image = batch["image"][i].numpy() if "image" in batch else None  # regions: no picture
         out.append(Sample(int(batch["image_id"][i]), caption, reference, image, weights, layout,

@@ -11,7 +11,8 @@ A tokenizer duck-types :class:`captioning.vocab.Vocabulary` where the code used 
 ``image_captions``    TensorFlow: a parsed record batch's captions as this tokenizer's ids, ragged ``[B, (C), (T)]``
 ``detokenize``        TensorFlow: project ids ``[B, T]`` → caption strings ``[B]`` (up to END, reserved ids skipped)
 ``decode``, ``text``  Python: one caption's ids → its words, its text (``" ".join`` of its words)
-``pieces``            for each project id the text it adds to a caption ("" for reserved and special ids)
+``pieces``            for each project id the text it adds to a caption ("" for reserved and special ids; bytes for
+                      a piece that is part of a character)
 ``starts_word``       for each project id whether its piece begins a new word
 ``special_ids``       the project ids that are never proposed besides the reserved ones (a language model's own
                       start, end, padding, unknown and other special tokens)
@@ -113,9 +114,10 @@ class Tokenizer(abc.ABC):
         return " ".join(self.decode(ids))
 
     @abc.abstractmethod
-    def pieces(self) -> list[str]:
+    def pieces(self) -> list[str | bytes]:
         """For each project id the text its piece adds to a caption ("" for reserved and special ids); a piece
-        that begins a word starts with a space."""
+        that begins a word starts with a space; a piece that is only part of a character (a byte-level piece) is
+        its ``bytes``."""
 
     def starts_word(self) -> np.ndarray:
         """``bool [len(self)]``: whether each project id's piece begins a new word (its text starts with a space)."""

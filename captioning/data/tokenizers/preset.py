@@ -19,8 +19,8 @@ nothing. :meth:`PresetTokenizer.detokenize` gathers the bytes in TensorFlow (a `
 what an exported graph can hold), :meth:`PresetTokenizer.decode` joins them in Python; both read the bytes as
 UTF-8 (an invalid sequence, a multi-byte character cut by END, becomes U+FFFD) and split the words on
 whitespace, so ``text == " ".join(decode)`` and it is keras-hub's own ``detokenize`` with its spaces
-normalised (tests/test_tokenizers.py). :meth:`PresetTokenizer.pieces` are those bytes as text ("replace" for
-a piece that is part of a character).
+normalised (tests/test_tokenizers.py). :meth:`PresetTokenizer.pieces` are those bytes as text, or as bytes for a
+piece that is part of a character.
 
 **In a model folder** the tokenizer is kept as ``tokenizer/`` (its ``save_to_preset``: ``tokenizer.json`` and its
 assets), so ``caption``, ``evaluate`` and ``serve`` never reach the preset it came from.
@@ -46,6 +46,13 @@ _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 FAMILIES = ("BytePairTokenizer", "SentencePieceTokenizer")  # what keras-hub's tokenizers are made of, here
 
 
+def _text(piece: bytes) -> str | bytes:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return piece
+
+
 class PresetTokenizer(Tokenizer):
     """A keras-hub tokenizer under the project's id rule (module docstring). ``lm``: a
     ``keras_hub.tokenizers.Tokenizer`` of a family in :data:`FAMILIES`."""
@@ -64,10 +71,10 @@ class PresetTokenizer(Tokenizer):
         self.lm_start_id, self.lm_end_id = lm.start_token_id, lm.end_token_id  # its own ids (None: it has none)
         self.lm_pad_id = lm.pad_token_id
         self._bytes, self._special = self._piece_bytes()
-        self._space = False
-        first = self._lm_ids(["a"])[0]
+        first = lm.tokenize(["a"])  # keras-hub's Python path outside a graph: no trace for one word
+        first = [int(i) for i in (first.to_list() if hasattr(first, "to_list") else list(first))[0]]
         self._space = bool(first) and not self._bytes[first[0] + OFFSET].startswith(b" ")
-        self._graph = None
+        self._graph = self._eager = None
 
     # ---- making one -----------------------------------------------------------------------------------
     @classmethod
@@ -146,8 +153,13 @@ class PresetTokenizer(Tokenizer):
         digest.update("\n".join(rules).encode() if rules is not None else bytes(getattr(self.lm, "proto", b"") or b""))
         return f"preset-{type(self.lm).__name__}-{digest.hexdigest()[:16]}"
 
-    def pieces(self) -> list[str]:
-        return [piece.decode("utf-8", "replace") for piece in self._bytes]
+    def pieces(self) -> list[str | bytes]:
+        """Each project id's text; ``bytes`` for a piece that is part of a character (a byte-level BPE's or a
+        SentencePiece byte piece's bytes of a multi-byte UTF-8 character), which only its neighbours complete."""
+        return [_text(piece) for piece in self._bytes]
+
+    def starts_word(self) -> np.ndarray:
+        return np.array([piece.startswith(b" ") for piece in self._bytes], bool)
 
     def special_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self._special))
@@ -163,13 +175,6 @@ class PresetTokenizer(Tokenizer):
             written[list(self._special)] = False
             self._graph = (tf.constant(self._bytes, tf.string), tf.constant(written))
         return self._graph
-
-    def _lm_ids(self, texts) -> list[list[int]]:
-        """The language model's own ids of ``texts`` (Python strings) through :meth:`caption_ids`."""
-        import tensorflow as tf
-
-        ids = self.caption_ids(tf.constant(texts)).to_list()
-        return [[i - OFFSET for i in row[1:-1]] for row in ids]
 
     def caption_ids(self, texts):
         import tensorflow as tf
@@ -189,7 +194,9 @@ class PresetTokenizer(Tokenizer):
     def image_captions(self, ids, texts):
         import tensorflow as tf
 
-        return tf.RaggedTensor.from_row_splits(self.caption_ids(texts.flat_values), texts.row_splits)
+        splits = texts.row_splits  # (the records' captions: int32 row splits, as their caption/ids have)
+        return tf.RaggedTensor.from_row_splits(self.caption_ids(texts.flat_values).with_row_splits_dtype(splits.dtype),
+                                               splits)
 
     def detokenize(self, ids):
         import tensorflow as tf

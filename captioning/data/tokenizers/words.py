@@ -8,7 +8,9 @@ nothing is tokenized while training. Every piece is a whole word, so every piece
 :meth:`WordsTokenizer.caption_ids` tokenizes in the graph for callers that hold only text: the normalisation of
 :func:`captioning.data.tokenizers.base.normalized`, split on spaces, each word looked up (``<unk>`` for a word the
 vocabulary lacks). On a plain caption (lowercase words, no punctuation inside a word) it gives the ids
-``prepare`` gave; ``prepare``'s tokenizer (:func:`captioning.text.tokenize_caption`, nltk's) splits some words
+``prepare`` gave; ``<unk>`` reads as the word ``<unk>`` (:meth:`~WordsTokenizer.decode`, ``detokenize``, as
+captions always showed it), though its piece, never proposed, is empty like every reserved id's. ``prepare``'s
+tokenizer (:func:`captioning.text.tokenize_caption`, nltk's) splits some words
 the normalisation keeps whole (``"zebra's"`` → ``zebra 's``): the records' ids are the ones training reads.
 """
 
