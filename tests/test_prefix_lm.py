@@ -183,10 +183,11 @@ def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp
     def typed(**options):
         return typed_model(ModelConfig(decoder="prefix_lm", encoder="small_cnn", options=options))
 
-    with pytest.raises(InputError, match="needs model.decoder_preset"):
-        typed()
-    with pytest.raises(InputError, match=r"decoder_preset: .*nowhere does not exist"):
-        typed(decoder_preset=str(tmp_path / "nowhere"))
+    for options in ({}, {"decoder_preset": str(tmp_path / "nowhere")}):  # typed, then refused when the preset is read
+        settings = typed(**options).decoder_settings
+        for read in (PrefixLM.tokenizer_preset, lambda s: build(s.decoder_preset, vocab_size=40)):
+            with pytest.raises(InputError, match=r"needs model.decoder_preset|decoder_preset: .*nowhere does not exist"):
+                read(settings)
     with pytest.raises(InputError, match="choose one"):
         typed(decoder_preset=lm_preset(), lm_trainable=True, lm_lora_rank=4)
     gpt2 = typed(decoder_preset=lm_preset(), prefix_length=10)

@@ -106,20 +106,26 @@ class PrefixLMSettings:
     lm_lora_rank: int = field(default=0, metadata=between(0, MAX_LORA_RANK))  # >0: train LoRA adapters of this rank
 
     def check(self, prefix: str = "model.") -> None:
-        if not self.decoder_preset:
-            raise InputError(f"model.decoder: prefix_lm needs {prefix}decoder_preset: a keras-hub causal-LM preset "
-                             f"folder (captioning lm train writes one) or preset name, e.g. --set "
-                             f"{prefix}decoder_preset=runs/lm")
-        preset = self.decoder_preset
-        if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
-            what = ("does not exist" if not os.path.exists(preset) else
-                    "is not a keras-hub preset folder (no config.json)")
-            raise InputError(f"{prefix}decoder_preset: {preset} {what}")
+        """The settings against each other (the preset itself: :meth:`check_preset`, when it is read)."""
         if self.lm_trainable and self.lm_lora_rank:
             raise InputError(f"{prefix}lm_trainable and {prefix}lm_lora_rank {self.lm_lora_rank} both train the LM: "
                              f"choose one (full fine-tuning or LoRA adapters)")
         if len(self.prompt) > MAX_PROMPT:
             raise InputError(f"{prefix}prompt has {len(self.prompt)} characters; at most {MAX_PROMPT}")
+
+    def check_preset(self) -> None:
+        """An InputError (one line) for no ``decoder_preset`` or a folder that is none: asked when the preset is
+        first read (the tokenizer's choice, before a run starts; building the model), not when a config is typed
+        (a config may choose the decoder and leave its preset to ``--set``)."""
+        preset = self.decoder_preset
+        if not preset:
+            raise InputError("model.decoder: prefix_lm needs model.decoder_preset: a keras-hub causal-LM preset "
+                             "folder (captioning lm train writes one) or preset name, e.g. --set "
+                             "model.decoder_preset=runs/lm")
+        if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
+            what = ("does not exist" if not os.path.exists(preset) else
+                    "is not a keras-hub preset folder (no config.json)")
+            raise InputError(f"model.decoder_preset: {preset} {what}")
 
 
 def _is_path(preset: str) -> bool:
@@ -162,6 +168,7 @@ class PrefixLM(CaptionModel):
 
     @classmethod
     def tokenizer_preset(cls, settings) -> str | None:
+        settings.check_preset()
         return settings.decoder_preset
 
     @classmethod
@@ -169,7 +176,7 @@ class PrefixLM(CaptionModel):
         """GPT-2: ``max_sequence_length − P + 1`` (module docstring: Bounds); None for rotary positions or a
         preset name."""
         preset = settings.decoder_preset
-        config = os.path.join(preset, "config.json") if preset else ""
+        config = os.path.join(preset, "config.json") if preset else ""  # (no preset: refused when it is read)
         if not config or not os.path.isfile(config):
             return None
         with open(config) as f:
@@ -184,7 +191,7 @@ class PrefixLM(CaptionModel):
         super().__init__(**kwargs)
         self.setup(vocab_size, cfg, encoder, settings)
         s = self.settings
-        s.check()
+        s.check_preset()
         import keras_hub
 
         policy = keras.config.dtype_policy().name  # the run's (mixed precision: float32 variables)
