@@ -31,6 +31,12 @@ Without it a caption that runs on to ``max_length`` or stops mid-phrase ("a red 
 nothing for the missing ending, and sampling learns to stop less and less (seen here on the shapes
 data: the share of samples ending with ``<end>`` fell from 0.95 to 0.77 in 20 steps).
 
+**A subword tokenizer** (a language-model decoder's pieces; the run's tokenizer, ``RunContext.tokenizer``): the
+reward scores the words the pieces spell, not the pieces (:mod:`captioning.train.reward_words`): samples and
+references are detokenized and split into words in the graph and looked up in the prepared vocabulary, so the
+references and the document frequencies are a word decoder's and a caption string earns the same reward whichever
+tokenizer wrote it. ``scst.max_length`` then counts pieces.
+
 **The gradient**: for a decoder whose teacher-forced pass is cheaper than stepping
 (:attr:`captioning.model.base.CaptionModel.fast_teacher_forcing`: Show and Tell, the Transformer) the captions
 are drawn without gradient, then their log-probabilities are computed again in one teacher-forced pass
