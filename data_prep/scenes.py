@@ -177,8 +177,8 @@ def _place(rng: np.random.Generator, w: int, h: int, count: int) -> tuple[list[_
                 inner.r = min(inner.r, 0.38 * outer.r)
                 inner.x, inner.y = outer.x, outer.y
             # only the planned pair may sit one inside the other's box
-            pairs = itertools.permutations(range(count), 2)
-            if all("inside" not in relations(shapes[a].box(), shapes[b].box()) or (a, b) == inside for a, b in pairs):
+            pairs, boxes = itertools.permutations(range(count), 2), [s.box() for s in shapes]
+            if all("inside" not in relations(boxes[a], boxes[b]) or (a, b) == inside for a, b in pairs):
                 return shapes, inside
 
 
@@ -290,3 +290,12 @@ def make_scene(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], li
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=90)
     return buf.getvalue(), w, h, _captions(rng, shapes, inside), [s.annotation() for s in shapes]
+
+
+def make_captions(rng: np.random.Generator) -> list[str]:
+    """One hard scene's five captions alone (``captioning synth --text-only``): the scene is drawn as
+    :func:`make_scene` draws it, its pixels are not (so the same ``rng`` gives another scene than
+    :func:`make_scene`, from the same distribution)."""
+    w, h = (int(v) for v in rng.integers(200, 321, size=2))
+    shapes, inside = _place(rng, w, h, int(rng.integers(3, 7)))
+    return _captions(rng, shapes, inside)

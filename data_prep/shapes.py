@@ -260,3 +260,11 @@ def _make_image(rng: np.random.Generator) -> tuple[bytes, int, int, list[str], l
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=90)
     return buf.getvalue(), w, h, _captions(rng, shapes, w, h), shapes
+
+
+def make_captions(rng: np.random.Generator) -> list[str]:
+    """One image's five captions alone (``captioning synth --text-only``): the shapes are drawn as
+    :func:`make_image` draws them, the pixels are not (so the same ``rng`` gives another image than
+    :func:`make_image`, from the same distribution)."""
+    w, h = (int(v) for v in rng.integers(200, 321, size=2))
+    return _captions(rng, _place(rng, w, h, int(rng.integers(1, 4))), w, h)

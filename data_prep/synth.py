@@ -27,20 +27,35 @@ the shape as drawn, in pixels of the stored image, to 1/100 px), ``area`` (the b
 Splits are 80/10/10 of a seeded shuffle. The same ``scenes``, ``seed`` and ``num_images`` give
 byte-identical files (given the same Pillow/libjpeg build); ``--scenes shapes`` writes today's shapes
 data byte for byte.
+
+**Text only** (``--text-only``, :func:`synthesize_text`): the captions alone, for a language model to learn
+from (``captioning lm train``)::
+
+    D/captions.txt      # every caption of every image, one a line, image by image
+    D/text_only.json    # scenes, seed, num_images, captions, sha256 of captions.txt: a rerun is a no-op
+
+No pixel is drawn (each module's ``make_captions``: the scene is placed as for an image, then captioned), so it
+is fast (100,000 hard scenes, 500,000 captions: docs/data.md has the time) and the captions are not those of the
+image dataset of the same seed, but of the same distribution. Images are drawn in blocks of
+:data:`TEXT_BLOCK`, block ``i`` from the seed ``[seed, i]``, in parallel processes: the same ``scenes``,
+``seed`` and ``num_images`` give the same bytes on any machine, and a smaller ``num_images`` gives the first
+lines of a larger one's file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+from concurrent import futures
 
 import numpy as np
 from tqdm import tqdm
 
 from captioning.data.scenes import SCENES
 from captioning.errors import InputError
-from captioning.fileio import atomic_write_bytes, atomic_write_json, make_dirs
+from captioning.fileio import atomic_file, atomic_write_bytes, atomic_write_json, make_dirs
 from captioning.text import tokenize_caption
 from data_prep import scenes as hard_scenes
 from data_prep import shapes
@@ -49,6 +64,8 @@ MAKERS = {"shapes": shapes, "hard": hard_scenes}  # one entry per name in captio
 SPLITS = ("train", "val", "test")
 IMAGE_FILE = "shapes_{:06d}.jpg"
 IMAGE_NAME = re.compile(r"shapes_(\d{6,})\.jpg")
+TEXT_FILE, TEXT_RECORD = "captions.txt", "text_only.json"
+TEXT_BLOCK = 2000  # images per block of --text-only (a block is one process's task)
 
 
 def _split_counts(n: int) -> dict[str, int]:
@@ -149,3 +166,74 @@ def load_split(output_dir: str, split: str) -> dict:
     """Reads one COCO annotations file back (for tests and summaries)."""
     with open(os.path.join(output_dir, "annotations", f"captions_{split}.json"), encoding="utf-8") as f:
         return json.load(f)
+
+
+def _block_captions(scenes: str, seed: int, block: int, count: int) -> list[str]:
+    """The captions of block ``block`` of ``--text-only``: ``count`` images from the seed ``[seed, block]``."""
+    rng = np.random.default_rng([seed, block])
+    maker = MAKERS[scenes]
+    return [caption for _ in range(count) for caption in maker.make_captions(rng)]
+
+
+def _text_record(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def synthesize_text(output_dir: str, num_images: int = 2000, seed: int = 0, overwrite: bool = False,
+                    progress: bool = True, scenes: str = "shapes", workers: int | None = None) -> dict[str, int]:
+    """Writes the captions of ``num_images`` synthetic images of ``scenes`` alone to ``output_dir/captions.txt``
+    (module docstring, "Text only"), through a temporary name, and its record. A folder holding this very text
+    already (same scenes, seed and images, the file's hash) is left as it is. Refuses a folder holding other
+    files unless ``overwrite``. ``workers``: processes (default: the cores). Returns images and captions."""
+    if scenes not in MAKERS:
+        raise InputError(f"`scenes` must be one of {', '.join(SCENES)}, got {scenes!r}", params=("scenes",))
+    if num_images < 1:
+        raise InputError(f"`num_images` must be at least 1, got {num_images}", params=("num_images",))
+    text, record_path = os.path.join(output_dir, TEXT_FILE), os.path.join(output_dir, TEXT_RECORD)
+    wanted = {"scenes": scenes, "seed": seed, "num_images": num_images}
+    record = _text_record(record_path)
+    if record and {k: record.get(k) for k in wanted} == wanted and os.path.isfile(text) and \
+            record.get("sha256") == _sha256(text):
+        return {"images": num_images, "captions": record["captions"], "written": 0}
+    others = [n for n in (os.listdir(output_dir) if os.path.isdir(output_dir) else [])
+              if n not in (TEXT_FILE, TEXT_RECORD) and not n.startswith(TEXT_FILE + ".tmp")]
+    if others and not overwrite:
+        raise InputError(f"{output_dir} holds other files ({', '.join(sorted(others)[:3])}); pass `overwrite=True` "
+                         "to write the captions there anyway", params=("overwrite",))
+    make_dirs(output_dir, "`output_dir`", ("output_dir",))
+    blocks = [(b, min(TEXT_BLOCK, num_images - b * TEXT_BLOCK)) for b in range(-(-num_images // TEXT_BLOCK))]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(blocks)))
+    captions = 0
+    with atomic_file(text, "w") as f, tqdm(total=num_images, desc="synth text", unit="img",
+                                           disable=None if progress else True, mininterval=0.5) as bar:
+        def write(lines, count):
+            nonlocal captions
+            f.write("".join(line + "\n" for line in lines))
+            captions += len(lines)
+            bar.update(count)
+
+        if workers == 1:
+            for b, count in blocks:
+                write(_block_captions(scenes, seed, b, count), count)
+        else:
+            import multiprocessing
+
+            with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                jobs = [pool.submit(_block_captions, scenes, seed, b, count) for b, count in blocks]
+                for job, (_, count) in zip(jobs, blocks):
+                    write(job.result(), count)
+    atomic_write_json(record_path, {**wanted, "captions": captions, "sha256": _sha256(text)})
+    return {"images": num_images, "captions": captions, "written": captions}

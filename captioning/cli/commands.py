@@ -42,13 +42,23 @@ def add_synth(sub) -> None:
                         "six overlapping shapes of six kinds, eight colours, three sizes and fills, clutter, and "
                         "captions with counts, relations and the largest shape")
     p.add_argument("--overwrite", action="store_true", help="write even if --output-dir is not empty")
+    p.add_argument("--text-only", action="store_true",
+                   help="write only the captions, one a line, to --output-dir/captions.txt (no images; fast: for "
+                        "captioning lm train); a rerun with the same flags is a no-op")
     p.set_defaults(handler=run_synth)
 
 
 def run_synth(args) -> int:
-    from data_prep.synth import synthesize
+    from data_prep.synth import synthesize, synthesize_text
 
     check_output_folder(args.output_dir, "`output_dir`", params=("output_dir",))
+    if args.text_only:
+        log.info("writing the captions of %d synthetic images (%s scenes) to %s", args.num_images, args.scenes,
+                 args.output_dir)
+        counts = call(synthesize_text, args, progress=not args.quiet)
+        print(f"{args.scenes} captions in {args.output_dir}/captions.txt: {counts['captions']:,} captions of "
+              f"{counts['images']:,} images" + ("" if counts["written"] else " (already there: nothing to do)"))
+        return 0
     log.info("writing %d synthetic images (%s scenes) to %s", args.num_images, args.scenes, args.output_dir)
     counts = call(synthesize, args, progress=not args.quiet)
     print(f"{args.scenes} dataset in {args.output_dir}: " + ", ".join(f"{k} {v} images" for k, v in counts.items()))
