@@ -248,6 +248,9 @@ REFUSALS = {
     "benchmark quality --model-dir DATA": (
         lambda w: ["benchmark", "quality", "--config", w["config"], "--data", w["records"], "--model-dir",
                    w["records"]], "--model-dir", "is the prepared dataset"),
+    "lm train --output DATA/lm": (
+        lambda w: ["lm", "train", "--text", w["records"], "--output", f"{w['records']}/lm"], "--output",
+        "lies inside the prepared dataset"),
     "data-service dispatcher --work-dir a file": (
         lambda w: ["data-service", "dispatcher", "--port", "1", "--work-dir", w["other"]], "--work-dir", "is a file"),
 }
@@ -276,6 +279,7 @@ INPUT_FLAGS = {
     "benchmark input --config", "benchmark train --config", "benchmark train --data", "benchmark quality --config",
     "benchmark quality --data", "benchmark decode --model-dir", "benchmark decode --config",
     "benchmark decode --ensemble-with", "benchmark serve --model-dir", "benchmark litert --model-dir",
+    "lm train --text",
 }
 
 

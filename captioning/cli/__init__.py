@@ -13,9 +13,11 @@
     captioning features   region features beside a prepared dataset        data_prep.features_import
     captioning benchmark  input, train, decode, prepare against ceilings    captioning.benchmarks
     captioning data-service  a tf.data service dispatcher or worker        captioning.data.service
+    captioning lm train   a language model and tokenizer → a preset folder  captioning.train.language_model
 
 This package is the only code that wires stages together (``data_prep`` included). Flags live in
-:mod:`.commands`, :mod:`.export`, :mod:`.serve`, :mod:`.features`, :mod:`.benchmark` and :mod:`.data_service`,
+:mod:`.commands`, :mod:`.export`, :mod:`.serve`, :mod:`.features`, :mod:`.benchmark`, :mod:`.data_service` and
+:mod:`.lm`,
 shared parsing in :mod:`.parsing`.
 
 Exit codes: 0 success; 1 finished with errors on some inputs (``train``: a non-finite loss under
@@ -40,13 +42,14 @@ from captioning.cli.benchmark import add_benchmark
 from captioning.cli.data_service import add_data_service
 from captioning.cli.export import add_export
 from captioning.cli.features import add_features
+from captioning.cli.lm import add_lm
 from captioning.cli.parsing import Parser
 from captioning.cli.serve import add_serve
 from captioning.errors import InputError, PeerLostError
 
 log = logging.getLogger("captioning")
 
-_USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark", "features", "serve"}
+_USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark", "features", "serve", "lm"}
 
 
 def build_parser() -> Parser:
@@ -58,7 +61,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (commands.add_synth, commands.add_prepare, commands.add_train, commands.add_evaluate,
                 commands.add_score, commands.add_caption, add_export, add_serve, add_features, add_benchmark,
-                add_data_service):
+                add_data_service, add_lm):
         add(sub)
     return parser
 

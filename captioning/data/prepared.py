@@ -186,6 +186,20 @@ class PreparedDataset(dict):
                     out[i] = ImageRecord(split, w, h, name.decode("utf-8"), caps)
         return out
 
+    def caption_texts(self, split: str) -> list[str]:
+        """Every caption's text (the records' ``caption/text``, as ``prepare`` read it) of ``split``, image by
+        image in the shards' order: the text ``captioning lm train --text DATA --split SPLIT`` learns from."""
+        import tensorflow as tf
+
+        from captioning.data import schema
+
+        spec = {schema.CAPTION_TEXT: schema.feature_spec()[schema.CAPTION_TEXT]}
+        texts = []
+        for batch in tf.data.TFRecordDataset(self.files(split)).batch(1024).map(
+                tf.autograph.experimental.do_not_convert(lambda s: tf.io.parse_example(s, spec))):
+            texts += [t.decode("utf-8") for t in batch[schema.CAPTION_TEXT].flat_values.numpy().tolist()]
+        return texts
+
     @property
     def vocab_path(self) -> str:
         return os.path.join(self.path, VOCAB)
