@@ -186,14 +186,15 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
     files first, as the contract tests' option does."""
     import traceback
 
-    from captioning.model import DECODERS
+    from tests.harness.models import tiny_options
     from tests.helpers import register_decoder_file
 
     for flag, spec in zip(registered[::2], registered[1::2]):
         path, _, registered_name = spec.rpartition(":")
         register_decoder_file(path, registered_name)
+    two_cpus()  # before a tiny LM preset is written (prefix_lm's tiny options): TensorFlow starts then
     for name in names.split(","):
-        tiny = [f"model.{k}={v}" for k, v in DECODERS[name].tiny_settings.items()]
+        tiny = [f"model.{k}={v}" for k, v in tiny_options(name).items()]  # (a tiny LM preset written for prefix_lm)
         try:
             mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}", xla=True,
                      average=name == scenarios.AVERAGED)

@@ -13,7 +13,7 @@ from captioning.config import ModelConfig
 from captioning.config.settings import describe_range, keys_of
 from captioning.model import DECODERS, build_encoder
 from captioning.model.encoders import ENCODERS
-from tests.harness.models import npy
+from tests.harness.models import npy, tiny_options
 from tests.harness.presets import entry_config
 
 V, B, T = 30, 2, 5
@@ -64,8 +64,9 @@ def check_pair(entry, decoder, encoder, seed=0):
     features the decoder reads, stepping against teacher forcing over them, attention weights summing to 1, its
     variables apart from the decoder's and frozen unless trainable. Returns the model."""
     cls = DECODERS[decoder]
-    cfg = dataclasses.replace(encoder.cfg, decoder=decoder, options={**encoder.cfg.options, **cls.tiny_settings})
-    model = cls(V, cfg, encoder, seed=seed, settings=cls.settings_class(**cls.tiny_settings)).build_all()
+    tiny = tiny_options(decoder)  # its tiny settings (and the tiny LM preset of a decoder that reads one)
+    cfg = dataclasses.replace(encoder.cfg, decoder=decoder, options={**encoder.cfg.options, **tiny})
+    model = cls(V, cfg, encoder, seed=seed, settings=cls.settings_class(**tiny)).build_all()
     images, tokens = probe(encoder, seed)
     ids = np.random.default_rng(seed).integers(4, V, (B, T), dtype=np.int64)
     ids[:, 0] = 1
