@@ -148,7 +148,7 @@ def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers,
                                                                      bad_endings):
     """Greedy decoding with the rules equals a hand-written greedy loop applying them to the caption's text, and
     differs from decoding without them (they bite: the scripted favourite breaks them); every caption of a beam of
-    4 and of 4 samples per image obeys them."""
+    4, of 4 samples per image and of diverse beams (2 groups) obeys them."""
     tok = tokenizers[name]
     script = tok.ids(text)
     model = Scripted(tok.size, script, dead=sorted(tok.special), seed=len(text), favour=9.0)
@@ -166,7 +166,9 @@ def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers,
     assert expected[0] != script  # ...which change it
     wide = beam_search(model, None, beam_size=4, top_k=4, max_length=16, initial_state=state, **rules)
     drawn = sample_search(model, state, max_length=16, samples=4, seed=3, temperature=0.5, **rules)
-    for found in (wide, drawn):
+    diverse = beam_search(model, None, beam_size=4, top_k=2, beam_groups=2, diversity=0.5, max_length=16,
+                          initial_state=state, **rules)
+    for found in (wide, drawn, diverse):
         for ids in captions(found):
             assert obeys(tok, ids, len(ids) < 16, block_ngrams, bad_endings), tok.text(ids)
     unruled = (beam_search(model, None, beam_size=4, top_k=4, max_length=16, initial_state=state),

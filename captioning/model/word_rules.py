@@ -88,7 +88,7 @@ def bad_ending_ids(words, vocab) -> tuple:
 
     from captioning.errors import InputError
 
-    if word_table(vocab) is not None:
+    if hasattr(vocab, "pieces") and hasattr(vocab, "starts_word") and _subword(vocab.pieces(), vocab.starts_word()):
         for word in words:
             if not word.strip() or len(word.split()) > 1:
                 raise InputError(f"decode.bad_endings: {word!r} is not one word")
@@ -164,8 +164,12 @@ class WordTable:
     @classmethod
     def of(cls, pieces, starts_word) -> "WordTable | None":
         """The table, or None when every piece that adds text starts a word (a word vocabulary)."""
-        table = cls(pieces, starts_word)
-        return None if bool(np.all(table.starts | ~table.texts)) else table
+        return cls(pieces, starts_word) if _subword(pieces, starts_word) else None
+
+
+def _subword(pieces, starts_word) -> bool:
+    """Whether a piece that adds text does not start a word (so words are spelt in several pieces)."""
+    return any(not start and len(piece) > 0 for piece, start in zip(pieces, starts_word))
 
 
 def word_table(tokenizer) -> WordTable | None:
