@@ -291,3 +291,22 @@ def test_a_fine_tuned_lm_learns_at_train_lm_lr_scale_and_the_encoder_at_its_own(
                                    err_msg=v.path)
         seen.add(scale)
     assert seen == {0.25, 0.5, 1.0}
+
+
+def test_the_scenes_experiment_needs_its_preset_on_the_command_line(tmp_path):
+    """experiments/scenes_prefix_lm.yaml names no language model: without --set model.decoder_preset the run is
+    refused in one line naming the key, nothing written; with it the config types (the mapper's recipe)."""
+    import os
+
+    from captioning import experiment
+    from tests.helpers import REPO, run_cli
+
+    path = os.path.join(REPO, "experiments", "scenes_prefix_lm.yaml")
+    done = run_cli("train", "--config", path, "--model-dir", tmp_path / "plm")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "captioning train: error: model.decoder: prefix_lm needs model.decoder_preset: a keras-hub causal-LM preset "
+        "folder (captioning lm train writes one) or preset name, e.g. --set model.decoder_preset=runs/lm"]
+    assert not os.path.exists(tmp_path / "plm")
+    settings = experiment.load(path, [f"model.decoder_preset={lm_preset()}"]).config.model.decoder_settings
+    assert (settings.mapper, settings.prefix_length, settings.mapper_layers, settings.lm_trainable) == (
+        "transformer", 10, 2, False)
