@@ -4,6 +4,7 @@ id rule, in a real tf.data pipeline over the shared prepared records, back to te
 by data.tokenizer; and one caption string scoring the same whichever tokenizer wrote it."""
 
 import collections
+import dataclasses
 import os
 import re
 
@@ -242,3 +243,74 @@ def test_one_caption_gets_the_same_coco_metrics_whichever_tokenizer_wrote_it(sha
     written, refs, _, _ = written_by_each(shapes_dir, prepared_dir, tokenizers)
     scores = {name: metrics.coco_metrics(refs, best) for name, (best, _) in written.items()}
     assert scores["gpt2"] == scores["words"] == scores["gemma"] and scores["words"]["CIDEr"] > 0
+
+
+def test_a_model_folder_of_format_9_read_the_word_vocabulary(tmp_path):
+    """data.tokenizer came with format 10: an older config.yaml without it loads as words (what it read), and one of
+    the current format without it is damage."""
+    import yaml
+
+    from captioning.config import to_dict
+    from captioning.config.migrations import FORMAT_VERSION
+
+    saved = os.path.join(os.path.dirname(__file__), "data", "model_folders_v1", "show_and_tell.config.yaml")
+    data = to_dict(load_config(saved, complete=True))
+    del data["data"]["tokenizer"]
+    old, now = tmp_path / "old.yaml", tmp_path / "now.yaml"
+    old.write_text(yaml.safe_dump({"format_version": 9, **data}))
+    now.write_text(yaml.safe_dump({"format_version": FORMAT_VERSION, **data}))
+    assert load_config(str(old), complete=True).data.tokenizer == "words"
+    with pytest.raises(InputError, match="lacks 1 of its keys"):
+        load_config(str(now), complete=True)
+
+
+@pytest.mark.slow
+def test_a_decoder_over_a_presets_tokenizer_trains_keeps_it_and_captions_with_it(prepared_dir, shapes_dir, presets,
+                                                                                  tokenizers, tmp_path, monkeypatch):
+    """End to end with a decoder that declares GPT-2's preset (Show and Tell over its pieces, as prefix_lm reads
+    them): 3 training steps, the model folder keeps tokenizer/ and no vocab.txt, it loads with that tokenizer (of
+    4 + 247 ids), captions an image as detokenized text, and a second run with the words tokenizer is refused; the
+    same pipeline runs on a tf.data service worker process (which loads TensorFlow Text's ops)."""
+    from captioning.data.pipeline import make_dataset
+    from captioning.experiment import for_training
+    from captioning.inference.captioner import Captioner
+    from captioning.model import DECODERS
+    from captioning.model.folder import ModelDir
+    from captioning.model.show_and_tell import ShowAndTell
+    from captioning.train import Trainer
+    from tests.harness.data_service import Cluster
+
+    class OverGpt2(ShowAndTell):
+        @classmethod
+        def tokenizer_preset(cls, settings):
+            return presets["gpt2"]
+
+    monkeypatch.setitem(DECODERS, "over_gpt2", OverGpt2)
+    model_dir = str(tmp_path / "model")
+    cfg = small_train_config(prepared_dir, "model.decoder=over_gpt2", "train.steps=3")
+    assert Trainer(for_training(cfg), model_dir).run(progress=False).step == 3
+    assert "tokenizer" in os.listdir(model_dir) and "vocab.txt" not in os.listdir(model_dir)
+    trained = ModelDir(model_dir).load()
+    assert trained.vocab == tokenizers["gpt2"] and trained.model.vocab_size == 251 == len(trained.vocab)
+    image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
+    with open(image, "rb") as f:
+        text = Captioner(trained).caption([f.read()])[0][0].text
+    assert isinstance(text, str) and "<" not in text  # GPT-2's pieces detokenized, its special token never written
+    words = small_train_config(prepared_dir, "train.steps=3")
+    with pytest.raises(InputError, match="another tokenizer"):
+        Trainer(for_training(words), model_dir)
+
+    cluster = Cluster(tmp_path / "service", workers=1)
+    try:
+        served = load_config(None, [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36",
+                                    f"data.service={cluster.service}", "data.service_mode=distributed_epoch"]).data
+        ds = make_dataset(served, "val", training=True, batch_size=4, repeat=False, service_job="tokenized",
+                          tokenizer=tokenizers["gpt2"])
+        found = sorted(tuple(int(t) for t in row[:int(m.sum())]) for b in ds.as_numpy_iterator()
+                       for row, m in zip(b["target_ids"], b["mask"]))
+        local = make_dataset(dataclasses.replace(served, service=""), "val", training=False, batch_size=4,
+                             tokenizer=tokenizers["gpt2"])
+        assert found and set(found) <= {tuple(int(t) for t in row[:int(m.sum())]) for b in local.as_numpy_iterator()
+                                        for row, m in zip(b["target_ids"], b["mask"])}
+    finally:
+        cluster.close()

@@ -4,8 +4,7 @@ Nobody else knows its file names or its rules; everything goes through :class:`M
 
     config.yaml       the resolved config of the latest training run: every key, paths absolute
     history.yaml      each training run that changed config.yaml: the step it started at, its config
-    vocab.txt         the dataset's vocabulary (line i is id i), or (data.tokenizer: preset) tokenizer/, the
-                      language model's tokenizer (save_to_preset: captioning.data.tokenizers), not its preset
+    vocab.txt         the vocabulary (line i is id i), or tokenizer/, a language model's (captioning.data.tokenizers)
     checkpoint        TF's state file: names the latest complete checkpoint, written last, atomically
     ckpt-<step>.*     checkpoints (model, optimizer, step; with train.ema_decay the weights' average, ema)
     logs/             TensorBoard: train; eval, the validation during training; eval_<split>, evaluate
@@ -246,7 +245,8 @@ class ModelDir(CheckpointFiles):
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise InputError(f"model folder {self.path} is a file, not a folder")
         if os.path.exists(self.file(STATE)):
-            for name in (CONFIG, VOCAB if os.path.exists(self.file(VOCAB)) else self.tokenizer_file(cfg)):
+            kept = next((n for n in (VOCAB, TOKENIZER) if os.path.exists(self.file(n))), self.tokenizer_file(cfg))
+            for name in (CONFIG, kept):
                 if not os.path.exists(self.file(name)):
                     raise InputError(f"{self.path} holds checkpoints but no {name}, so what they were trained with "
                                      f"is unknown; put its {name} back or use a new --model-dir")
