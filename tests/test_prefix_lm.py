@@ -310,3 +310,17 @@ def test_the_scenes_experiment_needs_its_preset_on_the_command_line(tmp_path):
     settings = experiment.load(path, [f"model.decoder_preset={lm_preset()}"]).config.model.decoder_settings
     assert (settings.mapper, settings.prefix_length, settings.mapper_layers, settings.lm_trainable) == (
         "transformer", 10, 2, False)
+
+
+def test_lm_lr_scale_without_a_trained_lm_is_named_as_doing_nothing():
+    from captioning.config import Config
+    from captioning.config.loader import ineffective
+    from captioning.config.sections import TrainConfig
+
+    said = ("train.lm_lr_scale 0.1 does nothing: no language model is trained (model.decoder: prefix_lm with "
+            "model.lm_trainable or model.lm_lora_rank)")
+    assert said in ineffective(Config(train=TrainConfig(lm_lr_scale=0.1)))
+    for options, lines in (({}, [said]), ({"lm_trainable": True}, []), ({"lm_lora_rank": 4}, [])):
+        model = ModelConfig(decoder="prefix_lm", options={"decoder_preset": lm_preset(), **options})
+        assert [line for line in ineffective(Config(model=model, train=TrainConfig(lm_lr_scale=0.1)))
+                if "lm_lr_scale" in line] == lines

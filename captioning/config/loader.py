@@ -370,6 +370,11 @@ def ineffective(config: Config) -> list[str]:
     if t.encoder_lr_scale != TrainConfig().encoder_lr_scale and not m.encoder_trainable:
         out.append(f"train.encoder_lr_scale {t.encoder_lr_scale:g} does nothing: the encoder is frozen "
                    "(model.encoder_trainable: false)")
+    settings = m.decoder_settings if m.typed else None  # a language model's trainability: prefix_lm's keys
+    read = (lambda key: getattr(settings, key, None)) if settings is not None else m.options.get
+    if t.lm_lr_scale != TrainConfig().lm_lr_scale and not (read("lm_trainable") or read("lm_lora_rank")):
+        out.append(f"train.lm_lr_scale {t.lm_lr_scale:g} does nothing: no language model is trained "
+                   "(model.decoder: prefix_lm with model.lm_trainable or model.lm_lora_rank)")
     return out
 
 
