@@ -248,6 +248,33 @@ def hub_presets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def lm_presets(tmp_path_factory):
+    """Tiny random keras-hub causal LMs with their tokenizers (tests/harness/lm_presets.py: ``gpt2``, a byte-level
+    BPE from a dict and merges; ``gemma``, a SentencePiece model trained in process), written once per test run with
+    ``save_to_preset``; read-only for tests."""
+    from tests.harness.lm_presets import WRITERS
+
+    root = built_once(tmp_path_factory, "lm_presets",
+                      lambda root: [write(os.path.join(root, name)) for name, write in WRITERS.items()])
+    return {name: os.path.join(root, name) for name in WRITERS}
+
+
+@pytest.fixture(scope="session")
+def trained_prefix_lm_dir(prepared_dir, lm_presets, tmp_path_factory):
+    """A small ``prefix_lm`` model over the tiny GPT-2 preset (its tokenizer: ``data.tokenizer`` auto), ClipCap's MLP
+    mapper into 2 prefix vectors, the LM fine-tuned, trained for 30 steps: real checkpoints, config.yaml and the
+    tokenizer kept in the folder (a copy for each worker)."""
+    from captioning.experiment import for_training
+    from captioning.train import Trainer
+
+    cfg = small_train_config(prepared_dir, "model.decoder=prefix_lm", f"model.decoder_preset={lm_presets['gpt2']}",
+                             "model.mapper=mlp", "model.prefix_length=2", "model.lm_trainable=true", "train.steps=30",
+                             "train.optimizer=adam", "train.learning_rate=0.003", "train.checkpoint_every_steps=30")
+    return built_once(tmp_path_factory, "prefix_lm_model",
+                      lambda model_dir: Trainer(for_training(cfg), model_dir).run(progress=False), own_copy=True)
+
+
+@pytest.fixture(scope="session")
 def region_data(prepared_dir, shapes_dir, trained_attention_dir, tmp_path_factory):
     """A copy of the prepared fixture with the store "oracle": the trained attention fixture's 2 x 2 grid
     pooled in each shape's box (and the whole image); the first training image left out. ``(data folder,
