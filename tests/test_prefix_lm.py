@@ -177,7 +177,7 @@ def test_only_the_mapper_trains_with_a_frozen_lm_and_lora_trains_only_its_adapte
     assert all(not np.array_equal(npy(v), b_before[v.path]) for v in adapters if "lora_kernel_b" in v.path)
 
 
-def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp_path):
+def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp_path, monkeypatch):
     from captioning.model import typed_model
 
     def typed(**options):
@@ -198,6 +198,10 @@ def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp
                                          "at most 55 words"):
         check_caption_length(gpt2, "decode.max_length", 56)
     assert PrefixLM.max_caption_length(PrefixLMSettings()) is None
+    import os  # a preset folder named relative to the working directory is recorded absolute (a path key)
+
+    monkeypatch.chdir(os.path.dirname(lm_preset()))
+    assert typed(decoder_preset=os.path.basename(lm_preset())).decoder_settings.decoder_preset == lm_preset()
 
 
 def test_gpt2_max_length_is_the_positions_the_model_reads():
@@ -213,6 +217,15 @@ def test_gpt2_max_length_is_the_positions_the_model_reads():
         logits, state = model.step(token, state)
         token = tf.cast(tf.argmax(logits, axis=1), tf.int32)
     assert int(state["t"][0]) == 8 and np.isfinite(npy(logits)).all()
+    # a training caption longer than the positions reads the last one past them (no error mid-run), stepping as
+    # the full pass
+    _, ids = inputs(seed=4, steps=longest + 3)
+    full = npy(model({"image": images, "input_ids": ids}))
+    state, stepped = model.reserve(model.initial_state(model.encode(images)), longest + 3), []
+    for t in range(longest + 3):
+        out, state = model.step(tf.constant(ids[:, t], tf.int32), state)
+        stepped.append(npy(out))
+    np.testing.assert_allclose(np.stack(stepped, axis=1), full, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

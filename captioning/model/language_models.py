@@ -113,8 +113,11 @@ class GPT2(LanguageModel):
         return int(self.backbone.num_heads), int(self.backbone.hidden_dim // self.backbone.num_heads)
 
     def inputs(self, x, index, training):
+        """``x`` plus the learned positions ``index …``; a position past the last reads the last (as the
+        Transformer decoder's: a training caption longer than the model is read, not refused mid-run)."""
         b = self.backbone
-        x = b.embeddings_add((x, b.position_embedding(x, start_index=index)))
+        positions = ops.minimum(index + ops.arange(ops.shape(x)[1]), self.max_length - 1)
+        x = b.embeddings_add((x, b.position_embedding(x, positions=positions)))
         return b.embeddings_dropout(x, training=training)
 
 

@@ -42,8 +42,10 @@ same ``t`` (keras-hub's cache index is one scalar): the largest is read (a row o
 **Bounds.** GPT-2's learned positions stop at its ``max_sequence_length``:
 :meth:`PrefixLM.max_caption_length` is ``max_sequence_length − P + 1`` words (decoding ``n`` words reads
 positions ``P − 1 … P + n − 2``; read from the preset folder's ``config.json``, and its tokenizer when there is a
-prompt). Rotary families (Gemma, Llama, Qwen, SmolLM3) have no hard bound: None (past the length they were trained
-on their quality drops; nothing fails). A preset *name* is not read before the model is built: None as well.
+prompt; a training caption longer than that reads GPT-2's last position for the pieces past it, as the
+Transformer decoder does past its ``max_positions``). Rotary families (Gemma, Llama, Qwen, SmolLM3) have no hard
+bound: None (past the length they were trained on their quality drops; nothing fails). A preset *name* is not
+read before the model is built: None as well.
 
 **Training.** The LM is frozen by default (ClipCap's frozen variant: only the mapper trains) and then runs in
 inference mode (no dropout, as ClipCap puts a frozen GPT-2 in eval mode); ``model.lm_trainable: true`` fine-tunes it
