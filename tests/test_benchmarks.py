@@ -174,6 +174,29 @@ def test_the_cacheless_decoders_the_cache_is_measured_against_step_as_the_model_
             np.testing.assert_allclose(logits.numpy(), full[:, t], atol=1e-5, err_msg=f"{type(decoder).__name__} {t}")
 
 
+def test_prefix_lm_decoding_against_keras_hubs_generate(lm_presets, prepared_dir):
+    """benchmark decode's comparison on a prefix_lm model: our greedy search after a prompt and keras-hub's own
+    GPT2CausalLM.generate over the very same backbone choose the same tokens (every row, batch 1 and 3), and each
+    side's rate is the tokens it made over its best time."""
+    from captioning.benchmarks.decode_lm import against_keras_hub, summary
+    from captioning.experiment import typed
+    from tests.harness.distributed import small_config
+
+    experiment = typed(small_config(prepared_dir, "model.decoder=prefix_lm", "model.mapper=mlp",
+                                    "model.prefix_length=1", f"model.decoder_preset={lm_presets['gpt2']}"))
+    model = experiment.build_model(len(experiment.tokenizer)).build_all()
+    result = against_keras_hub(model, prompt_length=5, new_tokens=6, rounds=1, batches=(1, 3))
+    assert result["backbone"] == "GPT2Backbone" and (result["prompt_length"], result["new_tokens"]) == (5, 6)
+    for batch in (1, 3):
+        r = result[f"batch_{batch}"]
+        assert r["same_tokens"] is True, batch
+        assert positive(r["ours_tokens_per_s"]) and positive(r["keras_hub_tokens_per_s"])
+        assert r["ratio"] == pytest.approx(r["ours_tokens_per_s"] / r["keras_hub_tokens_per_s"])
+    assert result["target"] == [1.0, all(result[f"batch_{b}"]["ratio"] >= 1.0 for b in (1, 3))]
+    assert re.search(r"greedy 5 \+ 6 tokens, batch 3: \d+ tokens/s against keras-hub's generate \d+: [\d.]+x",
+                     summary(result))
+
+
 def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
     transformer = ["--set", "model.decoder=transformer", "--set", "model.d_model=16", "--set", "model.heads=2",
                    "--set", "model.ff_size=16", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1"]
@@ -190,6 +213,7 @@ def test_benchmark_decode(tmp_path, trained_model_dir, trained_attention_dir):
         assert positive(result["batched_captions_per_s"]) and positive(result["single_captions_per_s"])
         assert result["settings"]["beam_size"] == 3 and result["settings"]["max_length"] == 5
         assert result["settings"]["decoder"] == decoder and positive(result["cache_speedup"])
+        assert result["keras_hub_generate"] is None  # no language model decodes
         assert result["cache_speedup"] == pytest.approx(result["cached_captions_per_s"] /
                                                         result["recomputed_captions_per_s"])
         assert result["cache_speedup_prefix"] == pytest.approx(result["cached_captions_per_s"] /

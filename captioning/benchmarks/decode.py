@@ -21,6 +21,10 @@ fairer such decoder, which recomputes only the ``t`` words so far at step ``t`` 
 decoding loop written without padding does. ``--config`` and ``--set`` choose the untrained model
 (``--config experiments/shapes_transformer.yaml``, or ``--set model.decoder=attention``).
 
+``keras_hub_generate`` (a ``model.decoder: prefix_lm`` model): its cached greedy decoding against keras-hub's own
+``CausalLM.generate`` on the same backbone, batch 1 and 32 (:mod:`captioning.benchmarks.decode_lm`); None for
+other decoders.
+
 ``--ensemble-with MODEL_DIR`` (repeatable, with ``--model-dir``) times the ensembles of ``--model-dir`` and the
 first 1, 2, … of these the same way (``options["ensemble of 2"]``, ``["ensemble of 3"]``, …).
 
@@ -56,7 +60,7 @@ import logging
 
 import numpy as np
 
-from captioning.benchmarks import common
+from captioning.benchmarks import common, decode_lm
 from captioning.errors import InputError
 
 log = logging.getLogger("captioning.benchmark")
@@ -125,7 +129,10 @@ def _untrained_model(config: str | None, overrides: tuple[str, ...], vocab_size:
     defaults = ["data.image_size=32", "data.resize_size=36", "model.encoder=small_cnn", "model.dropout=0",
                 "model.embedding_size=256", "model.lstm_units=256"] if config is None else []
     experiment = load(config, overrides, defaults=defaults)  # the LSTM's sizes unread by a Transformer
-    vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
+    if experiment.tokenizer_kind == "words":
+        vocab = Vocabulary(list(RESERVED) + [f"w{i}" for i in range(vocab_size - len(RESERVED))])
+    else:  # a language model's own tokenizer (prefix_lm)
+        vocab = experiment.tokenizer
     model = experiment.build_model(len(vocab), seed=0).build_all()
     return TrainedModel(model, experiment.config, vocab, step=0, checkpoint="(untrained)", model_dir="")
 
@@ -178,7 +185,11 @@ def run(model_dir: str | None = None, batch_size: int = 64, images: int = 256, b
     log.info("batched with the decoder's state: %.1f captions/s; re-reading the caption at every step: %.1f "
              "captions/s padded to max_length, %.1f the words so far only", cache["cached"], cache["recomputed"],
              cache["prefix"])
+    generate = None
+    if getattr(trained.model, "lm", None) is not None:  # a language model decodes: against keras-hub's own generate
+        generate = decode_lm.against_keras_hub(trained.model, rounds=rounds)
     return {
+        "keras_hub_generate": generate,
         "batched_captions_per_s": batched["per_s"], "single_captions_per_s": single["per_s"],
         "speedup": batched["per_s"] / single["per_s"], "batched_parts_ms": parts, "search_overhead": overhead,
         "steps_ran": steps_ran, "cached_captions_per_s": cache["cached"], "recomputed_captions_per_s": cache["recomputed"],
@@ -379,4 +390,5 @@ def summary(result: dict) -> str:
             f"{result['saved_model_vs_captioner']:.2f} of the captioner's {result['captioner_captions_per_s']:.1f} "
             f"(target >= {TARGET_SAVED_MODEL:.2f})"
             + "".join(f"\n{spec}: {o['captions_per_s']:.1f} captions/s, {o['vs_beam']:.2f} of plain beam search"
-                      for spec, o in result.get("options", {}).items()))
+                      for spec, o in result.get("options", {}).items())
+            + decode_lm.summary(result.get("keras_hub_generate")))

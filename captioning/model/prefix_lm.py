@@ -277,12 +277,15 @@ class PrefixLM(CaptionModel):
         columns[END_ID] = end
         return tf.concat([*columns, words], axis=-1)
 
-    def _run(self, input_ids, state, training):
+    def _run(self, input_ids, state, training, grow=True):
+        """``grow``: pad the cache to hold the pieces (a teacher-forced pass); a step reads the room :meth:`reserve`
+        made, so its cache keeps its shape from step to step (a loop variable; XLA needs the pad's size constant)."""
         index = _index(state["t"])
         steps = tf.shape(input_ids)[1]
         cache = state["cache"]
-        room = tf.maximum(index + steps - tf.shape(cache)[3], 0)
-        cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, room], [0, 0], [0, 0]])
+        if grow:
+            room = tf.maximum(index + steps - tf.shape(cache)[3], 0)
+            cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, room], [0, 0], [0, 0]])
         x = self._inputs(input_ids, state["pending"])
         hidden, cache = self.lm.run(x, cache, index, self._lm_training(training))
         return self._logits(hidden), {**state, "cache": cache, "t": state["t"] + steps}
@@ -291,7 +294,7 @@ class PrefixLM(CaptionModel):
         """One piece at ``t`` (:meth:`reserve` first: a step with no slot left is an error)."""
         tf.debugging.assert_less(_index(state["t"]), tf.shape(state["cache"])[3], message="PrefixLM.step: no room "
                                  "left in the cache for the piece (reserve(state, steps) first, for every step taken)")
-        logits, state = self._run(token_ids[:, None], state, training=False)
+        logits, state = self._run(token_ids[:, None], state, training=False, grow=False)
         return logits[:, 0], state
 
     def teacher_forced(self, state, input_ids, training=False):

@@ -1,0 +1,132 @@
+"""``benchmark decode`` on a ``prefix_lm`` model: this project's cached decoding against keras-hub's own
+``CausalLM.generate`` on the same backbone (``keras_hub_generate`` in the JSON).
+
+The same work on both sides: greedy decoding after a prompt of ``prompt_length`` tokens, ``new_tokens`` tokens
+generated for every row (no row stops early: keras-hub's generate is given no stop token, ours bans ``<end>``
+until ``new_tokens`` words, ``decode.min_length``), for a batch of 1 and of 32. Both read the prompt once (the
+prefill: ``prompt_length`` positions) and then one position a step from their key/value cache.
+
+* **keras-hub**: the backbone's own task (``GPT2CausalLM`` for a ``GPT2Backbone``: the class named after the
+  backbone's) over the very backbone object the model holds, without a preprocessor, compiled with
+  ``sampler="greedy"`` as its users call it (keras-hub compiles ``generate`` with XLA by default), fed
+  ``{"token_ids", "padding_mask"}`` of ``prompt_length + new_tokens`` columns with the prompt in front.
+* **this project**: the one word-by-word loop (:func:`captioning.model.search_loop.search`) with the
+  :class:`~captioning.model.greedy.Greedy` strategy over :class:`~captioning.model.prefix_lm.PrefixLM`'s
+  ``step``, from the state :meth:`~captioning.model.prefix_lm.PrefixLM.initial_state` makes of a prefix — here the
+  prompt's embedded tokens stand for the prefix, so both read the same vectors —, in one ``tf.function`` of any
+  batch size, as ``caption``, ``evaluate`` and the SavedModel run it (without XLA: the strategies' captions grow a
+  word a step).
+
+Tokens/s is ``batch × new_tokens`` over the best of ``rounds`` timed calls (each side compiled and warmed first,
+timed in turn). ``ratio`` is ours over keras-hub's: at least 1.0 is the goal (``target``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from captioning.errors import InputError
+from captioning.model.prefix_lm import OFFSET
+
+log = logging.getLogger("captioning.benchmark")
+
+BATCHES = (1, 32)
+TARGET_RATIO = 1.0
+
+
+def _task(backbone):
+    """keras-hub's causal-LM task of ``backbone``'s family, over that backbone (no preprocessor)."""
+    import keras_hub
+
+    name = type(backbone).__name__.replace("Backbone", "CausalLM")
+    cls = getattr(keras_hub.models, name, None)
+    if cls is None:
+        raise InputError(f"keras-hub has no {name} to compare {type(backbone).__name__} with")
+    task = cls(backbone=backbone, preprocessor=None)
+    task.compile(sampler="greedy")
+    return task
+
+
+def _best(call, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _ours(model, prompt, new_tokens: int):
+    """Our greedy search after ``prompt`` (LM ids ``[B, P]``): a compiled call returning the chosen words."""
+    import tensorflow as tf
+
+    from captioning.model.greedy import Greedy
+    from captioning.model.search_loop import search
+
+    lm, before = model.lm, prompt.shape[1] - 1
+
+    @tf.function(autograph=False,
+                 input_signature=[tf.TensorSpec([None, prompt.shape[1]], tf.int32)])  # as the captioner's: any batch
+    def call(ids):
+        x = tf.cast(lm.embed(ids), model.backbone.compute_dtype)
+        rows = tf.shape(ids)[0]
+        cache = lm.empty_cache(rows, before, x.dtype)
+        if before:
+            _, cache = lm.run(x[:, :before], cache, tf.constant(0, tf.int32), False)
+        state = {"cache": cache, "pending": x[:, before], "t": tf.fill([rows], tf.constant(before, tf.int32))}
+        strategy = Greedy(model, new_tokens, min_length=new_tokens)
+        return search(model, state, strategy, new_tokens)[0]
+
+    return lambda: call(prompt)
+
+
+def against_keras_hub(model, prompt_length: int = 16, new_tokens: int = 32, rounds: int = 3,
+                      batches=BATCHES) -> dict:
+    """Tokens/s of keras-hub's ``generate`` and of this project's search on ``model``'s backbone (module docstring)."""
+    import tensorflow as tf
+
+    if not hasattr(model, "lm") or not hasattr(model, "backbone"):
+        raise InputError("the comparison with keras-hub's generate needs a model.decoder: prefix_lm model")
+    task = _task(model.backbone)
+    rng = np.random.default_rng(0)
+    end = int(model.end_token)
+    out = {"prompt_length": prompt_length, "new_tokens": new_tokens, "backbone": type(model.backbone).__name__}
+    for batch in batches:
+        ids = rng.integers(0, model.lm.vocabulary_size, (batch, prompt_length)).astype("int32")
+        ids[ids == end] = (end + 1) % model.lm.vocabulary_size
+        total = prompt_length + new_tokens
+        inputs = {"token_ids": tf.constant(np.pad(ids, [[0, 0], [0, new_tokens]])),
+                  "padding_mask": tf.constant(np.arange(total)[None].repeat(batch, 0) < prompt_length)}
+
+        def theirs():
+            return task.generate(inputs, stop_token_ids=None)
+
+        ours = _ours(model, tf.constant(ids), new_tokens)
+        for f in (theirs, ours):  # compiled and warmed
+            f()
+        generated = np.asarray(theirs()["token_ids"])[:, prompt_length:]
+        same = bool(np.array_equal(np.asarray(ours()["ids"]).reshape(batch, -1)[:, :new_tokens] - OFFSET, generated))
+        times = {"keras_hub": [], "ours": []}
+        for _ in range(rounds):  # in turn
+            for name, f in (("keras_hub", theirs), ("ours", ours)):
+                times[name].append(_best(f, 1))
+        rates = {name: batch * new_tokens / min(t) for name, t in times.items()}
+        ratio = rates["ours"] / rates["keras_hub"]
+        out[f"batch_{batch}"] = {"keras_hub_tokens_per_s": rates["keras_hub"], "ours_tokens_per_s": rates["ours"],
+                                 "ratio": ratio, "same_tokens": same}
+        log.info("greedy, batch %d, %d + %d tokens: keras-hub generate %.0f tokens/s, ours %.0f: %.2fx (the same "
+                 "tokens: %s)", batch, prompt_length, new_tokens, rates["keras_hub"], rates["ours"], ratio, same)
+    out["target"] = [TARGET_RATIO, all(out[f"batch_{b}"]["ratio"] >= TARGET_RATIO for b in batches)]
+    return out
+
+
+def summary(result: dict | None) -> str:
+    """The comparison's lines of ``benchmark decode``'s summary ("" without one)."""
+    if not result:
+        return ""
+    return "".join(f"\ngreedy {result['prompt_length']} + {result['new_tokens']} tokens, batch {key[6:]}: "
+                   f"{r['ours_tokens_per_s']:.0f} tokens/s against keras-hub's generate {r['keras_hub_tokens_per_s']:.0f}: "
+                   f"{r['ratio']:.2f}x (target >= {TARGET_RATIO:.1f}x; the same tokens: {r['same_tokens']})"
+                   for key, r in result.items() if key.startswith("batch_"))
