@@ -269,9 +269,11 @@ def test_a_decoder_over_a_presets_tokenizer_trains_keeps_it_and_captions_with_it
                                                                                   tokenizers, tmp_path, monkeypatch):
     """End to end with a decoder that declares GPT-2's preset (Show and Tell over its pieces, as prefix_lm reads
     them): 3 training steps, the model folder keeps tokenizer/ and no vocab.txt, it loads with that tokenizer (of
-    4 + 247 ids), captions an image as detokenized text, and a second run with the words tokenizer is refused; the
-    same pipeline runs on a tf.data service worker process (which loads TensorFlow Text's ops)."""
+    4 + 247 ids), captions an image as detokenized text, evaluate scores it (the loss over the records' text
+    tokenized, CHAIR, diversity), and a second run with the words tokenizer is refused; the same pipeline runs on a
+    tf.data service worker process (which loads TensorFlow Text's ops)."""
     from captioning.data.pipeline import make_dataset
+    from captioning.evaluation.evaluate import evaluate
     from captioning.experiment import for_training
     from captioning.inference.captioner import Captioner
     from captioning.model import DECODERS
@@ -296,6 +298,11 @@ def test_a_decoder_over_a_presets_tokenizer_trains_keeps_it_and_captions_with_it
     with open(image, "rb") as f:
         text = Captioner(trained).caption([f.read()])[0][0].text
     assert isinstance(text, str) and "<" not in text  # GPT-2's pieces detokenized, its special token never written
+    result = evaluate(model_dir, split="test", beam_size=1, max_images=2, progress=False,
+                      instances=os.path.join(shapes_dir, "annotations", "instances_test.json"))
+    assert result.num_images == 2 and np.isfinite(result.loss) and result["diversity"]["words_used"] >= 0
+    predictions = [p for p in os.listdir(os.path.join(model_dir, "eval")) if p.endswith(".predictions.json")]
+    assert len(predictions) == 1  # the detokenized captions, scored as words
     words = small_train_config(prepared_dir, "train.steps=3")
     with pytest.raises(InputError, match="another tokenizer"):
         Trainer(for_training(words), model_dir)
