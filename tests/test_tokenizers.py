@@ -321,3 +321,17 @@ def test_a_decoder_over_a_presets_tokenizer_trains_keeps_it_and_captions_with_it
                                         for row, m in zip(b["target_ids"], b["mask"])}
     finally:
         cluster.close()
+
+
+def test_a_cache_of_tokenized_captions_is_keyed_by_its_tokenizer(tmp_path, tokenizers):
+    """data.cache: disk and features hold the captions' ids: a preset's tokenizer joins their key (another
+    tokenizer, another file), the words tokenizer leaves the key as it always was (caches written before stay
+    valid)."""
+    from captioning.data import disk_cache
+
+    args = (str(tmp_path), "dataset-id", "train", 36, False)
+    words, _ = disk_cache.cache_prefix(*args)
+    gpt2, key = disk_cache.cache_prefix(*args, tokenizer=tokenizers["gpt2"].identity)
+    gemma, _ = disk_cache.cache_prefix(*args, tokenizer=tokenizers["gemma"].identity)
+    assert len({words, gpt2, gemma}) == 3 and key["tokenizer"] == tokenizers["gpt2"].identity
+    assert os.path.basename(words) == "train-5a5ea984d4d91f4b-0of1"  # the name a words cache always had
