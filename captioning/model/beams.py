@@ -94,7 +94,7 @@ class BeamSearch(Strategy):
         ``<end>`` before ``min_length`` words, n-gram blocking, bad endings)."""
         rules = self.never[tf.cast(t < self.min_length, tf.int32)] if self.min_length else self.never[0]
         if self.word_rules:  # rows: image-major, beam-minor, as the flattened [B, beams]
-            rules += self.word_rules.blocked(chosen) * DEAD
+            rules += self.word_rules.ruled_out(chosen)
         if self.tracks_ids:
             blocked = blocked_words(alive_ids, t, self.vocab, self.block_ngrams, self.bad_endings)
             rules += tf.reshape(blocked, [-1, self.vocab]) * DEAD

@@ -47,7 +47,7 @@ class Greedy(Strategy):
         softmax runs beside it) and its log p."""
         bias = self.never[tf.cast(t < self.min_length, tf.int32)] if self.min_length else self.never[0]
         if self.word_rules:
-            rules = self.word_rules.blocked(chosen) * DEAD
+            rules = self.word_rules.ruled_out(chosen)
             word = tf.argmax(logits + bias + rules, axis=1, output_type=tf.int32)[:, None]
             return word, tf.gather(tf.nn.log_softmax(logits), word, batch_dims=1)
         if self.tracks_ids or self.bad_endings:

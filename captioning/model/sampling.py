@@ -93,7 +93,7 @@ class Sampling(Strategy):
         if self.block_ngrams or self.bad_endings:
             logp += blocked_words(chosen["ids"], t, self.vocab, self.block_ngrams, self.bad_endings) * DEAD
         if self.word_rules:
-            logp += self.word_rules.blocked(chosen) * DEAD
+            logp += self.word_rules.ruled_out(chosen)
         cdf = tf.cumsum(tf.exp(filtered(logp, **self.filter)), axis=1)
         draw = _uniform(self.seed, self.row_keys, t)
         word = tf.minimum(tf.reduce_sum(tf.cast(cdf < draw[:, None] * cdf[:, -1:], tf.int32), axis=1), self.vocab - 1)

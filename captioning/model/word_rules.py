@@ -210,8 +210,9 @@ class WordRules:
         self.digits, self.powers = tf.constant(table.digits), tf.constant(table.powers)
         self.starts = tf.constant(table.starts)
         self.texts = tf.constant(table.texts)
-        # [V] 1.0 on the pieces that complete the current word: those that start a word, and <end>
-        self.completing = tf.cast(tf.logical_or(self.starts, tf.cast(tf.one_hot(END_ID, vocab), tf.bool)), tf.float32)
+        # the pieces that complete the current word: those that start a word, and <end>
+        completing = tf.cast(tf.logical_or(self.starts, tf.cast(tf.one_hot(END_ID, vocab), tf.bool)), tf.float32)
+        self.dead = tf.stack([completing, tf.one_hot(END_ID, vocab)]) * DEAD  # [2, V]: what each rule rules out
         self.moduli = tf.constant(_MODULI, tf.int64)
 
     @classmethod
@@ -231,16 +232,17 @@ class WordRules:
     def _key(hashes):
         return hashes[..., 0] * 2 ** 31 + hashes[..., 1]
 
-    def blocked(self, state: dict):
-        """``[rows, V]`` 1.0 on the pieces the rules forbid next."""
+    def ruled_out(self, state: dict):
+        """``[rows, V]``: the dead score on the pieces the rules forbid next (twice it where both rules do), 0 on the
+        others: each row's two flags (a completing piece repeats an n-gram; ``<end>`` follows a bad ending) times
+        the pieces each flag rules out, in one product: one pass over the vocabulary, not one per rule."""
         p = self.PREFIX
         done, count, now, is_open = state[p + "done"], state[p + "count"], self._key(state[p + "now"]), state[p + "open"]
 
         def complete(back):  # the complete word ``back`` words before the current one (1: the last), or 0
             return tf.gather(done, tf.maximum(count - back, 0), batch_dims=1)
 
-        rows = tf.shape(done)[0]
-        out = tf.zeros([rows, self.vocab])
+        repeated = bad = tf.zeros_like(is_open)
         n = self.block_ngrams
         if n >= 1:
             repeated = (count >= 1) & tf.equal(complete(1), now)  # no word follows itself
@@ -251,13 +253,13 @@ class WordRules:
                 for offset in range(n):
                     match &= tf.equal(done[:, offset:starts + offset], gram[offset][:, None])
                 repeated |= (count >= n - 1) & tf.reduce_any(match, axis=1)
-            out = tf.cast(repeated & is_open, tf.float32)[:, None] * self.completing[None, :]
+            repeated &= is_open
         if self.has_bad:
             last = tf.where(is_open, now, complete(1))
             has_last = is_open | (count >= 1)
             bad = has_last & tf.reduce_any(tf.equal(last[:, None], self.bad[None, :]), axis=1)
-            out = tf.maximum(out, tf.cast(bad, tf.float32)[:, None] * tf.one_hot(END_ID, self.vocab)[None, :])
-        return out
+        flags = tf.cast(tf.stack([repeated, bad], axis=1), tf.float32)  # [rows, 2]
+        return tf.matmul(flags, self.dead)
 
     def advanced(self, state: dict, pieces) -> dict:
         """The loop variables after each row's caption took ``pieces [rows]`` (int32)."""
