@@ -19,7 +19,6 @@ from captioning.data.tokenizers import (OFFSET, TOKENIZERS, PresetTokenizer, Wor
                                         load_tokenizer)
 from captioning.errors import InputError
 from captioning.vocab import END_ID, PAD_ID, START_ID, Vocabulary
-from tests.harness.lm_presets import write_gemma, write_gpt2
 from tests.helpers import small_train_config
 
 PRESETS = ("gpt2", "gemma")
@@ -28,9 +27,9 @@ UNICODE = "Élan's ÜNÏCODE — 42 wörds"  # the tiny GPT-2's byte-level BPE l
 
 
 @pytest.fixture(scope="module")
-def presets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lm_presets")
-    return {"gpt2": write_gpt2(str(root / "gpt2")), "gemma": write_gemma(str(root / "gemma"))}
+def presets(lm_presets):
+    """conftest's tiny GPT-2 and Gemma presets (written once a run)."""
+    return lm_presets
 
 
 @pytest.fixture(scope="module")
@@ -335,3 +334,28 @@ def test_a_cache_of_tokenized_captions_is_keyed_by_its_tokenizer(tmp_path, token
     gemma, _ = disk_cache.cache_prefix(*args, tokenizer=tokenizers["gemma"].identity)
     assert len({words, gpt2, gemma}) == 3 and key["tokenizer"] == tokenizers["gpt2"].identity
     assert os.path.basename(words) == "train-5a5ea984d4d91f4b-0of1"  # the name a words cache always had
+
+
+def test_a_features_store_cannot_feed_a_presets_tokenizer(region_data, presets, tokenizers, monkeypatch):
+    """A features store's records hold word ids only: a run reading regions with a preset's tokenizer is refused in
+    one line before it starts, and the input pipeline refuses it too."""
+    from captioning.data.pipeline import make_dataset
+    from captioning.experiment import for_training
+    from captioning.model import DECODERS
+    from captioning.model.data_sources import data_source
+    from captioning.model.show_and_tell import ShowAndTell
+
+    class OverGpt2(ShowAndTell):
+        @classmethod
+        def tokenizer_preset(cls, settings):
+            return presets["gpt2"]
+
+    monkeypatch.setitem(DECODERS, "over_gpt2", OverGpt2)
+    cfg = small_train_config(region_data[0], "data.features=regions", "data.features_store=oracle",
+                             "model.decoder=over_gpt2")
+    with pytest.raises(InputError, match=r"^data.tokenizer: preset tokenizes the records' caption text, and a "
+                                         r"features store holds only word ids \(data.features: regions\)"):
+        for_training(cfg)
+    with pytest.raises(InputError, match="data.tokenizer preset needs data.features: images"):
+        make_dataset(cfg.data, "train", training=True, batch_size=4, source=data_source(cfg),
+                     tokenizer=tokenizers["gpt2"])
