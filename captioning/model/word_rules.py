@@ -183,7 +183,7 @@ def word_table(tokenizer) -> WordTable | None:
 class WordRules:
     """``block_ngrams`` and ``bad_endings`` over the words of subword pieces, for one search of ``max_length`` steps
     (the rows' loop variables come from :meth:`start`, prefixed ``word_``; a strategy carries them, reorders them with
-    its rows and feeds each row's chosen piece to :meth:`advanced`):
+    its rows, adds :meth:`ruled_out` to its logits and feeds each row's chosen piece to :meth:`advanced`):
 
     * ``word_done [rows, max_length]`` int64: the keys of the caption's complete words; ``word_count [rows]``;
     * ``word_now [rows, 2]`` int64: the hashes of the current word (the pieces since the last that started a word);
