@@ -88,7 +88,8 @@ def train_byte_level_bpe(sentences: list[str], vocabulary_size: int) -> tuple[di
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # a space in front of each sentence, as the preset tokenizer of a caption decoder puts one before a caption
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocabulary_size - 1, min_frequency=2, special_tokens=[],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

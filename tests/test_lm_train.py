@@ -103,6 +103,11 @@ def test_the_tokenizers_trained_on_the_text_round_trip_it(text_file):
         assert [str(t) for t in tokenizer.detokenize(ids)] == texts
         assert max(len(i) / len(t.split()) for i, t in zip(ids, sentences)) <= 2  # words learnt, not spelt in bytes
     assert len(gpt2("a hexagon")) == 2 and "Ġhexagon" in vocabulary
+    # the language model learns a sentence's first word as the caption decoder's tokenizer splits it: space-led
+    from captioning.train.language_model import needs_space
+
+    assert needs_space(gpt2) and not needs_space(gemma)
+    assert [gpt2.id_to_token(i) for i in gpt2(" a red circle")] == ["Ġa", "Ġred", "Ġcircle"]
 
 
 # ---- lm train: one-line refusals ---------------------------------------------------------------------------------
@@ -191,6 +196,16 @@ def test_the_preset_loads_offline_with_keras_hub_and_the_loss_fell(trained, arch
     assert backbone.count_params() == figures["parameters"] and backbone.hidden_dim == 128
     assert tokenizer.vocabulary_size() == figures["vocabulary_size"] == backbone.vocabulary_size
     assert tokenizer.detokenize(tokenizer("a red circle")) == "a red circle"
+    # the packed stream it learnt from: each sentence framed by the special tokens, GPT-2's with a space in front
+    from captioning.train.language_model import token_stream
+
+    stream = token_stream(tokenizer, ["a red circle", "two"]).tolist()
+    if architecture == "gpt2":
+        end = tokenizer.end_token_id
+        assert stream == [end, *tokenizer(" a red circle"), end, *tokenizer(" two"), end]
+        assert tokenizer.id_to_token(stream[1]) == "Ġa"
+    else:
+        assert stream == [2, *tokenizer("a red circle"), 1, 2, *tokenizer("two"), 1, 1]
     assert record["settings"] == {"architecture": architecture, "size": "tiny", "steps": 30, "batch_size": 8,
                                   "sequence_length": 32, "learning_rate": 0.003, "seed": 0}
     assert not [n for n in os.listdir(os.path.dirname(output)) if ".tmp" in n or ".old" in n]

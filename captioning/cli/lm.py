@@ -52,7 +52,7 @@ def add_lm(sub) -> None:
                    help="gpt2 (byte-level BPE) or gemma (SentencePiece) (default gpt2)")
     q.add_argument("--size", default="tiny",
                    help="gpt2: tiny, small, base (GPT-2's); gemma: tiny, small, 2b (Gemma 2B's) (default tiny; "
-                        "docs/decoders.md has the table)")
+                        "docs/language_models.md has the table)")
     q.add_argument("--text", required=True, metavar="FILE_OR_DIR",
                    help="a UTF-8 text file, one sentence per line, or a prepared dataset folder")
     q.add_argument("--split", default=None, help="with a prepared dataset: the split whose captions (default train)")

@@ -5,7 +5,7 @@ from_preset``) reads offline. The text and its tokenizer come in ready (``data_p
 parts (GPT-2: ``vocabulary`` and ``merges``; Gemma: ``proto``).
 
 **Sizes** (:data:`SIZES`; ``--size``). ``tiny`` is for CPU work (a 3,000-step run on the hard scenes' captions in
-minutes, docs/decoders.md), ``small`` a few times larger, and the real models' dimensions for a machine with a
+minutes, docs/language_models.md), ``small`` a few times larger, and the real models' dimensions for a machine with a
 GPU (a user with internet passes a real preset name to ``model.decoder_preset`` instead):
 
 =============  ======  =====  ======  ========  ============  =============  =======  ==============
@@ -24,9 +24,9 @@ of it). The vocabulary is an upper bound: the tokenizer learns at most that many
 
 **Training** (:func:`train_language_model`). The sentences are tokenized by the keras-hub tokenizer that is saved
 (the same ids a decoder later sees) and packed into one stream as the models were pretrained: GPT-2's
-``<|endoftext|>`` before every sentence and after the last, Gemma's ``<bos>`` sentence ``<eos>``, the sentences
-in a seeded random order (neighbours in a text, such as one image's five captions, would teach copying from the
-context, which a caption after a visual prefix never has); windows of
+``<|endoftext|>`` before every sentence (and a space, :func:`needs_space`) and after the last, Gemma's ``<bos>``
+sentence ``<eos>``, the sentences in a seeded random order (neighbours in a text, such as one image's five
+captions, would teach copying from the context, which a caption after a visual prefix never has); windows of
 ``sequence_length + 1`` tokens (each position up to ``sequence_length`` is trained, so a caption after a visual
 prefix sits at trained positions) are drawn in a seeded order, every window once an epoch. A held-out slice of the
 sentences (one in 50, at least 1, at most 10,000, chosen by the seed) is never trained on. The step is keras-hub's
@@ -34,8 +34,9 @@ sentences (one in 50, at least 1, at most 10,000, chosen by the seed) is never t
 ``tf.function`` (measured on CPU: as fast as ``fit`` and XLA within 15%), AdamW (weight decay 0.01, gradient norm
 clipped at 1), the learning rate warmed up linearly over the first tenth of the steps (at most 1,000) and then
 cosine-decayed to a tenth. Logged: the loss every tenth of the run, then the final training loss (the mean of the
-run's last tenth, at most 100 steps), the unigram entropy of the training tokens (the loss of a model that knows only each piece's
-frequency), the held-out loss and perplexity, and a greedy continuation of the held-out slice's first two words.
+run's last tenth, at most 100 steps), the unigram entropy of the training tokens (the loss of a model that knows
+only each piece's frequency), the held-out loss and perplexity, and a greedy continuation of the held-out slice's
+first two words.
 
 **Output**: the task's ``save_to_preset`` (backbone, tokenizer, the causal LM's preprocessor and task config: also
 ``keras_hub.models.CausalLM.from_preset(dir).generate(...)`` works) and ``training.json`` (:data:`RECORD`: the
@@ -142,13 +143,24 @@ def build_causal_lm(architecture: str, size: str, tokenizer, sequence_length: in
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor)
 
 
+def needs_space(tokenizer) -> bool:
+    """Whether a sentence's first word lacks the word-start mark unless a space is put in front (GPT-2's BPE splits
+    ``"a red"`` into ``a Ġred``; SentencePiece adds its own ``▁``). The preset tokenizer of a caption decoder
+    (:mod:`captioning.data.tokenizers.preset`) puts one there, so every word of a caption is the same pieces
+    wherever it stands: the language model learns its sentences so too."""
+    first = tokenizer.id_to_token(int(tokenizer(["a"])[0][0]))
+    return not first.startswith(("Ġ", "▁"))
+
+
 def token_stream(tokenizer, sentences: list[str], chunk: int = 8192) -> np.ndarray:
-    """``sentences`` tokenized and packed: ``start ids... end`` each, the end left out where it is the start
-    (GPT-2's one token), and an end after the last; int32.
+    """``sentences`` tokenized (with a space in front where :func:`needs_space`) and packed: ``start ids... end``
+    each, the end left out where it is the start (GPT-2's one token), and an end after the last; int32.
 
     >>> import tensorflow as tf
     >>> class Pieces:  # a tokenizer of one piece per letter ("a" is 7), start 1 and end 2
     ...     start_token_id, end_token_id = 1, 2
+    ...     def id_to_token(self, i):
+    ...         return "▁" + chr(i + 90)  # SentencePiece's word-start mark: no space added
     ...     def __call__(self, texts):
     ...         return tf.strings.unicode_decode(texts, "UTF-8") - 90
     >>> token_stream(Pieces(), ["ab", "c"]).tolist()
@@ -158,6 +170,8 @@ def token_stream(tokenizer, sentences: list[str], chunk: int = 8192) -> np.ndarr
 
     start, end = int(tokenizer.start_token_id), int(tokenizer.end_token_id)
     after = int(end != start)
+    if needs_space(tokenizer):
+        sentences = [" " + s for s in sentences]
     parts = []
     # in tf.data (as in training's input), a keras-hub tokenizer returns a RaggedTensor (eagerly: Python lists)
     chunks = tf.data.Dataset.from_tensor_slices(tf.constant(sentences, tf.string)).batch(chunk).map(
@@ -274,7 +288,8 @@ def _train(train_step, data: np.ndarray, settings: LMSettings, progress: bool) -
 def _continuation(causal_lm, prompt: str) -> str:
     """The causal LM's greedy continuation of ``prompt`` (keras-hub's own ``generate``)."""
     causal_lm.compile(sampler="greedy")
-    return str(causal_lm.generate(prompt, max_length=causal_lm.preprocessor.sequence_length))
+    space = " " if needs_space(causal_lm.preprocessor.tokenizer) else ""
+    return str(causal_lm.generate(space + prompt, max_length=causal_lm.preprocessor.sequence_length)).strip()
 
 
 def train_language_model(sentences: list[str], parts: dict, settings: LMSettings, output: str, text: dict,
