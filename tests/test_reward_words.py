@@ -109,11 +109,14 @@ def test_unknown_words_get_fresh_ids_and_the_frequencies_new_keys(tokenizers):
     words = RewardWords(tokenizers["gemma"], vocab.words, 4)
     ids, lengths = words.candidates(drawn(tokenizers["gemma"], ["zebra a qux zebra red", "a red"]), True)
     v = len(vocab)
-    assert ids.numpy().tolist()[0] == [v, vocab.id("a"), v + 1, v, vocab.id("red"), END_ID]
+    assert ids.numpy().tolist()[0][:6] == [v, vocab.id("a"), v + 1, v, vocab.id("red"), END_ID]
     assert lengths.numpy().tolist() == [6, 3]
     refs = words.references(tf.RaggedTensor.from_row_lengths(
         tf.RaggedTensor.from_tensor(drawn(tokenizers["gemma"], ["a zebra", "red"])), [2]), False)
     assert refs.to_list() == [[[vocab.id("a"), 3], [vocab.id("red")]]]
+    for empty in (tf.fill([2, 5], END_ID), tf.zeros([0, 5], tf.int32)):  # captions of no word; no caption
+        ids, lengths = words.candidates(empty, True)
+        assert lengths.numpy().tolist() == [1] * empty.shape[0] and (ids.numpy()[:, 0] == END_ID).all()
     assert rebased(np.array([ngram_key([4, 5, 6], v)]), v + 1, v + 5, 3).tolist() == [ngram_key([4, 5, 6], v + 4)]
 
 

@@ -67,8 +67,10 @@ class RewardWords:
         ids = tf.convert_to_tensor(ids)
         words = self.words(ids)
         lengths = tf.cast(words.row_lengths(), tf.int32)
-        text = words.to_tensor("")
-        known = tf.ragged.map_flat_values(self.table.lookup, words).to_tensor(-1)
+        # a column more than the longest caption's words: never empty (an argmax over no words is an error)
+        text = tf.pad(words.to_tensor(""), [[0, 0], [0, 1]])
+        known = tf.pad(tf.ragged.map_flat_values(self.table.lookup, words).to_tensor(-1), [[0, 0], [0, 1]],
+                       constant_values=-1)
         width = tf.shape(text)[1]
         valid = tf.range(width)[None, :] < lengths[:, None]
         unknown = valid & (known < 0)
