@@ -72,33 +72,32 @@ def add_lm(sub) -> None:
     q.set_defaults(handler=run_lm_train)
 
 
-def _text_identity(path: str, split: str | None) -> dict:
-    """What the text is, for telling a finished run: a file's SHA-256, or a prepared dataset's identity and split."""
+def _text(path: str, split: str | None) -> tuple[dict, list[str] | None]:
+    """What the text is, for telling a finished run (a file's SHA-256, or a prepared dataset's identity and split),
+    and a file's sentences (read once; a dataset's are read by :func:`_dataset_sentences` when training runs)."""
     from captioning.data.prepared import PreparedDataset
     from data_prep.lm_text import read_text_file
 
     if os.path.isdir(path):
         dataset = PreparedDataset.load(path)
         dataset.split(split)
-        return {"prepared_dataset": dataset.identity, "split": split}
+        return {"prepared_dataset": dataset.identity, "split": split}, None
     if split is not None:
         raise InputError(f"`split` is for a prepared dataset folder; `text` {path} is a file", params=("split", "text"))
-    read_text_file(path)  # missing, not UTF-8, empty: one line now
+    sentences = read_text_file(path)  # missing, not UTF-8, empty: one line now
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return {"file_sha256": digest.hexdigest(), "bytes": os.path.getsize(path)}
+    return {"file_sha256": digest.hexdigest(), "bytes": os.path.getsize(path)}, sentences
 
 
-def _sentences(path: str, split: str | None) -> list[str]:
+def _dataset_sentences(path: str, split: str) -> list[str]:
     from captioning.data.prepared import PreparedDataset
-    from data_prep.lm_text import read_text_file, sentences_of
+    from data_prep.lm_text import sentences_of
 
-    if os.path.isdir(path):
-        return sentences_of(PreparedDataset.load(path).caption_texts(split),
-                            f"the {split} captions of `text` {path}", ("text",))
-    return read_text_file(path)
+    return sentences_of(PreparedDataset.load(path).caption_texts(split), f"the {split} captions of `text` {path}",
+                        ("text",))
 
 
 def _already_done(settings, text: dict, output: str, overwrite: bool) -> bool:
@@ -122,6 +121,7 @@ def _already_done(settings, text: dict, output: str, overwrite: bool) -> bool:
 def run_lm_train(args) -> int:
     from captioning.fileio import check_output_folder, clean_folder_leftovers
     from captioning.train.language_model import LMSettings, SIZES, train_language_model
+    from data_prep.lm_text import train_byte_level_bpe, train_sentencepiece
 
     settings = options(LMSettings, args).check()
     split = (args.split or "train") if os.path.isdir(args.text) else args.split
@@ -129,16 +129,14 @@ def run_lm_train(args) -> int:
     check_output_folder(args.output, "`output`", params=("output",), inputs=[] if reads else [args.text],
                         read_folders=reads, contains=True)
     clean_folder_leftovers(args.output)  # what a killed save left
-    text = _text_identity(args.text, split)
+    text, sentences = _text(args.text, split)
     if _already_done(settings, text, args.output, args.overwrite):
         print(f"{args.output} already holds this language model (same settings and text): nothing to do")
         return 0
-    sentences = _sentences(args.text, split)
+    sentences = sentences or _dataset_sentences(args.text, split)
     size = SIZES[settings.architecture][settings.size]["vocabulary"]
     log.info("training a %s tokenizer of at most %s pieces on %s sentences", settings.architecture, f"{size:,}",
              f"{len(sentences):,}")
-    from data_prep.lm_text import train_byte_level_bpe, train_sentencepiece
-
     if settings.architecture == "gpt2":
         vocabulary, merges = train_byte_level_bpe(sentences, size)
         parts = {"vocabulary": vocabulary, "merges": merges}
