@@ -359,3 +359,18 @@ def test_a_features_store_cannot_feed_a_presets_tokenizer(region_data, presets, 
     with pytest.raises(InputError, match="data.tokenizer preset needs data.features: images"):
         make_dataset(cfg.data, "train", training=True, batch_size=4, source=data_source(cfg),
                      tokenizer=tokenizers["gpt2"])
+
+
+def test_a_tokenizers_tables_first_made_inside_a_trace_serve_every_later_call(prepared_dir, presets):
+    """The lookup tables and constants a tokenizer makes on first use are eager ones, even when that first use is
+    inside a traced function (a tf.data map, the captioner's search): later calls, eager or in another graph, read
+    them (a table made in the first trace's graph would be out of reach)."""
+    from captioning.data.prepared import PreparedDataset
+
+    for tokenizer in (WordsTokenizer.of(Vocabulary(PreparedDataset.load(prepared_dir).vocabulary().words)),
+                      PresetTokenizer.from_preset(presets["gemma"])):
+        ids = tf.function(lambda t: tokenizer.caption_ids(t).to_tensor(), autograph=False)(tf.constant(["a red circle"]))
+        assert tokenizer.caption_ids(tf.constant(["a red circle"])).to_tensor().numpy().tolist() == ids.numpy().tolist()
+        for call in (tf.function(tokenizer.detokenize, autograph=False), tokenizer.detokenize,
+                     tf.function(tokenizer.detokenize, autograph=False)):
+            assert call(ids[:, 1:]).numpy().tolist() == [b"a red circle"]

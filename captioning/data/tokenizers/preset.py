@@ -173,7 +173,8 @@ class PresetTokenizer(Tokenizer):
             written = np.ones(len(self), bool)
             written[:OFFSET] = False
             written[list(self._special)] = False
-            self._graph = (tf.constant(self._bytes, tf.string), tf.constant(written))
+            with tf.init_scope():  # eager constants, which any later graph captures (not the first trace's own)
+                self._graph = (tf.constant(self._bytes, tf.string), tf.constant(written))
         return self._graph
 
     def caption_ids(self, texts):

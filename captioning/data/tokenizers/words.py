@@ -52,9 +52,10 @@ class WordsTokenizer(Vocabulary, Tokenizer):
         if tables is None:
             import tensorflow as tf
 
-            words = tf.constant(list(self.words))
-            lookup = tf.lookup.StaticHashTable(
-                tf.lookup.KeyValueTensorInitializer(words, tf.range(len(self.words), dtype=tf.int64)), UNK_ID)
+            with tf.init_scope():  # eager, even when first asked inside a traced function or a tf.data map
+                words = tf.constant(list(self.words))
+                lookup = tf.lookup.StaticHashTable(
+                    tf.lookup.KeyValueTensorInitializer(words, tf.range(len(self.words), dtype=tf.int64)), UNK_ID)
             tables = self._made = (lookup, words)
         return tables
 
