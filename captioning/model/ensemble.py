@@ -2,8 +2,9 @@
 
 An :class:`Ensemble` is what beam search, sampling, evaluation's perplexity and the export ask of a model
 (``vocab_size``, ``attends``, ``image_state``, ``reserve``, ``step``, ``logits_and_penalty``), built from
-models that share a vocabulary and may otherwise differ in everything: decoders (Show and Tell, attention,
-Transformer, Up-Down, mixed), sizes, seeds, encoders, image sizes. Its decoding state is the tuple of the
+models that share a tokenizer (a word vocabulary, or one language model's pieces: ``prefix_lm`` models of the
+same ``model.decoder_preset`` tokenizer) and may otherwise differ in everything: decoders (Show and Tell, attention,
+Transformer, Up-Down, prefix_lm, mixed), sizes, seeds, encoders, image sizes. Its decoding state is the tuple of the
 members' states, each reordered with the beams like any state nest. Each step's "logits" are the log of
 the members' averaged probabilities::
 
@@ -21,7 +22,8 @@ Worked example: two models give "red" 0.6 and 0.2 and "blue" 0.3 and 0.7; the en
 and "blue" 0.5, so greedy decoding says "blue" where the first model alone said "red".
 
 :func:`load_ensemble` reads the model folders (:class:`captioning.model.folder.ModelDir`) and refuses, in
-one line, models whose vocabularies differ.
+one line, models whose vocabularies differ, or whose tokenizers do (a word model with a ``prefix_lm`` one, or two
+``prefix_lm`` models whose presets tokenize differently: naming both).
 """
 
 from __future__ import annotations
@@ -121,11 +123,27 @@ class TrainedEnsemble:
         return self.members[0].preprocessor
 
 
+def describe_tokenizer(tokenizer) -> str:
+    """A tokenizer as a refusal names it: a word vocabulary, or a language model's (its identity), and its ids."""
+    kind = getattr(tokenizer, "kind", "words")
+    what = "a word vocabulary" if kind == "words" else f"the {kind} tokenizer {tokenizer.identity}"
+    return f"{what} of {len(tokenizer)} ids"
+
+
 def check_vocabularies(named) -> None:
-    """An InputError in one line when the vocabularies of ``named`` (pairs of model folder and
-    :class:`Vocabulary`) are not all the first one's."""
+    """An InputError in one line when the tokenizers of ``named`` (pairs of model folder and tokenizer,
+    :mod:`captioning.data.tokenizers`; a word vocabulary is one) are not all the first one's: models of
+    different tokenizers (a word decoder and a ``prefix_lm``, or two language models' presets that split text
+    differently) give probabilities over different id spaces, which cannot be averaged."""
     (first, words), *rest = named
     for path, other in rest:
+        if getattr(other, "kind", "words") != "words" or getattr(words, "kind", "words") != "words":
+            if other != words:
+                raise InputError(f"the models in {first} and {path} have different tokenizers "
+                                 f"({describe_tokenizer(words)}; {describe_tokenizer(other)}): an ensemble averages "
+                                 "probabilities over one id space, so its models must share one tokenizer (the "
+                                 "same model.decoder_preset's, or the same word vocabulary)", params=("model_dir",))
+            continue
         if other != words:
             differ = next((i for i, (a, b) in enumerate(zip(words.words, other.words)) if a != b),
                           min(len(words), len(other)))
