@@ -33,6 +33,15 @@ loads with plain TensorFlow, without this project::
     out = serve(images=tf.constant([open("cat.jpg", "rb").read()]))
     out["captions"][0, 0].numpy().decode()
 
+The captions are text in the graph, whatever the tokenizer (``data.tokenizer``): a word vocabulary's words are
+gathered from a table of them and joined by spaces; a language model's pieces (``model.decoder: prefix_lm``: GPT-2's
+byte-level BPE, SentencePiece) are detokenized by the tokenizer's own
+:meth:`~captioning.data.tokenizers.base.Tokenizer.detokenize`, held in the SavedModel as a table of each id's
+bytes: a gather, a join (a byte-level piece may be part of a character: the bytes are joined first), a UTF-8
+check (an invalid sequence becomes U+FFFD) and the spaces normalised, all core TensorFlow ops — the loader needs
+TensorFlow alone, not TensorFlow Text (whose ops keras-hub's tokenizers use to *split* text, which the export never
+does) — so the captions equal ``captioning caption``'s (the Python ``decode``) for the same images.
+
 Writing is safe for what is already on disk:
 
 * The export goes to a temporary folder beside ``output`` and is swapped in only when complete: the old
@@ -66,6 +75,7 @@ from captioning.fileio import (atomic_folder, atomic_write_json, clean_folder_le
 from captioning.inference.captioner import Captioner
 from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
+from captioning.vocab import Vocabulary
 
 log = logging.getLogger("captioning.inference.export")
 
@@ -87,7 +97,10 @@ class CaptionServer(tf.Module):
         # more with more layers.
         held = {id(v): v for member in captioner.trained.members for v in member.model.variables}
         self.model_variables = list(held.values())
-        self.words = tf.constant(list(captioner.trained.vocab.words))
+        tokenizer = captioner.trained.vocab
+        # a word vocabulary's words gathered and joined; a subword tokenizer's pieces detokenized (module docstring)
+        self.words = tf.constant(list(tokenizer.words)) if isinstance(tokenizer, Vocabulary) else None
+        self.tokenizer = None if isinstance(tokenizer, Vocabulary) else tokenizer
         # the serving functions (tf.saved_model.save traces every tf.function of the module): images, or images
         # and boxes for a model reading regions; and the same from serialized tf.train.Examples
         images = tf.TensorSpec([None], tf.string, name="images")
@@ -140,6 +153,11 @@ class CaptionServer(tf.Module):
     def _captions(self, out):
         ids, lengths = out["ids"], out["lengths"]
         batch, top_k, steps = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
+        if self.tokenizer is not None:  # pieces: their bytes joined, read as UTF-8, spaces normalised, in core ops
+            kept = tf.sequence_mask(lengths, steps)
+            flat = tf.reshape(tf.where(kept, ids, tf.zeros_like(ids)), [-1, steps])  # <pad> after each caption
+            captions = tf.reshape(self.tokenizer.detokenize(flat), [batch, top_k])
+            return {"captions": captions, "log_probs": out["log_probs"]}
         words = tf.RaggedTensor.from_tensor(tf.gather(self.words, tf.reshape(ids, [-1, steps])),
                                             lengths=tf.reshape(lengths, [-1]))
         captions = tf.reshape(tf.strings.reduce_join(words, axis=1, separator=" "), [batch, top_k])

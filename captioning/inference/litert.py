@@ -14,7 +14,11 @@ same pixels. It returns, best first (``top_k`` rows of ``decode.max_length`` wor
 * ``lengths`` ``int32 [top_k]``: the number of words of each caption;
 * ``log_probs`` ``float32 [top_k]``: each caption's summed log-probability (``<end>`` included);
 * ``words`` ``string [top_k, max_length]``: the words themselves (a gather on the vocabulary, held in the
-  file), ``<pad>`` after the caption's end: a caption is ``b" ".join(words[j, :lengths[j]])``;
+  file), ``<pad>`` after the caption's end: a caption is ``b" ".join(words[j, :lengths[j]])``; for a language-model
+  decoder (``model.decoder: prefix_lm``, whose ids and lengths are its preset's pieces) ``pieces`` instead: each
+  piece's bytes (``b""`` after the end), a caption their ``b"".join`` read as UTF-8 (``errors="replace"``), its runs
+  of whitespace one space, stripped (what the SavedModel and ``caption`` give; its cache's writes, keras-hub's
+  ``XlaDynamicUpdateSlice``, are the built-in ``DYNAMIC_UPDATE_SLICE``);
 * an attention decoder's ``attention`` of the best caption, as the SavedModel gives it: ``float32
   [max_length, rows, cols]`` over the encoder's map (``attention_prefix`` ``[max_length, prefix]`` for a
   ViT's class token; ``[max_length, tokens]`` for an encoder without a layout), zeros after its last word.
@@ -56,6 +60,7 @@ from captioning.inference.export import inside, trained_record
 from captioning.inference.litert_int8 import FLOAT_OPS, SIZE_BOUND, dynamic_int8, packed, unpacked
 from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
+from captioning.vocab import Vocabulary
 
 QUANTIZE = ("none", "float16", "dynamic_int8")
 METADATA = "captioning_export"  # the flatbuffer metadata entry holding the export's record
@@ -78,7 +83,11 @@ class LiteRTGraph(tf.Module):
     def __init__(self, captioner: Captioner):
         super().__init__()
         self.captioner = captioner
-        self.words = tf.constant(list(captioner.trained.vocab.words))
+        tokenizer = captioner.trained.vocab
+        # a word vocabulary's words, or a subword tokenizer's pieces as bytes ("" for <pad>: module docstring)
+        self.subword = not isinstance(tokenizer, Vocabulary)
+        self.words = tf.constant([piece if isinstance(piece, bytes) else piece.encode() for piece in tokenizer.pieces()]
+                                 if self.subword else list(tokenizer.words), tf.string)
         self.serve = tf.function(self._serve, input_signature=[tf.TensorSpec([None, None, 3], tf.uint8, name="image")],
                                  autograph=False)
 
@@ -105,7 +114,7 @@ class LiteRTGraph(tf.Module):
         out = search(state)
         ids = out["ids"][0]
         served = {"ids": ids, "lengths": out["lengths"][0], "log_probs": out["log_probs"][0],
-                  "words": tf.gather(self.words, ids)}
+                  "pieces" if self.subword else "words": tf.gather(self.words, ids)}
         if "attention" in out:  # the best caption's, as the SavedModel gives it
             weights, layout = out["attention"][0, 0], self.captioner.token_layout
             if layout is None:

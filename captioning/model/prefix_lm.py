@@ -256,7 +256,7 @@ class PrefixLM(CaptionModel):
         """Room for ``steps`` more pieces' keys and values after the ``t`` cached (zeros, masked)."""
         cache = state["cache"]
         room = tf.maximum(_index(state["t"]) + steps - tf.shape(cache)[3], 0)
-        return {**state, "cache": tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, room], [0, 0], [0, 0]])}
+        return {**state, "cache": _grown(cache, room)}
 
     # ---- the pieces --------------------------------------------------------------------------------
     def _inputs(self, input_ids, pending):
@@ -285,7 +285,7 @@ class PrefixLM(CaptionModel):
         cache = state["cache"]
         if grow:
             room = tf.maximum(index + steps - tf.shape(cache)[3], 0)
-            cache = tf.pad(cache, [[0, 0], [0, 0], [0, 0], [0, room], [0, 0], [0, 0]])
+            cache = _grown(cache, room)
         x = self._inputs(input_ids, state["pending"])
         hidden, cache = self.lm.run(x, cache, index, self._lm_training(training))
         return self._logits(hidden), {**state, "cache": cache, "t": state["t"] + steps}
@@ -308,6 +308,17 @@ class PrefixLM(CaptionModel):
     def lm_variables(self) -> list:
         """The LM's trainable variables (fine-tuned, or its LoRA adapters): ``train.lm_lr_scale`` scales their rate."""
         return list(self.backbone.trainable_variables) if self.lm_trains else []
+
+
+def _grown(cache, room):
+    """The cache ``[B, layers, 2, T, heads, size]`` with ``room`` more positions of zeros, padded as ``[B · layers · 2,
+    T, heads, size]`` (LiteRT's built-in PAD takes at most 5 dimensions: ``export --format litert`` converts it)."""
+    shape = tf.shape(cache)
+    flat = tf.reshape(cache, tf.concat([[-1], shape[3:]], 0))
+    flat = tf.pad(flat, [[0, 0], [0, room], [0, 0], [0, 0]])
+    grown = tf.reshape(flat, tf.concat([shape[:3], [shape[3] + room], shape[4:]], 0))
+    grown.set_shape([*cache.shape[:3], None, *cache.shape[4:]])
+    return grown
 
 
 def _index(t):
