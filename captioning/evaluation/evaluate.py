@@ -234,6 +234,7 @@ class _Captioned:
     boxes: dict | None
     scores: dict
     token_layout: object  # where the encoder's tokens sit (None: no layout, or regions)
+    attention_absent: str | None = None  # why a language-model decoder has no attention (Captioner.attention_absent)
 
 
 def _caption_and_score(run: _Evaluation, objects, instances, spice: bool, max_images: int | None, batch_size: int,
@@ -265,7 +266,8 @@ def _caption_and_score(run: _Evaluation, objects, instances, spice: bool, max_im
     result["weights"] = [m.weights for m in members] if len(members) > 1 else members[0].weights  # "ema", "raw"
     if len(members) > 1:
         result["members"] = run.checkpoints
-    return result, _Captioned(candidates, every, refs, loss, attention, boxes, scores, captioner.token_layout)
+    return result, _Captioned(candidates, every, refs, loss, attention, boxes, scores, captioner.token_layout,
+                              captioner.attention_absent)
 
 
 def _add_measures(run: _Evaluation, result: EvaluationResult, captioned: _Captioned, objects, shapes, instances,
@@ -300,6 +302,8 @@ def _add_measures(run: _Evaluation, result: EvaluationResult, captioned: _Captio
     elif attention:
         log.info("attention on the named shapes: not measured, model.encoder %s declares no layout of its tokens",
                  run.trained.config.model.encoder)
+    elif captioned.attention_absent:  # said, as caption --json says it: not available, not an error
+        log.info("attention on the named shapes: not available, %s", captioned.attention_absent)
 
 
 def _write(run: _Evaluation, result: EvaluationResult, captioned: _Captioned, output: str | None) -> None:

@@ -80,13 +80,16 @@ class Result:
     boxes: object = None  # a model reading regions: the image's detected boxes [n, 4] (x, y, width, height)
     boxes_dropped: int = 0  # of them, dropped (not finite, no area inside the image) and clipped to the image
     boxes_clipped: int = 0
+    attention_absent: str | None = None  # why a language-model decoder's captions carry no attention (the record says)
 
-    def captioned(self, captions: list | None, error: str | None, layout) -> None:
+    def captioned(self, captions: list | None, error: str | None, layout, attention_absent: str | None = None) -> None:
         """Takes the image's ``captions`` (or the ``error`` that kept it from any) and, when they carry attention
-        weights, ``layout``: where the encoder's tokens sit (the captioner's; None over regions)."""
+        weights, ``layout``: where the encoder's tokens sit (the captioner's; None over regions);
+        ``attention_absent``: the captioner's :attr:`~captioning.inference.captioner.Captioner.attention_absent`."""
         self.captions, self.error = captions, error
         self.attends = bool(captions and captions[0].attention is not None)
         self.layout = layout if self.attends else None
+        self.attention_absent = None if self.attends else attention_absent
 
 
 def collect_paths(paths: list[str]) -> list[str]:
@@ -250,7 +253,7 @@ def caption_files(captioner, paths: list[str], progress: bool = True, boxes: lis
         done = caption_each(lambda rs: captioner.caption([r.data for r in rs], [r.boxes for r in rs] if boxes else None),
                             batch)
         for r, (c, error) in zip(batch, done):
-            r.captioned(c, error, captioner.token_layout)
+            r.captioned(c, error, captioner.token_layout, captioner.attention_absent)
     from captioning.model.decode import empty_captions_warning
 
     warning = empty_captions_warning([r.captions[0].text for r in results if r.captions])
@@ -313,6 +316,7 @@ def _attention_legend(results: list[Result]) -> str:
     if any(r.layout is None and not regions for r, regions in zip(shown, over_regions)):
         said.append("For an encoder whose tokens have no layout, each word's picture is a bar per token, as tall as "
                     "its weight.")
+    said += sorted({f"No attention is shown: {r.attention_absent}." for r in results if r.attention_absent})
     if any(over_regions):
         said.append("For a model attending over regions (boxes), the best caption's words follow one by one, each "
                     "on the picture the model saw, where the box outlined in red is the region that word attended "
@@ -355,7 +359,8 @@ def json_record(r: Result) -> dict:
     """The ``--json`` record of a captioned image (``captioning serve`` answers with the same records):
     ``image`` (its path), ``captions`` (each ``caption`` and ``log_prob``, best first; for an attention decoder
     ``attention``: per word its weights over the tokens in their order or over the regions) and where those
-    weights sit: ``grid`` and ``prefix_tokens``, ``tokens`` or ``regions`` (module docstring).
+    weights sit: ``grid`` and ``prefix_tokens``, ``tokens`` or ``regions`` (module docstring). A language-model
+    decoder's (``model.decoder: prefix_lm``) says it has none: ``"attention": null`` and ``attention_absent``, why.
 
     >>> from captioning.inference.captioner import Caption
     >>> json_record(Result("a.jpg", captions=[Caption("a red circle", -1.2345678)]))
@@ -372,6 +377,8 @@ def json_record(r: Result) -> dict:
              else {"grid": [r.layout.rows, r.layout.cols], "prefix_tokens": r.layout.prefix} if r.layout
              else {"tokens": len(r.captions[0].attention[0])} if r.attends and len(r.captions[0].attention)
              else {})
+    if r.attention_absent:  # said, not left out: a language model's attention over its prefix cannot be read
+        where = {"attention": None, "attention_absent": r.attention_absent}
     return {"image": r.path, "captions": captions, **where}
 
 

@@ -157,6 +157,18 @@ class Captioner:
         return model.token_layout if model.attends else None
 
     @property
+    def attention_absent(self) -> str | None:
+        """Why the captions come without attention weights, for a decoder that is a language model fed a visual prefix
+        (its captions written in a preset's pieces: ``model.decoder: prefix_lm``), which ``caption --json`` and
+        ``serve`` say in the record; None for every other model (an attending decoder shows its weights; a recurrent
+        one without attention never had any)."""
+        model = self.trained.model
+        if model.attends or getattr(self.trained.vocab, "kind", "words") == "words":
+            return None
+        return (f"model.decoder {model.cfg.decoder} is a language model reading the image as a prefix: keras-hub's "
+                "attention layers do not return their weights, so its attention over the prefix cannot be read")
+
+    @property
     def takes_boxes(self) -> bool:
         """Whether a model (of an ensemble, any) reads regions (its data source's
         :attr:`~captioning.model.data_sources.base.DataSource.takes_boxes`): :meth:`caption` then needs each

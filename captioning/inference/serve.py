@@ -297,7 +297,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ModelError as e:  # the server's fault, logged once by the model thread with its cause
             raise ApiError(500, str(e)) from None
         for r, (captions, error) in zip(ready, captioned):
-            r.captioned(captions, error, captioner.token_layout)
+            r.captioned(captions, error, captioner.token_layout, captioner.attention_absent)
         return 200, records(results, form.pictures), False
 
 
