@@ -157,7 +157,8 @@ class PrefixLM(CaptionModel):
     """Encoder tokens → mapper → prefix → a pretrained causal LM (module docstring)."""
 
     settings_class = PrefixLMSettings
-    # the mapper's shapes (its prefix constants, layers, heads); the preset: see the module docstring
+    # the mapper's shapes (its prefix constants, layers, heads); the preset: see the module docstring. Not
+    # query_tokens: it shapes only the qformer mapper's queries (another count there is the restore's shape check)
     incompatible_keys = ("mapper", "prefix_length", "mapper_layers", "mapper_heads")
     path_keys = ("decoder_preset",)
     features = "grid"
