@@ -57,7 +57,7 @@ from captioning.errors import InputError
 from captioning.fileio import atomic_write_bytes, check_output_file, disk_full_error
 from captioning.inference.captioner import Captioner
 from captioning.inference.export import inside, trained_record
-from captioning.inference.litert_int8 import FLOAT_OPS, SIZE_BOUND, dynamic_int8, packed, unpacked
+from captioning.inference.litert_int8 import FLOAT_OPS, SIZE_BOUND, dynamic_int8, packed, unpacked, unshared
 from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
 from captioning.vocab import Vocabulary
@@ -159,7 +159,9 @@ def convert(captioner: Captioner, quantize: str = "none") -> bytes:
     # a graph's conversion names no signature: serving_default's, with the function's own names
     outputs = {tensor.name.split(":")[0]: name for name, tensor in concrete.structured_outputs.items()}
     data = with_signature(data, "serving_default", {"image": concrete.inputs[0].name.split(":")[0]}, outputs)
-    return dynamic_int8(data) if quantize == "dynamic_int8" else data
+    if quantize == "dynamic_int8":  # a language model's embedding, left unread beside the loop: see unshared
+        return dynamic_int8(unshared(data) if graph.subword else data)
+    return data
 
 
 def with_signature(data: bytes, key: str, inputs: dict[str, str], outputs: dict[str, str]) -> bytes:

@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 FLOAT_OPS = r"(^|/)logits(_\d+)?/"  # the ops dynamic_int8 keeps in float16: each decoder's vocabulary projection
+FLOAT32 = 0  # the flatbuffer schema's TensorType of float32 tensors
 FLOAT16_CONV_WEIGHTS = 100_000  # a convolution of at most this many weights is stored float16 by dynamic_int8
 SIZE_BOUND = 0.35  # dynamic_int8's file at most this fraction of the float32 file, as long as int8 gets it there
 
@@ -97,6 +98,30 @@ def tables_float16(data: bytes) -> bytes:
     for buffer in halves:
         model.buffers[buffer].data = None
     return packed(model, len(data))
+
+
+def unshared(data: bytes) -> bytes:
+    """``data`` without the constants no operator reads that share their buffer with a tensor of another subgraph
+    (each such tensor made one without data, which nothing reads); ``data`` itself when there is none. The
+    converter leaves a ``prefix_lm``'s token embedding in the main subgraph, unread there, beside the search's loop
+    body that reads it (the same buffer), and ai-edge-quantizer fails on it (a ``KeyError`` while it marks shared
+    buffers for duplication: it has no results for a tensor no operator reads). :func:`captioning.inference.litert.convert`
+    applies it to a language-model decoder's file alone (the other decoders' quantize as they are, their bytes kept).
+    """
+    model = unpacked(data)
+    holders = {}
+    for g, subgraph in enumerate(model.subgraphs):
+        for tensor in subgraph.tensors:
+            if tensor.buffer and model.buffers[tensor.buffer].data is not None:  # (buffer 0: no data)
+                holders.setdefault(tensor.buffer, set()).add(g)
+    dropped = 0
+    for subgraph in model.subgraphs:
+        read = {int(i) for op in subgraph.operators for i in (op.inputs if op.inputs is not None else ())}
+        read |= {int(i) for i in list(subgraph.inputs) + list(subgraph.outputs)}
+        for i, tensor in enumerate(subgraph.tensors):
+            if i not in read and tensor.type == FLOAT32 and len(holders.get(tensor.buffer, ())) > 1:
+                tensor.buffer, dropped = 0, dropped + 1
+    return packed(model, len(data)) if dropped else data
 
 
 def _quantized(data: bytes, convolutions: list[str]) -> bytes:
