@@ -109,6 +109,7 @@ def test_prefix_lm_models_of_one_tokenizer_caption_evaluate_and_export_as_an_ens
     assert cli.returncode == 0, cli.stderr[-2000:]
     captioned = [json.loads(line) for line in cli.stdout.splitlines()]
     assert [c["image"] for c in captioned] == images
+    assert all(c["attention"] is None and "prefix_lm" in c["attention_absent"] for c in captioned)  # said, as alone
     settings = dataclasses.replace(trained.config.decode, max_length=6)
     texts = inference.Captioner(trained, settings).caption([open(p, "rb").read() for p in images])
     assert [c["captions"][0]["caption"] for c in captioned] == [t[0].text for t in texts]

@@ -165,7 +165,8 @@ class Captioner:
         model = self.trained.model
         if model.attends or getattr(self.trained.vocab, "kind", "words") == "words":
             return None
-        return (f"model.decoder {model.cfg.decoder} is a language model reading the image as a prefix: keras-hub's "
+        decoder = self.trained.config.model.decoder  # (an ensemble's: its first model's; they share a tokenizer)
+        return (f"model.decoder {decoder} is a language model reading the image as a prefix: keras-hub's "
                 "attention layers do not return their weights, so its attention over the prefix cannot be read")
 
     @property
