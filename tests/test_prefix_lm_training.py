@@ -212,10 +212,12 @@ def test_scst_from_a_prefix_lm_checkpoint_rewards_words_and_learns(trained_prefi
 def test_accumulation_and_the_weight_average_with_a_frozen_lm(prepared_dir, lm_presets, tmp_path):
     """A frozen LM's prefix_lm with ``train.accumulate_steps: 2`` and ``train.ema_decay: 0.5``: 2 micro-batches
     update the mapper (and encoder) as one step on their joined batch, the average moves half way to the new
-    weights, and the LM's weights stay bit-identical to the preset's through both (it has no average)."""
+    weights, and the LM's weights stay bit-identical to the preset's through both (it has no average); the folder
+    loaded with ``weights="ema"`` holds the averages and the preset's LM."""
     import keras_hub
 
     from captioning.experiment import for_training
+    from captioning.model.folder import ModelDir
     from captioning.train import Trainer
     from tests.test_accumulate import restore, snapshot
 
@@ -243,6 +245,14 @@ def test_accumulation_and_the_weight_average_with_a_frozen_lm(prepared_dir, lm_p
             np.testing.assert_allclose(average.numpy(), 0.5 * trained[i] + 0.5 * after[i], rtol=1e-6, atol=1e-7)
             averaged += 1
     assert averaged == len(trained)
+    averages = {id(variable): average.numpy() for variable, average in trainer.average.pairs}
+    trainer.save()  # the weight average is what `caption --weights ema` reads: the LM's own weights beside it
+    ema = ModelDir(str(tmp_path / "m")).load(weights="ema").model
+    for mine, loaded in zip(model.variables, ema.variables):
+        want = averages.get(id(mine), mine.numpy() if id(mine) not in position else None)
+        np.testing.assert_array_equal(loaded.numpy(), want, err_msg=mine.path)
+    for mine, theirs in zip(ema.backbone.weights, preset.weights):
+        assert np.array_equal(mine.numpy(), theirs.numpy()), mine.path
 
     restore(trainer, start)
     big = tf.data.Dataset.from_tensors(joined(first, second))
