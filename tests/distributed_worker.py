@@ -77,7 +77,8 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False, average=
         if average:
             trainer.average.start(None)  # from the weights all start with
     # one fixed global batch of 8 captions; its two halves hold different numbers of real tokens
-    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8, source=one.source)))
+    batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8, source=one.source,
+                                   tokenizer=one.vocab)))  # the run's ids: a language model's pieces for prefix_lm
     mask = batch["mask"].numpy()
     results = {"tokens_first_half": mask[:4].sum(), "tokens_second_half": mask[4:].sum()}
     for name, trainer in trainers:
@@ -114,7 +115,7 @@ def mirrored_grouped(data_dir, out_dir, *extra, out_name="mirrored_grouped"):
     two = Trainer(for_training(cfg), os.path.join(out_dir, "two"), strategy=two_replicas())
     for a, b in zip(one.model.variables, two.model.variables):
         b.assign(a.numpy())
-    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10, source=one.source))
+    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=10, source=one.source, tokenizer=one.vocab))
     first, second = next(stream), next(stream)  # 2 images each, 10 or so captions, different lengths
     width = max(int(first["input_ids"].shape[1]), int(second["input_ids"].shape[1]))
     # data.features: regions — each batch's regions padded to its own most; joined, to the larger of the two

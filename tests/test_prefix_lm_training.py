@@ -25,6 +25,11 @@ def plm(preset, *extra):
             *extra)
 
 
+def trained_words(prepared_dir):
+    with open(os.path.join(prepared_dir, "vocab.txt"), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
 def photos(tmp_path, count=3):
     out = []
     for i, size in enumerate([(48, 40), (64, 64), (30, 50)][:count]):
@@ -230,7 +235,8 @@ def test_accumulation_and_the_weight_average_with_a_frozen_lm(prepared_dir, lm_p
     assert lm and not lm & {id(v) for v in model.trainable_variables}  # frozen
     assert not lm & {id(v) for v, _ in trainer.average.pairs}
     preset = keras_hub.models.Backbone.from_preset(lm_presets["gpt2"])
-    first, second = grouped_batches(cfg, 2, images=2)
+    first, second = grouped_batches(cfg, 2, images=2, tokenizer=trainer.vocab)  # GPT-2's pieces, as the run reads
+    assert int(tf.reduce_max(first["input_ids"])) > len(trained_words(prepared_dir))  # (not the records' word ids)
     start, trained = snapshot(trainer), [v.numpy() for v in model.trainable_variables]
 
     micro = tf.data.Dataset.from_tensors(first).concatenate(tf.data.Dataset.from_tensors(second))
@@ -259,7 +265,9 @@ def test_accumulation_and_the_weight_average_with_a_frozen_lm(prepared_dir, lm_p
     expected = {k: float(v) for k, v in trainer._compiled(trainer._train_step, big)(joined(first, second)).items()}
     assert got["weight"] == expected["weight"] and got["loss"] == pytest.approx(expected["loss"], rel=1e-6)
     for v, want in zip(model.trainable_variables, after):
-        np.testing.assert_allclose(v.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=v.name)
+        # Adam moves each weight by about the rate (0.05) whatever its gradient's size: a gradient near 0, summed in
+        # another order through the LM, moves by up to 1e-4 of that (3e-6 measured)
+        np.testing.assert_allclose(v.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=v.name)
     assert max(float(np.max(np.abs(a - s))) for a, s in zip(after, trained)) > 1e-3
     for mine, theirs in zip(model.backbone.weights, preset.weights):
         assert mine.shape == theirs.shape and np.array_equal(mine.numpy(), theirs.numpy()), mine.path
@@ -363,7 +371,8 @@ def test_every_decoding_option_on_a_prefix_lm_model(loaded):
                 penalty = 1.0 if not alpha else counted ** alpha if form == "avg" else ((5 + counted) / 6) ** alpha
                 assert beams["scores"][i, k] == pytest.approx(beams["log_probs"][i, k] / penalty, rel=1e-5)
             assert list(beams["scores"][i]) == sorted(beams["scores"][i], reverse=True)
-        assert beams["log_probs"][:, 0] == pytest.approx(np.maximum(beams["log_probs"][:, 0], greedy["log_probs"][:, 0]))
+        if not alpha:  # ranked by log p, the beam's best is at least the greedy caption
+            assert all(beams["log_probs"][:, 0] >= greedy["log_probs"][:, 0] - 1e-5)
     # diverse beams: a large diversity makes the second group start with another piece than the first
     diverse = decoded(beam_size=4, beam_groups=2, diversity=100.0, top_k=2, max_length=8)
     assert all(diverse["ids"][:, 0, 0] != diverse["ids"][:, 1, 0]), diverse["ids"][:, :, 0]

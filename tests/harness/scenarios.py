@@ -60,11 +60,12 @@ def joined(*batches):
     return {k: tf.concat(v, 0) for k, v in out.items()}
 
 
-def grouped_batches(cfg, count, images):
-    """``count`` grouped training batches of ``images`` images each, as the pipeline makes them."""
+def grouped_batches(cfg, count, images, tokenizer=None):
+    """``count`` grouped training batches of ``images`` images each, as the pipeline makes them (``tokenizer``: the
+    run's, whose ids the captions are in; None: the words')."""
     from captioning.data.pipeline import make_dataset
 
-    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=5 * images))
+    stream = iter(make_dataset(cfg.data, "train", training=True, batch_size=5 * images, tokenizer=tokenizer))
     return [next(stream) for _ in range(count)]
 
 
