@@ -12,16 +12,8 @@ import numpy as np
 import pytest
 
 from tests.harness.scenarios import GROUPED, grouped_batches, joined
+from tests.harness.training import restore, snapshot
 from tests.helpers import REPO, distributed_result, run_cli, small_train_config
-
-
-def snapshot(trainer):
-    return [v.numpy() for v in trainer.model.variables + list(trainer.optimizer.variables)] + [trainer.step.numpy()]
-
-
-def restore(trainer, values):
-    for v, value in zip(trainer.model.variables + list(trainer.optimizer.variables) + [trainer.step], values):
-        v.assign(value)
 
 
 @pytest.mark.slow

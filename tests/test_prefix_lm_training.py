@@ -224,7 +224,7 @@ def test_accumulation_and_the_weight_average_with_a_frozen_lm(prepared_dir, lm_p
     from captioning.experiment import for_training
     from captioning.model.folder import ModelDir
     from captioning.train import Trainer
-    from tests.test_accumulate import restore, snapshot
+    from tests.harness.training import restore, snapshot
 
     cfg = small_train_config(prepared_dir, *GROUPED, *plm(lm_presets["gpt2"]), "train.optimizer=adam",
                              "train.learning_rate=0.05", "train.batch_size=10", "train.accumulate_steps=2",

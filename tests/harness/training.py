@@ -1,6 +1,6 @@
 """Training as the tests run it in processes of its own: ``captioning train`` in the background (:class:`Cli`,
 polled through its log), its config, checkpoints and TensorBoard scalars; the two workers of a localhost cluster
-running tests/distributed_worker.py."""
+running tests/distributed_worker.py; a Trainer's variables taken and put back (:func:`snapshot`, :func:`restore`)."""
 
 import json
 import os
@@ -13,6 +13,16 @@ from captioning.config import save_config
 from tests.helpers import REPO, Background, free_port, small_train_config
 
 STEP_LINE = re.compile(r"step (\d+): loss")
+
+def snapshot(trainer):
+    """A Trainer's model and optimizer variables and its step counter, as arrays (:func:`restore` puts them back)."""
+    return [v.numpy() for v in trainer.model.variables + list(trainer.optimizer.variables)] + [trainer.step.numpy()]
+
+
+def restore(trainer, values):
+    for v, value in zip(trainer.model.variables + list(trainer.optimizer.variables) + [trainer.step], values):
+        v.assign(value)
+
 
 def write_config(path, data_dir, *overrides):
     save_config(small_train_config(data_dir, *overrides), str(path))
