@@ -14,7 +14,6 @@ from captioning.model.sampling import sample_search
 from captioning.model.word_rules import (ENGLISH_BAD_ENDINGS, WordRules, WordTable, bad_ending_ids, word_key,
                                          word_table)
 from captioning.vocab import END_ID, PAD_ID, RESERVED, START_ID, UNK_ID, Vocabulary
-from tests.harness.lm_presets import WRITERS
 
 NEVER = (PAD_ID, START_ID, UNK_ID)
 
@@ -43,9 +42,9 @@ class Pieces:
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    return {name: Pieces(PresetTokenizer.from_preset(write(str(tmp_path_factory.mktemp(name)))))
-            for name, write in WRITERS.items()}
+def tokenizers(lm_presets):
+    """The session's tiny presets' tokenizers (tests/conftest.py's ``lm_presets``), each as :class:`Pieces`."""
+    return {name: Pieces(PresetTokenizer.from_preset(folder)) for name, folder in lm_presets.items()}
 
 
 class Scripted:
