@@ -12,7 +12,6 @@ from captioning.train.cider import CiderD, document_frequencies, rebased, ngram_
 from captioning.train.objectives.scst import ScstSettings, SelfCritical
 from captioning.train.reward_words import RewardWords
 from captioning.vocab import END_ID, RESERVED, Vocabulary
-from tests.harness.lm_presets import WRITERS
 
 REFERENCES = [  # per image; every word is a scene word (whole GPT-2 pieces, several Gemma pieces)
     ["a red circle above a blue square", "a red circle", "two shapes"],
@@ -35,11 +34,12 @@ MAX_PIECES = 24
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
+def tokenizers(lm_presets):
+    """A word vocabulary of the references' words, and the session's tiny presets' tokenizers (``lm_presets``)."""
     words = sorted({w for refs in REFERENCES for r in refs for w in r.split()} | {"below", "large"})
     out = {"words": WordsTokenizer.of(Vocabulary(RESERVED + tuple(words)))}
-    for name, write in WRITERS.items():
-        out[name] = PresetTokenizer.from_preset(write(str(tmp_path_factory.mktemp(name))))
+    for name, folder in lm_presets.items():
+        out[name] = PresetTokenizer.from_preset(folder)
     return out
 
 
@@ -70,11 +70,17 @@ def objective(tokenizers, name, end_in_reward):
                         ScstSettings(end_in_reward=end_in_reward), tf.Variable(0), words=words)
 
 
+_SCORES = {}  # (tokenizers, name, end_in_reward) → the objective's score, traced once per input shape
+
+
 def rewards(tokenizers, name, texts, end_in_reward, index):
-    scst = objective(tokenizers, name, end_in_reward)
+    key = (id(tokenizers), name, end_in_reward)
+    if key not in _SCORES:
+        scst = objective(tokenizers, name, end_in_reward)
+        _SCORES[key] = tf.function(lambda ids, batch, index: scst.score(ids, scst.references(batch), index),
+                                   autograph=False)
     tokenizer = tokenizers[name]
-    score = tf.function(lambda ids, batch: scst.score(ids, scst.references(batch), index), autograph=False)
-    return score(drawn(tokenizer, texts), grouped_batch(tokenizer)).numpy()
+    return _SCORES[key](drawn(tokenizer, texts), grouped_batch(tokenizer), index).numpy()
 
 
 @pytest.mark.parametrize("end_in_reward", [True, False])
