@@ -12,16 +12,23 @@ from captioning.model import build_model, check_caption_length
 from captioning.model.language_models import FAMILIES, adapter
 from captioning.model.prefix_lm import DEAD, PrefixLM, PrefixLMSettings
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
-from tests.harness.lm_presets import BACKBONE_FAMILIES, tiny_backbone, write_gemma, write_gpt2
-from tests.harness.models import SIZE, inputs, lm_preset, npy
+from tests.harness.lm_presets import BACKBONE_FAMILIES, tiny_backbone, write_gpt2
+from tests.harness.models import SIZE, inputs, npy
 
 CAUSAL = {"gpt2": "GPT2CausalLM", "gemma": "GemmaCausalLM", "gemma2": "GemmaCausalLM", "gemma3": "Gemma3CausalLM",
           "llama3": "Llama3CausalLM", "qwen3": "Qwen3CausalLM", "smollm3": "SmolLM3CausalLM"}
 
 
 @pytest.fixture(scope="module")
-def gemma_preset(tmp_path_factory):
-    return write_gemma(str(tmp_path_factory.mktemp("gemma")))
+def gemma_preset(lm_presets):
+    """The session's tiny Gemma preset (tests/conftest.py's ``lm_presets``: write_gemma's defaults)."""
+    return lm_presets["gemma"]
+
+
+@pytest.fixture(scope="module")
+def gpt2_preset(lm_presets):
+    """The session's tiny GPT-2 preset (``lm_presets``: write_gpt2's defaults, as tests/harness/models.lm_preset)."""
+    return lm_presets["gpt2"]
 
 
 def build(preset, vocab_size=None, seed=0, encoder_trainable=False, **options):
@@ -146,12 +153,12 @@ def _size(variables):
     return sum(int(np.prod(v.shape)) for v in variables)
 
 
-def test_only_the_mapper_trains_with_a_frozen_lm_and_lora_trains_only_its_adapters():
+def test_only_the_mapper_trains_with_a_frozen_lm_and_lora_trains_only_its_adapters(gpt2_preset):
     """Frozen (the default): the mapper's variables are the decoder's only trainable ones (the LM's are its
     variables, untrained). LoRA rank 2: the mapper and the adapters of the query and value projections train
     (counted), nothing else; after a step every other LM weight is bit for bit the preset's. (A frozen LM bit for
     bit after training through ``captioning.train``: the end-to-end test below.)"""
-    preset = lm_preset()
+    preset = gpt2_preset
     frozen = build(preset, vocab_size=40)
     encoder = {id(v) for v in frozen.encoder.weights}
     mine = {id(v) for v in frozen.trainable_variables} - encoder
@@ -177,7 +184,7 @@ def test_only_the_mapper_trains_with_a_frozen_lm_and_lora_trains_only_its_adapte
     assert all(not np.array_equal(npy(v), b_before[v.path]) for v in adapters if "lora_kernel_b" in v.path)
 
 
-def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp_path, monkeypatch):
+def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(gpt2_preset, tmp_path, monkeypatch):
     from captioning.model import typed_model
 
     def typed(**options):
@@ -189,8 +196,8 @@ def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp
             with pytest.raises(InputError, match=r"needs model.decoder_preset|decoder_preset: .*nowhere does not exist"):
                 read(settings)
     with pytest.raises(InputError, match="choose one"):
-        typed(decoder_preset=lm_preset(), lm_trainable=True, lm_lora_rank=4)
-    gpt2 = typed(decoder_preset=lm_preset(), prefix_length=10)
+        typed(decoder_preset=gpt2_preset, lm_trainable=True, lm_lora_rank=4)
+    gpt2 = typed(decoder_preset=gpt2_preset, prefix_length=10)
     # write_gpt2's 64 positions: 10 prefix vectors, the first word read at position 9 → 64 − 10 + 1 words
     assert PrefixLM.max_caption_length(gpt2.decoder_settings) == 55
     check_caption_length(gpt2, "decode.max_length", 55)
@@ -200,8 +207,8 @@ def test_settings_are_checked_in_one_line_and_gpt2_bounds_the_caption_length(tmp
     assert PrefixLM.max_caption_length(PrefixLMSettings()) is None
     import os  # a preset folder named relative to the working directory is recorded absolute (a path key)
 
-    monkeypatch.chdir(os.path.dirname(lm_preset()))
-    assert typed(decoder_preset=os.path.basename(lm_preset())).decoder_settings.decoder_preset == lm_preset()
+    monkeypatch.chdir(os.path.dirname(gpt2_preset))
+    assert typed(decoder_preset=os.path.basename(gpt2_preset)).decoder_settings.decoder_preset == gpt2_preset
 
 
 def test_gpt2_max_length_is_the_positions_the_model_reads():
@@ -229,7 +236,8 @@ def test_gpt2_max_length_is_the_positions_the_model_reads():
 
 
 @pytest.mark.slow
-def test_it_trains_end_to_end_on_the_presets_tokenizer_its_frozen_lm_bit_identical(prepared_dir, shapes_dir, tmp_path):
+def test_it_trains_end_to_end_on_the_presets_tokenizer_its_frozen_lm_bit_identical(gpt2_preset, prepared_dir, shapes_dir,
+                                                                                     tmp_path):
     """captioning.train with data.tokenizer: preset (the captions tokenized in the pipeline by the preset's
     tokenizer): three steps train the mapper; the model folder's LM weights are bit for bit the preset's; the
     folder loads and captions new images in the preset's pieces."""
@@ -244,7 +252,7 @@ def test_it_trains_end_to_end_on_the_presets_tokenizer_its_frozen_lm_bit_identic
     from captioning.train import Trainer
     from tests.helpers import small_train_config
 
-    preset = lm_preset()
+    preset = gpt2_preset
     cfg = small_train_config(prepared_dir, "model.decoder=prefix_lm", f"model.decoder_preset={preset}",
                              "model.mapper=mlp", "model.prefix_length=2", "data.tokenizer=preset", "train.steps=3",
                              "train.optimizer=adam", "train.learning_rate=0.01")
@@ -271,14 +279,14 @@ def _captions_tokenizer_size(preset):
     return int(_tokenizer(preset).vocabulary_size())
 
 
-def test_a_fine_tuned_lm_learns_at_train_lm_lr_scale_and_the_encoder_at_its_own():
+def test_a_fine_tuned_lm_learns_at_train_lm_lr_scale_and_the_encoder_at_its_own(gpt2_preset):
     """model.lm_trainable: the LM's SGD update is train.lm_lr_scale times the one at the mapper's rate, the encoder's
     train.encoder_lr_scale times it, the mapper's the rate's; both scales apply in one optimizer."""
     from captioning.config.sections import TrainConfig
     from captioning.train.objectives import caption_loss_sum
     from captioning.train.optimizer import make_optimizer
 
-    model = build(lm_preset(), vocab_size=40, lm_trainable=True, encoder_trainable=True)
+    model = build(gpt2_preset, vocab_size=40, lm_trainable=True, encoder_trainable=True)
     images, ids = inputs(seed=4)
     batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1),
              "mask": np.ones(ids.shape, np.float32)}
@@ -306,7 +314,7 @@ def test_a_fine_tuned_lm_learns_at_train_lm_lr_scale_and_the_encoder_at_its_own(
     assert seen == {0.25, 0.5, 1.0}
 
 
-def test_the_scenes_experiment_needs_its_preset_on_the_command_line(tmp_path):
+def test_the_scenes_experiment_needs_its_preset_on_the_command_line(gpt2_preset, tmp_path):
     """experiments/scenes_prefix_lm.yaml names no language model: without --set model.decoder_preset the run is
     refused in one line naming the key, nothing written; with it the config types (the mapper's recipe)."""
     import os
@@ -320,12 +328,12 @@ def test_the_scenes_experiment_needs_its_preset_on_the_command_line(tmp_path):
         "captioning train: error: model.decoder: prefix_lm needs model.decoder_preset: a keras-hub causal-LM preset "
         "folder (captioning lm train writes one) or preset name, e.g. --set model.decoder_preset=runs/lm"]
     assert not os.path.exists(tmp_path / "plm")
-    settings = experiment.load(path, [f"model.decoder_preset={lm_preset()}"]).config.model.decoder_settings
+    settings = experiment.load(path, [f"model.decoder_preset={gpt2_preset}"]).config.model.decoder_settings
     assert (settings.mapper, settings.prefix_length, settings.mapper_layers, settings.lm_trainable) == (
         "transformer", 10, 2, False)
 
 
-def test_lm_lr_scale_without_a_trained_lm_is_named_as_doing_nothing():
+def test_lm_lr_scale_without_a_trained_lm_is_named_as_doing_nothing(gpt2_preset):
     from captioning.config import Config
     from captioning.config.loader import ineffective
     from captioning.config.sections import TrainConfig
@@ -334,6 +342,6 @@ def test_lm_lr_scale_without_a_trained_lm_is_named_as_doing_nothing():
             "model.lm_trainable or model.lm_lora_rank)")
     assert said in ineffective(Config(train=TrainConfig(lm_lr_scale=0.1)))
     for options, lines in (({}, [said]), ({"lm_trainable": True}, []), ({"lm_lora_rank": 4}, [])):
-        model = ModelConfig(decoder="prefix_lm", options={"decoder_preset": lm_preset(), **options})
+        model = ModelConfig(decoder="prefix_lm", options={"decoder_preset": gpt2_preset, **options})
         assert [line for line in ineffective(Config(model=model, train=TrainConfig(lm_lr_scale=0.1)))
                 if "lm_lr_scale" in line] == lines
