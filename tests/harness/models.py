@@ -22,12 +22,14 @@ R = 12  # region features
 
 @functools.lru_cache(maxsize=None)
 def lm_preset() -> str:
-    """A tiny random GPT-2 preset (backbone and tokenizer), written once a process into a temporary folder."""
+    """A tiny random GPT-2 preset (backbone and tokenizer), written once a process into a temporary folder: one layer
+    (the contract's checks are per decoder; a cache over several layers is tests/test_prefix_lm.py's, each family's
+    against keras-hub's own with two), which halves the LM's cost in every contract step, the XLA-compiled one too."""
     from tests.harness.lm_presets import write_gpt2
 
     folder = tempfile.mkdtemp(prefix="tiny_gpt2_")
     atexit.register(shutil.rmtree, folder, True)
-    return write_gpt2(folder)
+    return write_gpt2(folder, layers=1)
 
 
 def tiny_options(name, **changes) -> dict:
