@@ -263,6 +263,15 @@ def copy_model(model_dir, out) -> str:
     return str(out)
 
 
+def copies(paths, tmp_path):
+    """Copies of model folders, ``tmp_path/m0``, ``m1``, … (an ensemble's evaluate writes into the first)."""
+    out = []
+    for i, path in enumerate(paths):
+        shutil.copytree(path, tmp_path / f"m{i}")
+        out.append(str(tmp_path / f"m{i}"))
+    return out
+
+
 def small_train_config(data_dir, *extra):
     """A config that trains in seconds on the shapes fixture (tests/harness/distributed.py's ``small_config``, which
     tests/distributed_worker.py's scenarios use)."""

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from captioning.model import DECODERS
 from captioning.model.ensemble import Ensemble
-from tests.helpers import run_cli
+from tests.helpers import copies, run_cli
 from tests.harness.files import LOADER
 from tests.harness.models import B, inputs, npy, rescore, tiny
 
@@ -178,15 +178,6 @@ def test_caption_and_export_an_ensemble_of_two_decoders(two_models, tmp_path):
     for s, c in zip(served, captioned):  # without the project, the same captions as `caption`
         assert s["captions"] == [x["caption"] for x in c["captions"]]
         assert s["log_probs"] == pytest.approx([x["log_prob"] for x in c["captions"]], abs=1e-4)
-
-
-def copies(paths, tmp_path):
-    """Copies of model folders (evaluate writes into the first)."""
-    out = []
-    for i, path in enumerate(paths):
-        shutil.copytree(path, tmp_path / f"m{i}")
-        out.append(str(tmp_path / f"m{i}"))
-    return out
 
 
 @pytest.mark.slow

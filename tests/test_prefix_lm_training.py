@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests.harness.scenarios import GROUPED, grouped_batches, joined
-from tests.helpers import encode, gradient, run_cli, small_train_config
+from tests.helpers import copies, encode, gradient, run_cli, small_train_config
 
 
 def plm(preset, *extra):
@@ -36,14 +36,6 @@ def photos(tmp_path, count=3):
         path = tmp_path / f"p{i}.png"
         path.write_bytes(encode(gradient(size=size).rotate(40 * i), "PNG"))
         out.append(str(path))
-    return out
-
-
-def copies(paths, tmp_path):
-    out = []
-    for i, path in enumerate(paths):
-        shutil.copytree(path, tmp_path / f"m{i}")
-        out.append(str(tmp_path / f"m{i}"))
     return out
 
 
