@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from tests.helpers import copy_model, run_main
+from tests.helpers import copy_model, encode, gradient, run_main
 
 
 @pytest.fixture()
@@ -334,3 +334,25 @@ def test_no_command_writes_over_its_inputs_or_files_it_did_not_write(case, world
     assert code == 2 and len(lines) == 1 and lines[0].startswith("captioning "), err
     assert flag in lines[0] and words in lines[0], lines[0]
     assert (_tree(world["root"]), _tree(world["model"])) == before
+
+
+def test_an_output_inside_a_language_models_preset_is_refused(trained_prefix_lm_dir, lm_presets, tmp_path):
+    """The decoder's preset folder (``model.decoder_preset``, prefix_lm's language model) is an input like the
+    encoder's: caption's gallery, evaluate's and export's outputs inside it are refused in one line before any work,
+    and it stays as it was."""
+    preset = tmp_path / "lm"
+    shutil.copytree(lm_presets["gpt2"], preset)
+    model = copy_model(trained_prefix_lm_dir, tmp_path / "model")
+    config = (tmp_path / "model" / "config.yaml").read_text()
+    assert lm_presets["gpt2"] in config
+    (tmp_path / "model" / "config.yaml").write_text(config.replace(lm_presets["gpt2"], str(preset)))
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(encode(gradient(), "PNG"))
+    before = _tree(preset)
+    for args in (["caption", "--model-dir", model, "--html", f"{preset}/gallery.html", str(photo)],
+                 ["evaluate", "--model-dir", model, "--output", f"{preset}/config.json"],
+                 ["export", "--model-dir", model, "--output", str(preset)]):
+        code, out, err = run_main(*args)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "model.decoder_preset" in lines[0], (args, err)
+    assert _tree(preset) == before

@@ -60,19 +60,19 @@ OWN_NAMES = frozenset({CONFIG, HISTORY, VOCAB, TOKENIZER, LOCK, DOCUMENT_FREQUEN
 
 
 def read_folders(cfg: config_lib.Config, whose: str = "", data: bool = False) -> dict[str, str]:
-    """The folders a model of ``cfg`` is built from, ``{folder: what it is}``, which no output may lie in
-    (:func:`captioning.fileio.refuse_inputs`): a preset folder named by one of the encoder's path settings
-    (``model.encoder_preset``, kept absolute in config.yaml), and with ``data`` the prepared dataset
-    (``data.dir``). ``whose``: words after the setting's name in a message."""
-    from captioning.model.encoders import encoder_class
+    """The folders a model of ``cfg`` is built from, ``{folder: what it is}``, where no output may lie (refuse_inputs):
+    a preset folder a path setting of the encoder or decoder names (``model.encoder_preset``, ``model.decoder_preset``,
+    absolute in config.yaml), with ``data`` the prepared dataset. ``whose``: words after the setting's name."""
+    from captioning.model import decoder_class, encoder_class
 
-    folders = {}
-    for key in encoder_class(cfg.model.encoder).path_keys:
-        value = getattr(cfg.model.encoder_settings, key) if cfg.model.typed else cfg.model.options.get(key)
-        if value and os.path.isdir(value):
-            folders[value] = f"model.{key}{' ' + whose if whose else ','}"
-    if data and cfg.data.dir:
-        folders[cfg.data.dir] = "the prepared dataset"
+    folders, model = {}, cfg.model
+    for cls, settings in ((encoder_class(model.encoder), model.encoder_settings),
+                          (decoder_class(model.decoder), model.decoder_settings)):
+        for key in getattr(cls, "path_keys", ()):
+            value = getattr(settings, key) if model.typed else model.options.get(key)
+            if value and os.path.isdir(value):
+                folders[value] = f"model.{key}{' ' + whose if whose else ','}"
+    folders.update({cfg.data.dir: "the prepared dataset"} if data and cfg.data.dir else {})
     return folders
 
 
