@@ -67,17 +67,10 @@ def _ours(model, prompt, new_tokens: int):
     from captioning.model.greedy import Greedy
     from captioning.model.search_loop import search
 
-    lm, before = model.lm, prompt.shape[1] - 1
-
     @tf.function(autograph=False,
                  input_signature=[tf.TensorSpec([None, prompt.shape[1]], tf.int32)])  # as the captioner's: any batch
     def call(ids):
-        x = tf.cast(lm.embed(ids), model.backbone.compute_dtype)
-        rows = tf.shape(ids)[0]
-        cache = lm.empty_cache(rows, before, x.dtype)
-        if before:
-            _, cache = lm.run(x[:, :before], cache, tf.constant(0, tf.int32), False)
-        state = {"cache": cache, "pending": x[:, before], "t": tf.fill([rows], tf.constant(before, tf.int32))}
+        state = model.state_before_start(tf.cast(model.lm.embed(ids), model.backbone.compute_dtype))
         strategy = Greedy(model, new_tokens, min_length=new_tokens)
         return search(model, state, strategy, new_tokens)[0]
 

@@ -244,8 +244,13 @@ class PrefixLM(CaptionModel):
         if self.prompt.shape[0]:
             prompt = tf.cast(self.lm.embed(self.prompt[None]), dtype)
             sequence = tf.concat([sequence, tf.tile(prompt, [rows, 1, 1])], axis=1)
-        before = self.prefix_positions - 1
-        cache = self.lm.empty_cache(rows, before, dtype)
+        return self.state_before_start(sequence, training)
+
+    def state_before_start(self, sequence, training=False):
+        """The state of input vectors ``[B, P, width]`` (a prefix and prompt; P static): all but the last read by
+        the LM into the cache, the last waiting in ``pending`` for ``<start>``."""
+        rows, before = tf.shape(sequence)[0], int(sequence.shape[1]) - 1
+        cache = self.lm.empty_cache(rows, before, sequence.dtype)
         if before:
             _, cache = self.lm.run(sequence[:, :before], cache, tf.constant(0, tf.int32), self._lm_training(training))
         return {"cache": cache, "pending": sequence[:, before], "t": tf.fill([rows], tf.constant(before, tf.int32))}
