@@ -374,3 +374,15 @@ def test_a_tokenizers_tables_first_made_inside_a_trace_serve_every_later_call(pr
         for call in (tf.function(tokenizer.detokenize, autograph=False), tokenizer.detokenize,
                      tf.function(tokenizer.detokenize, autograph=False)):
             assert call(ids[:, 1:]).numpy().tolist() == [b"a red circle"]
+
+
+def test_lm_trains_read_text_normalised_as_the_pipeline_normalises_a_caption():
+    """`lm train`'s text (data_prep.lm_text.normalize, Python, no TensorFlow) and the preset tokenizer's captions
+    (tokenizers.base.normalized, in the graph) are one rule: the LM learns the text it is later fed."""
+    from captioning.data.tokenizers.base import normalized
+    from data_prep.lm_text import normalize
+
+    texts = ["  A red-ish CIRCLE, isn't it?  ", "Ünïcode ÉTÉ -- café-au-lait", "snake_case and_more", "tabs\tand\nlines",
+             "x² ½ 3.5", "日本語 テキスト。", "İstanbul ΣΊΣΥΦΟΣ", "", "!!!", "o'clock ''quoted''"]
+    graph = [t.decode("utf-8") for t in normalized(tf.constant(texts)).numpy()]
+    assert graph == [normalize(t) for t in texts]
