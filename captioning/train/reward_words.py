@@ -43,8 +43,6 @@ class RewardWords:
 
     def __init__(self, tokenizer, words, extra: int):
         self.detokenize, self.size, self.extra = tokenizer.detokenize, len(words), max(1, int(extra))
-        with tf.init_scope():  # a tokenizer that keeps its tables made on first use makes them here, outside a graph
-            tokenizer.detokenize(tf.zeros([1, 1], tf.int32))
         known = list(words[len(RESERVED):])
         self.table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(known or [""], tf.string),
