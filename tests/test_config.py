@@ -61,7 +61,8 @@ VALID = {"data.service": "localhost:5050", "model.decoder": "attention", "model.
          "decode.beam_groups": 3}  # decode.beam_size % beam_groups)
 # keys that apply only beside another setting of their section
 COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"],
-              "train.scheduled_sampling.start": ["train.scheduled_sampling.max=1.0"]}
+              "train.scheduled_sampling.start": ["train.scheduled_sampling.max=1.0"],
+              "decode.jit_compile": ["decode.method=greedy"]}
 
 
 def owner(key):

@@ -9,6 +9,7 @@ import tensorflow as tf
 from captioning.model.decode import beam_search, ids_to_text
 from captioning.model.search_tools import best_of
 from captioning.model.sampling import sample_search
+from captioning.errors import InputError
 from captioning.model import build_model
 from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID, Vocabulary
 from tests.helpers import model_config
@@ -454,11 +455,35 @@ def test_the_greedy_loop_gives_what_a_beam_of_one_gives(decoder, options):
     features = model.encode(images(8, seed=4))
     fast = beam_search(model, features, beam_size=1, max_length=5, **options)
     slow = beam_search(model, features, beam_size=1, max_length=5, fast_greedy=False, **options)
-    assert sorted(fast) == sorted(slow) and ("attention" in fast) == (decoder == "attention")
+    xla = beam_search(model, features, beam_size=1, max_length=5, jit_compile=True, **options)  # decode.jit_compile
+    assert sorted(fast) == sorted(slow) == sorted(xla) and ("attention" in fast) == (decoder == "attention")
     lengths = fast["lengths"].numpy()[:, 0]
     assert (lengths < 5).any() and (lengths == 5).any() or options  # some end, some are cut (options change that)
     for key in slow:
         np.testing.assert_allclose(fast[key].numpy(), slow[key].numpy(), atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(xla[key].numpy(), slow[key].numpy(), atol=1e-5, err_msg=key)
+
+
+def test_decode_jit_compile_serves_greedy_decoding_and_refuses_the_searches_xla_cannot_compile():
+    """``decode.jit_compile``: greedy (method greedy, or a beam of 1) is compiled; beam search and sampling are
+    refused in one line by the config, and by the loop itself (which names why)."""
+    from captioning.config import DecodeConfig
+    from captioning.model.beams import BeamSearch
+    from captioning.model.sampling import Sampling
+    from captioning.model.search_loop import search
+
+    DecodeConfig(method="greedy", jit_compile=True).check("decode.")
+    DecodeConfig(method="beam", beam_size=1, jit_compile=True).check("decode.")
+    for settings in ({"method": "beam"}, {"method": "sample"}):
+        with pytest.raises(InputError, match=r"^decode.jit_compile compiles greedy decoding only .*set "
+                                             r"decode.jit_compile false$"):
+            DecodeConfig(jit_compile=True, **settings).check("decode.")
+    model = tiny_model(17, vocab=12)
+    state = model.initial_state(model.encode(images(2, seed=17)))
+    with pytest.raises(ValueError, match=r"grow a step at a time"):
+        search(model, state, BeamSearch(model, 3, 4), 4, jit_compile=True)
+    with pytest.raises(ValueError, match=r"hash each row's seed as text"):
+        search(model, state, Sampling(model, max_length=4), 4, jit_compile=True)
 
 
 @pytest.mark.parametrize("beam", [3, 1])

@@ -145,7 +145,8 @@ CASES = [  # the favourite caption, block_ngrams, bad endings
 @pytest.mark.parametrize("text, block_ngrams, bad_endings", CASES)
 def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers, name, text, block_ngrams,
                                                                      bad_endings):
-    """Greedy decoding with the rules equals a hand-written greedy loop applying them to the caption's text, and
+    """Greedy decoding with the rules (compiled by XLA too) equals a hand-written greedy loop applying them to the
+    caption's text, and
     differs from decoding without them (they bite: the scripted favourite breaks them); every caption of a beam of
     4, of 4 samples per image and of diverse beams (2 groups) obeys them."""
     tok = tokenizers[name]
@@ -159,6 +160,8 @@ def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers,
                          autograph=False)(state)
     expected = reference_greedy(model, tok, 2, 16, block_ngrams, bad_endings)
     assert captions(greedy) == expected
+    xla = beam_search(model, None, beam_size=1, max_length=16, initial_state=state, jit_compile=True, **rules)
+    assert captions(xla) == expected  # decode.jit_compile: the rules compile with the search
     plain = beam_search(model, None, beam_size=1, max_length=16, initial_state=state)
     assert captions(plain)[0] == script  # the favourite breaks the rules...
     assert not obeys(tok, script, True, block_ngrams, bad_endings)

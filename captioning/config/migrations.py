@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 11  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 12  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -151,3 +151,9 @@ def _from_format_9(data: dict) -> dict:
 def _from_format_10(data: dict) -> dict:
     """Format 11 brought train.lm_lr_scale; a format-10 model had no language model to scale (1)."""
     return with_defaults(data, {"train.lm_lr_scale": 1.0})
+
+
+@migration(11)
+def _from_format_11(data: dict) -> dict:
+    """Format 12 brought decode.jit_compile; a format-11 model decoded without XLA (false)."""
+    return with_defaults(data, {"decode.jit_compile": False})

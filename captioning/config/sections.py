@@ -292,6 +292,10 @@ class DecodeConfig(Section):
     # sample: only the fewest most likely words whose probability reaches this (nucleus sampling; 1: all)
     sample_top_p: float = field(default=1.0, metadata=between(0.0, 1.0, low_open=True))
     seed: int = field(default=0, metadata=between(0, SEED.stop - 1))  # sample: the same seed, the same captions
+    # greedy: the search loop (the decoder's steps and the choices) compiled by XLA, a program per batch size
+    # (captioning.model.search_loop.search); off by default. Beam search (its captions grow a word a step) and
+    # sampling (its draws hash text) cannot be compiled
+    jit_compile: bool = False
 
     def check(self, prefix: str = "") -> "DecodeConfig":
         """Returns itself; an InputError naming the parameter (``prefix`` + name: ``decode.`` for the
@@ -312,6 +316,11 @@ class DecodeConfig(Section):
                              params=params + (() if prefix else ("beam_groups",)))
         if self.method == "beam" and not 1 <= self.top_k <= self.beam_size:
             raise InputError(f"{k} must be between 1 and {b} ({self.beam_size}), got {self.top_k}", params=params)
+        if self.jit_compile and (self.method == "sample" or self.method == "beam" and self.beam_size > 1):
+            j = prefix + "jit_compile" if prefix else "`jit_compile`"
+            raise InputError(f"{j} compiles greedy decoding only (beam search's captions grow a word a step and "
+                             f"sampling's draws hash text, which XLA cannot compile): use {prefix or ''}method greedy "
+                             f"or {b} 1, or set {j} false", params=params + (() if prefix else ("jit_compile",)))
         return self
 
     def check_ranges(self, prefix: str = "") -> None:

@@ -88,9 +88,10 @@ def beam_search(model, features, beam_size: int = 3, max_length: int = 20, initi
 
 
 def beam_search_counted(model, features, beam_size: int = 3, max_length: int = 20, initial_state=None,
-                        fast_greedy: bool = True, **options):
+                        fast_greedy: bool = True, jit_compile: bool = False, **options):
     """:func:`beam_search`'s captions and the steps it ran (an int32 scalar): ``benchmark decode`` runs its decoder's
-    own steps exactly as many times."""
+    own steps exactly as many times. ``jit_compile``: the search compiled by XLA (a beam of 1 only:
+    :func:`captioning.model.search_loop.search`)."""
     BeamSearch.check(beam_size, options.get("top_k", 1), options.get("beam_groups", 1))
     if initial_state is None:
         initial_state = model.initial_state(features, training=False)
@@ -99,7 +100,7 @@ def beam_search_counted(model, features, beam_size: int = 3, max_length: int = 2
         strategy = Greedy(model, max_length, **options)
     else:
         strategy = BeamSearch(model, beam_size, max_length, **options)
-    return search(model, initial_state, strategy, max_length)
+    return search(model, initial_state, strategy, max_length, jit_compile=jit_compile)
 
 
 def ids_to_text(vocab, ids, lengths) -> list[list[str]]:
@@ -142,8 +143,9 @@ def generate_counted(model, initial_state, settings, bad_endings=(), keys=None, 
     ``(captions, steps ran, rows per image)``."""
     method, arguments = search_arguments(settings)
     if method == "sample":
+        jit_compile = arguments.pop("jit_compile")
         strategy = Sampling(model, keys=keys, bad_endings=bad_endings, words=words, **arguments)
-        captions, ran = search(model, initial_state, strategy, arguments["max_length"])
+        captions, ran = search(model, initial_state, strategy, arguments["max_length"], jit_compile=jit_compile)
         return captions, ran, strategy.rows_per_image
     captions, ran = beam_search_counted(model, None, initial_state=initial_state, bad_endings=bad_endings, words=words,
                                         **arguments)
@@ -155,9 +157,11 @@ def search_arguments(settings) -> tuple[str, dict]:
     arguments, the same captions and graph (``captioning serve`` keys its decoders so: a beam's seed traces nothing)."""
     common = dict(max_length=settings.max_length, block_ngrams=settings.block_ngrams, min_length=1)
     if settings.method == "sample":
-        return "sample", dict(samples=settings.top_k, temperature=settings.temperature, seed=settings.seed,
+        return "sample", dict(jit_compile=settings.jit_compile, samples=settings.top_k,
+                              temperature=settings.temperature, seed=settings.seed,
                               sample_top_k=settings.sample_top_k, sample_top_p=settings.sample_top_p, **common)
     beam = 1 if settings.method == "greedy" else settings.beam_size
     return "beam", dict(beam_size=beam, top_k=1 if settings.method == "greedy" else settings.top_k,
                         length_normalization=settings.length_normalization, length_penalty_form=settings.length_penalty,
-                        beam_groups=settings.beam_groups if beam > 1 else 1, diversity=settings.diversity, **common)
+                        beam_groups=settings.beam_groups if beam > 1 else 1, diversity=settings.diversity,
+                        jit_compile=settings.jit_compile, **common)

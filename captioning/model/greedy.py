@@ -31,16 +31,15 @@ class Greedy(Strategy):
         self.penalty_form, self.alpha, self.min_length = length_penalty_form, length_normalization, min_length
         self.block_ngrams, self.bad_endings = block_ngrams, tuple(bad_endings)
         self.tracks_ids = block_ngrams >= 1
-        self.growing = {"words": tf.TensorShape([None, None]),
-                        "weights": tf.TensorShape([None, None, None] if self.attends else [0])}
 
     def start(self, batch, state):
         self.never = never_proposed(self.vocab, self.min_length)
         words = self.word_rules.start(batch) if self.word_rules else {}
         return {**words, "live": tf.ones([batch, 1], tf.bool), "log_probs": tf.zeros([batch, 1]),
                 "ids": tf.zeros([batch, self.max_length if self.tracks_ids else 0], tf.int32),
-                "words": tf.zeros([batch, 0], tf.int32),
-                "weights": tf.zeros([batch, 0, tf.shape(state["attention"])[1]]) if self.attends else tf.zeros([0])}
+                "words": tf.zeros([batch, self.max_length], tf.int32),
+                "weights": tf.zeros([batch, self.max_length, tf.shape(state["attention"])[1]]) if self.attends
+                else tf.zeros([0])}
 
     def _likeliest(self, t, tokens, logits, ids, chosen):
         """The likeliest word allowed ``[B, 1]`` (the first of equal ones: the next step waits only for it, the
@@ -65,24 +64,25 @@ class Greedy(Strategy):
         word, word_logp = self._likeliest(t, tokens, logits, chosen["ids"], chosen)
         live = chosen["live"] & tf.not_equal(word, END_ID)
         kept = tf.where(live, word, 0)
+        at = tf.one_hot(t, self.max_length, dtype=tf.int32)[None, :]  # step t's column: the buffers keep their shape
         out = {"live": live, "log_probs": chosen["log_probs"] + tf.where(chosen["live"], word_logp, 0.0),
-               "ids": chosen["ids"], "words": tf.concat([chosen["words"], kept], axis=1), "weights": chosen["weights"]}
+               "ids": chosen["ids"], "words": chosen["words"] + kept * at, "weights": chosen["weights"]}
         if self.word_rules:
             out.update(self.word_rules.advanced(chosen, tf.reshape(word, [-1])))
         if self.tracks_ids:
-            out["ids"] += kept * tf.one_hot(t, self.max_length, dtype=tf.int32)[None, :]
+            out["ids"] += kept * at
         if self.attends:
             weights = tf.where(live, tf.cast(state["attention"], tf.float32), 0.0)
-            out["weights"] = tf.concat([chosen["weights"], weights[:, None]], axis=1)
+            out["weights"] = chosen["weights"] + weights[:, None, :] * tf.cast(at, tf.float32)[:, :, None]
         return tf.reshape(word, [-1]), out, None, tf.logical_not(tf.reduce_any(live))
 
     def finish(self, chosen, ran):
         words, log_probs = chosen["words"], chosen["log_probs"]
         lengths = tf.reduce_sum(tf.cast(words > 0, tf.int32), axis=1, keepdims=True)
         counted = tf.cast(tf.where(lengths < self.max_length, lengths + 1, lengths), tf.float32)  # <end> when it came
-        out = {"ids": tf.pad(words, [[0, 0], [0, self.max_length - ran]])[:, None], "lengths": lengths,
+        out = {"ids": words[:, None], "lengths": lengths,
                "log_probs": log_probs,
                "scores": log_probs / length_penalty(counted, self.penalty_form, self.alpha)}
         if self.attends:
-            out["attention"] = tf.pad(chosen["weights"], [[0, 0], [0, self.max_length - ran], [0, 0]])[:, None]
+            out["attention"] = chosen["weights"][:, None]
         return out

@@ -62,6 +62,8 @@ class Sampling(Strategy):
     ``going [rows]`` (no ``<end>`` yet), the words ``ids [rows, max_length]``, ``lengths``, the model's own summed
     ``log_prob`` (temperature 1, unfiltered, ``<end>``'s too) and the ``attention`` weights of each word kept."""
 
+    not_compiled = "its draws hash each row's seed as text (tf.strings), which XLA has no kernel for"
+
     def __init__(self, model, max_length: int, samples: int = 1, temperature: float = 1.0, sample_top_k: int = 0,
                  sample_top_p: float = 1.0, seed: int = 0, keys=None, block_ngrams: int = 0, bad_endings=(),
                  min_length: int = 0, words=None):

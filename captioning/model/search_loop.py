@@ -41,6 +41,8 @@ class Strategy:
 
     rows_per_image: int = 1
     growing: dict = {}
+    # why XLA cannot compile the strategy's search (None: it can, when nothing grows)
+    not_compiled: str | None = None
 
     def start(self, batch, state) -> dict:
         """The strategy's loop variables before the first step, for ``batch`` images (``state``: the repeated rows')."""
@@ -58,15 +60,35 @@ class Strategy:
         raise NotImplementedError
 
 
-def search(model, initial_state, strategy: Strategy, max_length: int, steps=None):
+def search(model, initial_state, strategy: Strategy, max_length: int, steps=None, jit_compile: bool = False):
     """``(captions, steps ran)``: ``strategy`` run word by word from the decoder's ``initial_state`` for a batch of
     images (see the module docstring for what ``model`` must provide), at most ``max_length`` steps (or ``steps``, an
-    int32 scalar: exactly that many, when the strategy never stops early)."""
-    state = model.reserve(initial_state, max_length)
-    batch = tf.shape(tf.nest.flatten(state)[0])[0]
+    int32 scalar: exactly that many, when the strategy never stops early).
+
+    ``jit_compile``: the whole search (the loop, the decoder's steps, the strategy's choices) is one function XLA
+    compiles (``decode.jit_compile``), a program for each batch size, called from the graph around it (the image's
+    decoding and encoding stay outside). XLA needs every loop variable's shape fixed and every op of its own: a
+    strategy whose :attr:`Strategy.growing` is not empty (beam search) or that says why not
+    (:attr:`Strategy.not_compiled`) is refused. On one image the step of a small decoder is mostly per-op overhead,
+    which XLA fuses away (``benchmark decode``'s comparison with keras-hub's generate)."""
+    if jit_compile and (strategy.growing or strategy.not_compiled):
+        raise ValueError(f"XLA cannot compile {type(strategy).__name__}'s search: " + (
+            strategy.not_compiled or f"its loop variables {sorted(strategy.growing)} grow a step at a time"))
+    state = model.reserve(initial_state, max_length)  # (the room it makes may depend on the state's values)
     if strategy.rows_per_image > 1:  # image-major, the image's rows minor
         state = tf.nest.map_structure(lambda s: tf.repeat(s, strategy.rows_per_image, axis=0), state)
-    rows = batch * strategy.rows_per_image
+    if jit_compile:
+        compiled = tf.function(lambda state: _loop(model, state, strategy, max_length, steps), jit_compile=True,
+                               autograph=False)
+        return compiled(state)
+    return _loop(model, state, strategy, max_length, steps)
+
+
+def _loop(model, state, strategy: Strategy, max_length: int, steps):
+    """:func:`search` from the reserved state, repeated for the strategy's rows (the batch read from its shape: XLA
+    needs it fixed)."""
+    rows = tf.shape(tf.nest.flatten(state)[0])[0]
+    batch = rows // strategy.rows_per_image
     limit = max_length if steps is None else tf.minimum(steps, max_length)
 
     def one_step(loop):

@@ -218,8 +218,8 @@ def check_grouped_captions(name, **settings):
 
 def check_beam_search(name, **settings):
     """Beam search returns its best captions first with the model's own log-probabilities; beam 1 is greedy (by
-    hand: argmax, <pad>, <start> and <unk> left out); an attending decoder's weights a word sum to 1, are those of
-    stepping, and are the same compiled."""
+    hand: argmax, <pad>, <start> and <unk> left out), and the same compiled by XLA; an attending decoder's weights a
+    word sum to 1, are those of stepping, and are the same compiled."""
     from captioning.model.decode import beam_search
     from captioning.vocab import END_ID, PAD_ID, START_ID, UNK_ID
 
@@ -239,6 +239,11 @@ def check_beam_search(name, **settings):
                 done[row] = int(tokens[row]) == END_ID
                 manual[row, t] = 0 if done[row] else int(tokens[row])
     np.testing.assert_array_equal(npy(greedy["ids"])[:, 0], manual)
+    xla = beam_search(model, features, beam_size=1, max_length=6, jit_compile=True)  # decode.jit_compile
+    np.testing.assert_array_equal(npy(xla["ids"]), npy(greedy["ids"]))
+    np.testing.assert_allclose(npy(xla["log_probs"]), npy(greedy["log_probs"]), atol=1e-4)
+    if model.attends:
+        np.testing.assert_allclose(npy(xla["attention"]), npy(greedy["attention"]), atol=1e-5)
 
     best = beam_search(model, features, beam_size=3, max_length=6, top_k=3)
     ids, lengths, scores, log_probs = (npy(best[key]) for key in ("ids", "lengths", "scores", "log_probs"))
