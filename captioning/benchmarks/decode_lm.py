@@ -18,8 +18,9 @@ position a step from their key/value cache.
   :class:`~captioning.model.greedy.Greedy` strategy over :class:`~captioning.model.prefix_lm.PrefixLM`'s
   ``step``, from the state :meth:`~captioning.model.prefix_lm.PrefixLM.initial_state` makes of a prefix — here the
   prompt's embedded tokens stand for the prefix, so both read the same vectors —, in one ``tf.function`` of any
-  batch size, as ``caption``, ``evaluate`` and the SavedModel run it: with ``decode.jit_compile`` (the search
-  compiled by XLA) and without (the default).
+  batch size, as ``caption``, ``evaluate`` and the SavedModel run it: with ``decode.jit_compile`` (the state
+  read from the prefix and the search, one program XLA compiles, as the :class:`~captioning.inference.Captioner`
+  compiles them) and without (the default).
 
 Tokens/s is ``batch × new_tokens`` over the best of ``rounds`` timed calls (each call compiled and warmed first, the
 four timed in turn). ``xla`` pairs the two compiled by XLA, ``no_xla`` the two without; ``ratio`` (ours over
@@ -71,12 +72,16 @@ def _ours(model, prompt, new_tokens: int, jit_compile: bool):
     from captioning.model.greedy import Greedy
     from captioning.model.search_loop import search
 
+    def captions(prefix):  # as the Captioner's: the state read from the prefix, then the search (one XLA program)
+        strategy = Greedy(model, new_tokens, min_length=new_tokens)
+        return search(model, model.state_before_start(prefix), strategy, new_tokens)[0]
+
+    compiled = tf.function(captions, jit_compile=True, autograph=False) if jit_compile else captions
+
     @tf.function(autograph=False,
                  input_signature=[tf.TensorSpec([None, prompt.shape[1]], tf.int32)])  # as the captioner's: any batch
     def call(ids):
-        state = model.state_before_start(tf.cast(model.lm.embed(ids), model.backbone.compute_dtype))
-        strategy = Greedy(model, new_tokens, min_length=new_tokens)
-        return search(model, state, strategy, new_tokens, jit_compile=jit_compile)[0]
+        return compiled(tf.cast(model.lm.embed(ids), model.backbone.compute_dtype))  # (the encoder's features)
 
     return lambda: call(prompt)
 

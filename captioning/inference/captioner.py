@@ -81,6 +81,10 @@ class Captioner:
         self.words = word_table(trained.vocab)  # a subword tokenizer's words, which the decoding rules read
         for line in self.settings.ineffective():
             log.warning("%s", line)
+        # the members' initial states and the search, from their features: with decode.jit_compile (greedy) one
+        # program XLA compiles per batch size (the language model's reading of the prefix with the words after it)
+        self._captions = tf.function(self._captions_of, jit_compile=True, autograph=False) if (
+            self.settings.jit_compile) else self._captions_of
         self.decode = tf.function(self.decode_encoded, input_signature=[tf.TensorSpec([None], tf.string)],
                                   autograph=False)
         self.decode_boxes = tf.function(self.decode_with_boxes, input_signature=[
@@ -90,25 +94,36 @@ class Captioner:
         """Encoded images ``[B]`` → :func:`captioning.decode.beam_search`'s outputs (with ``attention`` for an
         attention decoder), and ``images``: the ``uint8`` crops the model saw (an ensemble's: its first
         model's)."""
-        state, images, _ = self._image_states(encoded)
-        return {**self._generate(state, image_keys(encoded)), "images": images}
+        features, images, _ = self._image_features(encoded)
+        return {**self._captions(features, image_keys(encoded)), "images": images}
+
+    def _captions_of(self, features, keys) -> dict:
+        """Captions as :attr:`settings` say (:func:`captioning.model.decode.generate`) from each member's
+        ``(features, mask)`` (:meth:`~captioning.model.base.CaptionModel.image_features`): its initial state, then the
+        search (an ensemble's: each member's state, as a tuple)."""
+        states = tuple(member.model.initial_state(f, training=False, mask=mask)
+                       for member, (f, mask) in zip(self.trained.members, features))
+        return generate(self.trained.model, states[0] if len(states) == 1 else states, self.settings,
+                        self.bad_endings, keys, self.words)
 
     def _generate(self, initial_state, keys) -> dict:
-        """Captions as :attr:`settings` say (:func:`captioning.model.decode.generate`)."""
-        return generate(self.trained.model, initial_state, self.settings, self.bad_endings, keys, self.words)
+        """Captions as :attr:`settings` say from the decoder's ``initial_state``, the search in TensorFlow's own ops
+        whatever ``decode.jit_compile`` says (the LiteRT file's search: its converter compiles it)."""
+        settings = dataclasses.replace(self.settings, jit_compile=False)
+        return generate(self.trained.model, initial_state, settings, self.bad_endings, keys, self.words)
 
-    def _image_states(self, encoded, boxes=None):
-        """The decoding state of encoded images ``[B]`` (an ensemble's: each model's, as a tuple), the first
-        model's images and, with ``boxes``, the regions' boxes. Each model sees the images as it was
-        trained to: the central crop of its own sizes, or (reading regions) the whole image squashed to its
+    def _image_features(self, encoded, boxes=None):
+        """What each model's encoder gives of encoded images ``[B]`` (``(features, mask)``, one per member of an
+        ensemble), the first model's images and, with ``boxes``, the regions' boxes. Each model sees the images as
+        it was trained to: the central crop of its own sizes, or (reading regions) the whole image squashed to its
         size with each box and the whole image pooled from its grid."""
-        states, crops, seen, regions = [], {}, None, None
+        features, crops, seen, regions = [], {}, None, None
         for member in self.trained.members:
             model = member.model
             if model.source.takes_boxes:
                 images, sizes = self._squashed(encoded, model.image_size)
                 inputs = boxes_to_regions(model, images, boxes, sizes)
-                states.append(model.image_state(inputs))
+                features.append(model.image_features(inputs))
                 regions = inputs["boxes"] if regions is None else regions
             else:
                 preprocessor = member.preprocessor
@@ -117,9 +132,9 @@ class Captioner:
                         lambda e, p=preprocessor: model_input(e, p), encoded,
                         fn_output_signature=tf.TensorSpec([preprocessor.image_size] * 2 + [3], tf.uint8))
                 images = crops[preprocessor]
-                states.append(model.initial_state(model.encode(images, training=False)))
+                features.append(model.image_features({"image": images}))
             seen = images if seen is None else seen
-        return (states[0] if len(states) == 1 else tuple(states)), seen, regions
+        return tuple(features), seen, regions
 
     @staticmethod
     def _squashed(encoded, size: int):
@@ -138,16 +153,16 @@ class Captioner:
         model's size, as the regions were pooled from them) and ``boxes`` (the regions' corners as
         fractions of the image, the whole image last). An ensemble's models that read the grid ignore the
         boxes."""
-        state, images, regions = self._image_states(encoded, boxes)
-        return {**self._generate(state, image_keys(encoded)), "images": images, "boxes": regions}
+        features, images, regions = self._image_features(encoded, boxes)
+        return {**self._captions(features, image_keys(encoded)), "images": images, "boxes": regions}
 
     def decode_batch(self, batch: dict) -> dict:
         """A batch as the model reads it (``image``, or ``regions``, ``boxes`` and ``region_mask``; ``image_id``
         keys the images' samples) → the captions' outputs; for a model reading regions the attention is over
         each image's (padded) regions."""
-        model = self.trained.model
         inputs = {key: batch[key] for key in IMAGE_INPUTS if key in batch}
-        return self._generate(model.image_state(inputs), batch.get("image_id"))
+        features = tuple(member.model.image_features(inputs) for member in self.trained.members)
+        return self._captions(features, batch.get("image_id"))
 
     @property
     def token_layout(self):
