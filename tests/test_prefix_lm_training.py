@@ -42,59 +42,41 @@ def photos(tmp_path, count=3):
 # ------------------------------------------------------------------------------------------------ ensembles
 
 
-@pytest.fixture(scope="module")
-def second_prefix_lm_dir(prepared_dir, lm_presets, tmp_path_factory):
-    """Another prefix_lm model of the fixture's tokenizer and shapes (another seed, 4 steps): 5 CPU s."""
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-
-    cfg = small_train_config(prepared_dir, *plm(lm_presets["gpt2"], "model.lm_trainable=true", "train.steps=4",
-                                                "train.optimizer=adam", "train.learning_rate=0.003",
-                                                "train.checkpoint_every_steps=4", "train.seed=5"))
-    folder = str(tmp_path_factory.mktemp("second_prefix_lm"))
-    Trainer(for_training(cfg), folder).run(progress=False)
-    return folder
-
-
 def ensemble_log_probs(members, crops, ids, lengths, max_length):
     """Each caption's summed log of the members' averaged probabilities (its pieces, then <end> when it ended
-    before ``max_length``), stepped in numpy from each member alone."""
-    from captioning.vocab import END_ID, START_ID
+    before ``max_length``), from each member alone stepped over the captions (:func:`stepped`)."""
+    from captioning.vocab import END_ID
 
+    rows = [[int(i) for i in row[:length]] for row, length in zip(ids, lengths)]
+    p = np.mean([np.exp(stepped(m, crops, rows)) for m in members], axis=0)  # [captions, steps, V]
     out = []
-    for crop, row, length in zip(crops, ids, lengths):
-        states = [m.reserve(m.image_state({"image": crop[None]}), int(length) + 1) for m in members]
-        total, token = 0.0, START_ID
-        for piece in [int(i) for i in row[:length]] + [END_ID] * int(length < max_length):
-            stepped = [m.step(tf.constant([token]), s) for m, s in zip(members, states)]
-            states = [s for _, s in stepped]
-            p = np.mean([np.exp(tf.nn.log_softmax(x).numpy()[0]) for x, _ in stepped], axis=0)
-            total += math.log(p[piece])
-            token = piece
-            if piece == END_ID:
-                break
-        out.append(total)
+    for probs, row in zip(p, rows):
+        pieces = row + [END_ID] * int(len(row) < max_length)
+        out.append(sum(math.log(probs[t, piece]) for t, piece in enumerate(pieces)))
     return out
 
 
 @pytest.mark.slow
 def test_prefix_lm_models_of_one_tokenizer_caption_evaluate_and_export_as_an_ensemble(
-        trained_prefix_lm_dir, second_prefix_lm_dir, tmp_path):
-    """Two prefix_lm models over the same GPT-2 tokenizer are one ensemble: its captions' log-probabilities are the
-    log of the members' averaged probabilities of their pieces (not either member's), and ``caption``,
-    ``evaluate`` and ``export`` take both folders."""
+        trained_prefix_lm_dir, scst_run, tmp_path):
+    """Two prefix_lm models over the same GPT-2 tokenizer (the fixture and the SCST run's model started from it) are
+    one ensemble: its captions' log-probabilities are the log of the members' averaged probabilities of their pieces
+    (not either member's), and ``caption``, ``evaluate`` and ``export`` take both folders."""
     from captioning import inference
     from captioning.config import DecodeConfig
     from captioning.data.reading import model_input
 
-    dirs = copies([trained_prefix_lm_dir, second_prefix_lm_dir], tmp_path)
+    dirs = copies([trained_prefix_lm_dir, scst_run.folder], tmp_path)
     images = photos(tmp_path)
     trained = inference.load(dirs)
     assert [m.model.__class__.__name__ for m in trained.members] == ["PrefixLM", "PrefixLM"]
     crops = np.stack([model_input(tf.constant(open(p, "rb").read()), trained.preprocessor).numpy() for p in images])
     members = [m.model for m in trained.members]
-    for settings in (DecodeConfig(method="greedy", max_length=6), DecodeConfig(beam_size=3, top_k=2, max_length=6)):
-        out = inference.Captioner(trained, settings).decode(tf.constant([open(p, "rb").read() for p in images]))
+    default = dataclasses.replace(trained.config.decode, max_length=6)  # caption's, below: beam 3
+    assert default.method == "beam" and default.beam_size == 3
+    for settings in (DecodeConfig(method="greedy", max_length=6), default):
+        captioner = inference.Captioner(trained, settings)
+        out = captioner.decode(tf.constant([open(p, "rb").read() for p in images]))
         ids, lengths, log_probs = out["ids"].numpy(), out["lengths"].numpy(), out["log_probs"].numpy()
         want = ensemble_log_probs(members, crops, ids[:, 0], lengths[:, 0], 6)
         np.testing.assert_allclose(log_probs[:, 0], want, atol=1e-4)
@@ -107,8 +89,7 @@ def test_prefix_lm_models_of_one_tokenizer_caption_evaluate_and_export_as_an_ens
     captioned = [json.loads(line) for line in cli.stdout.splitlines()]
     assert [c["image"] for c in captioned] == images
     assert all(c["attention"] is None and "prefix_lm" in c["attention_absent"] for c in captioned)  # said, as alone
-    settings = dataclasses.replace(trained.config.decode, max_length=6)
-    texts = inference.Captioner(trained, settings).caption([open(p, "rb").read() for p in images])
+    texts = captioner.caption([open(p, "rb").read() for p in images])  # the model's decode: the loop's last
     assert [c["captions"][0]["caption"] for c in captioned] == [t[0].text for t in texts]
 
     evaluated = run_cli("evaluate", *args, "--beam-size", "2", "--max-length", "6")
@@ -169,31 +150,44 @@ SCST = ("train.objective=scst", "data.captions_per_image=grouped", "train.optimi
         "scst.samples=3", "train.batch_size=10", "scst.max_length=12")
 
 
-@pytest.mark.slow
-def test_scst_from_a_prefix_lm_checkpoint_rewards_words_and_learns(trained_prefix_lm_dir, prepared_dir, lm_presets,
-                                                                   tmp_path):
-    """SCST started from the fixture's cross-entropy checkpoint (``init_from``): each step's reward (CIDEr-D of the
-    samples' detokenized words, in the graph) is finite and moves, the loss is finite and the weights change; the
-    sample captions are words, each noted with its reward."""
-    import re
+@pytest.fixture(scope="module")
+def scst_run(trained_prefix_lm_dir, prepared_dir, lm_presets, tmp_path_factory):
+    """SCST started from the fixture's cross-entropy checkpoint (``init_from``), 4 steps, then saved: the trainer,
+    its weights before, each step's outputs, 3 sample captions and the model folder (the ensemble's second
+    member, below: one training for both tests)."""
+    import types
 
     from captioning.experiment import for_training
     from captioning.train import Trainer
 
     cfg = small_train_config(prepared_dir, *plm(lm_presets["gpt2"], "model.lm_trainable=true", "train.steps=4",
                                                 *SCST))
-    trainer = Trainer(for_training(cfg), str(tmp_path / "scst"), init_from=trained_prefix_lm_dir)
-    assert trainer.objective.words is not None  # the reward reads words, not GPT-2's pieces
+    folder = str(tmp_path_factory.mktemp("plm_scst") / "scst")
+    trainer = Trainer(for_training(cfg), folder, init_from=trained_prefix_lm_dir)
     start = [v.numpy() for v in trainer.model.trainable_variables]
     dataset = trainer.distributed_dataset(cfg.data.train_split, training=True)
     step, batches = trainer.train_step_for(dataset), iter(dataset)
     outs = [{k: float(v) for k, v in step(next(batches)).items()} for _ in range(4)]
+    samples = trainer.sample_captions(3)
+    trainer.save()
+    return types.SimpleNamespace(trainer=trainer, start=start, outs=outs, samples=samples, folder=folder)
+
+
+@pytest.mark.slow
+def test_scst_from_a_prefix_lm_checkpoint_rewards_words_and_learns(scst_run):
+    """SCST started from the fixture's cross-entropy checkpoint (``init_from``): each step's reward (CIDEr-D of the
+    samples' detokenized words, in the graph) is finite and moves, the loss is finite and the weights change; the
+    sample captions are words, each noted with its reward."""
+    import re
+
+    trainer, start, outs = scst_run.trainer, scst_run.start, scst_run.outs
+    assert trainer.objective.words is not None  # the reward reads words, not GPT-2's pieces
     rewards = [o["reward"] for o in outs]
     assert all(math.isfinite(o["loss"]) and math.isfinite(o["reward"]) for o in outs), outs
     assert 0 <= min(rewards) and len(set(rewards)) > 1 and max(rewards) > 0, rewards  # CIDEr-D >= 0, moving
     moved = max(float(np.max(np.abs(v.numpy() - s))) for v, s in zip(trainer.model.trainable_variables, start))
     assert moved > 1e-4
-    samples = trainer.sample_captions(3)
+    samples = scst_run.samples
     assert len(samples) == 3
     for sample in samples:
         assert re.fullmatch(r"reward \d+\.\d{3}", sample.note), sample.note
@@ -280,16 +274,22 @@ def loaded(trained_prefix_lm_dir):
     return trained, encoded, crops
 
 
-def stepped(model, crop, pieces):
-    """The model's log-softmax ``[len(pieces) + 1, V]`` reading <start> then ``pieces``, one step at a time."""
-    from captioning.vocab import START_ID
+def stepped(model, crops, rows):
+    """The model's log-softmax ``[len(rows), longest + 1, V]`` reading <start> then each row's pieces (after them
+    <end>s, which change nothing before), one step at a time: every row a row of one batch, its own crop."""
+    from captioning.vocab import END_ID, START_ID
 
-    state = model.reserve(model.image_state({"image": crop[None]}), len(pieces) + 1)
+    steps = max(map(len, rows)) + 1
+    tokens = np.full((len(rows), steps), END_ID, np.int32)
+    tokens[:, 0] = START_ID
+    for i, row in enumerate(rows):
+        tokens[i, 1:len(row) + 1] = row
+    state = model.reserve(model.image_state({"image": tf.constant(np.stack(crops))}), steps)
     out = []
-    for token in [START_ID, *pieces]:
-        logits, state = model.step(tf.constant([int(token)]), state)
-        out.append(tf.nn.log_softmax(logits).numpy()[0])
-    return np.stack(out)
+    for t in range(steps):
+        logits, state = model.step(tf.constant(tokens[:, t]), state)
+        out.append(tf.nn.log_softmax(logits).numpy())
+    return np.stack(out, axis=1)
 
 
 class EndBoosted(tf.Module):
@@ -331,34 +331,43 @@ def test_every_decoding_option_on_a_prefix_lm_model(loaded):
     model, tokenizer = trained.model, trained.vocab
     assert tokenizer.kind == "preset"
 
+    captioners = {}  # one Captioner (one trace) for each decoding: a second call reuses it
+
     def decoded(**options):
-        out = inference.Captioner(trained, DecodeConfig(**options)).decode(tf.constant(encoded))
+        key = repr(sorted(options.items()))
+        if key not in captioners:
+            captioners[key] = inference.Captioner(trained, DecodeConfig(**options))
+        out = captioners[key].decode(tf.constant(encoded))
         return {k: out[k].numpy() for k in ("ids", "lengths", "log_probs", "scores")}
 
-    def own_log_prob(crop, ids, length, max_length):
-        pieces = [int(i) for i in ids[:length]]
-        logp = stepped(model, crop, pieces)
-        ended = length < max_length
-        return sum(logp[t, p] for t, p in enumerate(pieces)) + (logp[length, END_ID] if ended else 0.0), logp
+    def own_log_probs(images, captions, lengths, max_length):
+        """Each caption's log p by the model stepped over its pieces (and <end> when it ended before
+        ``max_length``), and its log-softmax at every step."""
+        rows = [[int(i) for i in ids[:length]] for ids, length in zip(captions, lengths)]
+        logp = stepped(model, [crops[i] for i in images], rows)
+        totals = [sum(p[t, piece] for t, piece in enumerate(row)) + (p[len(row), END_ID] if len(row) < max_length
+                                                                    else 0.0) for p, row in zip(logp, rows)]
+        return totals, logp
 
     def words(ids, length):
         return tokenizer.decode([int(i) for i in ids[:length]])
 
     # greedy: the likeliest piece at every step (<end> not first); its log p the model's
     greedy = decoded(method="greedy", max_length=8)
-    for crop, ids, length, lp in zip(crops, greedy["ids"][:, 0], greedy["lengths"][:, 0], greedy["log_probs"][:, 0]):
-        total, logp = own_log_prob(crop, ids, length, 8)
+    totals, logps = own_log_probs(range(3), greedy["ids"][:, 0], greedy["lengths"][:, 0], 8)
+    for ids, length, lp, total, logp in zip(greedy["ids"][:, 0], greedy["lengths"][:, 0], greedy["log_probs"][:, 0],
+                                            totals, logps):
         logp[0, END_ID] = -np.inf
         assert list(ids[:length]) == [int(np.argmax(logp[t])) for t in range(length)]
         assert lp == pytest.approx(total, abs=1e-4)
     # beams: top_k captions, their log p the model's, ranked; the length penalties divide by (pieces + <end>)
     for alpha, form in ((0.0, "avg"), (1.0, "avg"), (0.7, "gnmt")):
         beams = decoded(beam_size=3, top_k=3, max_length=8, length_normalization=alpha, length_penalty=form)
-        for i, crop in enumerate(crops):
+        totals, _ = own_log_probs(np.repeat(range(3), 3), beams["ids"].reshape(9, -1), beams["lengths"].reshape(9), 8)
+        for i in range(3):
             for k in range(3):
                 length = beams["lengths"][i, k]
-                total, _ = own_log_prob(crop, beams["ids"][i, k], length, 8)
-                assert beams["log_probs"][i, k] == pytest.approx(total, abs=1e-4)
+                assert beams["log_probs"][i, k] == pytest.approx(totals[3 * i + k], abs=1e-4)
                 counted = length + int(length < 8)
                 penalty = 1.0 if not alpha else counted ** alpha if form == "avg" else ((5 + counted) / 6) ** alpha
                 assert beams["scores"][i, k] == pytest.approx(beams["log_probs"][i, k] / penalty, rel=1e-5)
@@ -372,10 +381,11 @@ def test_every_decoding_option_on_a_prefix_lm_model(loaded):
     sampled = decoded(method="sample", top_k=2, temperature=0.7, sample_top_k=3, seed=3, max_length=8)
     again = decoded(method="sample", top_k=2, temperature=0.7, sample_top_k=3, seed=3, max_length=8)
     np.testing.assert_array_equal(sampled["ids"], again["ids"])
-    for i, crop in enumerate(crops):
+    totals, logps = own_log_probs(np.repeat(range(3), 2), sampled["ids"].reshape(6, -1), sampled["lengths"].reshape(6),
+                                  8)
+    for i in range(3):
         for k in range(2):
-            length = sampled["lengths"][i, k]
-            total, logp = own_log_prob(crop, sampled["ids"][i, k], length, 8)
+            length, total, logp = sampled["lengths"][i, k], totals[2 * i + k], logps[2 * i + k]
             logp[0, END_ID] = -np.inf
             ranks = [int(np.sum(logp[t] > logp[t, p])) for t, p in enumerate(sampled["ids"][i, k, :length])]
             assert max(ranks) < 3, ranks
