@@ -157,7 +157,8 @@ def test_only_the_mapper_trains_with_a_frozen_lm_and_lora_trains_only_its_adapte
     """Frozen (the default): the mapper's variables are the decoder's only trainable ones (the LM's are its
     variables, untrained). LoRA rank 2: the mapper and the adapters of the query and value projections train
     (counted), nothing else; after a step every other LM weight is bit for bit the preset's. (A frozen LM bit for
-    bit after training through ``captioning.train``: the end-to-end test below.)"""
+    bit after training through ``captioning.train``: tests/test_tokenizers.py's end-to-end test of a decoder over a
+    preset's tokenizer.)"""
     preset = gpt2_preset
     frozen = build(preset, vocab_size=40)
     encoder = {id(v) for v in frozen.encoder.weights}
@@ -233,50 +234,6 @@ def test_gpt2_max_length_is_the_positions_the_model_reads():
         out, state = model.step(tf.constant(ids[:, t], tf.int32), state)
         stepped.append(npy(out))
     np.testing.assert_allclose(np.stack(stepped, axis=1), full, atol=1e-5, rtol=0)
-
-
-@pytest.mark.slow
-def test_it_trains_end_to_end_on_the_presets_tokenizer_its_frozen_lm_bit_identical(gpt2_preset, prepared_dir, shapes_dir,
-                                                                                     tmp_path):
-    """captioning.train with data.tokenizer: preset (the captions tokenized in the pipeline by the preset's
-    tokenizer): three steps train the mapper; the model folder's LM weights are bit for bit the preset's; the
-    folder loads and captions new images in the preset's pieces."""
-    import os
-
-    import keras_hub
-
-    from captioning.config import DecodeConfig
-    from captioning.experiment import for_training
-    from captioning.inference import Captioner
-    from captioning.model.folder import ModelDir
-    from captioning.train import Trainer
-    from tests.helpers import small_train_config
-
-    preset = gpt2_preset
-    cfg = small_train_config(prepared_dir, "model.decoder=prefix_lm", f"model.decoder_preset={preset}",
-                             "model.mapper=mlp", "model.prefix_length=2", "data.tokenizer=preset", "train.steps=3",
-                             "train.optimizer=adam", "train.learning_rate=0.01")
-    trainer = Trainer(for_training(cfg), str(tmp_path / "model"))
-    assert trainer.model.vocab_size == 4 + _captions_tokenizer_size(preset)
-    mapper_before = [npy(v).copy() for v in trainer.model.mapper.weights]
-    trainer.run(progress=False)
-    trained = ModelDir(str(tmp_path / "model")).load()
-    assert trained.step == 3
-    original = keras_hub.models.Backbone.from_preset(preset)
-    assert len(trained.model.backbone.weights) == len(original.weights) > 20
-    for a, b in zip(trained.model.backbone.weights, original.weights):
-        np.testing.assert_array_equal(npy(a), npy(b), err_msg=a.path)
-    assert any(not np.array_equal(npy(v), b) for v, b in zip(trained.model.mapper.weights, mapper_before))
-    images = os.path.join(shapes_dir, "images")
-    encoded = [open(os.path.join(images, f), "rb").read() for f in sorted(os.listdir(images))[:2]]
-    captions = Captioner(trained, DecodeConfig(beam_size=2, max_length=5)).caption(encoded)
-    assert len(captions) == 2 and all(isinstance(c[0].text, str) for c in captions)
-
-
-def _captions_tokenizer_size(preset):
-    from captioning.model.prefix_lm import _tokenizer
-
-    return int(_tokenizer(preset).vocabulary_size())
 
 
 def test_a_fine_tuned_lm_learns_at_train_lm_lr_scale_and_the_encoder_at_its_own(gpt2_preset):

@@ -265,38 +265,48 @@ def test_a_model_folder_of_format_9_read_the_word_vocabulary(tmp_path):
 
 @pytest.mark.slow
 def test_a_decoder_over_a_presets_tokenizer_trains_keeps_it_and_captions_with_it(prepared_dir, shapes_dir, presets,
-                                                                                  tokenizers, tmp_path, monkeypatch):
-    """End to end with a decoder that declares GPT-2's preset (Show and Tell over its pieces, as prefix_lm reads
-    them): 3 training steps, the model folder keeps tokenizer/ and no vocab.txt, it loads with that tokenizer (of
-    4 + 247 ids), captions an image as detokenized text, evaluate scores it (the loss over the records' text
-    tokenized, CHAIR, diversity), and a second run with the words tokenizer is refused; the same pipeline runs on a
-    tf.data service worker process (which loads TensorFlow Text's ops)."""
+                                                                                  tokenizers, tmp_path):
+    """End to end with prefix_lm over GPT-2's preset, its LM frozen, ``data.tokenizer: preset`` (the captions
+    tokenized in the pipeline by the preset's tokenizer): 3 training steps train the mapper, and the model folder's
+    LM weights stay bit for bit the preset's; the folder keeps tokenizer/ and no vocab.txt, it loads with that
+    tokenizer (of 4 + 247 ids), captions images as detokenized text, evaluate scores it (the loss over the records'
+    text tokenized, CHAIR, diversity), and a second run with the words tokenizer is refused; the same pipeline runs
+    on a tf.data service worker process (which loads TensorFlow Text's ops). (tests/test_prefix_lm.py: the decoder
+    itself.)"""
+    import keras_hub
+
+    from captioning.config import DecodeConfig
     from captioning.data.pipeline import make_dataset
     from captioning.evaluation.evaluate import evaluate
     from captioning.experiment import for_training
     from captioning.inference.captioner import Captioner
-    from captioning.model import DECODERS
     from captioning.model.folder import ModelDir
-    from captioning.model.show_and_tell import ShowAndTell
     from captioning.train import Trainer
     from tests.harness.data_service import Cluster
 
-    class OverGpt2(ShowAndTell):
-        @classmethod
-        def tokenizer_preset(cls, settings):
-            return presets["gpt2"]
-
-    monkeypatch.setitem(DECODERS, "over_gpt2", OverGpt2)
     model_dir = str(tmp_path / "model")
-    cfg = small_train_config(prepared_dir, "model.decoder=over_gpt2", "train.steps=3")
-    assert Trainer(for_training(cfg), model_dir).run(progress=False).step == 3
+    cfg = small_train_config(prepared_dir, "model.decoder=prefix_lm", f"model.decoder_preset={presets['gpt2']}",
+                             "model.mapper=mlp", "model.prefix_length=2", "data.tokenizer=preset", "train.steps=3",
+                             "train.optimizer=adam", "train.learning_rate=0.01")
+    trainer = Trainer(for_training(cfg), model_dir)
+    assert trainer.model.vocab_size == 251
+    mapper_before = [v.numpy().copy() for v in trainer.model.mapper.weights]
+    assert trainer.run(progress=False).step == 3
     assert "tokenizer" in os.listdir(model_dir) and "vocab.txt" not in os.listdir(model_dir)
     trained = ModelDir(model_dir).load()
+    assert trained.step == 3
     assert trained.vocab == tokenizers["gpt2"] and trained.model.vocab_size == 251 == len(trained.vocab)
-    image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
-    with open(image, "rb") as f:
-        text = Captioner(trained).caption([f.read()])[0][0].text
-    assert isinstance(text, str) and "<" not in text  # GPT-2's pieces detokenized, its special token never written
+    original = keras_hub.models.Backbone.from_preset(presets["gpt2"])
+    assert len(trained.model.backbone.weights) == len(original.weights) > 20
+    for a, b in zip(trained.model.backbone.weights, original.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert any(not np.array_equal(v.numpy(), b) for v, b in zip(trained.model.mapper.weights, mapper_before))
+    images = os.path.join(shapes_dir, "images")
+    encoded = [open(os.path.join(images, f), "rb").read() for f in sorted(os.listdir(images))[:2]]
+    captions = Captioner(trained, DecodeConfig(beam_size=2, max_length=5)).caption(encoded)
+    assert len(captions) == 2
+    for caption in captions:  # GPT-2's pieces detokenized, its special token never written
+        assert isinstance(caption[0].text, str) and "<" not in caption[0].text
     result = evaluate(model_dir, split="test", beam_size=1, max_images=2, progress=False,
                       instances=os.path.join(shapes_dir, "annotations", "instances_test.json"))
     assert result.num_images == 2 and np.isfinite(result.loss) and result["diversity"]["words_used"] >= 0
