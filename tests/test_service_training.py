@@ -19,14 +19,43 @@ from tests.helpers import REPO, free_port, run_cli, run_main, small_train_config
 from tests.harness.data_service import Cluster
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A dispatcher with a work dir and workers w1, w2 for the file: the trainers read through it in turn;
-    the last two tests to use it kill w2 and the dispatcher (started again from its work dir), then the
-    workers left (two cluster start-ups saved)."""
+def service(tmp_path_factory):
+    """The file's dispatcher (with a work dir) before any worker has started: the first test, which needs a
+    dispatcher without workers, uses it so (a dispatcher start-up saved); then :func:`cluster`."""
     folder = tmp_path_factory.mktemp("service")
-    c = Cluster(folder, dispatcher_args=("--work-dir", str(folder / "journal")))
+    c = Cluster(folder, dispatcher_args=("--work-dir", str(folder / "journal")), start_workers=False)
     yield c
     c.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(service):
+    """The file's dispatcher and its workers w1, w2: the trainers read through it in turn; the last two
+    tests to use it kill w2 and the dispatcher (started again from its work dir), then the workers left (two
+    cluster start-ups saved)."""
+    service.start_workers()
+    return service
+
+
+@pytest.mark.slow
+def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(service, prepared_dir, tmp_path):
+    """The file's dispatcher before its workers start (this test is the file's first)."""
+    from captioning.config import save_config
+
+    assert not service.workers, "the file's workers are started: this test must run before the others"
+    save_config(small_train_config(prepared_dir, "train.steps=5", f"data.service={service.service}",
+                                   "data.service_timeout_s=2", "train.log_every_steps=1",
+                                   "train.checkpoint_every_steps=100000"), str(tmp_path / "c.yaml"))
+    started = time.time()  # `train` in this process: the refusal comes before any job
+    code, _, err = run_main("train", "--config", str(tmp_path / "c.yaml"), "--model-dir", str(tmp_path / "model"))
+    took = time.time() - started
+    lines = err.strip().splitlines()
+    port = service.port
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert lines[-1] == (f"captioning train: error: the tf.data dispatcher at localhost:{port} has no workers (none has "
+                         f"registered within 2 s): start one there (captioning data-service worker --dispatcher "
+                         f"localhost:{port})")
+    assert took < 45 and not (tmp_path / "model").exists()  # a refusal writes nothing
 
 
 def image_captions(prepared_dir):
@@ -239,32 +268,6 @@ def stalls(log, proc, quiet_s=3.0, timeout=120):
             return last
         time.sleep(0.2)
     raise AssertionError(f"training did not stall within {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-@pytest.mark.slow
-def test_a_dispatcher_without_workers_is_one_line_within_the_timeout(prepared_dir, tmp_path):
-    from tests.harness.data_service import dispatcher
-
-    from captioning.config import save_config
-
-    port = free_port()
-    server = dispatcher(tmp_path, port)
-    save_config(small_train_config(prepared_dir, "train.steps=5", f"data.service=localhost:{port}",
-                                   "data.service_timeout_s=2", "train.log_every_steps=1",
-                                   "train.checkpoint_every_steps=100000"), str(tmp_path / "c.yaml"))
-    try:
-        server.wait_for("dispatcher listening")
-        started = time.time()  # `train` in this process: the refusal comes before any job
-        code, _, err = run_main("train", "--config", str(tmp_path / "c.yaml"), "--model-dir", str(tmp_path / "model"))
-        took = time.time() - started
-    finally:
-        server.kill()
-    lines = err.strip().splitlines()
-    assert code == 2 and "Traceback" not in err, err[-2000:]
-    assert lines[-1] == (f"captioning train: error: the tf.data dispatcher at localhost:{port} has no workers (none has "
-                         f"registered within 2 s): start one there (captioning data-service worker --dispatcher "
-                         f"localhost:{port})")
-    assert took < 45 and not (tmp_path / "model").exists()  # a refusal writes nothing
 
 
 @pytest.mark.slow

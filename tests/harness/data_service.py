@@ -58,17 +58,25 @@ def worker(folder, name, dispatcher_port, port, *args):
 
 class Cluster:
     """A dispatcher and workers w1, w2, ... on fixed localhost ports, all started at once (the workers wait
-    for the dispatcher)."""
+    for the dispatcher); ``start_workers=False``: the dispatcher alone, until :meth:`start_workers`."""
 
-    def __init__(self, folder, workers=2, dispatcher_args=(), worker_args=()):
+    def __init__(self, folder, workers=2, dispatcher_args=(), worker_args=(), start_workers=True):
         self.folder, self.port, self.dispatcher_args, self.worker_args = folder, free_port(), dispatcher_args, worker_args
         self.service = f"localhost:{self.port}"
         self.dispatcher = dispatcher(folder, self.port, *dispatcher_args)
         self.worker_ports = {f"w{i + 1}": free_port() for i in range(workers)}
-        self.workers = {name: worker(folder, name, self.port, port, *worker_args)
-                        for name, port in self.worker_ports.items()}
+        self.workers = {}
+        if start_workers:
+            self.start_workers(wait=False)  # at once, while the dispatcher starts
         self.dispatcher.wait_for(rf"dispatcher listening on grpc://{HOST}:{self.port} ")
-        for name, w in self.workers.items():
+        if start_workers:
+            self.start_workers()
+
+    def start_workers(self, wait=True):
+        """Starts the workers not started yet; ``wait``: and waits until each serves the dispatcher."""
+        self.workers.update({name: worker(self.folder, name, self.port, port, *self.worker_args)
+                             for name, port in self.worker_ports.items() if name not in self.workers})
+        for name, w in self.workers.items() if wait else ():
             w.wait_for(rf"worker localhost:{self.worker_ports[name]} serving dispatcher localhost:{self.port}\n")
 
     def restart_worker(self, name):
