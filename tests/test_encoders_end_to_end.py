@@ -82,20 +82,28 @@ def test_the_issues_commands_train_a_vit_and_a_preset_caption_and_export(prepare
     """The commands of issue 31, on the shapes fixture and for two steps: a ViT under soft attention from the
     shapes config (32 px: 4 x 4 patches and a class token), and the Transformer config (64 px) over a 32 px CLIP
     preset, resized inside the encoder; captions with --json and --html (the SavedModel of a preset's model:
-    test_train_caption_evaluate_and_export_from_a_keras_hub_preset)."""
+    test_train_caption_evaluate_and_export_from_a_keras_hub_preset). The models at their tiny sizes (``--set``: the
+    ViT's and the attention decoder's tiny settings, the smallest Transformer): the configs' widths and layers are not
+    what is checked (the grid, the class token, a weight a token are), and each layer more is traced again."""
     import json
 
+    from captioning.model.encoders import ENCODERS
     from tests.helpers import run_cli
+
+    def tiny(*classes, **more):  # their tiny settings, as --set flags
+        settings = {k: v for c in classes for k, v in c.tiny_settings.items()} | more
+        return [a for k, v in settings.items() for a in ("--set", f"model.{k}={v}")]
 
     short = ["--set", f"data.dir={prepared_dir}", "--set", "train.steps=2", "--set", "train.eval_every_steps=0",
              "--set", "train.checkpoint_every_steps=2", "--set", "data.cache=none"]
     vit = tmp_path / "vit"
     done = run_cli("train", "--config", "experiments/shapes.yaml", "--set", "model.encoder=vit", "--set",
-                   "model.decoder=attention", "--model-dir", vit, *short)
+                   "model.decoder=attention", "--model-dir", vit, *short, *tiny(ENCODERS["vit"], DECODERS["attention"]))
     assert done.returncode == 0, done.stderr[-2000:]
     hub = tmp_path / "hub"
     done = run_cli("train", "--config", "experiments/shapes_transformer.yaml", "--set", "model.encoder=keras_hub",
-                   "--set", f"model.encoder_preset={hub_presets['clip']}", "--model-dir", hub, *short)
+                   "--set", f"model.encoder_preset={hub_presets['clip']}", "--model-dir", hub, *short,
+                   *tiny(DECODERS["transformer"], decoder_layers=1, encoder_layers=0))
     assert done.returncode == 0, done.stderr[-2000:]
     image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
     for folder, grid in ((vit, [4, 4]), (hub, [4, 4])):
