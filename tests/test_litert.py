@@ -122,12 +122,19 @@ def litert(decisive_models, tmp_path_factory):
                   "grd": Captioner(load(sat_dir), DecodeConfig(method="greedy", max_length=12))}  # greedy's own loop
     counts = {"sat": 200, "att": 200, "ens": 40, "grd": 40}
     expected = {name: c.caption(jpegs[:counts[name]]) for name, c in captioners.items()}
-    code, out, err = run_main("export", "--model-dir", sat_dir, "--format", "litert", "--output",
-                              root / "sat_none.tflite", "--beam-size", 3, "--max-length", 12, "--top-k", 2)
+    flags = ["--model-dir", sat_dir, "--format", "litert", "--beam-size", 3, "--max-length", 12, "--top-k", 2]
+    code, out, err = run_main("export", *flags, "--output", root / "sat_none.tflite")
     assert code == 0, err
     files = {"sat_none": str(root / "sat_none.tflite")}
+    # the float16 file: the command's --overwrite of a copy of the none file, alone in its folder (what
+    # test_rerun_is_a_no_op_another_export_needs_overwrite_and_foreign_files_stay checks: one conversion fewer)
+    os.makedirs(root / "overwritten")
+    files["sat_float16"] = str(root / "overwritten" / "sat_float16.tflite")
+    with open(files["sat_none"], "rb") as f, open(files["sat_float16"], "wb") as g:
+        g.write(f.read())
+    overwritten = run_main("export", *flags, "--output", files["sat_float16"], "--quantize", "float16", "--overwrite")
+    overwritten_folder = sorted(os.listdir(root / "overwritten"))
     for name, model_dir, quantize in [("sat_dynamic_int8", sat_dir, "dynamic_int8"),
-                                      ("sat_float16", sat_dir, "float16"),
                                       ("att_none", att_dir, "none"),
                                       ("att_dynamic_int8", att_dir, "dynamic_int8"),
                                       ("ens_none", [sat_dir, att_dir], "none"),
@@ -161,6 +168,7 @@ def litert(decisive_models, tmp_path_factory):
     inputs = [pillow, model_bytes(photos["grey.png"]), model_bytes(photos["rgba.png"])]
     snippet_expected = [c[0].text for c in captioners["sat"].caption(inputs)]
     return {"root": root, "files": files, "models": {"sat": sat_dir, "att": att_dir},
+            "overwritten": (*overwritten, overwritten_folder),
             "expected": expected, "ran": json.load(open(root / "out.json")),
             "snippet_expected": snippet_expected, "captioners": captioners, "jpegs": jpegs}
 
@@ -340,13 +348,12 @@ def test_rerun_is_a_no_op_another_export_needs_overwrite_and_foreign_files_stay(
     code, out, err = run_main("export", *flags, "--quantize", "float16")
     assert code == 2 and "holds another export" in err and "--overwrite" in err and "quantize" in err
     assert os.stat(path).st_ino == before.st_ino
-    # --overwrite replaces it, through a temporary file renamed into place: nothing else left in the folder
-    copy = tmp_path / "copy.tflite"
-    copy.write_bytes(open(path, "rb").read())
-    flags[-1] = str(copy)
-    code, out, err = run_main("export", *flags, "--quantize", "float16", "--overwrite")
+    # --overwrite replaces it, through a temporary file renamed into place: nothing else left in the folder (the
+    # fixture's float16 file: a copy of the none file, exported over with --quantize float16 --overwrite)
+    code, out, err, folder = litert["overwritten"]
+    copy = litert["files"]["sat_float16"]
     assert code == 0, err
-    assert read_record(str(copy))["quantize"] == "float16" and os.listdir(tmp_path) == ["copy.tflite"]
+    assert read_record(copy)["quantize"] == "float16" and folder == ["sat_float16.tflite"]
     assert os.path.getsize(copy) < 0.8 * os.path.getsize(path)
     # a file this command did not write is never replaced, not even with --overwrite
     foreign = tmp_path / "foreign.tflite"
@@ -437,7 +444,9 @@ def test_the_resize_in_built_in_ops_gives_the_pipelines_pixels_in_the_interprete
 # ---- every decoder and encoder: converts, runs in the interpreter, captions as the Captioner (slow) ----
 
 # each decoder and each encoder at least once (the decoders with small_cnn are the quick tests' fixture models, and
-# attention, the Transformer and Up-Down come again below with other encoders)
+# attention, the Transformer and Up-Down come again below with other encoders); the Transformer's encoder and
+# decoder stacks (its tiny settings) with Inception v3, the smallest Transformer (no encoder layer, one decoder layer:
+# the tokens as the encoder gives them) over the other encoders, whose own ops are what those entries convert
 ENTRIES = [("show_and_tell", "small_cnn"), ("attention", "vit"), ("transformer", "inception_v3"), ("updown", "resnet50"),
            ("transformer", "efficientnet_b0"), ("attention", "mobilenet_v2")] + [
            ("transformer", f"keras_hub:{f}") for f in ("vit", "clip", "siglip", "dinov2")]
@@ -463,6 +472,8 @@ def test_every_decoder_and_encoder_converts_and_captions_as_the_captioner(decode
     options = {**ENCODERS[name].tiny_settings, **DECODERS[decoder].tiny_settings}
     if family:
         options["encoder_preset"] = hub_presets[family]
+    if decoder == "transformer" and encoder != "inception_v3":  # the smallest: its stacks convert with Inception v3
+        options.update(encoder_layers=0, decoder_layers=1)  # (each layer more converts again, ~0.4 CPU s)
     cfg = Config()
     cfg.data.image_size, cfg.data.resize_size = size, size + 4
     model = build_model(12, ModelConfig(decoder=decoder, encoder=name, dropout=0.0, options=options), size,
