@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from captioning.config import load_config, save_config
-from tests.helpers import REPO, free_port, run_cli, small_train_config
+from tests.helpers import REPO, copy_model, free_port, run_cli, small_train_config
 from tests.harness.training import EXPLODE, Cli, checkpoint_state, read_checkpoint, scalars, write_config
 
 @pytest.fixture(scope="module")
@@ -278,32 +278,27 @@ def test_nan_policy_skip_under_mirrored_strategy(distributed_runs):
 
 
 # ---- folders of other models --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def trained_dir(data_dir, tmp_path_factory):
-    """A model folder with checkpoints (small_cnn at 32 px, embedding/LSTM 16), made in-process."""
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-
-    model_dir = tmp_path_factory.mktemp("trained") / "m"
-    Trainer(for_training(small_train_config(data_dir, "train.steps=2", "train.checkpoint_every_steps=1")), str(model_dir)).run(
-        progress=False)
-    return model_dir
+# conftest's trained_model_dir's config (small_cnn at 32 px, embedding/LSTM 32, Adam, ckpt-60): its copies are the
+# folders the runs below are refused in (the suite's model, not one trained again for this file)
+TRAINED = ("model.embedding_size=32", "model.lstm_units=32", "train.optimizer=adam", "train.learning_rate=0.01",
+           "train.checkpoint_every_steps=60")
 
 
 @pytest.mark.parametrize("case", ["file", "no_config", "no_vocab", "other_vocab", "state_without_files",
                                   "small_cnn_image_size", "checkpoint_of_another_model"])
-def test_model_dir_that_does_not_fit_exits_2_before_any_step(data_dir, trained_dir, tmp_path, case):
+def test_model_dir_that_does_not_fit_exits_2_before_any_step(data_dir, trained_model_dir, tmp_path, case):
+    """A copy of trained_model_dir (ckpt-60) damaged or met with another config; train.steps=70 would train."""
     model_dir = tmp_path / "m"
-    shutil.copytree(trained_dir, model_dir)
-    overrides = ["train.steps=10"]
+    copy_model(trained_model_dir, model_dir)
+    overrides = [*TRAINED, "train.steps=70"]
     expected = {
         "file": "is a file, not a folder",
         "no_config": "holds checkpoints but no config.yaml",
         "no_vocab": "holds checkpoints but no vocab.txt",
         "other_vocab": "was trained with another vocabulary",
-        "state_without_files": "names ckpt-2, whose files are missing",
+        "state_without_files": "names ckpt-60, whose files are missing",
         "small_cnn_image_size": "holds a model with other data.image_size",
-        "checkpoint_of_another_model": "ckpt-2 does not fit the model this config builds",
+        "checkpoint_of_another_model": "ckpt-60 does not fit the model this config builds",
     }[case]
     if case == "file":
         shutil.rmtree(model_dir)
@@ -317,7 +312,7 @@ def test_model_dir_that_does_not_fit_exits_2_before_any_step(data_dir, trained_d
             f.write("zebra\n")
     elif case == "state_without_files":
         for name in os.listdir(model_dir):
-            if name.startswith("ckpt-2."):
+            if name.startswith("ckpt-60."):
                 os.remove(model_dir / name)
     elif case == "small_cnn_image_size":
         overrides += ["data.image_size=64", "data.resize_size=72"]  # a 4x4 grid instead of 2x2
