@@ -49,7 +49,9 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False, average=
     """One training step on one device against two mirrored replicas from the same weights and batch, into
     ``OUT_NAME.npz`` (``one_*``, ``two_*``, and each weight as ``one/KEY``, ``two/KEY``). ``xla``: a third,
     on one device with ``train.jit_compile=true`` (``xla_*``, ``xla/KEY``), for tests/test_decoders.py's XLA
-    test, which so shares this process's plain step and TensorFlow start-up. ``average``: with the weight average
+    test, which so shares this process's plain step and TensorFlow start-up: the one-device Trainer's own step with
+    the key set, from its variables (and average) put back as they were before its plain step (one model and
+    Trainer for both; its plain step is the one its configuration compiles). ``average``: with the weight average
     (``train.ema_decay`` at tests/harness/scenarios.py's DECAY) started from the weights all start with, three steps
     on the batch instead of one (the loss and norm are the first's, the weights those after the third), and each
     replica's copy of every average (``NAME_copies_K``) beside its weight (``NAME_weight_K``), for
@@ -58,6 +60,8 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False, average=
     from captioning.data.pipeline import make_dataset
     from captioning.experiment import for_training
     from captioning.train import Trainer
+    from captioning.train.steps import Compiled
+    from tests.harness.training import restore, snapshot
 
     # clipping at 0.05 is always active here, so clipping per replica instead of after the all-reduce
     # would change the update
@@ -67,21 +71,24 @@ def mirrored(data_dir, out_dir, *extra, out_name="mirrored", xla=False, average=
     folders = os.path.join(out_dir, out_name)
     one = Trainer(for_training(cfg), os.path.join(folders, "one"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
     two = Trainer(for_training(cfg), os.path.join(folders, "two"), strategy=two_replicas())
-    trainers = [("one", one), ("two", two)]
-    if xla:
-        trainers.append(("xla", Trainer(for_training(small_config(data_dir, *settings, "train.jit_compile=true")),
-                                        os.path.join(folders, "xla"), strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))))
-    for _, trainer in trainers[1:]:
-        for a, b in zip(one.model.variables, trainer.model.variables):
-            b.assign(a.numpy())
-        if average:
-            trainer.average.start(None)  # from the weights all start with
+    trainers = [("one", one), ("two", two)] + [("xla", one)] * xla  # the XLA step: the one-device Trainer's
+    for a, b in zip(one.model.variables, two.model.variables):
+        b.assign(a.numpy())
+    if average:
+        two.average.start(None)  # from the weights all start with
+    start = snapshot(one) if xla else None  # what the XLA step starts from: the plain one's start
     # one fixed global batch of 8 captions; its two halves hold different numbers of real tokens
     batch = next(iter(make_dataset(cfg.data, "train", training=False, batch_size=8, source=one.source,
                                    tokenizer=one.vocab)))  # the run's ids: a language model's pieces for prefix_lm
     mask = batch["mask"].numpy()
     results = {"tokens_first_half": mask[:4].sum(), "tokens_second_half": mask[4:].sum()}
     for name, trainer in trainers:
+        if name == "xla":  # the same Trainer, its variables and average put back, its step compiled by XLA
+            assert not trainer.cfg.train.jit_compile and trainer.accumulation is None
+            restore(trainer, start)
+            if average:
+                trainer.average.start(None)
+            trainer.cfg.train.jit_compile, trainer._compiled = True, Compiled()  # train.jit_compile: true
         dataset = trainer.strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensors(batch).unbatch().batch(8))
         step = trainer.train_step_for(dataset)

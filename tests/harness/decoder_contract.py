@@ -7,7 +7,9 @@ FILE:NAME``), one test a check; :func:`run_decoder_test` runs every quick one ov
 own test is a line."""
 
 import dataclasses
+import functools
 import os
+import types
 
 import keras
 import numpy as np
@@ -21,6 +23,22 @@ from captioning.model.layout import TokenLayout
 from tests.harness.models import (
     B, R, SIZE, T, V, inputs, loss_and_grads, npy, region_batch, rescore, same_gradient, shared_tiny, tiny,
     tiny_options, tiny_regions)
+
+
+@functools.lru_cache(maxsize=None)
+def shared_regions(name, seed, geometry, **settings):
+    """``tiny_regions(...)``, built once for the region checks, which only read it (calls, steps; no weight set)."""
+    return tiny_regions(name, seed=seed, geometry=geometry, **settings)
+
+
+def loss_grads_and_logits(model, batch, **options):
+    """:func:`loss_and_grads` (the training loss and its gradients) and the logits ``[N, T, V]`` the loss came from
+    (``model(batch, **options)``'s: :meth:`call` gives ``logits_and_penalty``'s): one forward pass for the three."""
+    kept = []
+    recorded = types.SimpleNamespace(trainable_variables=model.trainable_variables, logits_and_penalty=lambda *a, **o:
+                                     kept.append(model.logits_and_penalty(*a, **o)) or kept[-1])
+    loss, grads = loss_and_grads(recorded, batch, **options)
+    return loss, grads, npy(kept[-1][0])
 
 
 def check_declarations(name, **settings):
@@ -83,7 +101,7 @@ def check_region_padding(name, **settings):
     the padding, give the same logits, penalty and captions; a batch of no image gives empty logits."""
     from captioning.model.decode import beam_search
 
-    model = tiny_regions(name, seed=3, geometry=True, **settings)
+    model = shared_regions(name, 3, True, **settings)
     _, ids = inputs(seed=2)
     tight = region_batch(seed=4)
     padded = region_batch(seed=4, extra=3, garbage=9)
@@ -115,7 +133,7 @@ def check_box_geometry(name, **settings):
     moved = {**batch, "boxes": region_batch(seed=5)["boxes"]}  # the same regions and mask, only other boxes
     assert np.array_equal(moved["regions"], batch["regions"]) and not np.allclose(moved["boxes"], batch["boxes"])
     for geometry in (True, False):
-        model = tiny_regions(name, seed=3, geometry=geometry, **settings)
+        model = shared_regions(name, 3, geometry, **settings)
         logits, other = (npy(model({**b, "input_ids": ids})) for b in (batch, moved))
         assert np.abs(logits).max() > 1e-3
         if geometry:
@@ -126,7 +144,7 @@ def check_box_geometry(name, **settings):
 
 def check_region_stepping(name, **settings):
     """A model reading regions steps as it teacher-forces; its encoder (for new images' regions) is frozen."""
-    model = tiny_regions(name, seed=1, **settings)
+    model = shared_regions(name, 3, False, **settings)  # box geometry's without it
     _, ids = inputs(seed=1)
     batch = region_batch(seed=2, extra=1)
     full = npy(model({**batch, "input_ids": ids}))
@@ -179,8 +197,8 @@ def split_padding_matches(model, lengths):
     batch = {"image": images, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1), "mask": mask}
 
     def run(split):
-        loss, grads = loss_and_grads(model, batch, split_padding=split)
-        return npy(model({"image": images, "input_ids": ids}, split_padding=split)), loss, grads
+        loss, grads, logits = loss_grads_and_logits(model, batch, split_padding=split)
+        return logits, loss, grads
 
     (whole, a, ga), (split, b, gb) = run(False), run(True)
     assert split.shape == whole.shape == (len(lengths), T, V)
@@ -207,9 +225,9 @@ def check_grouped_captions(name, **settings):
     grouped = {"image": images, "image_index": index, "input_ids": ids, "target_ids": np.roll(ids, -1, axis=1),
                "mask": mask}
     copied = {**{k: v for k, v in grouped.items() if k != "image_index"}, "image": images[index]}
-    np.testing.assert_allclose(npy(model({k: grouped[k] for k in ("image", "image_index", "input_ids")})),
-                               npy(model({k: copied[k] for k in ("image", "input_ids")})), atol=1e-5)
-    (a, ga), (b, gb) = loss_and_grads(model, grouped), loss_and_grads(model, copied)
+    (a, ga, logits), (b, gb, expected) = (loss_grads_and_logits(model, batch) for batch in (grouped, copied))
+    assert logits.shape == (5, T, V)
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
     assert a == pytest.approx(b, rel=1e-6)
     for x, y in zip(ga, gb):
         if x is not None:
@@ -248,14 +266,11 @@ def check_beam_search(name, **settings):
     best = beam_search(model, features, beam_size=3, max_length=6, top_k=3)
     ids, lengths, scores, log_probs = (npy(best[key]) for key in ("ids", "lengths", "scores", "log_probs"))
     assert ids.shape == (B, 3, 6) and np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
-    for rank in range(3):
-        captions = [ids[i, rank, :lengths[i, rank]] for i in range(B)]
-        ended = lengths[:, rank] < 6
-        expected = rescore(model, images, captions)
-        got = [lp if e else None for lp, e in zip(log_probs[:, rank], ended)]
-        for e, (x, y) in zip(ended, zip(got, expected)):
-            if e:  # a caption cut at max_length has no <end> in its log-probability
-                assert x == pytest.approx(y, abs=1e-4)
+    for rank in range(3):  # a caption cut at max_length has no <end> in its log-probability: the ended ones
+        ended = [i for i in range(B) if lengths[i, rank] < 6]
+        expected = rescore(model, images[ended], [ids[i, rank, :lengths[i, rank]] for i in ended])
+        for i, y in zip(ended, expected):
+            assert log_probs[i, rank] == pytest.approx(y, abs=1e-4)
     assert ("attention" in best) == model.attends
     if model.attends:  # beam 1 is greedy: its weights are those of stepping through the greedy caption
         state, tokens = model.reserve(model.initial_state(features), 6), tf.fill([B], START_ID)
