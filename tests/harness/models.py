@@ -118,15 +118,16 @@ def same_gradient(actual, desired):
     np.testing.assert_allclose(actual, desired, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(desired).max())))
 
 
-def rescore(model, images, captions):
-    """Each caption's summed log-probability (its words, then <end> if it has room), by stepping."""
+def rescore(model, images, captions, ended=None):
+    """Each caption's summed log-probability (its words, then <end>), by stepping; ``ended`` (a bool per caption, or
+    None: all): whether the caption ended (a caption cut at the search's ``max_length`` has no <end> in its sum)."""
     from captioning.vocab import END_ID, START_ID
 
     totals = []
-    for image, words in zip(images, captions):
+    for image, words, end in zip(images, captions, ended if ended is not None else [True] * len(captions)):
         state = model.reserve(model.image_state({"image": image[None]}), len(words) + 1)
         total, token = 0.0, START_ID
-        for word in list(words) + [END_ID]:
+        for word in list(words) + [END_ID] * bool(end):
             logits, state = model.step(tf.constant([token]), state)
             total += float(tf.nn.log_softmax(logits)[0, word])
             token = word
