@@ -17,16 +17,6 @@ from captioning.data.pipeline import make_dataset
 from data_prep.prepare import PrepareOptions, prepare
 from tests.helpers import REPO
 
-SLOW_WRITER = """
-import sys, time
-from captioning.config.sections import DataConfig
-from captioning.data.pipeline import make_dataset
-cfg = DataConfig(dir=sys.argv[1], image_size=32, resize_size=40, cache="disk", shuffle_buffer=2, length_window=1)
-for i, batch in enumerate(make_dataset(cfg, "train", training=True, batch_size=2, cache_dir=sys.argv[2])):
-    print(i, flush=True)
-    time.sleep(0.5)
-"""
-
 
 @pytest.fixture(scope="module")
 def small_dir(shapes_dir, tmp_path_factory):
@@ -60,24 +50,43 @@ def test_a_cache_of_other_data_or_sizes_is_never_read(prepared_dir, small_dir, t
     assert len(glob.glob(os.path.join(cache, "*.json"))) == 4  # each says what it holds
 
 
-def start_writer(data_dir, cache_dir, tmp_path):
-    out = tmp_path / "writer.out"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, data_dir, cache_dir], stdout=open(out, "w"),
-                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
-    deadline = time.time() + 120
-    while time.time() < deadline:  # a few batches out: the cache is being written
-        if len(out.read_text().split()) >= 3 and glob.glob(os.path.join(cache_dir, "*.lockfile")):
-            return proc
+def wait_for(proc, out, ready, what):
+    """Waits until ``ready(the lines proc printed)``; the process ending first fails the test with its output."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        lines = out.read_text().splitlines()
+        if ready(lines):
+            return lines
         assert proc.poll() is None, out.read_text()[-2000:]
         time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the writer never started writing")
+    raise AssertionError(f"{what} never came: {out.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def keys_then_writer(prepared_dir, tmp_path_factory):
+    """One process (:data:`ENCODER_KEYS`) for both tests that need one of their own: it prints its encoders' cache
+    keys and its seeded run's weights (one JSON line), then writes ``prepared_dir``'s train split into a disk cache,
+    a batch every 0.5 s, printing each batch's number (a live writer, which the writer's test kills with SIGKILL).
+    ``(process, its output file, the cache folder)``; the process is killed at the end of the module."""
+    root = tmp_path_factory.mktemp("keys_then_writer")
+    out, cache = root / "out.txt", str(root / "cache")
+    proc = subprocess.Popen([sys.executable, "-c", ENCODER_KEYS, *ENCODERS, "--train", prepared_dir,
+                             str(root / "there"), "--write", cache], stdout=open(out, "w"), stderr=subprocess.STDOUT,
+                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        yield proc, out, cache
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 @pytest.mark.slow
-def test_a_live_writer_is_left_alone_and_a_killed_ones_cache_is_never_read(prepared_dir, tmp_path):
-    cache = str(tmp_path / "cache")
-    writer = start_writer(prepared_dir, cache, tmp_path)
+def test_a_live_writer_is_left_alone_and_a_killed_ones_cache_is_never_read(prepared_dir, keys_then_writer):
+    """The writer is :func:`keys_then_writer`'s process, once it has written a few batches."""
+    writer, out, cache = keys_then_writer
+    wait_for(writer, out, lambda lines: len([x for x in lines if x.isdigit()]) >= 3
+             and glob.glob(os.path.join(cache, "*.lockfile")), "the writer's third batch")
     try:
         with pytest.raises(InputError, match="another process is writing the cache"):
             epoch(prepared_dir, cache)
@@ -140,14 +149,28 @@ def trained(data_dir, model_dir):  # the weights of a seeded run, random crops a
         digest.update(v.numpy().tobytes())
     return digest.hexdigest()
 
+def write_slowly(data_dir, cache_dir):  # a live writer of a disk cache: a batch every 0.5 s
+    import time
+    from captioning.config.sections import DataConfig
+    from captioning.data.pipeline import make_dataset
+
+    cfg = DataConfig(dir=data_dir, image_size=32, resize_size=40, cache="disk", shuffle_buffer=2, length_window=1)
+    for i, batch in enumerate(make_dataset(cfg, "train", training=True, batch_size=2, cache_dir=cache_dir)):
+        print(i, flush=True)
+        time.sleep(0.5)
+
 if __name__ == "__main__":
-    encoders, (_, data_dir, model_dir) = sys.argv[1:-3], sys.argv[-3:]
-    print(json.dumps({"keys": keys(encoders), "trained": trained(data_dir, model_dir)}))
+    encoders, (_, data_dir, model_dir, _, cache_dir) = sys.argv[1:-5], sys.argv[-5:]
+    print(json.dumps({"keys": keys(encoders), "trained": trained(data_dir, model_dir)}), flush=True)
+    write_slowly(data_dir, cache_dir)
 """
+
+ENCODERS = ["small_cnn", "vit", "efficientnet_b0"]  # EfficientNet has layers Keras names by count
 
 
 @pytest.mark.slow  # a process of its own, and EfficientNet built six times: 21 s in the quick loop
 def test_a_seeded_untrained_encoder_has_one_cache_key_and_a_seeded_run_one_result_in_every_process(prepared_dir,
+                                                                                                  keys_then_writer,
                                                                                                   tmp_path):
     """``data.cache: features`` finds its cache again: the key of a seeded encoder without pretrained weights
     (``model.encoder_weights: none``) is the same in two processes and for a second model built in one process
@@ -155,17 +178,15 @@ def test_a_seeded_untrained_encoder_has_one_cache_key_and_a_seeded_run_one_resul
     first build already meets other layer names, once), and another seed gives another key. And a seeded
     run with ``data.deterministic: true`` ends with the same weights, bit for bit, in both processes, random
     crops and flips included (their draws are the images' own: captioning/data/seeds.py)."""
-    encoders = ["small_cnn", "vit", "efficientnet_b0"]  # EfficientNet has layers Keras names by count
-    done = subprocess.run([sys.executable, "-c", ENCODER_KEYS, *encoders, "--train", prepared_dir,
-                           str(tmp_path / "there")], capture_output=True, text=True,
-                          cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    encoders = ENCODERS
+    process, out, _ = keys_then_writer  # its keys and weights: its JSON line, printed before it writes the cache
+    printed = wait_for(process, out, lambda lines: any(x.startswith("{") for x in lines), "the process's keys")
     here = {}  # and in this process, which built other models before (other layer names even at its first build)
     exec(compile(ENCODER_KEYS, "encoder_keys", "exec"), here)
     cwd = os.getcwd()
     try:
         os.chdir(REPO)
-        there = json.loads(done.stdout.splitlines()[-1])
+        there = json.loads(next(x for x in printed if x.startswith("{")))
         runs = [there["keys"], here["keys"](encoders, builds=1)]  # a second build here would add nothing
         assert there["trained"] == here["trained"](prepared_dir, str(tmp_path / "here"))
     finally:
