@@ -76,15 +76,24 @@ def test_resume_continues_from_the_latest_checkpoint(data_dir, trained_model_dir
 
 @pytest.mark.slow
 def test_model_dir_of_another_model_is_refused(data_dir, tmp_path):
+    """The fine-tuning run is also train.mixed_precision's: it trains in bfloat16 on the CPU (the model built
+    mixed, the global policy left as it was) from the float32 run's checkpoint."""
+    import keras
+
     from captioning.experiment import for_training
     from captioning.train import Trainer
 
     model_dir = str(tmp_path / "model")
     Trainer(for_training(small_config(data_dir, "train.steps=2", "model.encoder_trainable=false")), model_dir).run(progress=False)
-    # fine-tuning continues in the same folder: trainability and dropout are not the architecture
-    finetune = Trainer(for_training(small_config(data_dir, "train.steps=4", "model.encoder_trainable=true", "model.dropout=0.1")),
-                       model_dir)
-    assert int(finetune.step.numpy()) == 2 and finetune.run(progress=False)["step"] == 4
+    # fine-tuning continues in the same folder: trainability, dropout and precision are not the architecture
+    finetune = Trainer(for_training(small_config(data_dir, "train.steps=5", "model.encoder_trainable=true", "model.dropout=0.1",
+                                                 "train.mixed_precision=true")), model_dir)
+    assert keras.mixed_precision.global_policy().name == "float32"  # only the model was built mixed
+    assert finetune.model.lstm.compute_dtype == "bfloat16" and finetune.model.lstm.variable_dtype == "float32"
+    assert finetune.model.logits.compute_dtype == "float32"  # the softmax stays in float32
+    assert int(finetune.step.numpy()) == 2
+    result = finetune.run(progress=False)
+    assert result["step"] == 5 and len(result["losses"]) == 3 and all(np.isfinite(result["losses"]))
     with pytest.raises(InputError, match="model.lstm_units"):
         Trainer(for_training(small_config(data_dir, "model.lstm_units=24")), model_dir)
     with open(os.path.join(model_dir, "vocab.txt"), "a") as f:
@@ -101,21 +110,6 @@ def test_features_cache_needs_a_frozen_encoder_and_no_augmentation(data_dir, tmp
 
     with pytest.raises(InputError, match="data.cache: features"):
         Trainer(for_training(small_config(data_dir, "data.cache=features")), str(tmp_path / "m"))
-
-
-@pytest.mark.slow
-def test_mixed_precision_trains_in_bfloat16_on_cpu(data_dir, tmp_path):
-    import keras
-
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-
-    trainer = Trainer(for_training(small_config(data_dir, "train.steps=3", "train.mixed_precision=true")), str(tmp_path / "m"))
-    assert keras.mixed_precision.global_policy().name == "float32"  # only the model was built mixed
-    assert trainer.model.lstm.compute_dtype == "bfloat16" and trainer.model.lstm.variable_dtype == "float32"
-    assert trainer.model.logits.compute_dtype == "float32"  # the softmax stays in float32
-    losses = trainer.run(progress=False)["losses"]
-    assert len(losses) == 3 and all(np.isfinite(losses))
 
 
 @pytest.mark.slow
