@@ -22,6 +22,22 @@ def xe_config(path, data_dir, *overrides):
     return str(path)
 
 
+def sample_captions_logged(logs):
+    """(caption, reward) of each sample caption a run's last evaluation wrote to TensorBoard (its text, as the Text
+    tab shows it: ``image ID: **CAPTION** (reward R) (reference: ...)``)."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    events = event_accumulator.EventAccumulator(str(logs), size_guidance={"tensors": 0})
+    events.Reload()
+    text = tf.make_ndarray(events.Tensors("sample_captions")[-1].tensor_proto).item().decode()
+    lines = text.split("\n\n")
+    pattern = r"image \d+: \*\*(.*)\*\* \(reward (\d+\.\d+)\) \(reference: .*\)"
+    found = [re.fullmatch(pattern, line, re.S) for line in lines]
+    assert all(found), text
+    return [(m.group(1), float(m.group(2))) for m in found]
+
+
 def history(model):
     with open(os.path.join(model, "history.yaml")) as f:
         return yaml.safe_load(f)
@@ -51,12 +67,10 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     assert last["config"]["data"]["captions_per_image"] == "grouped"
     assert os.path.exists(same / "cider_document_frequencies.npz")
     # the SCST folder restores like any run (it resumes below, in the --init-from folder's second command; an SCST
-    # step moves the weights: tests/test_objectives.py); TensorBoard's sample captions come with their rewards
+    # step moves the weights: tests/test_objectives.py); TensorBoard's sample captions come with their rewards (the
+    # --init-from folder's evaluation at step 2, below)
     trainer = Trainer(for_training(small_train_config(prepared_dir, *TRAINED, *SCST, "train.steps=62")), str(same))
     assert trainer.current_step() == 62
-    samples = trainer.sample_captions(2)
-    rewards = [float(re.fullmatch(r"reward (\d+\.\d+)", s.note).group(1)) for s in samples]
-    assert all(s.caption for s in samples) and all(0 <= r <= 10 for r in rewards)
     with open(same / "history.yaml") as f:
         text = f.read()
     assert "objective: scst" in text and "objective: xe" in text
@@ -69,6 +83,8 @@ def test_switching_a_cross_entropy_run_to_scst_with_set_brings_grouped_batches(t
     assert history(new)[-1]["config"]["data"]["captions_per_image"] == "grouped"
     assert "initialised the model from" in err and "ckpt-60" in err
     assert "reward" in err and "ended" in err
+    samples = sample_captions_logged(new / "logs" / "train")  # train.sample_captions: 3, its default
+    assert len(samples) == 3 and all(caption and 0 <= reward <= 10 for caption, reward in samples), samples
     assert "references have more than scst.max_length" not in err  # up to 20 words: all fit
     assert os.path.exists(new / "cider_document_frequencies.npz")
     code, out, err = run_main("train", "--config", config, "--model-dir", new, "--init-from", trained_model_dir,
