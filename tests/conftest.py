@@ -300,10 +300,11 @@ def region_data(prepared_dir, shapes_dir, trained_attention_dir, tmp_path_factor
         left_out = min(i for i, r in dataset.image_records().items() if r.split == "train")
         detections = read_detections([os.path.join(shapes_dir, "annotations", f"instances_{s}.json")
                                       for s in ("train", "val", "test")])
-        model = load(trained_attention_dir).model
+        trained = load(trained_attention_dir)  # once: its model and its step
         rows = [Row(i, r.features, r.boxes, r.width, r.height) for i, r in
-                region_features(model, dataset, os.path.join(shapes_dir, "images"), detections) if i != left_out]
-        source = {"kind": "extract", "model": trained_attention_dir, "checkpoint": load(trained_attention_dir).step}
+                region_features(trained.model, dataset, os.path.join(shapes_dir, "images"), detections)
+                if i != left_out]
+        source = {"kind": "extract", "model": trained_attention_dir, "checkpoint": trained.step}
         write_store(data_dir, lambda skip: rows[skip:], source=source, name="oracle", images_per_shard=7,
                     progress=False)
         with open(os.path.join(root, "left_out.txt"), "w") as f:

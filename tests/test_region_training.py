@@ -48,11 +48,21 @@ def train_regions(data_dir, model_dir, *extra):
 
 @pytest.fixture(scope="module")
 def region_model(region_data, tmp_path_factory):
-    """An attention model trained 30 steps on the oracle regions."""
+    """An attention model trained 30 steps on the oracle regions (no evaluation during training: the
+    geometry-grouped training of test_train_and_evaluate_an_attention_model_on_regions_with_grounding evaluates
+    with sample captions over regions; traced here too, it cost a second of CPU and no test read it)."""
     model_dir = str(tmp_path_factory.mktemp("region_model") / "model")
-    result = train_regions(region_data[0], model_dir)
+    result = train_regions(region_data[0], model_dir, "train.eval_every_steps=0")
     assert result.step == 30 and np.isfinite(result.losses).all() and result.losses[-1] < result.losses[0]
     return model_dir
+
+
+@pytest.fixture(scope="module")
+def region_captioner(region_model):
+    """:func:`region_model`'s Captioner, loaded once for the tests that decode with it in this process."""
+    from captioning.inference.captioner import Captioner, load
+
+    return Captioner(load(region_model))
 
 
 def region_config(data_dir, *extra):
@@ -133,14 +143,11 @@ def test_batches_carry_each_images_regions_padded_with_a_mask(region_data, multi
         assert batch["regions"].shape[1] % multiple == 0 and batch["region_mask"].shape == batch["regions"].shape[:2]
 
 
-def test_region_padding_to_a_multiple_changes_no_caption_or_weight(region_data, region_model):
+def test_region_padding_to_a_multiple_changes_no_caption_or_weight(region_data, region_captioner):
     """The padding that ``data.region_pad_multiple`` adds is masked: a model captions a batch padded to 16 regions
     as the batch padded to its largest count, with the same log-probabilities and attention over the real ones
     (and none over the padding)."""
-    from captioning.inference.captioner import Captioner, load
-
-    data_dir = region_data[0]
-    captioner = Captioner(load(region_model))
+    data_dir, captioner = region_data[0], region_captioner
     out = {}
     for multiple in (1, 16):
         cfg = load_config(overrides=[f"data.dir={data_dir}", "data.features=regions", "data.features_store=oracle",
@@ -285,14 +292,14 @@ def test_attention_over_regions_is_judged_by_the_named_shapes_box():
 
 @pytest.mark.slow
 def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(region_data, region_model, shapes_dir,
-                                                                            captioned_test_images, tmp_path):
+                                                                            captioned_test_images, region_captioner,
+                                                                            tmp_path):
     """caption --detections and the SavedModel pool each image's boxes from the model's encoder as extraction
     pooled the store's regions: the captions are those evaluate gives from the store; the regions' boxes in
     --json and in the SavedModel's `regions` are the store's; the SavedModel's attention is over them (none
     on padding boxes) and is --json's; the gallery names (data-region) the region each word weighed most."""
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference.export import export
-    from captioning.inference.captioner import Captioner, load
 
     data_dir, _ = region_data
     stored = evaluate(region_model, split="test", progress=False)
@@ -317,7 +324,7 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
                                                                 for line in lines)
     assert stored.num_images == 4
     # the SavedModel: images and boxes (padded with empty boxes) in, the same captions out
-    output = export(Captioner(load(region_model)), str(tmp_path / "export"), region_model)
+    output = export(region_captioner, str(tmp_path / "export"), region_model)
     loaded = tf.saved_model.load(output)  # once, for both signatures
     serve = loaded.signatures["serving_default"]
     most = max(len(b) for b in boxes.values())
@@ -364,14 +371,13 @@ def test_caption_and_the_saved_model_pool_new_images_boxes_as_the_store_did(regi
         assert w[k] == w.max() and k == int(np.argmax(unrounded)), (k, w, unrounded)
 
 
-def test_new_images_boxes_pool_the_regions_the_store_holds(region_data, region_model, shapes_dir, monkeypatch):
+def test_new_images_boxes_pool_the_regions_the_store_holds(region_data, region_captioner, shapes_dir, monkeypatch):
     """What caption --detections pools for the test images (through the captioner, from the files' bytes
     and the boxes the detections file gives them) equals the store's regions of those images: features to
     float16 precision, boxes as fractions of the image, the whole image last; padding boxes pool nothing."""
     import captioning.inference.captioner as captioner_module
     from captioning.inference import regions as regions_module
     from captioning.inference.caption import detections_for, read_for_model
-    from captioning.inference.captioner import Captioner, load
 
     data_dir, _ = region_data
     test = json.load(open(instances_files(shapes_dir)[2]))
@@ -388,8 +394,8 @@ def test_new_images_boxes_pool_the_regions_the_store_holds(region_data, region_m
     padded = np.zeros((len(files), most, 4), np.float32)
     for i, b in enumerate(found):
         padded[i, :len(b)] = b
-    Captioner(load(region_model)).decode_with_boxes(tf.constant([read_for_model(f) for f in files]),
-                                                    tf.constant(padded))  # eager: the pooled values are seen
+    region_captioner.decode_with_boxes(tf.constant([read_for_model(f) for f in files]),
+                                       tf.constant(padded))  # eager: the pooled values are seen
     assert len(pooled) == 1
     regions, boxes, mask = (pooled[0][k].numpy() for k in ("regions", "boxes", "region_mask"))
     held = FeaturesStore.load(data_dir, "oracle").read([image["id"] for image in test["images"]])
@@ -527,19 +533,28 @@ def test_multi_worker_training_over_regions_ends_with_identical_weights(distribu
 @pytest.mark.slow
 def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path):
     """The region pipeline runs on a tf.data service worker (a process of `captioning data-service`), which
-    reads the features store at the same path; the trainer gets batches of regions."""
+    reads the features store at the same path; the trainer gets batches of regions. The dispatcher, which
+    only hands out the job, is TensorFlow's in this process (as `captioning data-service dispatcher` without
+    a work dir starts it): a TensorFlow process fewer."""
     from captioning.experiment import for_training
     from captioning.train import Trainer
-    from tests.harness.data_service import Cluster
+    from tests.harness.data_service import worker
+    from tests.helpers import free_port
 
     data_dir, _ = region_data
-    cluster = Cluster(tmp_path / "cluster", workers=1)
+    port = free_port()
+    dispatcher = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=port))
     try:
-        cfg = region_config(data_dir, f"data.service={cluster.service}", "model.decoder=updown", "train.steps=6",
-                            "model.embedding_size=16", "model.lstm_units=16", "model.attention_size=8")
-        result = Trainer(for_training(cfg), str(tmp_path / "model")).run(progress=False)
+        w1 = worker(tmp_path / "cluster", "w1", port, free_port())
+        try:
+            w1.wait_for(rf"worker localhost:\d+ serving dispatcher localhost:{port}\n")
+            cfg = region_config(data_dir, f"data.service=localhost:{port}", "model.decoder=updown", "train.steps=6",
+                                "model.embedding_size=16", "model.lstm_units=16", "model.attention_size=8")
+            result = Trainer(for_training(cfg), str(tmp_path / "model")).run(progress=False)
+        finally:
+            w1.kill()
     finally:
-        cluster.close()
+        dispatcher.stop()
     assert result.step == 6 and np.isfinite(result.losses).all()
 
 
