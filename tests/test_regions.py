@@ -68,9 +68,16 @@ def data_dir(prepared_dir, tmp_path):
     return str(copy)
 
 
-def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, shapes_dir, data_dir):
-    from captioning.data.reading import squash
+@pytest.fixture(scope="module")
+def attention_model(trained_attention_dir):
+    """The trained attention fixture's model, loaded once for the tests that run its encoder in this process."""
     from captioning.inference.captioner import load
+
+    return load(trained_attention_dir).model
+
+
+def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, attention_model, shapes_dir, data_dir):
+    from captioning.data.reading import squash
 
     instances = [os.path.join(shapes_dir, "annotations", f"instances_{s}.json") for s in ("train", "val", "test")]
     args = ["features", "extract", "--data-dir", data_dir, "--images", os.path.join(shapes_dir, "images"),
@@ -84,7 +91,7 @@ def test_extract_oracle_boxes_from_an_attention_model(trained_attention_dir, sha
     for path in instances:
         for ann in json.load(open(path))["annotations"]:
             shapes.setdefault(ann["image_id"], []).append(ann["bbox"])
-    model = load(trained_attention_dir).model
+    model = attention_model
     files = {i: r.file_name for i, r in PreparedDataset.load(data_dir).image_records().items()}
     for image_id, r in list(regions.items())[:6]:
         x, y, w, h = np.array(shapes[image_id]).T
@@ -143,11 +150,10 @@ def test_an_image_that_cannot_be_read_is_counted_and_the_others_extracted(traine
     assert done.stdout.splitlines()[-1].startswith("malformed: 2 rows that could not be read")
 
 
-def test_extraction_rows_come_in_id_order_so_a_rerun_can_skip_those_done(trained_attention_dir, shapes_dir, data_dir,
+def test_extraction_rows_come_in_id_order_so_a_rerun_can_skip_those_done(attention_model, shapes_dir, data_dir,
                                                                          tmp_path):
     """region_features yields one row a dataset image, in the order of the ids, an unreadable image at its
     place: what a resumed extraction skips (``skip``) is exactly the rows an earlier run wrote."""
-    from captioning.inference.captioner import load
     from captioning.inference.regions import region_features
 
     images = tmp_path / "images"
@@ -156,7 +162,7 @@ def test_extraction_rows_come_in_id_order_so_a_rerun_can_skip_those_done(trained
     records = sorted(dataset.image_records().items())
     (images / records[3][1].file_name).write_bytes(b"not a jpeg")
     os.remove(images / records[20][1].file_name)
-    model = load(trained_attention_dir).model
+    model = attention_model
     cells = {i: np.array([[0, 0, r.width / 2, r.height / 2]], np.float32) for i, r in records}
     rows = list(region_features(model, dataset, str(images), cells, batch_size=8))
     assert [i for i, _ in rows] == [i for i, _ in records]
