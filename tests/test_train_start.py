@@ -151,15 +151,20 @@ def test_a_refusal_after_the_folder_is_taken_removes_what_it_made(trained_model_
 
 def test_the_folders_own_checkpoint_wins_over_init_from_and_says_so(trained_model_dir, prepared_dir, tmp_path,
                                                                      caplog):
+    """The rerun of the command that made the folder (its 60 steps, --init-from given): the folder's ckpt-60 is
+    where it starts (decided as the run restores, before any step: nothing is left to train, no step to trace),
+    not the other folder's weights at step 0."""
     model = tmp_path / "model"
     copy_model(trained_model_dir, model)
-    config = xe_config(tmp_path / "c.yaml", prepared_dir, "train.steps=61")
-    with caplog.at_level("WARNING", logger="captioning.train"):
+    config = xe_config(tmp_path / "c.yaml", prepared_dir)
+    with caplog.at_level("INFO", logger="captioning.train"):
         code, out, err = run_main("train", "--config", config, "--model-dir", model, "--init-from", trained_model_dir)
     assert code == 0, err
     assert f"the model folder's own checkpoint ckpt-60 wins over init_from {trained_model_dir}: training resumes " \
            "from it" in caplog.text
-    assert "trained to step 61" in out
+    assert "already at step 60 of 60: nothing to train" in caplog.text, caplog.text
+    assert "initialised the model from" not in caplog.text + err
+    assert "trained to step 60" in out
 
 
 @pytest.mark.slow
