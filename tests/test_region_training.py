@@ -531,34 +531,6 @@ def test_multi_worker_training_over_regions_ends_with_identical_weights(distribu
 
 
 @pytest.mark.slow
-def test_training_over_regions_through_the_tf_data_service(region_data, tmp_path):
-    """The region pipeline runs on a tf.data service worker (a process of `captioning data-service`), which
-    reads the features store at the same path; the trainer gets batches of regions. The dispatcher, which
-    only hands out the job, is TensorFlow's in this process (as `captioning data-service dispatcher` without
-    a work dir starts it): a TensorFlow process fewer."""
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-    from tests.harness.data_service import worker
-    from tests.helpers import free_port
-
-    data_dir, _ = region_data
-    port = free_port()
-    dispatcher = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=port))
-    try:
-        w1 = worker(tmp_path / "cluster", "w1", port, free_port())
-        try:
-            w1.wait_for(rf"worker localhost:\d+ serving dispatcher localhost:{port}\n")
-            cfg = region_config(data_dir, f"data.service=localhost:{port}", "model.decoder=updown", "train.steps=6",
-                                "model.embedding_size=16", "model.lstm_units=16", "model.attention_size=8")
-            result = Trainer(for_training(cfg), str(tmp_path / "model")).run(progress=False)
-        finally:
-            w1.kill()
-    finally:
-        dispatcher.stop()
-    assert result.step == 6 and np.isfinite(result.losses).all()
-
-
-@pytest.mark.slow
 def test_the_input_benchmark_measures_regions_beside_jpegs(region_data, tmp_path):
     data_dir, _ = region_data
     out = tmp_path / "input.json"
@@ -578,7 +550,10 @@ def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_fr
                                                                                          tmp_path):
     """features extract --config: a config's encoder with a weights file pools the regions; a model trained on
     them with the same encoder, weights and size builds that very encoder (regions_from_encoder); with random
-    weights it cannot."""
+    weights it cannot. That model trains through the tf.data service: the region pipeline runs on a worker (a
+    process of `captioning data-service`), which reads the features store at the same path, and the trainer gets
+    batches of regions (the dispatcher, which only hands out the job, is TensorFlow's in this process, as
+    `captioning data-service dispatcher` without a work dir starts it: a TensorFlow process fewer)."""
     import keras
     import yaml
 
@@ -586,6 +561,8 @@ def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_fr
     from captioning.inference.captioner import load
     from captioning.model.encoders import build_encoder
     from captioning.model.folder import ModelDir
+    from tests.harness.data_service import worker
+    from tests.helpers import free_port
 
     data_dir = str(tmp_path / "data")
     shutil.copytree(region_data[0], data_dir)
@@ -602,8 +579,20 @@ def test_extract_with_a_configs_encoder_then_a_model_of_that_encoder_captions_fr
     assert store["source"]["encoder"] == {"encoder": "small_cnn", "encoder_weights": weights, "image_size": 32}
     assert {len(r.features) for r in store.read().values()} == {5}  # 2 x 2 cells and the whole image
     model_dir = str(tmp_path / "model")
-    train_regions(data_dir, model_dir, "data.features_store=configured", f"model.encoder_weights={weights}",
-                  "train.steps=2", "train.eval_every_steps=0")
+    port = free_port()
+    dispatcher = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=port))
+    try:
+        w1 = worker(tmp_path / "cluster", "w1", port, free_port())
+        try:
+            w1.wait_for(rf"worker localhost:\d+ serving dispatcher localhost:{port}\n")
+            result = train_regions(data_dir, model_dir, "data.features_store=configured",
+                                   f"model.encoder_weights={weights}", f"data.service=localhost:{port}",
+                                   "train.steps=6", "train.eval_every_steps=0")
+        finally:
+            w1.kill()
+    finally:
+        dispatcher.stop()
+    assert result.step == 6 and np.isfinite(result.losses).all()
     assert ModelDir(model_dir).read_config().model.regions_from_encoder
     expected = build_encoder(ModelConfig(encoder="small_cnn", encoder_weights=weights), 32).model.weights
     for a, b in zip(load(model_dir).model.encoder.weights, expected):
