@@ -195,7 +195,7 @@ def test_cached_grid_features_and_init_from_carry_a_transformer(prepared_dir, tm
     from tests.helpers import small_train_config
 
     sizes = ["model.decoder=transformer", "model.d_model=16", "model.heads=2", "model.ff_size=24",
-             "model.encoder_layers=1", "model.decoder_layers=2", "train.optimizer=adam", "train.learning_rate=0.003"]
+             "model.encoder_layers=1", "model.decoder_layers=1", "train.optimizer=adam", "train.learning_rate=0.003"]
     frozen = ["model.encoder_trainable=false", "data.random_crop=false", "data.random_flip=false"]
     first = Trainer(for_training(small_train_config(prepared_dir, *sizes, *frozen, "data.cache=features", "train.steps=6")),
                     str(tmp_path / "first"))
