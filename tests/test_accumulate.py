@@ -59,18 +59,24 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
     """An epoch of 4 micro-batches a step is a quarter of the batches; the schedule decays per optimizer steps;
     ``train.steps`` counts optimizer steps (one TensorBoard point, one checkpoint number, one optimizer update
     each); ``train.steps_per_execution: 2`` (each step reading its micro-batches inside the call) trains the same
-    as single calls."""
+    as single calls. With ``train.ema_decay`` the weight average moves once per optimizer step: the one-call run's
+    average recomputed from the weights each of its steps saved (tests/harness/averages.py)."""
     from captioning.experiment import for_training
     from captioning.train import Trainer
     from tests.harness.training import scalars
+    from tests.harness.averages import (assert_same, averaged_positions, averages, checkpoint_averages, next_average,
+                                        raw, statistics_positions)
+    from tests.harness.scenarios import DECAY
 
     common = ("data.random_crop=false", "train.steps=2", "train.batch_size=8", "train.accumulate_steps=4",
               "train.optimizer=adam", "train.learning_rate=0.01", "train.lr_schedule=step",
-              "train.lr_decay_epochs=2", "train.lr_decay_factor=0.5")
-    runs = {}
-    for k in (1, 2):
-        trainer = Trainer(for_training(small_train_config(prepared_dir, *common, f"train.steps_per_execution={k}")),
-                          str(tmp_path / f"k{k}"))
+              "train.lr_decay_epochs=2", "train.lr_decay_factor=0.5", f"train.ema_decay={DECAY}")
+    runs, start = {}, None
+    for k in (1, 2):  # single calls save each step (for the average's check): a call never runs past a save
+        saves = ("train.checkpoint_every_steps=1",) if k == 1 else ()
+        trainer = Trainer(for_training(small_train_config(prepared_dir, *common, *saves,
+                                                          f"train.steps_per_execution={k}")), str(tmp_path / f"k{k}"))
+        start = start or averages(trainer)  # the average starts from the initial weights (the same for both)
         runs[k] = trainer, trainer.run(progress=False)
     (one, single), (two, several) = runs[1], runs[2]
     # 32 training images x 5 captions / 8 = 20 batches an epoch: 5 optimizer steps; the rate halves every 10
@@ -82,7 +88,16 @@ def test_steps_counted_in_optimizer_steps_and_k_steps_a_call(prepared_dir, tmp_p
     for a, b in zip(two.model.variables, one.model.variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6, err_msg=a.name)
     assert sorted(scalars(tmp_path / "k1" / "logs" / "train", "loss")) == [1, 2]
-    assert sorted(p.name for p in (tmp_path / "k1").iterdir() if p.name.endswith(".index")) == ["ckpt-2.index"]
+    for k, saved in ((1, ["ckpt-1.index", "ckpt-2.index"]), (2, ["ckpt-2.index"])):
+        assert sorted(p.name for p in (tmp_path / f"k{k}").iterdir() if p.name.endswith(".index")) == saved
+
+    # the average: 2 optimizer steps of 4 micro-batches each, one move a step
+    positions, expected = averaged_positions(one.model), start
+    for number in (1, 2):
+        one.checkpoint.restore(str(tmp_path / "k1" / f"ckpt-{number}")).expect_partial()
+        expected = next_average(expected, raw(one.model, positions), statistics_positions(one.model))
+    assert_same(checkpoint_averages(str(tmp_path / "k1" / "ckpt-2")), expected)
+    assert_same(checkpoint_averages(str(tmp_path / "k2" / "ckpt-2")), expected, rtol=1e-4)
 
 
 @pytest.mark.slow

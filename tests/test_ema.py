@@ -1,5 +1,5 @@
 """train.ema_decay: the weight average (captioning.train.ema) — its value after each applied step, skipped steps,
-loss scaling, resuming, 2 replicas (the decoder contract's 2-replica run of show_and_tell, which trains with the
+loss scaling, resuming, gradient accumulation (tests/test_accumulate.py's k-steps run), 2 replicas (the decoder contract's 2-replica run of show_and_tell, which trains with the
 average: conftest's ``mirrored_contracts``), steps_per_execution, and --weights ema|raw in caption, export and
 evaluate. The models here fine-tune the small CNN encoder, so its batch-norm moving statistics are averaged with
 the weights; a checkpoint written before they were (its average of the trainable weights only) still loads."""
@@ -12,62 +12,10 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.harness.averages import (assert_same, averaged_positions, averages, averages_of, checkpoint_averages,
+                                    next_average, raw, statistics_positions, trainable_positions)
 from tests.harness.scenarios import AVERAGED, DECAY, contract_result
 from tests.helpers import run_cli, small_train_config
-
-
-def trainable_positions(model) -> list[int]:
-    """Each trainable weight's position in ``model.variables`` (the average's key in the checkpoint)."""
-    position = {id(v): i for i, v in enumerate(model.variables)}
-    return [position[id(v)] for v in model.trainable_variables]
-
-
-def statistics_positions(model) -> list[int]:
-    """The batch-norm layers' moving statistics' positions in ``model.variables``, found by their names."""
-    return [i for i, v in enumerate(model.variables) if v.name in ("moving_mean", "moving_variance")]
-
-
-def averaged_positions(model) -> list[int]:
-    """What the average covers here (the encoder trains): the trainable weights and the moving statistics."""
-    return trainable_positions(model) + statistics_positions(model)
-
-
-def averages_of(model, average) -> dict[int, np.ndarray]:
-    position = {id(v): i for i, v in enumerate(model.variables)}
-    return {position[id(v)]: a.numpy() for v, a in average.pairs}
-
-
-def averages(trainer) -> dict[int, np.ndarray]:
-    return averages_of(trainer.model, trainer.average)
-
-
-def raw(model, positions) -> dict[int, np.ndarray]:
-    return {i: model.variables[i].numpy() for i in positions}
-
-
-def checkpoint_averages(path) -> dict[int, np.ndarray]:
-    import tensorflow as tf
-
-    from captioning.model.checkpoints import CheckpointFiles
-
-    reader = tf.train.load_checkpoint(path)
-    return {i: reader.get_tensor(name) for i, name in CheckpointFiles.averaged(path).items()}
-
-
-def next_average(average: dict, weights: dict, statistics=(), decay=DECAY, statistics_decay=0.0) -> dict:
-    """One step of the average, in numpy: d × average + (1 − d) × weight, in float32; the positions
-    ``statistics`` (batch-norm moving statistics) at ``statistics_decay``. At DECAY 0.5 that is 0, their raw
-    values: their own delay (Keras' momentum 0.99: 99 steps) is longer than the average's (1 step)."""
-    def step(i):
-        d = np.float32(statistics_decay if i in statistics else decay)
-        return d * average[i] + (np.float32(1) - d) * weights[i]
-    return {i: step(i) for i in average}
-
-
-def assert_same(got: dict, want: dict, rtol=1e-6):
-    assert got.keys() == want.keys()
-    for i in want:
-        np.testing.assert_allclose(got[i], want[i], rtol=rtol, atol=1e-7, err_msg=f"weight {i}")
 
 
 @pytest.fixture(scope="module")
@@ -258,10 +206,11 @@ def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged
 
 @pytest.mark.slow
 def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied_step(averaged, tmp_path):
-    """Two resumed runs of 2 steps from ckpt-4: one step a call, saving each, and both steps in one call
-    (train.steps_per_execution: 2) end with the same average, the one recomputed from the saved weights.
+    """A resumed run of 2 steps from ckpt-4 in one call (train.steps_per_execution: 2) ends with the average of
+    the same 2 steps taken one call each on its Trainer (ckpt-4 restored into it, the run's first 2 batches: a run
+    reads its dataset from the start), the one recomputed from the weights after each.
 
-    Then, on the second run's Trainer: Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite
+    Then, on that Trainer: Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite
     gradients by itself: the step asks it (check_finite), so the average moves exactly when its iterations do:
     not at a non-finite batch, whatever the huge scale does at the next, and at a step of scale 1."""
     import dataclasses
@@ -273,24 +222,25 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
     from captioning.train import Trainer
     from captioning.train.steps import make_train_step
 
-    ends = {}
-    for k in (1, 2):
-        folder = str(tmp_path / f"k{k}")
-        shutil.copytree(averaged["folder"], folder)
-        train = dataclasses.replace(averaged["cfg"].train, steps=6, steps_per_execution=k,
-                                    checkpoint_every_steps=1 if k == 1 else 100)
-        data = dataclasses.replace(averaged["cfg"].data, random_crop=False)  # the same crops either way
-        trainer = Trainer(for_training(dataclasses.replace(averaged["cfg"], train=train, data=data)), folder)
-        assert trainer.run(progress=False)["step"] == 6
-        ends[k] = checkpoint_averages(os.path.join(folder, "ckpt-6"))
-    expected = averaged["average"][4]
-    for number in (5, 6):
-        trainer.checkpoint.restore(os.path.join(tmp_path / "k1", f"ckpt-{number}")).expect_partial()
+    folder = str(tmp_path / "k2")
+    shutil.copytree(averaged["folder"], folder)
+    train = dataclasses.replace(averaged["cfg"].train, steps=6, steps_per_execution=2)
+    data = dataclasses.replace(averaged["cfg"].data, random_crop=False)  # the same crops in the run and by hand
+    trainer = Trainer(for_training(dataclasses.replace(averaged["cfg"], train=train, data=data)), folder)
+    assert trainer.run(progress=False)["step"] == 6
+    in_one_call = checkpoint_averages(os.path.join(folder, "ckpt-6"))
+    trainer.checkpoint.restore(os.path.join(averaged["folder"], "ckpt-4")).expect_partial()  # its average too
+    assert_same(averages(trainer), averaged["average"][4], rtol=0)
+    dataset = trainer.distributed_dataset("train", training=True)
+    single, batches, expected = trainer.train_step_for(dataset), iter(dataset), averaged["average"][4]
+    for _ in (5, 6):  # one step a call
+        single(next(batches))
         expected = next_average(expected, raw(trainer.model, averaged["positions"]), averaged["statistics"])
-    assert_same(ends[1], expected)
-    assert_same(ends[2], ends[1], rtol=1e-4)
+    assert trainer.current_step() == 6
+    assert_same(averages(trainer), expected)
+    assert_same(in_one_call, averages(trainer), rtol=1e-4)
 
-    # loss scaling, on the last Trainer (its average and weights now those of k1's ckpt-6)
+    # loss scaling, on the same Trainer (its average and weights those after the single steps)
     trainer.folder.release()
     with trainer.strategy.scope():
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=2.0 ** 127)
@@ -316,24 +266,6 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
         assert_same(averages(trainer), expected, rtol=0 if not applied[-1] else 1e-6)
         weights = after
     assert applied[0] is False and applied[2] is True
-
-
-@pytest.mark.slow
-def test_with_accumulation_the_average_moves_once_per_optimizer_step(prepared_dir, tmp_path):
-    """train.accumulate_steps: 2 (the issue's command with train.ema_decay): 2 optimizer steps of 2 micro-batches
-    each, the average recomputed from the weights each step saved."""
-    from captioning.experiment import for_training
-    from captioning.train import Trainer
-
-    folder = tmp_path / "m"
-    trainer = Trainer(for_training(small_train_config(prepared_dir, "train.steps=2", "train.accumulate_steps=2",
-                                         "train.checkpoint_every_steps=1", f"train.ema_decay={DECAY}")), str(folder))
-    positions, expected = averaged_positions(trainer.model), averages(trainer)
-    assert trainer.run(progress=False)["step"] == 2
-    for number in (1, 2):
-        trainer.checkpoint.restore(str(folder / f"ckpt-{number}")).expect_partial()
-        expected = next_average(expected, raw(trainer.model, positions), statistics_positions(trainer.model))
-    assert_same(checkpoint_averages(str(folder / "ckpt-2")), expected)
 
 
 def caption_json(folder, images, *flags):

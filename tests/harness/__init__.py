@@ -11,6 +11,8 @@ in-process or in a process, small configs) in tests/helpers.py; the rest here, b
 - :mod:`tests.harness.presets` — tiny keras-hub presets written offline, and the encoder contract's entries.
 - :mod:`tests.harness.training` — ``captioning train`` in the background (``Cli``), its config, checkpoints and
   TensorBoard scalars; the two workers of a localhost cluster (``run_two_workers``).
+- :mod:`tests.harness.averages` — the weight average (``train.ema_decay``) as a Trainer or a checkpoint holds it, and
+  one step of it recomputed in numpy (``averages``, ``checkpoint_averages``, ``next_average``, ``assert_same``).
 - :mod:`tests.harness.distributed` — what a process of 2 replicas needs: the small config (``small_config``), two
   logical CPUs (``two_cpus``) and the process's one ``multi_worker_strategy``.
 - :mod:`tests.harness.scenarios` — the 2-replica scenarios of conftest's ``distributed_runs`` that belong to one
