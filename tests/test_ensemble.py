@@ -22,7 +22,7 @@ from captioning.model import DECODERS
 from captioning.model.ensemble import Ensemble
 from tests.helpers import copies, run_cli
 from tests.harness.files import LOADER
-from tests.harness.models import B, inputs, npy, rescore, tiny
+from tests.harness.models import B, inputs, npy, tiny
 
 
 NAMES = sorted(DECODERS)
@@ -32,6 +32,28 @@ def averaged(models, logits):
     """log(mean softmax) of each model's logits, computed in numpy."""
     p = np.mean([np.exp(npy(tf.nn.log_softmax(x))) for x in logits], axis=0)
     return np.log(p)
+
+
+def rescored(model, images, rows) -> list[float]:
+    """Each row's summed log-probability under ``model`` (its words, then <end>), by stepping all rows as one batch
+    (row i reading ``images[i]``; after a row's <end>, <end>s that count nothing): tests/harness/models.py's
+    ``rescore`` with one eager step a word for all rows instead of one a word of each caption."""
+    from captioning.vocab import END_ID, START_ID
+
+    steps = max(map(len, rows)) + 1
+    tokens = np.full((len(rows), steps), END_ID, np.int32)  # what each step reads
+    tokens[:, 0] = START_ID
+    for i, row in enumerate(rows):
+        tokens[i, 1:len(row) + 1] = row
+    state = model.reserve(model.image_state({"image": tf.constant(images)}), steps)
+    totals = [0.0] * len(rows)
+    for t in range(steps):
+        logits, state = model.step(tf.constant(tokens[:, t]), state)
+        logp = npy(tf.nn.log_softmax(logits))
+        for i, row in enumerate(rows):
+            if t <= len(row):  # word t of the row, or its <end>
+                totals[i] += float(logp[i, row[t] if t < len(row) else END_ID])
+    return totals
 
 
 @pytest.fixture(scope="module")
@@ -89,19 +111,22 @@ def test_beam_search_and_greedy_decoding_over_an_ensemble(mixed):
     best = tf.function(lambda s: beam_search(ensemble, None, beam_size=3, max_length=6, top_k=3,
                                              initial_state=s), autograph=False)(state)
     ids, lengths, log_probs = (npy(best[k]) for k in ("ids", "lengths", "log_probs"))
+    expected = rescored(ensemble, np.concatenate([images] * 3), [ids[i, k, :lengths[i, k]] for k in range(3)
+                                                                  for i in range(B)])
     for k in range(3):
-        expected = rescore(ensemble, images, [ids[i, k, :lengths[i, k]] for i in range(B)])
         for i in range(B):
             if lengths[i, k] < 6:  # ended with <end>: its log-probability counts it
-                assert log_probs[i, k] == pytest.approx(expected[i], abs=1e-4)
+                assert log_probs[i, k] == pytest.approx(expected[k * B + i], abs=1e-4)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_an_ensemble_of_a_model_with_a_copy_of_itself_is_the_model(name):
+def test_an_ensemble_of_a_model_with_a_copy_of_itself_is_the_model(name, mixed):
+    """The model is the mixed ensemble's of its decoder (only read here); its copy, built of another seed, is
+    given its weights."""
     from captioning.config import DecodeConfig
     from captioning.model.decode import generate
 
-    model, copy = tiny(name, seed=7), tiny(name, seed=8)
+    model, copy = mixed[NAMES.index(name)], tiny(name, seed=8)
     copy.set_weights(model.get_weights())
     ensemble = Ensemble([model, copy])
     images, _ = inputs(seed=2)
@@ -114,16 +139,16 @@ def test_an_ensemble_of_a_model_with_a_copy_of_itself_is_the_model(name):
         np.testing.assert_allclose(npy(both["log_probs"]), npy(alone["log_probs"]), atol=1e-4)
 
 
-def test_models_of_different_vocabulary_sizes_cannot_be_one_ensemble():
+def test_models_of_different_vocabulary_sizes_cannot_be_one_ensemble(mixed):
     from captioning.config import ModelConfig
     from captioning.model import build_model
 
     other = build_model(41, ModelConfig(encoder="small_cnn", dropout=0.0, options={"lstm_units": 8,
                                                                                "embedding_size": 8}), 32)
     with pytest.raises(ValueError, match="vocabulary sizes differ"):
-        Ensemble([tiny(NAMES[0]), other])
+        Ensemble([mixed[0], other])
     with pytest.raises(ValueError, match="at least 2 models"):
-        Ensemble([tiny(NAMES[0])])
+        Ensemble([mixed[0]])
 
 
 # ------------------------------------------------------------------------------------------------ the commands
@@ -156,12 +181,12 @@ def test_caption_and_export_an_ensemble_of_two_decoders(two_models, tmp_path):
     from captioning.data.reading import model_input
 
     trained = inference.load(two_models)
-    for photo, c in zip(photos, captioned):
-        crop = model_input(tf.constant(open(photo, "rb").read()), trained.preprocessor)[None]
-        words = [trained.vocab.id(w) for w in c["captions"][0]["caption"].split()]
+    crops = np.stack([npy(model_input(tf.constant(open(photo, "rb").read()), trained.preprocessor))
+                      for photo in photos])
+    best = [[trained.vocab.id(w) for w in c["captions"][0]["caption"].split()] for c in captioned]
+    for c, words, log_prob in zip(captioned, best, rescored(trained.model, crops, best)):
         if len(words) < trained.config.decode.max_length:  # ended with <end>
-            assert c["captions"][0]["log_prob"] == pytest.approx(rescore(trained.model, npy(crop), [words])[0],
-                                                                 abs=1e-4)
+            assert c["captions"][0]["log_prob"] == pytest.approx(log_prob, abs=1e-4)
 
     out = tmp_path / "export"
     exported = run_cli("export", *args, "--output", str(out), "--top-k", "2")
