@@ -51,42 +51,38 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built
-# first; `make test` in the working tree, 3 workers on 2 cores, 2026-11-28, 06:00). `make test` runs pytest-xdist with
-# --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order: collected
-# heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing time
-# first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
-# quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured).
-# A file not listed counts 4 s.
+# first; `make test` in a fresh clone of f030552, 3 workers on 2 cores, 2026-11-28, 11:34). `make test` runs
+# pytest-xdist with --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order:
+# collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing
+# time first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
+# quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured). A
+# file not listed counts 4 s.
 FILE_SECONDS = {
-    "test_decoders": 109, "test_scst": 106, "test_litert": 82, "test_service_training": 63, "test_benchmarks": 53,
-    "test_prefix_lm_training": 84,  # alone, its fixtures included (2026-11-28 08:30)
-    # issue 50's other files, alone, their fixtures included (2026-11-28 08:40)
-    "test_tokenizers": 36, "test_lm_train": 36, "test_prefix_lm_use": 27, "test_prefix_lm": 15, "test_reward_words": 8,
-    "test_word_rules_pieces": 7, "test_mappers": 6,
-    "test_train_reliability": 41, "test_encoders_end_to_end": 40, "test_data_service": 36, "test_lost_worker": 35,
-    "test_region_training": 34, "test_encoders": 28, "test_ema": 24, "test_model_dir": 23, "test_inference": 23,
-    "test_steps_per_execution": 21, "test_train": 20, "test_ensemble": 20, "test_train_start": 19,
-    "test_disk_cache": 17, "test_features_store": 16, "test_decode": 16, "test_transformer": 15,
-    "test_attention_use": 15, "test_accumulate": 15, "test_input_pipeline": 14,
-    "test_browser": 12,  # wall seconds: Chromium is not its child
-    "test_objectives": 11, "test_full_disk": 11, "test_evaluate_identity": 11, "test_cli": 11, "test_security": 10,
-    "test_metrics": 9, "test_corrupt_shards": 9, "test_serve": 7, "test_regions": 6, "test_prepare": 6,
-    "test_architecture": 6, "test_uneven_splits": 5, "test_serve_options": 5, "test_serve_clients": 5,
-    "test_orientation": 5, "test_optimizer": 5}
+    "test_decoders": 147, "test_scst": 116, "test_litert": 75, "test_benchmarks": 67, "test_service_training": 65,
+    "test_prefix_lm_training": 64, "test_train_reliability": 42, "test_encoders_end_to_end": 40,
+    "test_lost_worker": 37, "test_data_service": 35, "test_encoders": 32, "test_tokenizers": 32, "test_inference": 30,
+    "test_region_training": 29, "test_lm_train": 26, "test_decode": 25, "test_model_dir": 25, "test_ema": 24,
+    "test_prefix_lm_use": 22, "test_steps_per_execution": 22, "test_ensemble": 22, "test_train": 21,
+    "test_accumulate": 16, "test_attention_use": 16, "test_train_start": 16, "test_input_pipeline": 15,
+    "test_disk_cache": 15, "test_transformer": 14, "test_word_rules_pieces": 13, "test_corrupt_shards": 12,
+    "test_cli": 12, "test_objectives": 12, "test_browser": 12, "test_full_disk": 11, "test_security": 11,
+    "test_features_store": 10, "test_metrics": 10, "test_evaluate_identity": 10, "test_prefix_lm": 9, "test_serve": 7,
+    "test_reward_words": 7, "test_architecture": 7, "test_orientation": 7, "test_optimizer": 7, "test_config": 7,
+    "test_prepare": 7, "test_regions": 6, "test_serve_clients": 6, "test_uneven_splits": 5, "test_text": 5,
+    "test_outputs": 5, "test_mappers": 5, "test_docs": 5, "test_serve_options": 5, "test_cider": 5}
 
 
-# The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (the larger of
-# `make test-fast`'s, 2026-11-28 04:28, and the full suite's of 06:00). Ordered by FILE_SECONDS, the quick loop's
-# worker given test_scst and test_decoders first (light there without their 2-replica runs) ended 13 s after the
-# other two. A file not listed counts 3 s.
+# The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (in the full suite
+# of 11:34; test_inference's, test_decode's and test_word_rules_pieces' less the XLA checks made slow or fewer since).
+# Ordered by FILE_SECONDS, the quick loop's worker given test_scst and test_decoders first (light there without their
+# 2-replica runs) ended 13 s after the other two. A file not listed counts 3 s.
 QUICK_SECONDS = {
-    "test_decoders": 26, "test_encoders": 16, "test_decode": 16, "test_scst": 14, "test_region_training": 12,
-    "test_objectives": 11, "test_input_pipeline": 11, "test_features_store": 7, "test_ensemble": 7,
-    "test_data_service": 7, "test_transformer": 6, "test_inference": 6, "test_architecture": 6, "test_regions": 5,
-    "test_train_reliability": 4, "test_text": 4, "test_litert": 4, "test_corrupt_shards": 4, "test_config": 4,
-    # issue 50's files, alone, their fixtures included (2026-11-28 08:40)
-    "test_tokenizers": 16, "test_prefix_lm": 8, "test_reward_words": 8, "test_word_rules_pieces": 7, "test_mappers": 6,
-    "test_lm_train": 3, "test_prefix_lm_use": 0}
+    "test_decoders": 34, "test_decode": 21, "test_inference": 6, "test_encoders": 15, "test_scst": 15,
+    "test_word_rules_pieces": 10, "test_objectives": 12, "test_input_pipeline": 12, "test_tokenizers": 10,
+    "test_prefix_lm": 9, "test_ensemble": 8, "test_features_store": 7, "test_reward_words": 7, "test_architecture": 7,
+    "test_config": 7, "test_transformer": 6, "test_regions": 6, "test_text": 5, "test_ema": 5, "test_mappers": 5,
+    "test_docs": 5, "test_region_training": 5, "test_train_reliability": 4, "test_corrupt_shards": 4,
+    "test_outputs": 3, "test_attention": 3, "test_train": 3, "test_prepare": 3, "test_experiment": 3}
 
 
 def schedule(items):

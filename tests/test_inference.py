@@ -319,8 +319,8 @@ def test_decoding_follows_the_models_decode_section_and_flags_override_it(traine
     config = yaml.safe_load((model_dir / "config.yaml").read_text())
     assert config["decode"] == {"beam_size": 3, "max_length": 20, "length_normalization": 0.0, "top_k": 1,
                                 "method": "beam", "length_penalty": "avg", "beam_groups": 1, "diversity": 0.0,
-                                "block_ngrams": 0, "bad_endings": [],
-                                "temperature": 1.0, "sample_top_k": 0, "sample_top_p": 1.0, "seed": 0}
+                                "block_ngrams": 0, "bad_endings": [], "temperature": 1.0, "sample_top_k": 0,
+                                "sample_top_p": 1.0, "seed": 0, "jit_compile": False}
     config["decode"].update(beam_size=2, top_k=2)
     (model_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     photo = str(user_images / "photo0.jpg")
@@ -418,6 +418,7 @@ def test_a_misspelt_bad_ending_is_refused_and_settings_that_do_nothing_warn(trai
                                                        "decode.length_normalization"]
 
 
+@pytest.mark.slow  # a trained prefix_lm model captioned four ways and exported: about 10 CPU s
 def test_decode_jit_compile_captions_as_greedy_decoding_without_it(trained_prefix_lm_dir, user_images, tmp_path):
     """``decode.jit_compile``: the decoder's initial state and the greedy search, one program XLA compiles, give the
     captions and log-probabilities of greedy decoding without it, for a batch of three and of one, on ``caption``'s
