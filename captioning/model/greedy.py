@@ -17,9 +17,9 @@ from captioning.vocab import END_ID
 
 class Greedy(Strategy):
     """One row per image. Loop variables: ``live [B, 1]`` (the caption had not ended), ``log_probs [B, 1]`` (its
-    summed log p, ``<end>``'s too), ``ids [B, max_length]`` (the words so far, for n-gram blocking only), and grown a
-    step at a time, each step's ``words`` (0 once the caption ended) and the attention ``weights`` it chose them with
-    (zeros once it ended)."""
+    summed log p, ``<end>``'s too), and written a column a step into buffers of ``max_length`` columns (their shapes
+    fixed: XLA compiles the loop), the ``words`` (0 once the caption ended; n-gram blocking reads them) and the
+    attention ``weights`` each was chosen with (zeros once it ended)."""
 
     def __init__(self, model, max_length: int, length_normalization: float = 0.0, length_penalty_form: str = "avg",
                  block_ngrams: int = 0, bad_endings=(), min_length: int = 0, words=None):
@@ -36,7 +36,6 @@ class Greedy(Strategy):
         self.never = never_proposed(self.vocab, self.min_length)
         words = self.word_rules.start(batch) if self.word_rules else {}
         return {**words, "live": tf.ones([batch, 1], tf.bool), "log_probs": tf.zeros([batch, 1]),
-                "ids": tf.zeros([batch, self.max_length if self.tracks_ids else 0], tf.int32),
                 "words": tf.zeros([batch, self.max_length], tf.int32),
                 "weights": tf.zeros([batch, self.max_length, tf.shape(state["attention"])[1]]) if self.attends
                 else tf.zeros([0])}
@@ -61,16 +60,14 @@ class Greedy(Strategy):
         return word, tf.gather(logits, word, batch_dims=1) - log_normalizer(logits, likeliest, of_all=True)[:, None]
 
     def next_words(self, t, tokens, logits, state, chosen):
-        word, word_logp = self._likeliest(t, tokens, logits, chosen["ids"], chosen)
+        word, word_logp = self._likeliest(t, tokens, logits, chosen["words"], chosen)
         live = chosen["live"] & tf.not_equal(word, END_ID)
         kept = tf.where(live, word, 0)
         at = tf.one_hot(t, self.max_length, dtype=tf.int32)[None, :]  # step t's column: the buffers keep their shape
         out = {"live": live, "log_probs": chosen["log_probs"] + tf.where(chosen["live"], word_logp, 0.0),
-               "ids": chosen["ids"], "words": chosen["words"] + kept * at, "weights": chosen["weights"]}
+               "words": chosen["words"] + kept * at, "weights": chosen["weights"]}
         if self.word_rules:
             out.update(self.word_rules.advanced(chosen, tf.reshape(word, [-1])))
-        if self.tracks_ids:
-            out["ids"] += kept * at
         if self.attends:
             weights = tf.where(live, tf.cast(state["attention"], tf.float32), 0.0)
             out["weights"] = chosen["weights"] + weights[:, None, :] * tf.cast(at, tf.float32)[:, :, None]
