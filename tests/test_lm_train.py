@@ -183,7 +183,11 @@ def trained(text_file, prepared_dir, tmp_path_factory):
     """GPT-2 trained on the text file and Gemma on the prepared dataset's training captions, tiny, 30 steps each.
     Gemma's command first runs in a process of its own killed mid-training (SIGKILL); what that left in the output's
     folder is kept under ``"killed"``, then the same command completes here. (Gemma's: its SentencePiece tokenizer is
-    one op, where GPT-2's byte-level BPE costs that process seconds of tracing before its first step.)"""
+    one op, where GPT-2's byte-level BPE costs that process seconds of tracing before its first step.) Each run's
+    packed token streams, as ``token_stream`` returned them to it (the training sentences', then the held-out
+    ones'), are kept with the sentences under ``"ARCHITECTURE streams"``."""
+    from captioning.train import language_model
+
     root = tmp_path_factory.mktemp("lm")
     runs = {"gemma": ["--text", prepared_dir, "--split", "train"], "gpt2": ["--text", text_file]}
     results = {}
@@ -194,7 +198,15 @@ def trained(text_file, prepared_dir, tmp_path_factory):
             err = tmp_path_factory.mktemp("killed") / "err"
             code = killed_at_its_first_log_line(args, err)
             results["killed"] = (code, sorted(os.listdir(root)), err.read_text())
-        results[architecture] = (args, *run_main(*args))
+        streams, real = results.setdefault(f"{architecture} streams", []), language_model.token_stream
+
+        def kept(tokenizer, sentences, *rest, streams=streams, real=real):
+            streams.append((list(sentences), real(tokenizer, sentences, *rest)))
+            return streams[-1][1]
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(language_model, "token_stream", kept)
+            results[architecture] = (args, *run_main(*args))
     return results
 
 
@@ -220,16 +232,19 @@ def test_the_preset_loads_offline_with_keras_hub_and_the_loss_fell(trained, arch
     assert backbone.count_params() == figures["parameters"] and backbone.hidden_dim == 128
     assert tokenizer.vocabulary_size() == figures["vocabulary_size"] == backbone.vocabulary_size
     assert tokenizer.detokenize(tokenizer("a red circle")) == "a red circle"
-    # the packed stream it learnt from: each sentence framed by the special tokens, GPT-2's with a space in front
-    from captioning.train.language_model import token_stream
-
-    stream = token_stream(tokenizer, ["a red circle", "two"]).tolist()
-    if architecture == "gpt2":
-        end = tokenizer.end_token_id
-        assert stream == [end, *tokenizer(" a red circle"), end, *tokenizer(" two"), end]
-        assert tokenizer.id_to_token(stream[1]) == "Ġa"
-    else:
-        assert stream == [2, *tokenizer("a red circle"), 1, 2, *tokenizer("two"), 1, 1]
+    # the packed streams it learnt from and was scored on (the run's own): each sentence framed by the special
+    # tokens, GPT-2's with a space in front (its first word a space-led piece), in the preset's tokenizer's pieces
+    (training, stream), (held, held_stream) = trained[f"{architecture} streams"]
+    assert (len(training), len(held), len(stream)) == (figures["training_sentences"], figures["held_out_sentences"],
+                                                        figures["training_tokens"])
+    for sentences, got in ((training, stream), (held, held_stream)):
+        if architecture == "gpt2":
+            end, pieces = tokenizer.end_token_id, tokenizer([" " + s for s in sentences])
+            assert got.tolist() == [end] + [i for p in pieces for i in (*p, end)]
+            assert all(tokenizer.id_to_token(p[0]).startswith("Ġ") for p in pieces)
+        else:
+            pieces = tokenizer(sentences)
+            assert got.tolist() == [i for p in pieces for i in (2, *p, 1)] + [1]
     assert record["settings"] == {"architecture": architecture, "size": "tiny", "steps": 30, "batch_size": 8,
                                   "sequence_length": 32, "learning_rate": 0.003, "seed": 0}
     assert not [n for n in os.listdir(os.path.dirname(output)) if ".tmp" in n or ".old" in n]
