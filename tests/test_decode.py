@@ -35,15 +35,29 @@ def images(n, size=16, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3)).astype("uint8")
 
 
+def log_probs(model, features, sequences):
+    """Summed log-probability of each of ``sequences`` (word ids, then <end> if present), sequence i for the image of
+    ``features[i]``: all of them stepped as one batch, an eager step a word (a shorter one's later steps count
+    nothing)."""
+    steps = max(map(len, sequences))
+    tokens = np.full((len(sequences), max(steps, 1)), END_ID, np.int32)  # what each step reads
+    tokens[:, 0] = START_ID
+    for i, sequence in enumerate(sequences):
+        tokens[i, 1:len(sequence)] = sequence[:-1]
+    state = model.initial_state(tf.constant(np.asarray(features)))
+    totals = [0.0] * len(sequences)
+    for t in range(steps):
+        logits, state = model.step(tf.constant(tokens[:, t]), state)
+        logp = tf.nn.log_softmax(logits).numpy()
+        for i, sequence in enumerate(sequences):
+            if t < len(sequence):
+                totals[i] += float(logp[i, sequence[t]])
+    return totals
+
+
 def log_prob(model, features, sequence):
     """Summed log-probability of ``sequence`` (word ids, then <end> if present) for one image."""
-    state = model.initial_state(features[None])
-    token, total = START_ID, 0.0
-    for word in sequence:
-        logits, state = model.step(tf.constant([token]), state)
-        total += float(tf.nn.log_softmax(logits)[0, word])
-        token = word
-    return total
+    return log_probs(model, np.asarray(features)[None], [list(sequence)])[0]
 
 
 def allowed(words, word, block_ngrams=0, bad_endings=()):
@@ -62,22 +76,22 @@ def allowed(words, word, block_ngrams=0, bad_endings=()):
 def greedy_reference(model, features, max_length, block_ngrams=0, bad_endings=()):
     """The most likely allowed word at each step (never <pad>, <start> or <unk>), until <end> or max_length
     words."""
-    out = []
-    for f in features:
-        state = model.initial_state(f[None])
-        token, words = START_ID, []
-        for _ in range(max_length):
-            logits, state = model.step(tf.constant([token]), state)
-            logits = logits.numpy()[0]
-            logits[[PAD_ID, START_ID, UNK_ID]] = -np.inf
-            for w in range(len(logits)):
+    state = model.initial_state(features)  # every image a row, stepped together (an ended row's steps ignored)
+    out, done = [[] for _ in range(len(features))], [False] * len(features)
+    tokens = [START_ID] * len(features)
+    for _ in range(max_length):
+        logits, state = model.step(tf.constant(tokens, tf.int32), state)
+        for row, (words, row_logits) in enumerate(zip(out, logits.numpy())):
+            if done[row]:
+                continue
+            row_logits[[PAD_ID, START_ID, UNK_ID]] = -np.inf
+            for w in range(len(row_logits)):
                 if not allowed(words, w, block_ngrams, bad_endings):
-                    logits[w] = -np.inf
-            token = int(np.argmax(logits))
-            if token == END_ID:
-                break
-            words.append(token)
-        out.append(words)
+                    row_logits[w] = -np.inf
+            tokens[row] = int(np.argmax(row_logits))
+            done[row] = tokens[row] == END_ID
+            if not done[row]:
+                words.append(tokens[row])
     return out
 
 
@@ -90,19 +104,17 @@ def test_beam_of_one_is_greedy(seed, end_bias, max_length):
     got = [list(row[0][:n]) for row, n in zip(out["ids"].numpy(), out["lengths"].numpy()[:, 0])]
     assert got == expected
     assert any(len(e) == max_length for e in expected) or end_bias == 0.0  # some hit max_length
-    for f, words, lp, n in zip(features, expected, out["log_probs"].numpy()[:, 0], out["lengths"].numpy()[:, 0]):
-        complete = len(words) < max_length
-        assert lp == pytest.approx(log_prob(model, f, words + ([END_ID] if complete else [])), abs=1e-4)
+    rescored = log_probs(model, features, [words + ([END_ID] if len(words) < max_length else []) for words in expected])
+    for lp, rescored_lp in zip(out["log_probs"].numpy()[:, 0], rescored):
+        assert lp == pytest.approx(rescored_lp, abs=1e-4)
 
 
 def exhaustive(model, f, max_length):
-    """Every caption of at most max_length words: (log_prob, words), best first."""
-    scored = []
-    for n in range(max_length + 1):
-        for words in itertools.product(WORDS, repeat=n):
-            sequence = list(words) + ([END_ID] if n < max_length else [])
-            scored.append((log_prob(model, f, sequence), list(words)))
-    return sorted(scored, key=lambda s: -s[0])
+    """Every caption of at most max_length words: (log_prob, words), best first (all scored in one batch)."""
+    every = [list(words) for n in range(max_length + 1) for words in itertools.product(WORDS, repeat=n)]
+    scored = log_probs(model, np.repeat(np.asarray(f)[None], len(every), axis=0),
+                       [words + ([END_ID] if len(words) < max_length else []) for words in every])
+    return sorted(zip(scored, every), key=lambda s: -s[0])
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -269,11 +281,10 @@ def test_sampling_is_seeded_per_image_whatever_the_batch():
     assert backwards[::-1] == together
     assert sampled(model, features, keys, **{**options, "seed": 6})[0] != together
     assert len({c for row in together for c in row}) > 6  # samples differ within and between images
-    for i, f in enumerate(features.numpy()):
-        for rank in range(4):
-            words = list(together[i][rank])
-            sequence = words + ([END_ID] if len(words) < 6 else [])
-            assert float(out["log_probs"][i, rank]) == pytest.approx(log_prob(model, f, sequence), abs=1e-4)
+    rescored = log_probs(model, np.repeat(features.numpy(), 4, axis=0), [
+        list(words) + ([END_ID] if len(words) < 6 else []) for row in together for words in row])
+    np.testing.assert_allclose(out["log_probs"].numpy(), np.reshape(rescored, (6, 4)), atol=1e-4, rtol=0)
+    for i in range(6):
         assert list(out["log_probs"][i].numpy()) == sorted(out["log_probs"][i].numpy(), reverse=True)
 
 
@@ -455,8 +466,9 @@ def test_the_greedy_loop_gives_what_a_beam_of_one_gives(decoder, options):
     features = model.encode(images(8, seed=4))
     fast = beam_search(model, features, beam_size=1, max_length=5, **options)
     slow = beam_search(model, features, beam_size=1, max_length=5, fast_greedy=False, **options)
-    # decode.jit_compile: compiled by XLA, with the rules that add ops to the loop (the length penalties are finish's)
-    xla = beam_search(model, features, beam_size=1, max_length=5, jit_compile=True, **options) if (
+    # decode.jit_compile: compiled by XLA, with the rules that add ops to the loop (the length penalties are finish's;
+    # greedy without rules compiled is the decoder contract's, over every decoder: tests/harness/decoder_contract.py)
+    xla = beam_search(model, features, beam_size=1, max_length=5, jit_compile=True, **options) if options and (
         "length_normalization" not in options) else slow
     assert sorted(fast) == sorted(slow) == sorted(xla) and ("attention" in fast) == (decoder == "attention")
     lengths = fast["lengths"].numpy()[:, 0]

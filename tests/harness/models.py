@@ -119,17 +119,25 @@ def same_gradient(actual, desired):
 
 
 def rescore(model, images, captions, ended=None):
-    """Each caption's summed log-probability (its words, then <end>), by stepping; ``ended`` (a bool per caption, or
-    None: all): whether the caption ended (a caption cut at the search's ``max_length`` has no <end> in its sum)."""
+    """Each caption's summed log-probability (its words, then <end>), by stepping, caption i reading ``images[i]``;
+    ``ended`` (a bool per caption, or None: all): whether the caption ended (a caption cut at the search's
+    ``max_length`` has no <end> in its sum). All captions step as one batch, one eager step a word (after a caption's
+    last word, <end>s that count nothing)."""
     from captioning.vocab import END_ID, START_ID
 
-    totals = []
-    for image, words, end in zip(images, captions, ended if ended is not None else [True] * len(captions)):
-        state = model.reserve(model.image_state({"image": image[None]}), len(words) + 1)
-        total, token = 0.0, START_ID
-        for word in list(words) + [END_ID] * bool(end):
-            logits, state = model.step(tf.constant([token]), state)
-            total += float(tf.nn.log_softmax(logits)[0, word])
-            token = word
-        totals.append(total)
+    captions = [list(words) for words in captions]
+    ended = list(ended) if ended is not None else [True] * len(captions)
+    steps = max(map(len, captions)) + 1
+    tokens = np.full((len(captions), steps), END_ID, np.int32)  # what each step reads
+    tokens[:, 0] = START_ID
+    for i, words in enumerate(captions):
+        tokens[i, 1:len(words) + 1] = words
+    state = model.reserve(model.image_state({"image": tf.constant(np.asarray(images))}), steps)
+    totals = [0.0] * len(captions)
+    for t in range(steps):
+        logits, state = model.step(tf.constant(tokens[:, t]), state)
+        logp = npy(tf.nn.log_softmax(logits))
+        for i, (words, end) in enumerate(zip(captions, ended)):
+            if t < len(words) or (t == len(words) and end):  # word t of the caption, or its <end>
+                totals[i] += float(logp[i, words[t] if t < len(words) else END_ID])
     return totals
