@@ -145,10 +145,9 @@ CASES = [  # the favourite caption, block_ngrams, bad endings
 @pytest.mark.parametrize("text, block_ngrams, bad_endings", CASES)
 def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers, name, text, block_ngrams,
                                                                      bad_endings):
-    """Greedy decoding with the rules (compiled by XLA too) equals a hand-written greedy loop applying them to the
-    caption's text, and
+    """Greedy decoding with the rules equals a hand-written greedy loop applying them to the caption's text, and
     differs from decoding without them (they bite: the scripted favourite breaks them); every caption of a beam of
-    4, of 4 samples per image and of diverse beams (2 groups) obeys them."""
+    4, of 4 samples per image and of diverse beams (2 groups) obeys them. (Compiled by XLA: the next test.)"""
     tok = tokenizers[name]
     script = tok.ids(text)
     model = Scripted(tok.size, script, dead=sorted(tok.special), seed=len(text), favour=9.0)
@@ -160,9 +159,6 @@ def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers,
                          autograph=False)(state)
     expected = reference_greedy(model, tok, 2, 16, block_ngrams, bad_endings)
     assert captions(greedy) == expected
-    if name == "gpt2":  # decode.jit_compile: the rules compile with the search (Gemma's: the same ops, other tables)
-        xla = beam_search(model, None, beam_size=1, max_length=16, initial_state=state, jit_compile=True, **rules)
-        assert captions(xla) == expected
     plain = beam_search(model, None, beam_size=1, max_length=16, initial_state=state)
     assert captions(plain)[0] == script  # the favourite breaks the rules...
     assert not obeys(tok, script, True, block_ngrams, bad_endings)
@@ -178,6 +174,48 @@ def test_greedy_beams_and_sampling_follow_the_word_rules_over_pieces(tokenizers,
                sample_search(model, state, max_length=16, samples=4, seed=3, temperature=0.5))
     for found in unruled:  # without them some caption breaks them
         assert not all(obeys(tok, ids, len(ids) < 16, block_ngrams, bad_endings) for ids in captions(found))
+
+
+class Rows:
+    """:class:`Scripted` decoders as one, row r stepping ``models[r]`` (greedy decoding keeps each row in its place):
+    one search over all their scripts."""
+
+    attends = False
+
+    def __init__(self, models):
+        self.vocab_size, self.rows = models[0].vocab_size, len(models)
+        self.table, self.noise = (tf.constant(np.stack([getattr(m, key) for m in models])) for key in ("table", "noise"))
+
+    def reserve(self, state, steps):
+        return state
+
+    def step(self, tokens, state):
+        row = tf.range(self.rows)
+        return (tf.gather_nd(self.table, tf.stack([row, state["t"]], axis=1))
+                + tf.gather_nd(self.noise, tf.stack([row, tokens], axis=1))), {"t": state["t"] + 1}
+
+
+def test_greedy_decoding_compiled_by_xla_follows_the_word_rules_over_pieces(tokenizers):
+    """decode.jit_compile: greedy decoding with the rules over the tiny GPT-2's pieces, compiled by XLA, equals the
+    hand-written greedy loop; one program, a row for each case's scripted favourite (the previous test's models), under
+    rules that take every branch of WordRules.ruled_out (n-gram blocking with n = 2, which holds n = 1's no word after
+    itself, and bad endings: the English ones and "surfboard"); each row's favourite breaks them; the n-gram blocking
+    alone changes the first three rows' captions and leaves the last two, which the bad endings alone change.
+    (Gemma's tables: the same ops.)"""
+    tok = tokenizers["gpt2"]
+    scripts = [tok.ids(text) for text, _, _ in CASES]
+    models = [Scripted(tok.size, script, dead=sorted(tok.special), seed=len(text), favour=9.0)
+              for script, (text, _, _) in zip(scripts, CASES)]
+    bad = (*ENGLISH_BAD_ENDINGS, "surfboard")
+    model = Rows(models)
+    xla = beam_search(model, None, beam_size=1, max_length=16, initial_state={"t": tf.zeros([len(models)], tf.int32)},
+                      jit_compile=True, block_ngrams=2, bad_endings=bad, words=word_table(tok))
+    expected = [reference_greedy(m, tok, 1, 16, 2, bad)[0] for m in models]
+    assert captions(xla) == expected
+    for row, (m, script) in enumerate(zip(models, scripts)):
+        assert not obeys(tok, script, True, 2, bad) and expected[row] != script
+        blocked, ended = (reference_greedy(m, tok, 1, 16, *rules)[0] for rules in ((2, ()), (0, bad)))
+        assert (blocked != script) if row < 3 else (blocked == script and ended != script), row
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam", "sample"])
