@@ -1,5 +1,6 @@
 """Beam search against independent references: a hand-written greedy loop and exhaustive search."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -17,13 +18,19 @@ from tests.helpers import model_config
 WORDS = [4, 5, 6]  # three words; with <pad>, <start>, <end> and <unk> (never proposed) the vocabulary has 7 ids
 
 
-def tiny_model(seed, end_bias=0.0, vocab=7, size=16):
+def tiny_model(seed, end_bias=0.0, vocab=7, size=16, decoder="show_and_tell"):
     """A random model whose distributions are far from uniform (large init); a negative bias on <end>
-    makes longer captions likely."""
+    makes longer captions likely. Built once a process for each set of arguments (the tests only read it)."""
+    return _built(seed, float(end_bias), vocab, size, decoder)
+
+
+@functools.lru_cache(maxsize=None)
+def _built(seed, end_bias, vocab, size, decoder):
     import keras
 
     keras.utils.set_random_seed(seed)  # the encoder's own initialisers are not seeded: the same model every run
-    cfg = model_config(encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0, init_scale=1.2)
+    cfg = model_config(decoder=decoder, encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0,
+                       init_scale=1.2)
     model = build_model(vocab, cfg, size, seed=seed).build_all()
     bias = model.logits.bias.numpy()
     bias[END_ID] += end_bias
@@ -454,15 +461,8 @@ def test_the_greedy_loop_gives_what_a_beam_of_one_gives(decoder, options):
     """A beam of 1 runs its own strategy of a few ops a step (greedy.Greedy): the same ids, lengths, log-probabilities,
     scores and attention weights as the beam search of one beam, every option on, captions that end early and
     captions that reach max_length alike."""
-    import keras
-
-    keras.utils.set_random_seed(4)
-    cfg = model_config(decoder=decoder, encoder="small_cnn", embedding_size=8, lstm_units=8, dropout=0.0,
-                       init_scale=1.2)
-    model = build_model(7, cfg, 16, seed=4).build_all()
-    bias = model.logits.bias.numpy()
-    bias[END_ID] += 0.3 if decoder == "show_and_tell" else 1.0  # (measured: some captions end, some are cut)
-    model.logits.bias.assign(bias)
+    # (the <end> bias measured: some captions end, some are cut)
+    model = tiny_model(4, end_bias=0.3 if decoder == "show_and_tell" else 1.0, decoder=decoder)
     features = model.encode(images(8, seed=4))
     fast = beam_search(model, features, beam_size=1, max_length=5, **options)
     slow = beam_search(model, features, beam_size=1, max_length=5, fast_greedy=False, **options)
