@@ -35,10 +35,17 @@ def size(variables):
     return sum(int(np.prod(v.shape)) for v in variables)
 
 
-def test_the_parameter_count_is_the_docstrings():
+@pytest.fixture(scope="module")
+def default():
+    """:func:`transformer` at its defaults (norm: pre, positions: sinusoidal), built once for the tests that only
+    read it (its weights are never changed)."""
+    return transformer()
+
+
+def test_the_parameter_count_is_the_docstrings(default):
     d, f, D, G = 16, 24, 128, 4  # small_cnn at 32 px: a 2 x 2 grid of 128 features
     for norm, positions in (("pre", "sinusoidal"), ("post", "learned")):
-        model = transformer(norm=norm, positions=positions)
+        model = default if (norm, positions) == ("pre", "sinusoidal") else transformer(norm=norm, positions=positions)
         attention, ff = 4 * (d * d + d), 2 * d * f + f + d
         expected = (D * d + d + G * d  # the features' projection, the cells' positions
                     + 1 * (attention + ff + 2 * 2 * d)  # one encoder layer: 2 layer norms
@@ -82,10 +89,10 @@ def test_the_cross_attention_shown_is_the_chosen_layers_heads_averaged():
     np.testing.assert_allclose(tf.reduce_mean(weights, axis=1)[:, 0].numpy(), shown[0], atol=1e-6)
 
 
-def test_a_step_costs_one_word_not_the_prefix():
+def test_a_step_costs_one_word_not_the_prefix(default):
     """After reserve, the cache has its final size: a step writes one word's keys and values into it,
     the shapes never grow, and the words before are not computed again (their keys stay as they were)."""
-    model = transformer()
+    model = default
     images, ids = inputs(seed=4, steps=5)
     state = model.reserve(model.initial_state(model.encode(images)), 5)
     shapes = {k: tuple(v.shape) for k, v in state.items()}
@@ -99,10 +106,10 @@ def test_a_step_costs_one_word_not_the_prefix():
         np.testing.assert_array_equal(history[t][:, :t], history[t - 1][:, :t])
 
 
-def test_the_caches_promises_hold_or_it_refuses():
+def test_the_caches_promises_hold_or_it_refuses(default):
     """teacher_forced on a state reserve sized already writes its words where step reads them (the contract test
     checks the logits); a step with no reserved slot left is an error, not a word left out of the cache."""
-    model = transformer()
+    model = default
     images, ids = inputs(seed=4, steps=5)
     state = model.reserve(model.initial_state(model.encode(images)), 5)
     _, after = model.teacher_forced(state, tf.constant(ids[:, :2]))
