@@ -65,8 +65,9 @@ def _best(call, rounds: int) -> float:
     return best
 
 
-def _ours(model, prompt, new_tokens: int, jit_compile: bool):
-    """Our greedy search after ``prompt`` (LM ids ``[B, P]``): a compiled call returning the chosen words."""
+def _ours(model, prompt_length: int, new_tokens: int, jit_compile: bool):
+    """Our greedy search after a prompt (LM ids ``[B, prompt_length]``, any ``B``): a compiled function of the
+    prompt returning the chosen words, traced once and called with every batch's prompt, as the captioner's is."""
     import tensorflow as tf
 
     from captioning.model.greedy import Greedy
@@ -79,11 +80,11 @@ def _ours(model, prompt, new_tokens: int, jit_compile: bool):
     compiled = tf.function(captions, jit_compile=True, autograph=False) if jit_compile else captions
 
     @tf.function(autograph=False,
-                 input_signature=[tf.TensorSpec([None, prompt.shape[1]], tf.int32)])  # as the captioner's: any batch
+                 input_signature=[tf.TensorSpec([None, prompt_length], tf.int32)])  # as the captioner's: any batch
     def call(ids):
         return compiled(tf.cast(model.lm.embed(ids), model.backbone.compute_dtype))  # (the encoder's features)
 
-    return lambda: call(prompt)
+    return call
 
 
 def _same_tokens(ours: np.ndarray, theirs: np.ndarray, special: np.ndarray) -> bool:
@@ -104,6 +105,7 @@ def against_keras_hub(model, prompt_length: int = 16, new_tokens: int = 32, roun
     if not hasattr(model, "lm") or not hasattr(model, "backbone"):
         raise InputError("the comparison with keras-hub's generate needs a model.decoder: prefix_lm model")
     tasks = {xla: _task(model.backbone, xla) for xla in (True, False)}
+    searches = {xla: _ours(model, prompt_length, new_tokens, xla) for xla in (True, False)}  # traced once: any batch
     rng = np.random.default_rng(0)
     end = int(model.end_token)
     out = {"prompt_length": prompt_length, "new_tokens": new_tokens, "backbone": type(model.backbone).__name__,
@@ -117,7 +119,7 @@ def against_keras_hub(model, prompt_length: int = 16, new_tokens: int = 32, roun
         calls = {}
         for xla, pair in ((True, "xla"), (False, "no_xla")):
             calls[pair, "keras_hub"] = lambda task=tasks[xla]: task.generate(inputs, stop_token_ids=None)
-            calls[pair, "ours"] = _ours(model, tf.constant(ids), new_tokens, xla)
+            calls[pair, "ours"] = lambda search=searches[xla], prompt=tf.constant(ids): search(prompt)
         chosen = {key: f() for key, f in calls.items()}  # compiled and warmed
         special = model.special.numpy()
         same = all(_same_tokens(np.asarray(chosen[pair, "ours"]["ids"]).reshape(batch, -1)[:, :new_tokens] - OFFSET,
