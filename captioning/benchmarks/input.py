@@ -173,22 +173,22 @@ def stage_cpu_ms(cfg: DataConfig, split: str, batch_size: int, measure_images: i
             "batching": cumulative["full"] - cumulative["decode_crop"], "total": cumulative["full"]}
 
 
-def padding_efficiency(dataset: tf.data.Dataset, batches: int, split: bool = False) -> float:
-    """Real tokens / token steps the decoder computes over ``batches`` batches: every padded step, or with
-    ``split`` the steps ``train.split_padding`` computes (:func:`captioning.model.base.split_point`)."""
+def padding_efficiency(dataset: tf.data.Dataset, batches: int, split: bool = False) -> tuple[float, float | None]:
+    """Real tokens / token steps the decoder computes over ``batches`` batches: every padded step, and with
+    ``split`` the steps ``train.split_padding`` computes (:func:`captioning.model.base.split_point`) over the same
+    batches (else None): ``(padded, split)``."""
     from captioning.model.base import split_point
 
-    real = computed = 0.0
+    real = padded = computed = 0.0
     for batch in dataset.take(batches):
         mask = batch["mask"]
         real += float(tf.reduce_sum(mask))
+        padded += float(tf.size(mask))
         if split:
             lengths, steps = tf.cast(tf.reduce_sum(mask, axis=1), tf.int32), int(tf.shape(mask)[1])
             cut = int(split_point(lengths, steps))
             computed += int(tf.size(lengths)) * cut + int(tf.reduce_sum(tf.cast(lengths > cut, tf.int32))) * (steps - cut)
-        else:
-            computed += float(tf.size(mask))
-    return real / max(computed, 1.0)
+    return real / max(padded, 1.0), (real / max(computed, 1.0) if split else None)
 
 
 def _epoch_seconds(dataset: tf.data.Dataset) -> tuple[float, int]:
@@ -336,12 +336,11 @@ def _best_of_rounds(pipelines: dict, rounds: int, measure_images: int) -> dict[s
 def _padding_efficiencies(cfg: DataConfig, split: str, batch: int, batches: int, pipelines: dict) -> dict:
     """:func:`padding_efficiency` over ``batches`` batches of the length-grouped pipeline (``bucketed``), batches
     padded to their longest without grouping (``pad_to_max``), grouped images (``grouped``) and the latter as
-    ``train.split_padding`` computes them (``grouped_split``)."""
-    bucketed = padding_efficiency(pipelines["pipeline"][0], batches)
+    ``train.split_padding`` computes them (``grouped_split``, over the same batches: the pipeline iterated once)."""
+    bucketed = padding_efficiency(pipelines["pipeline"][0], batches)[0]
     unsorted = dataclasses.replace(cfg, length_window=1, bucket_boundaries=[])
-    pad_to_max = padding_efficiency(make_dataset(unsorted, split, training=True, batch_size=batch), batches)
-    grouped = padding_efficiency(pipelines["grouped"][0], batches)
-    grouped_split = padding_efficiency(pipelines["grouped"][0], batches, split=True)
+    pad_to_max = padding_efficiency(make_dataset(unsorted, split, training=True, batch_size=batch), batches)[0]
+    grouped, grouped_split = padding_efficiency(pipelines["grouped"][0], batches, split=True)  # the same batches
     log.info("padding efficiency: %.3f length-grouped, %.3f padded to each batch's longest, %.3f grouped "
              "images (%.3f with train.split_padding)", bucketed, pad_to_max, grouped, grouped_split)
     return {"bucketed": bucketed, "pad_to_max": pad_to_max, "grouped": grouped, "grouped_split": grouped_split}

@@ -110,10 +110,11 @@ def batch_bytes(batch) -> int:
 def measure(data_cfg, split: str, batch: int, measure_images: int, rounds: int, workers: int, count,
             log_dir: str, built: dict | None = None) -> dict:
     """The local pipeline against the service's (per compression), with the trainer and the service on
-    separate cores (see the module docstring). ``count(batch)``: the images in a batch. ``built``: the local
-    variants the caller has built already (``"local"``, ``"local_grouped"``: the training pipeline of ``data_cfg``,
-    and with grouped captions), used instead of building them again (each construction traces the pipeline's
-    functions; iterating a dataset again starts it afresh)."""
+    separate cores (see the module docstring). ``count(batch)``: the images in a batch. A variant's bytes per image
+    are its first batch's, taken in the first round's warm-up (no pipeline started again for them, no service job
+    more). ``built``: the local variants the caller has built already (``"local"``, ``"local_grouped"``: the
+    training pipeline of ``data_cfg``, and with grouped captions), used instead of building them again (each
+    construction traces the pipeline's functions; iterating a dataset again starts it afresh)."""
     built = built or {}
     trainer, served_on = split_cores()
     log.info("offload: the trainer on core(s) %s, the tf.data service (%d worker(s)) on %s", sorted(trainer),
@@ -135,17 +136,22 @@ def measure(data_cfg, split: str, batch: int, measure_images: int, rounds: int, 
                 training=True, batch_size=batch)
         best: dict[str, dict] = {}
         sizes = {}
+
+        def counted(name):  # count, and each variant's bytes per image from its first batch (in the warm-up)
+            def images(b):
+                if name not in sizes:
+                    sizes[name] = batch_bytes(b) / max(count(b), 1)
+                return count(b)
+            return images
+
         with pinned(trainer):
             for r in range(rounds):
                 for name, ds in variants.items():
-                    m = common.throughput(iter(ds), count, measure_images, warmup=min(300, measure_images))
+                    m = common.throughput(iter(ds), counted(name), measure_images, warmup=min(300, measure_images))
                     log.info("offload round %d: %-14s %7.1f images/s, %.3f trainer CPU ms per image", r + 1, name,
                              m["per_s"], m["cpu_ms_per_unit"])
                     if name not in best or m["cpu_ms_per_unit"] < best[name]["cpu_ms_per_unit"]:
                         best[name] = m
-            for name, ds in variants.items():
-                first = next(iter(ds))
-                sizes[name] = batch_bytes(first) / max(count(first), 1)
     local = best["local"]["cpu_ms_per_unit"]
     out = {name: {"img_per_s": m["per_s"], "trainer_cpu_ms_per_image": m["cpu_ms_per_unit"],
                   "bytes_per_image": sizes[name]} for name, m in best.items()}
