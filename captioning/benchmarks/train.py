@@ -101,8 +101,7 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
                  model_dir)
         parts: dict = {}
         with common.counting_xla_compilations() as counted:
-            result = train(experiment, model_dir, progress=progress,
-                           then=lambda trainer: parts.update(_parts(trainer), graph_nodes=_graph_nodes(trainer)))
+            result = train(experiment, model_dir, progress=progress, then=lambda trainer: parts.update(_after(trainer)))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
     ingestion, step = result.ingestion_s[warmup:], result.step_s[warmup:]
@@ -140,25 +139,36 @@ def _measure(config: str, overrides: tuple[str, ...], steps: int, warmup: int, d
     }
 
 
-def _parts(trainer) -> dict:
-    """The objective's breakdown of its step (:meth:`~captioning.train.objectives.Objective.breakdown`), on the
-    first replica's share of one training batch, after the run (the model as trained; nothing when it was
-    interrupted)."""
+def _after(trainer) -> dict:
+    """After the run (the model as trained): :func:`_parts` and, under ``graph_nodes``, :func:`_graph_nodes`, both
+    of one training input pipeline built for them (a construction traces the pipeline's functions); nothing when
+    the run was interrupted."""
     if trainer.current_step() < trainer.cfg.train.steps:
         return {}
     dataset = trainer.distributed_dataset(trainer.cfg.data.train_split, training=True)
+    return {**_parts(trainer, dataset), "graph_nodes": _graph_nodes(trainer, dataset)}
+
+
+def _parts(trainer, dataset) -> dict:
+    """The objective's breakdown of its step (:meth:`~captioning.train.objectives.Objective.breakdown`), on the
+    first replica's share of one batch of ``dataset`` (the run's training input); nothing, and no batch read, for an
+    objective without a breakdown of its own."""
+    from captioning.train.objectives.base import Objective
+
+    if type(trainer.objective).breakdown is Objective.breakdown:  # the base's: nothing to time
+        return {}
     batch = trainer.strategy.experimental_local_results(next(iter(dataset)))[0]
     return trainer.objective.breakdown(trainer.model, batch)
 
 
-def _graph_nodes(trainer) -> int | None:
-    """The nodes of the training step's graph, with those of the functions it calls (what TensorFlow traces
-    and optimizes before the first step); None for an interrupted run, or when the loop did not call the one
+def _graph_nodes(trainer, dataset) -> int | None:
+    """The nodes of the training step's graph for batches of ``dataset``, with those of the functions it calls
+    (what TensorFlow traces and optimizes before the first step); None when the loop did not call the one
     step function (``train.accumulate_steps`` or ``train.steps_per_execution`` above 1)."""
     t = trainer.cfg.train
-    if trainer.current_step() < t.steps or trainer.accumulation is not None or t.steps_per_execution > 1:
+    if trainer.accumulation is not None or t.steps_per_execution > 1:
         return None
-    step = trainer.train_step_for(trainer.distributed_dataset(trainer.cfg.data.train_split, training=True))
+    step = trainer.train_step_for(dataset)
     graph = step.get_concrete_function().graph.as_graph_def()
     return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
 
