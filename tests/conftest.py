@@ -10,6 +10,12 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# XLA's code generation at LLVM's lowest optimisation level, in the test processes and every process they start
+# (tests/helpers.py's worker_env keeps it): the same graphs and HLO passes, machine code made in less CPU time; how fast
+# the compiled code runs does not matter to a program run a few times (docs/reliability.md)
+XLA_TEST_FLAG = "--xla_backend_optimization_level=0"
+if XLA_TEST_FLAG not in os.environ.get("XLA_FLAGS", "").split():
+    os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), XLA_TEST_FLAG) if f)
 
 import pytest
 
