@@ -184,7 +184,7 @@ def trained(text_file, prepared_dir, tmp_path_factory):
     Gemma's command first runs in a process of its own killed mid-training (SIGKILL); what that left in the output's
     folder is kept under ``"killed"``, then the same command completes here. (Gemma's: its SentencePiece tokenizer is
     one op, where GPT-2's byte-level BPE costs that process seconds of tracing before its first step.) Each run's
-    packed token streams, as ``token_stream`` returned them to it (the training sentences', then the held-out
+    packed token streams, as ``token_streams`` returned them to it (the training sentences', then the held-out
     ones'), are kept with the sentences under ``"ARCHITECTURE streams"``."""
     from captioning.train import language_model
 
@@ -198,14 +198,15 @@ def trained(text_file, prepared_dir, tmp_path_factory):
             err = tmp_path_factory.mktemp("killed") / "err"
             code = killed_at_its_first_log_line(args, err)
             results["killed"] = (code, sorted(os.listdir(root)), err.read_text())
-        streams, real = results.setdefault(f"{architecture} streams", []), language_model.token_stream
+        streams, real = results.setdefault(f"{architecture} streams", []), language_model.token_streams
 
-        def kept(tokenizer, sentences, *rest, streams=streams, real=real):
-            streams.append((list(sentences), real(tokenizer, sentences, *rest)))
-            return streams[-1][1]
+        def kept(tokenizer, *groups, streams=streams, real=real, **options):
+            out = real(tokenizer, *groups, **options)
+            streams.extend((list(group), stream) for group, stream in zip(groups, out))
+            return out
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(language_model, "token_stream", kept)
+            patch.setattr(language_model, "token_streams", kept)
             results[architecture] = (args, *run_main(*args))
     return results
 
