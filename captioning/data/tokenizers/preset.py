@@ -44,6 +44,9 @@ OFFSET = len(RESERVED)  # a language model's id i is project id i + OFFSET
 FOLDER = "tokenizer"  # its folder in a model folder
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 FAMILIES = ("BytePairTokenizer", "SentencePieceTokenizer")  # what keras-hub's tokenizers are made of, here
+# each byte-pair tokenization's traced function in this process, by the tokenizer's identity and settings
+# (PresetTokenizer.caption_ids): the first tokenizer object of them traces it, the later ones call it
+_TRACED: dict = {}
 
 
 def _text(piece: bytes) -> str | bytes:
@@ -178,15 +181,24 @@ class PresetTokenizer(Tokenizer):
         return self._graph
 
     def caption_ids(self, texts):
-        """(The base class's contract.) One ``tf.function`` of a fixed signature per tokenizer, traced once in a
-        process and called from every graph after: keras-hub tokenizes in TensorFlow only inside a graph (else in
+        """(The base class's contract.) One ``tf.function`` of a fixed signature per tokenization, traced once in
+        a process and called from every graph after: keras-hub tokenizes in TensorFlow only inside a graph (else in
         Python), and tracing its tokenizer costs 1.5-2.7 CPU s, which every input pipeline built (a training's,
-        each evaluation's) paid again when the ops were written into its own graph."""
+        each evaluation's) paid again when the ops were written into its own graph. Tokenizer objects that
+        tokenize alike (the same :attr:`identity` and keras-hub settings: an ensemble's members, a model folder
+        loaded again) share it when they are byte-pair tokenizers (GPT-2's, Llama 3's, Qwen's: the costly trace,
+        over lookup tables made eagerly). A SentencePiece tokenizer (one op, cheap to trace) keeps its own: its
+        model's resource belongs to the graph that first ran it."""
+        import keras_hub
         import tensorflow as tf
 
         if getattr(self, "_traced", None) is None:
-            self._traced = tf.function(self._caption_ids, input_signature=[tf.TensorSpec([None], tf.string)],
-                                       autograph=False)
+            traced = tf.function(self._caption_ids, input_signature=[tf.TensorSpec([None], tf.string)],
+                                 autograph=False)
+            if isinstance(self.lm, keras_hub.tokenizers.BytePairTokenizer):  # eager tables: any object reads them
+                settings = {k: v for k, v in self.lm.get_config().items() if k != "name"}  # (a name Keras numbers)
+                traced = _TRACED.setdefault((self.identity, json.dumps(settings, sort_keys=True, default=repr)), traced)
+            self._traced = traced
         return self._traced(tf.convert_to_tensor(texts, tf.string))
 
     def _caption_ids(self, texts):
