@@ -402,7 +402,7 @@ def test_tokenizers_that_tokenize_alike_share_one_traced_tokenization(presets, t
     """A byte-pair preset's tokenizer loaded again (an ensemble's members, a model folder read twice) calls the
     function the first one traced (no second trace of keras-hub's tokenizer, 1.5-2.7 CPU s) and gives the same ids;
     a tokenizer of the same pieces with other keras-hub settings (a sequence_length), of another preset, or of
-    SentencePiece (its resource is its first graph's) traces its own."""
+    SentencePiece (one op, cheap to trace) traces its own."""
     import keras_hub
 
     first, again = tokenizers["gpt2"], PresetTokenizer.from_preset(presets["gpt2"])
@@ -417,3 +417,23 @@ def test_tokenizers_that_tokenize_alike_share_one_traced_tokenization(presets, t
     assert padded.identity == first.identity  # the same pieces: only the settings tell them apart
     with pytest.raises(ValueError, match="padded's tokenizer gives padded sequences"):
         padded.caption_ids(texts)
+
+
+def test_a_sentencepiece_tokenizer_outlives_tensorflow_forgetting_its_eager_kernels(presets, tokenizers):
+    """TensorFlow drops the kernels it ran eagerly whenever the global seed is set (``keras.utils.set_random_seed``:
+    a Trainer does it after ``for_training`` made the run's tokenizer; a second run or model in one process),
+    and TensorFlow Text's SentencePiece model was such a kernel's own resource, made when keras-hub loaded the
+    tokenizer: every Gemma tokenizer of the process then failed (NotFoundError: its resource does not exist). A
+    Gemma tokenizer made before, traced before or not, tokenizes after, eagerly and in a tf.data map."""
+    fresh = PresetTokenizer.from_preset(presets["gemma"])  # never traced
+    texts = ["a red circle", "two big squares"]
+    expected = [[START_ID] + [i + OFFSET for i in row] + [END_ID] for row in lm_ids(tokenizers["gemma"], texts)]
+    assert tokenizers["gemma"].caption_ids(tf.constant(texts)).to_list() == expected
+    try:
+        tf.random.set_seed(0)  # (what keras.utils.set_random_seed does to TensorFlow)
+        for tokenizer in (tokenizers["gemma"], fresh):
+            assert tokenizer.caption_ids(tf.constant(texts)).to_list() == expected
+            mapped = tf.data.Dataset.from_tensor_slices(texts).batch(2).map(tokenizer.caption_ids)
+            assert [row for batch in mapped for row in batch.to_list()] == expected
+    finally:
+        tf.random.set_seed(None)  # no global seed, as before (which again drops the kernels)

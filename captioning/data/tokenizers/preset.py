@@ -49,6 +49,26 @@ FAMILIES = ("BytePairTokenizer", "SentencePieceTokenizer")  # what keras-hub's t
 _TRACED: dict = {}
 
 
+def _keep_model(lm) -> None:
+    """Make keras-hub's SentencePiece tokenizer ``lm`` read its model from a resource the process keeps.
+    TensorFlow Text loads the model into a resource that the eager kernel which made it owns (keras-hub makes it
+    when it loads the tokenizer), and TensorFlow drops its eager kernels whenever the global seed is set
+    (``tf.random.set_seed``, ``keras.utils.set_random_seed``: a Trainer made after the run's tokenizer, a second
+    run in one process) or Keras' session is cleared: every later tokenization in TensorFlow then failed (the
+    resource does not exist). Here the model is loaded again under a name, the hash of the model, which keeps it
+    until the process ends; tokenizers of one model share it (as they shared the kernel). A keras-hub whose
+    tokenizer is made otherwise is left as it is."""
+    import tensorflow as tf
+    from tensorflow_text.python.ops import sentencepiece_tokenizer as text_ops
+
+    model = getattr(getattr(lm, "_sentence_piece", None), "_model_resource", None)
+    if model is None or not isinstance(lm.proto, bytes):
+        return
+    with tf.init_scope():  # an eager resource, even for a tokenizer made inside a trace
+        model._resource_handle = text_ops.gen_sentencepiece_tokenizer.sentencepiece_op(
+            model=lm.proto, shared_name=f"captioning-sentencepiece-{hashlib.sha256(lm.proto).hexdigest()[:16]}")
+
+
 def _text(piece: bytes) -> str | bytes:
     try:
         return piece.decode("utf-8")
@@ -70,6 +90,8 @@ class PresetTokenizer(Tokenizer):
             raise InputError(f"{source or 'the preset'}'s tokenizer is a {type(lm).__name__}, which a caption decoder "
                              f"cannot read: a causal language model's tokenizer is built on {' or '.join(FAMILIES)}")
         self.lm, self.source = lm, source
+        if isinstance(lm, keras_hub.tokenizers.SentencePieceTokenizer):
+            _keep_model(lm)
         self.lm_size = int(lm.vocabulary_size())
         self.lm_start_id, self.lm_end_id = lm.start_token_id, lm.end_token_id  # its own ids (None: it has none)
         self.lm_pad_id = lm.pad_token_id
@@ -187,8 +209,8 @@ class PresetTokenizer(Tokenizer):
         each evaluation's) paid again when the ops were written into its own graph. Tokenizer objects that
         tokenize alike (the same :attr:`identity` and keras-hub settings: an ensemble's members, a model folder
         loaded again) share it when they are byte-pair tokenizers (GPT-2's, Llama 3's, Qwen's: the costly trace,
-        over lookup tables made eagerly). A SentencePiece tokenizer (one op, cheap to trace) keeps its own: its
-        model's resource belongs to the graph that first ran it."""
+        over lookup tables made eagerly). A SentencePiece tokenizer (one op, cheap to trace) keeps its own; its
+        model is a resource of the process (:func:`_keep_model`)."""
         import keras_hub
         import tensorflow as tf
 
