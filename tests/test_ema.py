@@ -21,7 +21,8 @@ from tests.helpers import run_cli, small_train_config
 @pytest.fixture(scope="module")
 def averaged(prepared_dir, tmp_path_factory):
     """A model folder trained 4 steps at train.ema_decay 0.5 (steps 1, 2 and 4 applied; step 3's batch made
-    non-finite, skipped), saved at step 4; with each step's raw weights, averages and whether it applied."""
+    non-finite, skipped), saved at step 4; with each step's raw weights, averages and whether it applied, and the
+    Trainer and its traced step (the steps_per_execution test takes its single steps on them)."""
     from captioning.experiment import for_training
     from captioning.train import Trainer
 
@@ -43,7 +44,7 @@ def averaged(prepared_dir, tmp_path_factory):
     trainer.save()
     trainer.folder.release()
     return {"folder": folder, "cfg": cfg, "positions": positions, "trainable": trainable_positions(trainer.model),
-            "statistics": statistics_positions(trainer.model), **record}
+            "statistics": statistics_positions(trainer.model), "trainer": trainer, "step": step, **record}
 
 
 def test_the_average_moves_after_each_applied_step_only_and_is_saved(averaged):
@@ -207,10 +208,11 @@ def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged
 @pytest.mark.slow
 def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied_step(averaged, tmp_path):
     """A resumed run of 2 steps from ckpt-4 in one call (train.steps_per_execution: 2) ends with the average of
-    the same 2 steps taken one call each on its Trainer (ckpt-4 restored into it, the run's first 2 batches: a run
-    reads its dataset from the start), the one recomputed from the weights after each.
+    the same 2 steps taken one call each on the fixture's Trainer with its traced single step (ckpt-4 restored
+    into it, the run's first 2 batches: a run reads its dataset from the start), the one recomputed from the
+    weights after each.
 
-    Then, on that Trainer: Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite
+    Then, on the fixture's Trainer: Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite
     gradients by itself: the step asks it (check_finite), so the average moves exactly when its iterations do:
     not at a non-finite batch, whatever the huge scale does at the next, and at a step of scale 1."""
     import dataclasses
@@ -229,19 +231,21 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
     trainer = Trainer(for_training(dataclasses.replace(averaged["cfg"], train=train, data=data)), folder)
     assert trainer.run(progress=False)["step"] == 6
     in_one_call = checkpoint_averages(os.path.join(folder, "ckpt-6"))
+    batches = iter(trainer.distributed_dataset("train", training=True))  # the run's batches (no random crops)
+    trainer.folder.release()
+    # the single steps on the fixture's Trainer: its step is traced already (for batches of this element_spec)
+    trainer, single = averaged["trainer"], averaged["step"]
     trainer.checkpoint.restore(os.path.join(averaged["folder"], "ckpt-4")).expect_partial()  # its average too
     assert_same(averages(trainer), averaged["average"][4], rtol=0)
-    dataset = trainer.distributed_dataset("train", training=True)
-    single, batches, expected = trainer.train_step_for(dataset), iter(dataset), averaged["average"][4]
+    expected = averaged["average"][4]
     for _ in (5, 6):  # one step a call
         single(next(batches))
         expected = next_average(expected, raw(trainer.model, averaged["positions"]), averaged["statistics"])
-    assert trainer.current_step() == 6
+    assert trainer.current_step() == 6 and single.experimental_get_tracing_count() == 1  # not traced again
     assert_same(averages(trainer), expected)
     assert_same(in_one_call, averages(trainer), rtol=1e-4)
 
     # loss scaling, on the same Trainer (its average and weights those after the single steps)
-    trainer.folder.release()
     with trainer.strategy.scope():
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=2.0 ** 127)
         optimizer.build(trainer.model.trainable_variables)
