@@ -29,16 +29,46 @@ def test_two_mirrored_replicas_compute_what_one_device_computes_over_every_encod
         np.testing.assert_allclose(r["two/" + key], r["one/" + key], atol=1e-5, err_msg=key)
 
 
+def tiny_flags(*classes, **more):
+    """Classes' tiny settings (and ``more``) as ``--set model.KEY=VALUE`` flags."""
+    settings = {k: v for c in classes for k, v in c.tiny_settings.items()} | more
+    return [a for k, v in settings.items() for a in ("--set", f"model.{k}={v}")]
+
+
+def short_flags(prepared_dir):
+    """The issue's commands shortened: the shapes records, two steps, no evaluation, no cache."""
+    return ["--set", f"data.dir={prepared_dir}", "--set", "train.steps=2", "--set", "train.eval_every_steps=0",
+            "--set", "train.checkpoint_every_steps=2", "--set", "data.cache=none"]
+
+
+@pytest.fixture(scope="module")
+def clip_command(prepared_dir, hub_presets, tmp_path_factory):
+    """Issue 31's second command, run once: the Transformer config (64 px) over the 32 px CLIP preset, resized
+    inside the encoder, trained from the images (the smallest Transformer). Its model folder and the command's
+    result: test_the_issues_commands_train_a_vit_and_a_preset_caption_and_export captions it from the command
+    line, and it is the CLIP case of test_train_caption_evaluate_and_export_from_a_keras_hub_preset (a training
+    of its own was one more trace of every stage), whose evaluation is stored in the folder."""
+    from tests.helpers import run_cli
+
+    hub = tmp_path_factory.mktemp("clip_command") / "hub"
+    done = run_cli("train", "--config", "experiments/shapes_transformer.yaml", "--set", "model.encoder=keras_hub",
+                   "--set", f"model.encoder_preset={hub_presets['clip']}", "--model-dir", hub,
+                   *short_flags(prepared_dir), *tiny_flags(DECODERS["transformer"], decoder_layers=1, encoder_layers=0))
+    return hub, done
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_presets, prepared_dir, shapes_dir,
-                                                                    tmp_path):
+                                                                    tmp_path, request):
     """A frozen keras-hub backbone of each family: its tokens cached once (float16), a Transformer trained over
     them, captions with attention over its tokens (a class token apart), an evaluation with grounding, and a
     SavedModel that captions as the captioner does, with its attention split as the layout says. The smallest
     Transformer (one decoder layer over the tokens as the encoder gives them, no encoder layers: its stacks are
     tests/test_decoders.py's), as what is checked here is the family's tokens through every stage, and each
-    layer more is traced again in training, captioning, the export and the evaluation (a third of the cost)."""
+    layer more is traced again in training, captioning, the export and the evaluation (a third of the cost).
+    CLIP's model is :func:`clip_command`'s (the issue's command: 64 px, trained from the images, the preset resized
+    inside the encoder): the feature cache does not depend on the family (ViT's tokens have CLIP's class token)."""
     from captioning.config.sections import DecodeConfig
     from captioning.evaluation.evaluate import evaluate
     from captioning.inference import Captioner, load
@@ -47,14 +77,19 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
     from captioning.train import Trainer
     from tests.helpers import small_train_config
 
-    model_dir = str(tmp_path / "model")
-    cfg = small_train_config(prepared_dir, "model.decoder=transformer", "model.encoder=keras_hub",
-                             f"model.encoder_preset={hub_presets[family]}", "model.encoder_trainable=false",
-                             "data.random_crop=false",
-                             "data.cache=features", "train.steps=2", "train.checkpoint_every_steps=2",
-                             *(f"model.{k}={v}" for k, v in DECODERS["transformer"].tiny_settings.items()),
-                             "model.decoder_layers=1", "model.encoder_layers=0")
-    Trainer(for_training(cfg), model_dir).run(progress=False)
+    if family == "clip":
+        model_dir, done = request.getfixturevalue("clip_command")
+        assert done.returncode == 0, done.stderr[-2000:]
+        model_dir = str(model_dir)
+    else:
+        model_dir = str(tmp_path / "model")
+        cfg = small_train_config(prepared_dir, "model.decoder=transformer", "model.encoder=keras_hub",
+                                 f"model.encoder_preset={hub_presets[family]}", "model.encoder_trainable=false",
+                                 "data.random_crop=false",
+                                 "data.cache=features", "train.steps=2", "train.checkpoint_every_steps=2",
+                                 *(f"model.{k}={v}" for k, v in DECODERS["transformer"].tiny_settings.items()),
+                                 "model.decoder_layers=1", "model.encoder_layers=0")
+        Trainer(for_training(cfg), model_dir).run(progress=False)
     captioner = Captioner(load(model_dir), DecodeConfig(beam_size=2, max_length=4))
     layout = captioner.token_layout
     assert layout == TokenLayout(4, 4, prefix={"vit": 1, "clip": 1, "siglip": 0, "dinov2": 3}[family])
@@ -77,7 +112,7 @@ def test_train_caption_evaluate_and_export_from_a_keras_hub_preset(family, hub_p
 
 
 @pytest.mark.slow
-def test_the_issues_commands_train_a_vit_and_a_preset_caption_and_export(prepared_dir, shapes_dir, hub_presets,
+def test_the_issues_commands_train_a_vit_and_a_preset_caption_and_export(prepared_dir, shapes_dir, clip_command,
                                                                           tmp_path):
     """The commands of issue 31, on the shapes fixture and for two steps: a ViT under soft attention from the
     shapes config (32 px: 4 x 4 patches and a class token), and the Transformer config (64 px) over a 32 px CLIP
@@ -90,20 +125,12 @@ def test_the_issues_commands_train_a_vit_and_a_preset_caption_and_export(prepare
     from captioning.model.encoders import ENCODERS
     from tests.helpers import run_cli
 
-    def tiny(*classes, **more):  # their tiny settings, as --set flags
-        settings = {k: v for c in classes for k, v in c.tiny_settings.items()} | more
-        return [a for k, v in settings.items() for a in ("--set", f"model.{k}={v}")]
-
-    short = ["--set", f"data.dir={prepared_dir}", "--set", "train.steps=2", "--set", "train.eval_every_steps=0",
-             "--set", "train.checkpoint_every_steps=2", "--set", "data.cache=none"]
     vit = tmp_path / "vit"
     done = run_cli("train", "--config", "experiments/shapes.yaml", "--set", "model.encoder=vit", "--set",
-                   "model.decoder=attention", "--model-dir", vit, *short, *tiny(ENCODERS["vit"], DECODERS["attention"]))
+                   "model.decoder=attention", "--model-dir", vit, *short_flags(prepared_dir),
+                   *tiny_flags(ENCODERS["vit"], DECODERS["attention"]))
     assert done.returncode == 0, done.stderr[-2000:]
-    hub = tmp_path / "hub"
-    done = run_cli("train", "--config", "experiments/shapes_transformer.yaml", "--set", "model.encoder=keras_hub",
-                   "--set", f"model.encoder_preset={hub_presets['clip']}", "--model-dir", hub, *short,
-                   *tiny(DECODERS["transformer"], decoder_layers=1, encoder_layers=0))
+    hub, done = clip_command  # the Transformer config's command (a fixture: the CLIP case of the preset test)
     assert done.returncode == 0, done.stderr[-2000:]
     image = os.path.join(shapes_dir, "images", sorted(os.listdir(os.path.join(shapes_dir, "images")))[0])
     for folder, grid in ((vit, [4, 4]), (hub, [4, 4])):
