@@ -57,38 +57,37 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built
-# first; `make test` in a fresh clone of f030552, 3 workers on 2 cores, 2026-11-28, 11:34). `make test` runs
+# first; `make test` in a fresh clone of 601a62a, 3 workers on 2 cores, 2026-11-28, 14:33). `make test` runs
 # pytest-xdist with --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order:
 # collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing
 # time first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
 # quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured). A
 # file not listed counts 4 s.
 FILE_SECONDS = {
-    "test_decoders": 147, "test_scst": 116, "test_litert": 75, "test_benchmarks": 67, "test_service_training": 65,
-    "test_prefix_lm_training": 64, "test_train_reliability": 42, "test_encoders_end_to_end": 40,
-    "test_lost_worker": 37, "test_data_service": 35, "test_encoders": 32, "test_tokenizers": 32, "test_inference": 30,
-    "test_region_training": 29, "test_lm_train": 26, "test_decode": 25, "test_model_dir": 25, "test_ema": 24,
-    "test_prefix_lm_use": 22, "test_steps_per_execution": 22, "test_ensemble": 22, "test_train": 21,
-    "test_accumulate": 16, "test_attention_use": 16, "test_train_start": 16, "test_input_pipeline": 15,
-    "test_disk_cache": 15, "test_transformer": 14, "test_word_rules_pieces": 13, "test_corrupt_shards": 12,
-    "test_cli": 12, "test_objectives": 12, "test_browser": 12, "test_full_disk": 11, "test_security": 11,
-    "test_features_store": 10, "test_metrics": 10, "test_evaluate_identity": 10, "test_prefix_lm": 9, "test_serve": 7,
-    "test_reward_words": 7, "test_architecture": 7, "test_orientation": 7, "test_optimizer": 7, "test_config": 7,
-    "test_prepare": 7, "test_regions": 6, "test_serve_clients": 6, "test_uneven_splits": 5, "test_text": 5,
-    "test_outputs": 5, "test_mappers": 5, "test_docs": 5, "test_serve_options": 5, "test_cider": 5}
+    "test_decoders": 134, "test_scst": 105, "test_litert": 74, "test_service_training": 63, "test_benchmarks": 57,
+    "test_prefix_lm_training": 57, "test_train_reliability": 40, "test_lost_worker": 35,
+    "test_encoders_end_to_end": 34, "test_data_service": 33, "test_encoders": 33, "test_region_training": 29,
+    "test_inference": 28, "test_tokenizers": 23, "test_model_dir": 23, "test_prefix_lm_use": 21, "test_ensemble": 21,
+    "test_steps_per_execution": 21, "test_ema": 21, "test_train": 20, "test_lm_train": 18, "test_input_pipeline": 17,
+    "test_attention_use": 15, "test_accumulate": 14, "test_disk_cache": 13, "test_train_start": 12, "test_decode": 12,
+    "test_transformer": 12, "test_cli": 11, "test_corrupt_shards": 11, "test_metrics": 11, "test_full_disk": 10,
+    "test_evaluate_identity": 10, "test_security": 10, "test_features_store": 9, "test_objectives": 8,
+    "test_uneven_splits": 8, "test_prefix_lm": 8, "test_serve": 7, "test_orientation": 7, "test_regions": 7,
+    "test_architecture": 7, "test_outputs": 6, "test_config": 6, "test_prepare": 6, "test_word_rules_pieces": 6,
+    "test_serve_clients": 6, "test_reward_words": 5, "test_optimizer": 5, "test_text": 5, "test_scheduled_sampling": 5}
 
 
 # The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (in the full suite
-# of 11:34; test_inference's, test_decode's and test_word_rules_pieces' less the XLA checks made slow or fewer since).
+# of 14:33).
 # Ordered by FILE_SECONDS, the quick loop's worker given test_scst and test_decoders first (light there without their
 # 2-replica runs) ended 13 s after the other two. A file not listed counts 3 s.
 QUICK_SECONDS = {
-    "test_decoders": 34, "test_decode": 21, "test_inference": 6, "test_encoders": 15, "test_scst": 15,
-    "test_word_rules_pieces": 10, "test_objectives": 12, "test_input_pipeline": 12, "test_tokenizers": 10,
-    "test_prefix_lm": 9, "test_ensemble": 8, "test_features_store": 7, "test_reward_words": 7, "test_architecture": 7,
-    "test_config": 7, "test_transformer": 6, "test_regions": 6, "test_text": 5, "test_ema": 5, "test_mappers": 5,
-    "test_docs": 5, "test_region_training": 5, "test_train_reliability": 4, "test_corrupt_shards": 4,
-    "test_outputs": 3, "test_attention": 3, "test_train": 3, "test_prepare": 3, "test_experiment": 3}
+    "test_decoders": 28, "test_encoders": 14, "test_input_pipeline": 14, "test_decode": 12, "test_scst": 12,
+    "test_objectives": 8, "test_ensemble": 8, "test_tokenizers": 8, "test_prefix_lm": 8, "test_features_store": 7,
+    "test_architecture": 7, "test_config": 6, "test_word_rules_pieces": 6, "test_regions": 5, "test_reward_words": 5,
+    "test_region_training": 5, "test_transformer": 5, "test_text": 5, "test_outputs": 5, "test_mappers": 4,
+    "test_inference": 4, "test_docs": 4, "test_ema": 3, "test_corrupt_shards": 3, "test_train_reliability": 3,
+    "test_prepare": 3, "test_model": 3, "test_scheduled_sampling": 3}
 
 
 def schedule(items):
