@@ -40,12 +40,23 @@ def fixture_files(shapes_dir, tmp_path_factory):
     return str(ann_path), str(res_path)
 
 
+@pytest.fixture(scope="module")
+def our_scores(fixture_files):
+    """score_files on the fixture's files, once for the tests that compare other scorings with it."""
+    return score_files(*fixture_files)
+
+
 def reference_scores(ann_path, res_path, monkeypatch):
-    """pycocoevalcap's own COCOEvalCap.evaluate() on the result images, SPICE stubbed out."""
+    """pycocoevalcap's own COCOEvalCap.evaluate() on the result images, SPICE stubbed out. Its METEOR is
+    pycocoevalcap's own Meteor, the one this process keeps (start_meteor: the same class, jar and arguments,
+    scoring a second time), not a second JVM loading the paraphrase tables again (~4 CPU s)."""
     import pycocoevalcap.eval as cocoeval
     from pycocotools.coco import COCO
 
+    from captioning.evaluation.metrics import start_meteor
+
     monkeypatch.setattr(cocoeval, "Spice", NoSpice)
+    monkeypatch.setattr(cocoeval, "Meteor", start_meteor)
     coco = COCO(ann_path)
     res = coco.loadRes(res_path)
     evaluator = cocoeval.COCOEvalCap(coco, res)
@@ -55,9 +66,9 @@ def reference_scores(ann_path, res_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_score_equals_pycocoevalcap_to_the_last_digit(fixture_files, monkeypatch):
+def test_score_equals_pycocoevalcap_to_the_last_digit(fixture_files, our_scores, monkeypatch):
     ann_path, res_path = fixture_files
-    ours = score_files(ann_path, res_path)
+    ours = our_scores
     theirs = reference_scores(ann_path, res_path, monkeypatch)
     assert set(ours) == set(METRICS) == set(theirs)
     assert ours == theirs  # exact float equality
@@ -65,13 +76,13 @@ def test_score_equals_pycocoevalcap_to_the_last_digit(fixture_files, monkeypatch
 
 
 @pytest.mark.slow
-def test_score_cli_writes_the_same_numbers(fixture_files, tmp_path):
+def test_score_cli_writes_the_same_numbers(fixture_files, our_scores, tmp_path):
     ann_path, res_path = fixture_files
     out = tmp_path / "scores.json"
     result = run_cli("score", "--annotations", ann_path, "--results", res_path, "--json", str(out))
     assert result.returncode == 0, result.stderr
     assert "CIDEr" in result.stdout and "Bleu_4" in result.stdout
-    assert json.loads(out.read_text()) == {"metrics": score_files(ann_path, res_path)}
+    assert json.loads(out.read_text()) == {"metrics": our_scores}
 
 
 @pytest.mark.slow
