@@ -60,6 +60,19 @@ def train_records(data_dir):
     return records
 
 
+@pytest.fixture(scope="module")
+def records_by_file(data_dir, train_records):
+    """train_records cut at each shard's end (its records counted straight from the file): the records of
+    each shard, as read_records of that one file gives them, without decoding the split a second time."""
+    per_file, start = [], 0
+    for path in PreparedDataset.load(data_dir).files("train"):
+        count = sum(1 for _ in tf.data.TFRecordDataset([path]))
+        per_file.append(train_records[start:start + count])
+        start += count
+    assert start == len(train_records) and all(per_file)
+    return per_file
+
+
 def config(data_dir, **kw):
     values = dict(dir=data_dir, image_size=IMAGE, resize_size=RESIZE, deterministic=True, random_crop=False, random_flip=False, shuffle_buffer=64,
                   parse_batch_size=8, seed=0)
@@ -89,10 +102,8 @@ def all_captions(records):
     return collections.Counter(c for r in records for c in r["captions"])
 
 
-def eval_order(data_dir, split="train"):
+def eval_order(per_file):
     """The records in evaluation order: one from each shard in turn (a deterministic interleave)."""
-    files = PreparedDataset.load(data_dir).files(split)
-    per_file = [read_records(data_dir, files=[f]) for f in files]
     return [r for group in itertools.zip_longest(*per_file) for r in group if r is not None]
 
 
@@ -102,7 +113,7 @@ def windows_of(records, per_window):
             for i in range(0, len(records), per_window)]
 
 
-def test_length_grouping_pads_each_batch_to_its_longest_caption(data_dir, train_records):
+def test_length_grouping_pads_each_batch_to_its_longest_caption(data_dir, train_records, records_by_file):
     lengths = collections.Counter(len(c) - 1 for r in train_records for c in r["captions"])
     assert len(lengths) >= 6  # captions of many lengths
     # Evaluation, length_window 2 with batches of 8: windows of ceil(2 * 8 / 5) = 4 images (20 captions)
@@ -110,7 +121,7 @@ def test_length_grouping_pads_each_batch_to_its_longest_caption(data_dir, train_
     cfg = config(data_dir, length_window=2)
     got = batches(make_dataset(cfg, "train", training=False, batch_size=8))
     expected = []
-    for window in windows_of(eval_order(data_dir), 4):
+    for window in windows_of(eval_order(records_by_file), 4):
         window = sorted(window)
         expected += [window[i:i + 8] for i in range(0, len(window), 8)]
     assert [sorted(b["mask"].sum(axis=1).astype(int).tolist()) for b in got] == expected
@@ -290,7 +301,7 @@ def test_features_cache_runs_the_encoder_once(data_dir, train_records, tmp_path)
 
 
 @pytest.mark.slow
-def test_per_replica_sharding(data_dir, train_records):
+def test_per_replica_sharding(data_dir, train_records, records_by_file):
     files = PreparedDataset.load(data_dir).files("train")
     expected = all_captions(train_records)
     for pipelines in (2, 3, 5):  # 5 > 4 files: records are sharded instead of files
@@ -302,7 +313,7 @@ def test_per_replica_sharding(data_dir, train_records):
             got = collections.Counter(c for c, _, _ in rows(batches(ds)))
             assert got, f"pipeline {i} of {pipelines} is empty"
             if pipelines <= len(files):
-                assert got == all_captions(read_records(data_dir, files=files[i::pipelines]))
+                assert got == all_captions([r for rs in records_by_file[i::pipelines] for r in rs])
             assert not (union & got), "two pipelines yielded the same caption"
             union += got
         assert union == expected
@@ -377,9 +388,9 @@ def test_training_crops_are_cut_out_while_decoding(data_dir, train_records):
     assert max(errors) < 12.0, errors  # the best-matching window of the resized image (0..255 scale)
 
 
-def test_eval_gives_the_central_crop(data_dir, train_records):
+def test_eval_gives_the_central_crop(data_dir, train_records, records_by_file):
     first_file = PreparedDataset.load(data_dir).files("train")[0]
-    first = read_records(data_dir, files=[first_file])[0]
+    first = records_by_file[0][0]
     ds = make_dataset(config(data_dir, random_crop=True, random_flip=True), "train", training=False,
                       batch_size=1)
     examples = list(rows(batches(ds)))
