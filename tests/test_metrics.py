@@ -47,16 +47,13 @@ def our_scores(fixture_files):
 
 
 def reference_scores(ann_path, res_path, monkeypatch):
-    """pycocoevalcap's own COCOEvalCap.evaluate() on the result images, SPICE stubbed out. Its METEOR is
-    pycocoevalcap's own Meteor, the one this process keeps (start_meteor: the same class, jar and arguments,
-    scoring a second time), not a second JVM loading the paraphrase tables again (~4 CPU s)."""
+    """pycocoevalcap's own COCOEvalCap.evaluate() on the result images, SPICE stubbed out. Its METEOR is a JVM
+    of pycocoevalcap's own, started as pycocoevalcap starts it (not the one this process keeps, whose arguments are
+    the project's: a difference they made would show)."""
     import pycocoevalcap.eval as cocoeval
     from pycocotools.coco import COCO
 
-    from captioning.evaluation.metrics import start_meteor
-
     monkeypatch.setattr(cocoeval, "Spice", NoSpice)
-    monkeypatch.setattr(cocoeval, "Meteor", start_meteor)
     coco = COCO(ann_path)
     res = coco.loadRes(res_path)
     evaluator = cocoeval.COCOEvalCap(coco, res)
