@@ -80,8 +80,8 @@ class Reader(threading.Thread):
 def cluster(tmp_path_factory):
     """One dispatcher (with a work dir) and workers w1, w2 for the whole file: the readers first, then the
     tests that kill a server, each leaving a working cluster for the next (a killed worker is started
-    again, a killed dispatcher too), in the file's order; the last but one kills the dispatcher for good,
-    the last stops every server with a signal. One cluster start-up instead of six."""
+    again, a killed dispatcher too), in the file's order; the last kills the dispatcher for good. One
+    cluster start-up instead of five."""
     folder = tmp_path_factory.mktemp("cluster")
     c = Cluster(folder, dispatcher_args=("--work-dir", str(folder / "journal")))
     yield c
@@ -112,6 +112,27 @@ def stops_cleanly(server, signum, what):
     assert f"{signum.name}: stopping the {what}\n" in server.stderr
     assert server.stderr.rstrip().endswith(f"{what} stopped"), server.stderr
     assert "Traceback" not in server.stderr
+
+
+@pytest.mark.slow
+def test_servers_log_their_address_and_stop_cleanly_on_sigterm_and_sigint(tmp_path):
+    """A dispatcher and its two workers log their addresses; SIGINT stops one worker, SIGTERM the other and
+    then the dispatcher. (SIGINT to a dispatcher: test_a_restarted_dispatcher's without a work dir, which
+    is stopped so, a process start fewer here.)"""
+    ports = [free_port() for _ in range(3)]
+    servers = {"dispatcher-term": dispatcher(tmp_path, ports[0]),
+               "worker-int": worker(tmp_path, "worker-int", ports[0], ports[1]),
+               "worker-term": worker(tmp_path, "worker-term", ports[0], ports[2])}
+    try:
+        servers["dispatcher-term"].wait_for(rf"dispatcher listening on grpc://{HOST}:{ports[0]} \(no work dir")
+        servers["worker-int"].wait_for(rf"worker localhost:{ports[1]} serving dispatcher localhost:{ports[0]}\n")
+        servers["worker-term"].wait_for(rf"worker localhost:{ports[2]} serving dispatcher localhost:{ports[0]}\n")
+        for name in ("worker-int", "worker-term", "dispatcher-term"):  # workers first
+            stops_cleanly(servers[name], signal.SIGINT if name.endswith("int") else signal.SIGTERM,
+                          name.split("-")[0])
+    finally:
+        for s in servers.values():
+            s.kill()
 
 
 @pytest.mark.slow
@@ -286,8 +307,8 @@ def test_a_restarted_dispatcher(cluster, tmp_path, work_dir):
 @pytest.mark.slow
 def test_a_dispatcher_gone_for_good_ends_a_watched_trainer_with_one_line(cluster, tmp_path):
     """TF's iterator waits forever for a dispatcher that does not come back; watch_dispatcher ends the
-    process with one line after its timeout. The file's cluster, last but one: its dispatcher is not
-    started again from its work dir (the signal test after it starts one without)."""
+    process with one line after its timeout. The file's cluster, last: its dispatcher is not started
+    again."""
     c = consumer(tmp_path, "consumer", cluster.service, "--n", "100000", "--delay", "0.01", "--watch", "3")
     try:
         c.wait_for_elements(20)
@@ -301,21 +322,3 @@ def test_a_dispatcher_gone_for_good_ends_a_watched_trainer_with_one_line(cluster
     assert line == (f"captioning: error: lost the tf.data dispatcher at localhost:{cluster.port}: no answer for 3 s "
                     "(TensorFlow would wait for it forever); restart it on its port from its work dir")
 
-
-@pytest.mark.slow
-def test_servers_log_their_address_and_stop_cleanly_on_sigterm_and_sigint(cluster):
-    """A dispatcher and its two workers log their addresses; SIGINT stops one worker, SIGTERM the other and
-    then the dispatcher. The file's workers w1, w2 (their "serving dispatcher" lines awaited by the
-    Cluster), after the file's last test, which killed their dispatcher for good: a dispatcher without a
-    work dir on its port, which they serve again, then the three stops (two worker starts fewer). (SIGINT
-    to a dispatcher: test_a_restarted_dispatcher's without a work dir, which is stopped so.)"""
-    cluster.restart_dispatcher()  # no work dir; the one before, if any still runs (this test alone), is killed
-    assert re.search(rf"dispatcher listening on grpc://{HOST}:{cluster.port} \(no work dir",
-                     cluster.dispatcher.stderr), cluster.dispatcher.stderr
-    for name, w in cluster.workers.items():
-        assert re.search(rf"worker localhost:{cluster.worker_ports[name]} serving dispatcher "
-                         rf"localhost:{cluster.port}\n", w.stderr), w.stderr
-    for server, signum, what in ((cluster.workers["w1"], signal.SIGINT, "worker"),  # workers first
-                                 (cluster.workers["w2"], signal.SIGTERM, "worker"),
-                                 (cluster.dispatcher, signal.SIGTERM, "dispatcher")):
-        stops_cleanly(server, signum, what)
