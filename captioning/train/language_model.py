@@ -152,9 +152,11 @@ def needs_space(tokenizer) -> bool:
     return not first.startswith(("Ġ", "▁"))
 
 
-def token_stream(tokenizer, sentences: list[str], chunk: int = 8192) -> np.ndarray:
-    """``sentences`` tokenized (with a space in front where :func:`needs_space`) and packed: ``start ids... end``
-    each, the end left out where it is the start (GPT-2's one token), and an end after the last; int32.
+def token_streams(tokenizer, *groups: list[str], chunk: int = 8192) -> list[np.ndarray]:
+    """Each list of sentences in ``groups`` tokenized (with a space in front where :func:`needs_space`) and packed:
+    ``start ids... end`` each, the end left out where it is the start (GPT-2's one token), and an end after the
+    last; int32. All groups go through one tf.data pipeline: the tokenizer is traced once (GPT-2's byte-level BPE:
+    about 2 CPU s a trace) for the training sentences and the held-out ones.
 
     >>> import tensorflow as tf
     >>> class Pieces:  # a tokenizer of one piece per letter ("a" is 7), start 1 and end 2
@@ -163,18 +165,11 @@ def token_stream(tokenizer, sentences: list[str], chunk: int = 8192) -> np.ndarr
     ...         return "▁" + chr(i + 90)  # SentencePiece's word-start mark: no space added
     ...     def __call__(self, texts):
     ...         return tf.strings.unicode_decode(texts, "UTF-8") - 90
-    >>> token_stream(Pieces(), ["ab", "c"]).tolist()
-    [1, 7, 8, 2, 1, 9, 2, 2]
+    >>> [s.tolist() for s in token_streams(Pieces(), ["ab", "c"])]
+    [[1, 7, 8, 2, 1, 9, 2, 2]]
     >>> [s.tolist() for s in token_streams(Pieces(), ["ab"], [], ["c"])]
     [[1, 7, 8, 2, 2], [2], [1, 9, 2, 2]]
     """
-    return token_streams(tokenizer, sentences, chunk=chunk)[0]
-
-
-def token_streams(tokenizer, *groups: list[str], chunk: int = 8192) -> list[np.ndarray]:
-    """:func:`token_stream` of each list of sentences in ``groups``, tokenized together in one tf.data pipeline:
-    the tokenizer is traced once (GPT-2's byte-level BPE: about 2 CPU s a trace) for the training sentences and
-    the held-out ones."""
     import tensorflow as tf
 
     start, end = int(tokenizer.start_token_id), int(tokenizer.end_token_id)
