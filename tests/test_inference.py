@@ -65,6 +65,7 @@ def test_baseline_is_the_most_frequent_training_caption():
     assert most_frequent_caption(["b thing", "a thing"]) == "a thing"  # ties: alphabetical
 
 
+@pytest.mark.slow
 def test_evaluate_max_images_and_cli(trained_model_dir, prepared_dir):
     result = run_cli("evaluate", "--model-dir", trained_model_dir, "--split", "val", "--max-images", "2",
                      "--beam-size", "1")

@@ -166,6 +166,7 @@ def trained(prepared_dir, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_a_few_steps_move_the_weights_and_report_the_declared_parts(name, trained):
     trainer, before, result = trained[name]
@@ -179,6 +180,7 @@ def test_a_few_steps_move_the_weights_and_report_the_declared_parts(name, traine
     assert np.isfinite(float(out["loss"])) and float(out["weight"]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_a_replica_with_no_example_adds_nothing(name, trained):
     """Under a strategy the last batch may leave a replica empty: its loss sum, weight and gradients are 0. Checked

@@ -196,6 +196,7 @@ def test_train_cli_runs_and_resumes(data_dir, distributed_runs, tmp_path):
     assert os.path.exists(os.path.join(out, "m", "ckpt-9.index"))
 
 
+@pytest.mark.slow
 def test_images_with_different_numbers_of_captions(shapes_dir, tmp_path):
     """COCO images have 5 to 7 captions: feature caching, samples and evaluation batch such images. The run
     is also test_features_cache_needs_a_frozen_encoder_and_no_augmentation's allowed case (data.cache:

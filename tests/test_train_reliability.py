@@ -229,6 +229,7 @@ def test_nan_loss_stops_with_exit_1_and_keeps_the_last_good_checkpoint(data_dir,
     assert all(np.all(np.isfinite(v)) for v in weights.values() if v.dtype.kind == "f")
 
 
+@pytest.mark.slow
 def test_nan_policy_skip_applies_no_update_and_counts(data_dir, tmp_path):
     """In-process on one device: run()'s result, the TensorBoard count, and checkpoints showing that the
     skipped steps changed nothing (weights, batch-norm statistics, optimizer iterations)."""
