@@ -33,12 +33,15 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $@
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per process at a time, handed out in
-# collection order, heaviest file first: tests/conftest.py's FILE_SECONDS): much of its
-# time is subprocesses, TensorFlow imports, JVM start-ups and servers waiting on each other, so three workers
-# keep 2 cores busier than two (measured on 2 cores, 2026-11-24: 589 s against 622 s, 930 tests; again with the
-# files heaviest first, 2026-11-26: 741 s against 799 s, 1,267 tests, though two spent 4% less CPU).
+# collection order, heaviest file first: tests/conftest.py's FILE_SECONDS). `auto` is tests/conftest.py's
+# pytest_xdist_auto_num_workers: one a core, and one more when the slow tests run. Much of their time is
+# subprocesses, TensorFlow imports, JVM start-ups and servers waiting on each other, so on 2 cores three workers
+# keep the cores busier than two (2026-11-24: 589 s against 622 s, 930 tests; 2026-11-26: 741 s against 799 s,
+# 1,267 tests; 2026-11-28: two workers had done 27% of 1,559 tests after 9 minutes, three 36%), though two spend
+# 4% less CPU. The quick loop computes: there a third worker only makes the two cores' work dearer (2026-11-28, fresh
+# clone, 1,296 tests: 135 s and 226 CPU s with three, 133 s and 203 CPU s with two, before its schedule's fix).
 # `make test TEST_WORKERS=0` runs it in one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= auto
 
 # The project's bytecode, written once before the suite (an editable install compiles nothing, and with
 # PYTHONDONTWRITEBYTECODE set every one of the suite's ~90 Python processes would compile what it imports again;

@@ -57,37 +57,53 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 # Each test file's CPU seconds in the full suite (its tests', their subprocesses' and the session fixtures it built
-# first; `make test` in a fresh clone of 601a62a, 3 workers on 2 cores, 2026-11-28, 14:33). `make test` runs
+# first; `make test` in a fresh clone of 614436e, 3 workers on 2 cores, 2026-11-28, 15:44). `make test` runs
 # pytest-xdist with --dist loadfile --no-loadscope-reorder, which hands the files to the workers in collection order:
 # collected heaviest first, the long ones start at once and the short ones fill the gaps at the end (longest processing
 # time first). Without --no-loadscope-reorder xdist sorts the files by their number of tests instead: test_config's 310
 # quick ones first and test_lost_worker's 2 long ones last, alone on one worker for the run's last 32 s (measured). A
 # file not listed counts 4 s.
 FILE_SECONDS = {
-    "test_decoders": 134, "test_scst": 105, "test_litert": 74, "test_service_training": 63, "test_benchmarks": 57,
-    "test_prefix_lm_training": 57, "test_train_reliability": 40, "test_lost_worker": 35,
-    "test_encoders_end_to_end": 34, "test_data_service": 33, "test_encoders": 33, "test_region_training": 29,
-    "test_inference": 28, "test_tokenizers": 23, "test_model_dir": 23, "test_prefix_lm_use": 21, "test_ensemble": 21,
-    "test_steps_per_execution": 21, "test_ema": 21, "test_train": 20, "test_lm_train": 18, "test_input_pipeline": 17,
-    "test_attention_use": 15, "test_accumulate": 14, "test_disk_cache": 13, "test_train_start": 12, "test_decode": 12,
-    "test_transformer": 12, "test_cli": 11, "test_corrupt_shards": 11, "test_metrics": 11, "test_full_disk": 10,
-    "test_evaluate_identity": 10, "test_security": 10, "test_features_store": 9, "test_objectives": 8,
-    "test_uneven_splits": 8, "test_prefix_lm": 8, "test_serve": 7, "test_orientation": 7, "test_regions": 7,
-    "test_architecture": 7, "test_outputs": 6, "test_config": 6, "test_prepare": 6, "test_word_rules_pieces": 6,
-    "test_serve_clients": 6, "test_reward_words": 5, "test_optimizer": 5, "test_text": 5, "test_scheduled_sampling": 5}
+    "test_decoders": 140, "test_scst": 109, "test_litert": 76, "test_service_training": 64, "test_benchmarks": 59,
+    "test_prefix_lm_training": 58, "test_train_reliability": 41, "test_encoders_end_to_end": 36, "test_lost_worker": 35,
+    "test_encoders": 32, "test_data_service": 32, "test_region_training": 28, "test_inference": 27, "test_model_dir": 24,
+    "test_tokenizers": 23, "test_ema": 23, "test_ensemble": 22, "test_prefix_lm_use": 22, "test_steps_per_execution": 21,
+    "test_train": 20, "test_lm_train": 19, "test_attention_use": 15, "test_accumulate": 15, "test_disk_cache": 14,
+    "test_input_pipeline": 13, "test_train_start": 13, "test_transformer": 12, "test_corrupt_shards": 11, "test_cli": 11,
+    "test_decode": 10, "test_security": 10, "test_evaluate_identity": 10, "test_full_disk": 10, "test_metrics": 9,
+    "test_features_store": 9, "test_regions": 8, "test_objectives": 7, "test_prefix_lm": 7, "test_orientation": 7,
+    "test_serve": 7, "test_optimizer": 7, "test_word_rules_pieces": 7, "test_architecture": 6, "test_prepare": 6,
+    "test_uneven_splits": 5, "test_config": 5, "test_outputs": 5, "test_serve_clients": 5, "test_scheduled_sampling": 5,
+    "test_text": 5}
 
 
-# The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (in the full suite
-# of 14:33).
-# Ordered by FILE_SECONDS, the quick loop's worker given test_scst and test_decoders first (light there without their
-# 2-replica runs) ended 13 s after the other two. A file not listed counts 3 s.
+# The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (the quick loop
+# in a fresh clone, 2 workers, 2026-11-28, 17:03). Ordered by FILE_SECONDS, the quick loop's worker given test_scst and
+# test_decoders first (light there without their 2-replica runs) ended 13 s after the other two. test_serve_parsing
+# counts the 10 s it holds its worker for 0.1 CPU s (TensorFlow's allocator waits 10 s for memory before it refuses the
+# 4 TiB its out-of-memory test asks for): listed at 3 s, it came last and its wait was the loop's last 10 s on one of
+# the two workers (measured). A file not listed counts 3 s.
 QUICK_SECONDS = {
-    "test_decoders": 28, "test_encoders": 14, "test_input_pipeline": 14, "test_decode": 12, "test_scst": 12,
-    "test_objectives": 8, "test_ensemble": 8, "test_tokenizers": 8, "test_prefix_lm": 8, "test_features_store": 7,
-    "test_architecture": 7, "test_config": 6, "test_word_rules_pieces": 6, "test_regions": 5, "test_reward_words": 5,
-    "test_region_training": 5, "test_transformer": 5, "test_text": 5, "test_outputs": 5, "test_mappers": 4,
-    "test_inference": 4, "test_docs": 4, "test_ema": 3, "test_corrupt_shards": 3, "test_train_reliability": 3,
-    "test_prepare": 3, "test_model": 3, "test_scheduled_sampling": 3}
+    "test_decoders": 28, "test_encoders": 15, "test_ensemble": 13, "test_scst": 12, "test_input_pipeline": 11,
+    "test_decode": 11, "test_serve_parsing": 10, "test_outputs": 8, "test_prefix_lm": 7, "test_tokenizers": 7,
+    "test_architecture": 6, "test_features_store": 6, "test_word_rules_pieces": 6, "test_region_training": 5,
+    "test_regions": 5, "test_reward_words": 4, "test_docs": 4, "test_mappers": 4, "test_ema": 4}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """The number of workers `-n auto` (the Makefile's `make test`) starts: one a core when no slow test is selected
+    (the quick loop's tests compute: on 2 cores a third worker only made the two cores' work dearer), one more when the
+    slow ones are (they wait on processes, servers and JVMs, and the extra worker fills those waits). Measured on 2
+    cores in fresh clones, 2026-11-28 (docs/reliability.md). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides."""
+    from _pytest.mark.expression import Expression
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    markexpr = config.getoption("markexpr")
+    slow = not markexpr or Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == "slow")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores + 1 if slow else cores
 
 
 def schedule(items):

@@ -293,6 +293,30 @@ def test_the_quick_loop_is_scheduled_by_its_own_weights():
     assert [i.name for i in quick] == ["b", "a", "c"] and [i.name for i in full] == ["a", "c", "d", "b"]
 
 
+def test_make_tests_workers_are_one_a_core_and_one_more_with_the_slow_tests(monkeypatch):
+    """The Makefile's `-n auto` asks tests/conftest.py's hook: a core each for the quick loop (`-m 'not slow'`), one
+    more when slow tests are selected (the whole suite, or `-m slow`); pytest-xdist's own variable still decides."""
+    from tests.conftest import pytest_xdist_auto_num_workers
+
+    class Config:
+        def __init__(self, markexpr):
+            self.markexpr = markexpr
+
+        def getoption(self, name):
+            assert name == "markexpr"
+            return self.markexpr
+
+    makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
+    assert re.search(r"^TEST_WORKERS \?= auto$", makefile, re.M)
+    assert all("-n $(TEST_WORKERS)" in run for run in re.findall(r"^\t\$\(PYTEST\) (.*)$", makefile, re.M))
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert [pytest_xdist_auto_num_workers(Config(m)) for m in ("", "slow", "not slow", "not slow and not docs")] \
+        == [cores + 1, cores + 1, cores, cores]
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
+    assert pytest_xdist_auto_num_workers(Config("")) is None  # pytest-xdist's own hook answers
+
+
 def test_the_cpu_log_counts_a_tests_own_cpu_and_its_childrens(request, monkeypatch, tmp_path):
     """``--cpu-log FILE`` (tests/conftest.py, docs/reliability.md): the hook around a test, driven here around
     this test's own item, appends one line with the CPU seconds spent in this process and in a child it waited
