@@ -67,8 +67,9 @@ define prepare_shapes
 endef
 
 # The quick loop: every test but the slow end-to-end ones (signals, kills, servers, clusters, other processes,
-# exports and LiteRT conversions, and training or evaluation runs through a command or Trainer.run that cost
-# over about 1.5 CPU s); at most half of `make demo`'s wall time (docs/reliability.md).
+# exports and LiteRT conversions, training or evaluation runs through a command or Trainer.run that cost over about
+# 1.5 CPU s, and waits of seconds, such as TensorFlow's allocator's before it refuses); at most half of `make demo`'s
+# wall time (docs/reliability.md).
 test-fast: $(STAMP)
 	$(COMPILE)
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not slow' $(PYTEST_ARGS)

@@ -70,8 +70,8 @@ FILE_SECONDS = {
     "test_tokenizers": 23, "test_ema": 23, "test_ensemble": 22, "test_prefix_lm_use": 22, "test_steps_per_execution": 21,
     "test_train": 20, "test_lm_train": 19, "test_attention_use": 15, "test_accumulate": 15, "test_disk_cache": 14,
     "test_input_pipeline": 13, "test_train_start": 13, "test_transformer": 12, "test_corrupt_shards": 11, "test_cli": 11,
-    "test_decode": 10, "test_security": 10, "test_evaluate_identity": 10, "test_full_disk": 10, "test_metrics": 9,
-    "test_features_store": 9, "test_regions": 8, "test_objectives": 7, "test_prefix_lm": 7, "test_orientation": 7,
+    "test_decode": 10, "test_security": 10, "test_evaluate_identity": 10, "test_full_disk": 10, "test_serve_parsing": 10,
+    "test_metrics": 9, "test_features_store": 9, "test_regions": 8, "test_objectives": 7, "test_prefix_lm": 7, "test_orientation": 7,
     "test_serve": 7, "test_optimizer": 7, "test_word_rules_pieces": 7, "test_architecture": 6, "test_prepare": 6,
     "test_uneven_splits": 5, "test_config": 5, "test_outputs": 5, "test_serve_clients": 5, "test_scheduled_sampling": 5,
     "test_text": 5}
@@ -79,13 +79,13 @@ FILE_SECONDS = {
 
 # The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (the quick loop
 # in a fresh clone, 2 workers, 2026-11-28, 17:03). Ordered by FILE_SECONDS, the quick loop's worker given test_scst and
-# test_decoders first (light there without their 2-replica runs) ended 13 s after the other two. test_serve_parsing
-# counts the 10 s it holds its worker for 0.1 CPU s (TensorFlow's allocator waits 10 s for memory before it refuses the
-# 4 TiB its out-of-memory test asks for): listed at 3 s, it came last and its wait was the loop's last 10 s on one of
-# the two workers (measured). A file not listed counts 3 s.
+# test_decoders first (light there without their 2-replica runs) ended 13 s after the other two. A file not listed
+# counts 3 s. test_serve_parsing weighs, in the whole suite, the 10 s its out-of-memory test holds its worker for 0.1
+# CPU s (TensorFlow's allocator waits 10 s for memory before it refuses the 4 TiB the test asks for): at 3 s it came
+# last in the quick loop, its wait the loop's last 10 s on one of two workers (measured), and so that test is slow now.
 QUICK_SECONDS = {
     "test_decoders": 28, "test_encoders": 15, "test_ensemble": 13, "test_scst": 12, "test_input_pipeline": 11,
-    "test_decode": 11, "test_serve_parsing": 10, "test_outputs": 8, "test_prefix_lm": 7, "test_tokenizers": 7,
+    "test_decode": 11, "test_outputs": 8, "test_prefix_lm": 7, "test_tokenizers": 7,
     "test_architecture": 6, "test_features_store": 6, "test_word_rules_pieces": 6, "test_region_training": 5,
     "test_regions": 5, "test_reward_words": 4, "test_docs": 4, "test_mappers": 4, "test_ema": 4}
 

@@ -77,6 +77,12 @@ def test_option_sets_are_told_apart_by_what_the_search_reads():
     assert key(DecodeConfig(bad_endings=["a", "the"])) == key(DecodeConfig(bad_endings=["the", "a"])) != key(beam)
 
 
+def a_jpeg() -> bytes:
+    good = io.BytesIO()
+    Image.new("RGB", (8, 6)).save(good, "JPEG")
+    return good.getvalue()
+
+
 def test_only_an_images_error_is_an_images():
     import tensorflow as tf
 
@@ -85,16 +91,23 @@ def test_only_an_images_error_is_an_images():
     def call(items):  # TensorFlow's own JPEG decoder on each item; a real error for bytes that are not a JPEG
         return [[int(tf.shape(tf.io.decode_jpeg(item))[0])] for item in items]
 
-    good = io.BytesIO()
-    Image.new("RGB", (8, 6)).save(good, "JPEG")
-    out = caption_each(call, [good.getvalue(), b"not a jpeg"])
+    out = caption_each(call, [a_jpeg(), b"not a jpeg"])
     assert out[0] == ([6], None) and out[1][0] is None and out[1][1].startswith("cannot decode: ")
+
+
+@pytest.mark.slow  # (0.01 CPU s, but TensorFlow's allocator waits 10 s for memory before it refuses)
+def test_running_out_of_memory_is_not_an_images_error():
+    """The model running out of memory is the server's error, not the image's: it is raised, not reported as a
+    caption that failed."""
+    import tensorflow as tf
+
+    from captioning.inference.caption import caption_each
 
     def exhausted(items):  # 4 TiB: TensorFlow's allocator refuses it, as when the model runs out of memory
         return [[float(tf.reduce_sum(tf.fill(tf.constant([2**40], tf.int64), 1.0)))] for _ in items]
 
     with pytest.raises(tf.errors.ResourceExhaustedError):
-        caption_each(exhausted, [good.getvalue()])
+        caption_each(exhausted, [a_jpeg()])
 
 
 def test_the_pages_number_controls_refuse_what_the_server_refuses():
