@@ -34,9 +34,9 @@ $(STAMP): setup.cfg pyproject.toml
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist, a test file per process at a time, handed out in
 # collection order, heaviest file first: tests/conftest.py's FILE_SECONDS). `auto` is tests/conftest.py's
-# pytest_xdist_auto_num_workers: one a core, and one more when the slow tests run. Much of their time is
-# subprocesses, TensorFlow imports, JVM start-ups and servers waiting on each other, so on 2 cores three workers
-# keep the cores busier than two (2026-11-24: 589 s against 622 s, 930 tests; 2026-11-26: 741 s against 799 s,
+# pytest_xdist_auto_num_workers: one a core, one more when the slow tests run, and no more than the memory holds
+# at 3 GiB a worker. Much of the slow tests' time is subprocesses, TensorFlow imports, JVM start-ups and servers
+# waiting on each other, so on 2 cores three workers keep the cores busier than two (2026-11-24: 589 s against 622 s, 930 tests; 2026-11-26: 741 s against 799 s,
 # 1,267 tests; 2026-11-28: two workers had done 27% of 1,559 tests after 9 minutes, three 36%), though two spend
 # 4% less CPU. The quick loop computes: there a third worker only makes the two cores' work dearer (2026-11-28, fresh
 # clone, 1,296 tests: 135 s and 226 CPU s with three, 133 s and 203 CPU s with two, before its schedule's fix).

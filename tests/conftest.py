@@ -65,16 +65,17 @@ def pytest_runtest_protocol(item, nextitem):
 # file not listed counts 4 s.
 FILE_SECONDS = {
     "test_decoders": 140, "test_scst": 109, "test_litert": 76, "test_service_training": 64, "test_benchmarks": 59,
-    "test_prefix_lm_training": 58, "test_train_reliability": 41, "test_encoders_end_to_end": 36, "test_lost_worker": 35,
-    "test_encoders": 32, "test_data_service": 32, "test_region_training": 28, "test_inference": 27, "test_model_dir": 24,
-    "test_tokenizers": 23, "test_ema": 23, "test_ensemble": 22, "test_prefix_lm_use": 22, "test_steps_per_execution": 21,
-    "test_train": 20, "test_lm_train": 19, "test_attention_use": 15, "test_accumulate": 15, "test_disk_cache": 14,
-    "test_input_pipeline": 13, "test_train_start": 13, "test_transformer": 12, "test_corrupt_shards": 11, "test_cli": 11,
-    "test_decode": 10, "test_security": 10, "test_evaluate_identity": 10, "test_full_disk": 10, "test_serve_parsing": 10,
-    "test_metrics": 9, "test_features_store": 9, "test_regions": 8, "test_objectives": 7, "test_prefix_lm": 7, "test_orientation": 7,
-    "test_serve": 7, "test_optimizer": 7, "test_word_rules_pieces": 7, "test_architecture": 6, "test_prepare": 6,
-    "test_uneven_splits": 5, "test_config": 5, "test_outputs": 5, "test_serve_clients": 5, "test_scheduled_sampling": 5,
-    "test_text": 5}
+    "test_prefix_lm_training": 58, "test_train_reliability": 41, "test_encoders_end_to_end": 36,
+    "test_lost_worker": 35, "test_encoders": 32, "test_data_service": 32, "test_region_training": 28,
+    "test_inference": 27, "test_model_dir": 24, "test_tokenizers": 23, "test_ema": 23, "test_ensemble": 22,
+    "test_prefix_lm_use": 22, "test_steps_per_execution": 21, "test_train": 20, "test_lm_train": 19,
+    "test_attention_use": 15, "test_accumulate": 15, "test_disk_cache": 14, "test_input_pipeline": 13,
+    "test_train_start": 13, "test_transformer": 12, "test_corrupt_shards": 11, "test_cli": 11, "test_decode": 10,
+    "test_security": 10, "test_evaluate_identity": 10, "test_full_disk": 10, "test_serve_parsing": 10,
+    "test_metrics": 9, "test_features_store": 9, "test_regions": 8, "test_objectives": 7, "test_prefix_lm": 7,
+    "test_orientation": 7, "test_serve": 7, "test_optimizer": 7, "test_word_rules_pieces": 7, "test_architecture": 6,
+    "test_prepare": 6, "test_uneven_splits": 5, "test_config": 5, "test_outputs": 5, "test_serve_clients": 5,
+    "test_scheduled_sampling": 5, "test_text": 5}
 
 
 # The same for the quick loop (`-m 'not slow'`): each file's CPU seconds in its tests not marked slow (the quick loop
@@ -103,7 +104,16 @@ def pytest_xdist_auto_num_workers(config):
     markexpr = config.getoption("markexpr")
     slow = not markexpr or Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == "slow")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores + 1 if slow else cores
+    return workers_for(cores, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), slow)
+
+
+WORKER_MEMORY = 3 * 2**30  # a worker holds 2.0-2.8 GB once its TensorFlow has built the suite's models (ps, 2026-11-28)
+
+
+def workers_for(cores: int, memory: int, slow: bool) -> int:
+    """A worker a core, one more with slow tests selected, and never more than ``memory`` bytes hold
+    (:data:`WORKER_MEMORY` each; at least one)."""
+    return max(1, min(cores + 1 if slow else cores, memory // WORKER_MEMORY))
 
 
 def schedule(items):

@@ -295,8 +295,9 @@ def test_the_quick_loop_is_scheduled_by_its_own_weights():
 
 def test_make_tests_workers_are_one_a_core_and_one_more_with_the_slow_tests(monkeypatch):
     """The Makefile's `-n auto` asks tests/conftest.py's hook: a core each for the quick loop (`-m 'not slow'`), one
-    more when slow tests are selected (the whole suite, or `-m slow`); pytest-xdist's own variable still decides."""
-    from tests.conftest import pytest_xdist_auto_num_workers
+    more when slow tests are selected (the whole suite, or `-m slow`), as many as the memory holds; pytest-xdist's own
+    variable still decides."""
+    from tests.conftest import pytest_xdist_auto_num_workers, workers_for
 
     class Config:
         def __init__(self, markexpr):
@@ -315,6 +316,9 @@ def test_make_tests_workers_are_one_a_core_and_one_more_with_the_slow_tests(monk
         == [cores + 1, cores + 1, cores, cores]
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
     assert pytest_xdist_auto_num_workers(Config("")) is None  # pytest-xdist's own hook answers
+    # and memory bounds them: 64 cores and 24 GiB start 8 workers, a machine of 2 GiB one
+    assert [workers_for(64, 24 * 2**30, True), workers_for(2, 24 * 2**30, True), workers_for(2, 2**31, False)] \
+        == [8, 3, 1]
 
 
 def test_the_cpu_log_counts_a_tests_own_cpu_and_its_childrens(request, monkeypatch, tmp_path):
