@@ -40,9 +40,9 @@ def data_dir(prepared_dir):
     return prepared_dir
 
 
-def read_records(data_dir, split="train", files=None):
-    """Every record of ``split`` (or of ``files``), in file order: id, resized image, captions."""
-    files = PreparedDataset.load(data_dir).files(split) if files is None else files
+def read_records(data_dir, split="train"):
+    """Every record of ``split``, in file order: id, resized image, captions."""
+    files = PreparedDataset.load(data_dir).files(split)
     records = []
     for batch in map(schema.parse_batch, tf.data.TFRecordDataset(files).batch(16)):  # eager: nothing traced
         for i in range(int(tf.shape(batch[schema.IMAGE_ID])[0])):
@@ -63,7 +63,7 @@ def train_records(data_dir):
 @pytest.fixture(scope="module")
 def records_by_file(data_dir, train_records):
     """train_records cut at each shard's end (its records counted straight from the file): the records of
-    each shard, as read_records of that one file gives them, without decoding the split a second time."""
+    each shard, as reading that one file gives them, without decoding the split a second time."""
     per_file, start = [], 0
     for path in PreparedDataset.load(data_dir).files("train"):
         count = sum(1 for _ in tf.data.TFRecordDataset([path]))
