@@ -194,7 +194,7 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
     files first, as the contract tests' option does."""
     import traceback
 
-    from tests.harness.models import tiny_options
+    from tests.harness.models import encoder_of, tiny_options
     from tests.helpers import register_decoder_file
 
     for flag, spec in zip(registered[::2], registered[1::2]):
@@ -203,6 +203,7 @@ def mirrored_decoder(data_dir, out_dir, names, *registered):
     two_cpus()  # before a tiny LM preset is written (prefix_lm's tiny options): TensorFlow starts then
     for name in names.split(","):
         tiny = [f"model.{k}={v}" for k, v in tiny_options(name).items()]  # (a tiny LM preset written for prefix_lm)
+        tiny.append(f"model.encoder={encoder_of(name)}")  # small_cnn, or the decoder's own (vlm's preset's tower)
         try:
             mirrored(data_dir, out_dir, f"model.decoder={name}", *tiny, out_name=f"mirrored-{name}", xla=True,
                      average=name == scenarios.AVERAGED)

@@ -45,7 +45,7 @@ OBJECTIVE_KEYS = objectives.all_keys()  # the objectives' own sections (scst.sam
 
 
 def all_keys():
-    return core_keys() + sorted(OWNER) + sorted(ENCODER_OWNER) + OBJECTIVE_KEYS
+    return core_keys() + sorted(set(OWNER) | set(ENCODER_OWNER)) + OBJECTIVE_KEYS  # (vlm_preset: both vlm's)
 
 
 def section_class(section):
@@ -423,7 +423,7 @@ def test_all_keys_names_every_field():
         return sum(count(v) if isinstance(v, dict) else 1 for v in values.values())
 
     shared = sum(count(v) for k, v in to_dict(load_config()).items() if k != "model") + len(keys_of(ModelConfig))
-    assert len(keys) == len(set(keys)) == shared + len(OWNER) + len(ENCODER_OWNER)
+    assert len(keys) == len(set(keys)) == shared + len(set(OWNER) | set(ENCODER_OWNER))
     assert {"data.cache", "model.encoder", "train.steps", "distribute.tpu", "model.lstm_units",
             "model.attention_size", "train.scheduled_sampling.max"} <= set(keys)
 
@@ -519,8 +519,9 @@ def assert_valid(config):
     assert set(config.model.components) == {f.name for f in dataclasses.fields(decoder) + dataclasses.fields(encoder)}
     for key in core_keys() + OBJECTIVE_KEYS + [f"model.{name}" for name in config.model.components]:
         name = key.rsplit(".", 1)[1]
-        f, kind = fields_of(key) if key not in OWNER else (
-            next(x for x in dataclasses.fields(decoder) if x.name == name), typing.get_type_hints(decoder)[name])
+        component = next((c for c in (decoder, encoder) if name in {x.name for x in dataclasses.fields(c)}), None)
+        f, kind = fields_of(key) if component is None else (
+            next(x for x in dataclasses.fields(component) if x.name == name), typing.get_type_hints(component)[name])
         value = value_of(config, key)
         if "range" in f.metadata:
             low, low_open, high, high_open = f.metadata["range"]

@@ -141,7 +141,7 @@ def test_a_caption_longer_than_the_positions_is_refused_before_decoding_or_train
     assert DECODERS["transformer"].max_caption_length(typed_model(short).decoder_settings) == 12
     assert {name: cls.max_caption_length(typed_model(ModelConfig(decoder=name)).decoder_settings) for name, cls in DECODERS.items()
             if name != "transformer"} == {"attention": None, "show_and_tell": None, "updown": None,
-                                          "prefix_lm": None}  # (no preset named: its bound is unknown)
+                                          "prefix_lm": None, "vlm": None}  # (prefix_lm, no preset named: unknown)
     check_caption_length(short, "decode.max_length", 12)
     message = ("decode.max_length is 13, but model.decoder transformer decodes captions of at most 12 words "
                "(model.max_positions): use at most 12")

@@ -38,11 +38,13 @@ from captioning.model.prefix_lm import PrefixLM
 from captioning.model.show_and_tell import ShowAndTell
 from captioning.model.transformer import Transformer
 from captioning.model.updown import UpDown
+from captioning.model.vlm import VisionLanguageModel
 
 log = logging.getLogger("captioning.model")
 
 DECODERS: dict[str, type[CaptionModel]] = {"show_and_tell": ShowAndTell, "attention": ShowAttendTell,
-                                           "transformer": Transformer, "updown": UpDown, "prefix_lm": PrefixLM}
+                                           "transformer": Transformer, "updown": UpDown, "prefix_lm": PrefixLM,
+                                           "vlm": VisionLanguageModel}
 
 
 def decoder_class(name: str) -> type[CaptionModel]:

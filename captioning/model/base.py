@@ -180,6 +180,8 @@ class CaptionModel(keras.Model):
       Transformer's is ``model.max_positions``, named by :attr:`caption_length_setting`): ``decode.max_length``
       and ``scst.max_length`` are checked against it before a command starts
       (:func:`captioning.model.check_caption_length`);
+    * :attr:`own_encoder` — the encoder it reads images with when it brings its own (``vlm``: its preset's vision
+      tower, ``model.encoder: vlm``; it refuses any other in one line), or None: any encoder (the default);
     * :meth:`tokenizer_preset` — the keras-hub preset whose tokenizer its captions are written in (None: the
       prepared dataset's word vocabulary, the default): ``data.tokenizer: auto`` follows it, and ``words`` or
       ``preset`` against it is refused (:func:`captioning.data.tokenizers.choose`);
@@ -198,6 +200,7 @@ class CaptionModel(keras.Model):
     fast_teacher_forcing: bool = True
     scheduled_sampling: bool = False
     tiny_settings: dict = {}
+    own_encoder: str | None = None
     token_layout: TokenLayout | None = None
     caption_length_setting: str | None = None  # the setting that bounds max_caption_length (a refusal names it)
 

@@ -84,13 +84,14 @@ class LanguageModel:
     def norm(self, x):
         return self.backbone.layer_norm(x)
 
-    def run(self, x, cache, index, training=False):
+    def run(self, x, cache, index, training=False, **options):
         """The layers over ``x [B, T, width]`` at positions ``index …``, their keys and values written into
-        ``cache`` there: (final hidden states ``[B, T, width]``, the cache)."""
+        ``cache`` there: (final hidden states ``[B, T, width]``, the cache). ``options`` go to :meth:`layer` (a
+        vision-language family's prefix attention: :mod:`captioning.model.vision_language`)."""
         x = self.inputs(x, index, training)
         caches = []
         for i, layer in enumerate(self.backbone.transformer_layers):
-            x, new = self.layer(layer, x, cache[:, i, ...], index, training)
+            x, new = self.layer(layer, x, cache[:, i, ...], index, training, **options)
             caches.append(new)
         return self.norm(x), ops.stack(caches, axis=1)
 

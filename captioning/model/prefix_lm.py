@@ -204,18 +204,7 @@ class PrefixLM(CaptionModel):
             raise InputError(f"model.decoder_preset: cannot load keras-hub preset {s.decoder_preset}: "
                              f"{str(e).splitlines()[0][:200]}") from None
         self.lm = adapter(backbone, s.decoder_preset)
-        captions = _captions_tokenizer(s.decoder_preset)
-        tokenizer = captions.lm
-        if not OFFSET < vocab_size <= OFFSET + self.lm.vocabulary_size:
-            raise InputError(f"prefix_lm: a vocabulary of {vocab_size} ids does not fit the LM of "
-                             f"{s.decoder_preset} ({self.lm.vocabulary_size} tokens + {OFFSET} reserved ids)")
-        self.end_token = int(tokenizer.end_token_id)
-        if self.end_token >= vocab_size - OFFSET:
-            raise InputError(f"prefix_lm: the LM's end token {self.end_token} is outside the vocabulary of "
-                             f"{vocab_size} ids")
-        special = np.zeros(vocab_size - OFFSET, bool)  # the tokenizer's (start, end, padding, unknown, control...)
-        special[[i - OFFSET for i in captions.special_ids() if i - OFFSET < vocab_size - OFFSET]] = True
-        self.special = tf.constant(special)  # the LM's special tokens: never proposed
+        self._vocabulary(vocab_size, _captions_tokenizer(s.decoder_preset), s.decoder_preset, "prefix_lm")
         self.prompt = tf.constant(prompt_ids(s.decoder_preset, s.prompt), tf.int32)
         self.prefix_positions = MAPPERS[s.mapper].output_length(s) + int(self.prompt.shape[0])  # P
         # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
@@ -232,6 +221,20 @@ class PrefixLM(CaptionModel):
         self.mapper = MAPPERS[s.mapper](s, self.lm.width, seed=seed)
         self.mapper.build((None, None, self.feature_size))
         self.lm_trains = bool(s.lm_trainable or s.lm_lora_rank)
+
+    def _vocabulary(self, vocab_size: int, captions: PresetTokenizer, preset: str, name: str) -> None:
+        """The LM's end token and its special tokens (never proposed) for a vocabulary of ``vocab_size`` ids in
+        ``captions``' id rule (module docstring: Ids); an InputError naming decoder ``name`` when they do not fit."""
+        if not OFFSET < vocab_size <= OFFSET + self.lm.vocabulary_size:
+            raise InputError(f"{name}: a vocabulary of {vocab_size} ids does not fit the LM of "
+                             f"{preset} ({self.lm.vocabulary_size} tokens + {OFFSET} reserved ids)")
+        self.end_token = int(captions.lm.end_token_id)
+        if self.end_token >= vocab_size - OFFSET:
+            raise InputError(f"{name}: the LM's end token {self.end_token} is outside the vocabulary of "
+                             f"{vocab_size} ids")
+        special = np.zeros(vocab_size - OFFSET, bool)  # the tokenizer's (start, end, padding, unknown, control...)
+        special[[i - OFFSET for i in captions.special_ids() if i - OFFSET < vocab_size - OFFSET]] = True
+        self.special = tf.constant(special)  # the LM's special tokens: never proposed
 
     # ---- the prefix --------------------------------------------------------------------------------
     def initial_state(self, features, training=False, mask=None):

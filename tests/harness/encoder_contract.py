@@ -7,10 +7,12 @@ import dataclasses
 import weakref
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from captioning.config import ModelConfig
 from captioning.config.settings import describe_range, keys_of
+from captioning.errors import InputError
 from captioning.model import DECODERS, build_encoder
 from captioning.model.encoders import ENCODERS
 from tests.harness.models import npy, tiny_options
@@ -55,8 +57,13 @@ def check_encoder_declarations(name):
     assert set(cls.incompatible_keys) | set(cls.tiny_settings) | set(cls.path_keys) <= set(fields)
     assert isinstance(cls.can_train, bool) and 16 <= cls.tiny_image_size <= 96
     # its keys share the model section with the decoders' and the shared ones: none may collide
-    decoders = {f.name for d in DECODERS.values() for f in dataclasses.fields(d.settings_class)}
+    # (a decoder that reads images with this encoder as its own, ``own_encoder``, may share a key with it — vlm's
+    # vlm_preset: one preset for both — with the same default)
+    decoders = {f.name for d in DECODERS.values() if d.own_encoder != name for f in dataclasses.fields(d.settings_class)}
     assert not set(fields) & (decoders | set(keys_of(ModelConfig)))
+    for decoder in (d for d in DECODERS.values() if d.own_encoder == name):
+        for f in dataclasses.fields(decoder.settings_class):
+            assert f.name not in fields or f.default == fields[f.name].default, f.name
 
 
 def check_pair(entry, decoder, encoder, seed=0):
@@ -66,6 +73,11 @@ def check_pair(entry, decoder, encoder, seed=0):
     cls = DECODERS[decoder]
     tiny = tiny_options(decoder)  # its tiny settings (and the tiny LM preset of a decoder that reads one)
     cfg = dataclasses.replace(encoder.cfg, decoder=decoder, options={**encoder.cfg.options, **tiny})
+    if cls.own_encoder and cls.own_encoder != encoder.name:  # a decoder that reads images with its own encoder only
+        with pytest.raises(InputError, match=f"set model.encoder: {cls.own_encoder}") as refused:
+            cls(V, cfg, encoder, seed=seed, settings=cls.settings_class(**tiny))
+        assert "\n" not in str(refused.value)
+        return None
     model = cls(V, cfg, encoder, seed=seed, settings=cls.settings_class(**tiny)).build_all()
     images, tokens = probe(encoder, seed)
     ids = np.random.default_rng(seed).integers(4, V, (B, T), dtype=np.int64)

@@ -102,7 +102,34 @@ def write_gemma(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, 
     return folder
 
 
+def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int = 2, image_size: int = 16,
+                    patch: int = 4, seed: int = 0) -> str:
+    """A tiny random PaliGemma (a one-layer SigLIP-style ViT of ``image_size`` px in patches of ``patch``, a Gemma
+    of ``layers`` layers, a SentencePiece tokenizer trained here on the captions' words and its prompt, its image
+    converter: [-1, 1] as the real presets') saved with ``PaliGemmaCausalLM.save_to_preset``: the files of a real
+    PaliGemma preset folder."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    m = keras_hub.models
+    tokenizer = m.PaliGemmaTokenizer(proto=sentencepiece_proto(caption_sentences() + ["caption en"] * 20))
+    backbone = m.PaliGemmaBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=image_size, num_layers=layers,
+        num_query_heads=heads, num_key_value_heads=1, hidden_dim=hidden, intermediate_dim=2 * hidden,
+        head_dim=hidden // heads, vit_patch_size=patch, vit_num_heads=heads, vit_hidden_dim=hidden,
+        vit_num_layers=1, vit_intermediate_dim=2 * hidden)
+    converter = keras_hub.layers.PaliGemmaImageConverter(image_size=(image_size, image_size), scale=1 / 127.5,
+                                                         offset=-1.0)
+    preprocessor = m.PaliGemmaCausalLMPreprocessor(tokenizer=tokenizer, image_converter=converter,
+                                                   sequence_length=32)
+    os.makedirs(folder, exist_ok=True)
+    m.PaliGemmaCausalLM(preprocessor=preprocessor, backbone=backbone).save_to_preset(folder)
+    return folder
+
+
 WRITERS = {"gpt2": write_gpt2, "gemma": write_gemma}
+VLM_WRITERS = {"paligemma": write_paligemma}  # image-text models (model.decoder: vlm)
 
 
 def tiny_backbone(family: str, vocabulary: int = 64, hidden: int = 16, layers: int = 2, seed: int = 0):

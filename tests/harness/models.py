@@ -32,19 +32,38 @@ def lm_preset() -> str:
     return write_gpt2(folder, layers=1)
 
 
+@functools.lru_cache(maxsize=None)
+def vlm_preset() -> str:
+    """A tiny random PaliGemma preset (tests/harness/lm_presets.py's ``write_paligemma``) whose ViT reads 16 px in
+    patches of 8: a 2 × 2 grid, as small_cnn's at 32 px (its images are resized to 16 px inside the encoder)."""
+    from tests.harness.lm_presets import write_paligemma
+
+    folder = tempfile.mkdtemp(prefix="tiny_paligemma_")
+    atexit.register(shutil.rmtree, folder, True)
+    return write_paligemma(folder, patch=8)
+
+
+PRESET_WRITERS = {"decoder_preset": lm_preset, "vlm_preset": vlm_preset}  # a decoder's preset setting: its tiny one
+
+
 def tiny_options(name, **changes) -> dict:
     """Decoder ``name``'s ``tiny_settings`` with ``changes``, and the tiny preset for a decoder reading one."""
     cls = DECODERS[name]
     options = {**cls.tiny_settings, **changes}
-    if "decoder_preset" in {f.name for f in dataclasses.fields(cls.settings_class)} and not options.get(
-            "decoder_preset"):
-        options["decoder_preset"] = lm_preset()
+    for key in {f.name for f in dataclasses.fields(cls.settings_class)} & set(PRESET_WRITERS):
+        if not options.get(key):
+            options[key] = PRESET_WRITERS[key]()
     return options
+
+
+def encoder_of(name) -> str:
+    """The encoder a tiny model of decoder ``name`` reads with: its own (``own_encoder``), else small_cnn."""
+    return DECODERS[name].own_encoder or "small_cnn"
 
 
 def tiny(name, seed=0, trainable=True, **changes):
     """A tiny model of decoder ``name``: its ``tiny_settings`` with ``changes``, the encoder trainable unless not."""
-    cfg = ModelConfig(decoder=name, encoder="small_cnn", encoder_trainable=trainable, dropout=0.0,
+    cfg = ModelConfig(decoder=name, encoder=encoder_of(name), encoder_trainable=trainable, dropout=0.0,
                       options=tiny_options(name, **changes))
     return build_model(V, cfg, SIZE, seed=seed).build_all()
 
@@ -75,7 +94,7 @@ def tiny_regions(name, seed=0, geometry=False, **changes):
     from captioning.config import Config, DataConfig
     from captioning.model.data_sources import data_source
 
-    cfg = ModelConfig(decoder=name, encoder="small_cnn", dropout=0.0, region_feature_size=R, box_geometry=geometry,
+    cfg = ModelConfig(decoder=name, encoder=encoder_of(name), dropout=0.0, region_feature_size=R, box_geometry=geometry,
                       options=tiny_options(name, **changes))
     source = data_source(Config(data=DataConfig(features="regions"), model=cfg))
     return build_model(V, cfg, SIZE, seed=seed, source=source).build_all()

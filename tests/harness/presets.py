@@ -5,11 +5,13 @@ encoder contract's entries (every registered encoder, ``keras_hub`` once a famil
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from captioning.config import ModelConfig
 from captioning.model import DECODERS
 from captioning.model.encoders import ENCODERS
+from tests.harness.models import PRESET_WRITERS
 
 FAMILIES = ("vit", "clip", "siglip", "dinov2")
 PATCH = 8
@@ -64,6 +66,8 @@ def entry_config(entry, presets, decoder="attention", **changes) -> tuple[ModelC
     name, _, family = entry.partition(":")
     cls = ENCODERS[name]
     options = {**cls.tiny_settings, **DECODERS[decoder].tiny_settings, **changes}
+    for key in {f.name for f in dataclasses.fields(cls.settings_class)} & set(PRESET_WRITERS):
+        options.setdefault(key, PRESET_WRITERS[key]())  # an encoder of a preset's (vlm): the tiny one
     if family:
         options["encoder_preset"] = presets[family]
     return ModelConfig(decoder=decoder, encoder=name, dropout=0.0, options=options), cls.tiny_image_size

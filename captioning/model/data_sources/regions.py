@@ -47,6 +47,7 @@ class Regions(DataSource):
     takes_boxes = True
     encoder_trains = False
     tokens_have_places = False
+    reads_encoder_tokens = False
     litert_refusal = ("--format litert: a model reading regions (data.features: regions) cannot be exported: its "
                       "region pooling (tf.image.crop_and_resize) is not a LiteRT built-in op; use the SavedModel "
                       "export")

@@ -16,6 +16,7 @@ a toy encoder written in a temporary folder.
 ``mobilenet_v2``        keras.applications                                          7 × 7 at 224 px
 ``vit``                 a Vision Transformer trained from pixels (keras-hub)        1 + 8 × 8 at 64 px
 ``keras_hub``           a keras-hub preset: ViT, CLIP, SigLIP, DINOv2 vision towers 1 + 14 × 14 (B/16)
+``vlm``                 an image-text preset's vision tower (PaliGemma's SigLIP)    16 × 16 at 224 px
 ======================  ==========================================================  ===================
 """
 
@@ -29,12 +30,14 @@ from captioning.model.encoders.applications import EfficientNetB0, InceptionV3, 
 from captioning.model.encoders.base import ImageEncoder, NoSettings, all_layers
 from captioning.model.encoders.keras_hub import KerasHub
 from captioning.model.encoders.small_cnn import SmallCnn
+from captioning.model.encoders.vision_language import VisionLanguageEncoder
 from captioning.model.encoders.vit import ViT
 from captioning.config.settings import registered
 
 ENCODERS: dict[str, type[ImageEncoder]] = {
     "inception_v3": InceptionV3, "resnet50": ResNet50, "efficientnet_b0": EfficientNetB0,
-    "mobilenet_v2": MobileNetV2, "small_cnn": SmallCnn, "vit": ViT, "keras_hub": KerasHub}
+    "mobilenet_v2": MobileNetV2, "small_cnn": SmallCnn, "vit": ViT, "keras_hub": KerasHub,
+    "vlm": VisionLanguageEncoder}
 
 
 def register(name: str, cls: type[ImageEncoder]) -> None:

@@ -1,0 +1,106 @@
+"""``model.encoder: vlm``: the vision tower of a keras-hub image-text model (``model.vlm_preset``: PaliGemma, the
+families of :mod:`captioning.model.vision_language`), whose image tokens are already at its language model's width.
+
+It is the encoder ``model.decoder: vlm`` reads (that decoder refuses any other): the preset is loaded once, here,
+and the decoder takes its language model from this encoder (:attr:`VisionLanguageEncoder.family`), so the weights
+are in memory once and a checkpoint holds each of them once. Any other decoder can read its tokens too (a
+Transformer over PaliGemma's SigLIP patches, projected to Gemma's width).
+
+The preset's image converter (``image_converter.json``) gives its image size and normalisation (PaliGemma: 224 px
+scaled to [-1, 1]), applied inside the encoder as ``model.encoder: keras_hub`` does: pixels are resized to the
+preset's size when ``data.image_size`` differs (set it to the preset's to skip that). Frozen by default
+(``model.encoder_trainable: false``: the issue's and keras-hub's PaliGemma guide's choice; the vision tower's
+weights stay bit-identical through training); with ``model.encoder_trainable: true`` it is fine-tuned at
+``train.encoder_lr_scale`` times the learning rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+
+from captioning.errors import InputError
+from captioning.model.encoders.keras_hub import KerasHub, _is_path
+from captioning.model.layout import TokenLayout
+from captioning.model.vision_language import family_of
+
+log = logging.getLogger("captioning.model")
+
+
+@dataclass
+class VisionLanguageSettings:
+    """``model.encoder: vlm``'s own key (``model.decoder: vlm`` reads it too: one preset for both)."""
+
+    # a keras-hub image-text preset folder (save_to_preset's) or preset name
+    vlm_preset: str = ""
+
+
+def check_vlm_preset(preset: str) -> None:
+    """An InputError (one line) for no preset, or a folder that is none."""
+    if not preset:
+        raise InputError("model.vlm_preset is not set: a keras-hub PaliGemma preset folder (save_to_preset's) or "
+                         "preset name, e.g. --set model.vlm_preset=runs/paligemma")
+    if _is_path(preset) and not os.path.exists(preset):
+        raise InputError(f"model.vlm_preset: the folder {preset} does not exist (moved or deleted?)")
+    if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
+        raise InputError(f"model.vlm_preset: {preset} is not a keras-hub preset folder (no config.json; write one "
+                         "with save_to_preset)")
+
+
+class VisionLanguageEncoder(KerasHub):
+    """The vision tower of an image-text preset (module docstring)."""
+
+    settings_class = VisionLanguageSettings
+    incompatible_keys = ()  # another preset of other shapes: the restore's shape check
+    path_keys = ("vlm_preset",)
+    tiny_settings = {}  # the tests write a tiny preset into a temporary folder
+
+    def check(self) -> None:
+        check_vlm_preset(self.settings.vlm_preset)
+        if (self.cfg.encoder_weights or "none") != "none":
+            raise InputError("model.encoder_weights: a vlm encoder's weights are its preset's (model.vlm_preset); "
+                             "leave model.encoder_weights: none")
+
+    def _load(self):
+        import keras_hub
+
+        preset = self.settings.vlm_preset
+        try:  # the run's precision policy: mixed precision keeps float32 variables
+            backbone = keras_hub.models.Backbone.from_preset(preset, load_weights=not self.restoring,
+                                                             dtype=keras.config.dtype_policy().name)
+        except (ValueError, FileNotFoundError, OSError) as e:
+            raise InputError(f"model.vlm_preset: cannot load keras-hub preset {preset}: "
+                             f"{str(e).splitlines()[0][:200]}") from None
+        self.family = family_of(backbone, preset)
+        vision = self.family.vision()
+        try:
+            converter = keras_hub.layers.ImageConverter.from_preset(preset)
+            scale, offset = converter.scale, converter.offset
+        except (ValueError, FileNotFoundError, OSError):
+            scale, offset = 1.0 / 255.0, 0.0
+            log.info("model.vlm_preset %s has no image converter: pixels scaled to [0, 1]", preset)
+        size = tuple(int(s) for s in vision.inputs[0].shape[1:3])  # the only size its position embeddings take
+        return vision, size, scale, offset
+
+    def backbone(self, pooled: bool) -> keras.Model:
+        vision, self.preset_size, scale, offset = self._load()
+        self.scale = np.asarray(1.0 if scale is None else scale, np.float32)
+        self.offset = np.asarray(0.0 if offset is None else offset, np.float32)
+        patch = getattr(self.family.backbone, "vit_patch_size", None)
+        self.patch = (int(patch), int(patch)) if patch else None
+        if tuple(self.preset_size) != (self.image_size, self.image_size):
+            log.info("model.vlm_preset reads %s px: data.image_size %d is resized to it inside the encoder",
+                     " × ".join(map(str, self.preset_size)), self.image_size)
+        return vision
+
+    def layout_of(self, tokens: int) -> TokenLayout | None:
+        if self.patch is None:
+            return None
+        return TokenLayout.of(tokens, self.preset_size[0] // self.patch[0], self.preset_size[1] // self.patch[1])
+
+    def pool(self, tokens):
+        return keras.layers.GlobalAveragePooling1D(name="pool")(tokens)  # no class token: the patches' mean

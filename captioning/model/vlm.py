@@ -1,0 +1,135 @@
+"""``model.decoder: vlm``: a pretrained keras-hub vision-language model fine-tuned to caption (PaliGemma; the
+families of :mod:`captioning.model.vision_language`), trained and decoded by this project's own pipeline, loop and
+decoding toolbox instead of keras-hub's ``fit`` and ``generate``.
+
+``model.vlm_preset`` names the preset (a folder ``save_to_preset`` wrote, or a keras-hub preset name); the encoder
+is its vision tower, ``model.encoder: vlm`` (:mod:`captioning.model.encoders.vision_language`, which loads the
+preset once and hands this decoder its language model), and the tokenizer is its own (``data.tokenizer: auto``).
+The model reads, as the family's preprocessor packs it::
+
+    [ image tokens (N) | <bos> | the prompt's pieces | the caption's pieces | <eos> ]
+      the prefix: P = N + 1 + m positions, read with the family's prefix attention   causal
+
+``model.prompt`` defaults to the family's captioning prompt (PaliGemma's ``caption en\\n``). The loss is on the
+caption's pieces and ``<eos>`` only (the project's loss masks everything but the caption: the prefix is not in the
+targets at all), as keras-hub's preprocessor weighs PaliGemma's response.
+
+**Decoding state** (the :class:`~captioning.model.prefix_lm.PrefixLM` contract, whose stepping this decoder
+inherits): :meth:`VisionLanguageModel.initial_state` reads the whole prefix with the family's attention into a cache
+of ``P`` slots and keeps its last vector in ``pending`` with ``t = P − 1``; ``<start>`` reads ``pending`` again at
+position ``P − 1`` (from the whole prefix's cache it gives exactly what the prefix pass gave there), whose output
+gives the first word; word ``n`` is read at ``P − 1 + n``. Ids, logits, caches, growing them and LoRA are the
+prefix decoder's (:mod:`captioning.model.prefix_lm`).
+
+**Training** (``model.vlm_trainable``): ``lora`` (the default, as keras-hub's PaliGemma guide fine-tunes) trains
+rank-``model.lm_lora_rank`` adapters of the language model's query and value projections, every other weight
+frozen; ``all`` fine-tunes the whole language model at ``train.lm_lr_scale`` times the learning rate; ``none``
+trains nothing of it (the preset as it is, for evaluating it). The vision tower is the encoder's:
+frozen unless ``model.encoder_trainable`` (keras-hub's LoRA also adapts the ViT's projections; frozen with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from captioning.config import ModelConfig
+from captioning.config.settings import between, choices
+from captioning.errors import InputError
+from captioning.model.base import CaptionModel, _Weights, untracked
+from captioning.model.encoders.base import ImageEncoder
+from captioning.model.encoders.vision_language import check_vlm_preset
+from captioning.model.prefix_lm import MAX_LORA_RANK, MAX_PROMPT, PrefixLM, _captions_tokenizer, prompt_ids
+
+
+@dataclass
+class VisionLanguageSettings:
+    """``model.decoder: vlm``'s own keys (``model.vlm_preset`` is the encoder's too)."""
+
+    vlm_preset: str = ""  # a keras-hub image-text preset folder (save_to_preset's) or preset name
+    prompt: str = ""  # what the model reads before the caption; empty: the family's captioning prompt
+    vlm_trainable: str = field(default="lora", metadata=choices("none", "lora", "all"))
+    lm_lora_rank: int = field(default=4, metadata=between(1, MAX_LORA_RANK))  # vlm_trainable: lora's rank
+
+    def check(self, prefix: str = "model.") -> None:
+        if len(self.prompt) > MAX_PROMPT:
+            raise InputError(f"{prefix}prompt has {len(self.prompt)} characters; at most {MAX_PROMPT}")
+
+
+class VisionLanguageModel(PrefixLM):
+    """A keras-hub vision-language model as a captioner (module docstring)."""
+
+    settings_class = VisionLanguageSettings
+    incompatible_keys = ()  # another preset of other shapes: the restore's shape check
+    path_keys = ("vlm_preset",)
+    features = "grid"
+    attends = False
+    own_encoder = "vlm"  # it reads images with its preset's vision tower, which model.encoder: vlm is
+    # the contract tests fine-tune it all (every decoder variable trained); the harness writes a tiny PaliGemma
+    tiny_settings = {"vlm_trainable": "all"}
+    caption_length_setting = None
+
+    @classmethod
+    def tokenizer_preset(cls, settings) -> str | None:
+        check_vlm_preset(settings.vlm_preset)
+        return settings.vlm_preset
+
+    @classmethod
+    def max_caption_length(cls, settings) -> int | None:
+        return None  # rotary positions (Gemma): no hard bound
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
+                 settings: VisionLanguageSettings | None = None, **kwargs):
+        CaptionModel.__init__(self, **kwargs)
+        self.setup(vocab_size, cfg, encoder, settings)
+        s = self.settings
+        family = getattr(encoder, "family", None)
+        if family is None:
+            raise InputError(f"model.decoder: vlm reads images with its preset's own vision tower: set "
+                             f"model.encoder: vlm (not {cfg.encoder})")
+        if not self.source.reads_encoder_tokens:
+            raise InputError("model.decoder: vlm reads images through its preset's vision tower, not stored regions "
+                             "or features: set data.features: images")
+        self.family, self.lm = family, family.text
+        captions = _captions_tokenizer(s.vlm_preset)
+        self._vocabulary(vocab_size, captions, s.vlm_preset, "vlm")
+        prompt = s.prompt or family.prompt
+        self.start_and_prompt = tf.constant(family.start_ids(captions.lm) + prompt_ids(s.vlm_preset, prompt),
+                                            tf.int32)
+        # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
+        self.backbone = backbone = family.backbone
+        if s.vlm_trainable == "lora":
+            backbone.enable_lora(s.lm_lora_rank)
+        # what trains, variable by variable (Keras' trainable flag does not reach the layers keras-hub keeps in
+        # plain lists, as PaliGemma's ViT blocks): the LM as vlm_trainable says (LoRA: only the adapters, not the
+        # adapted projections' biases, which Keras' LoRA leaves trainable), the vision tower as the encoder says
+        for variable in backbone.weights:
+            variable.trainable = s.vlm_trainable == "all" or (s.vlm_trainable == "lora" and
+                                                               "lora_kernel" in variable.path)
+        for variable in encoder.model.weights:
+            variable.trainable = encoder.trainable
+        if untracked(backbone):  # weights TensorFlow's tracking misses: the checkpoint holds them by index
+            self.lm_weights = _Weights(untracked(backbone))
+        self.lm_trains = s.vlm_trainable != "none"
+
+    def initial_state(self, features, training=False, mask=None):
+        """The prefix (image tokens, start token, prompt) read with the family's attention into a cache of ``P``
+        slots; its last vector waits in ``pending`` for ``<start>``, at ``t = P − 1`` (module docstring)."""
+        rows = tf.shape(features)[0]
+        dtype = self.backbone.compute_dtype
+        text = tf.cast(self.lm.embed(self.start_and_prompt[None]), dtype)
+        sequence = tf.concat([tf.cast(features, dtype), tf.tile(text, [rows, 1, 1])], axis=1)
+        positions = int(sequence.shape[1])
+        cache = self.lm.empty_cache(rows, positions, dtype)
+        _, cache = self.family.prefix(sequence, cache, self._lm_training(training))
+        return {"cache": cache, "pending": sequence[:, -1],
+                "t": tf.fill([rows], tf.constant(positions - 1, tf.int32))}
+
+    def decoder_variables(self) -> list:
+        encoder = {id(v) for v in self.encoder.weights}
+        return [v for v in self.weights if id(v) not in encoder]
+
+    def lm_variables(self) -> list:
+        encoder = {id(v) for v in self.encoder.weights}
+        return [v for v in self.backbone.trainable_variables if id(v) not in encoder] if self.lm_trains else []
