@@ -1,7 +1,7 @@
-"""``model.decoder: vlm`` over a tiny random PaliGemma preset written with ``save_to_preset`` (tests/harness/
-lm_presets.py's ``write_paligemma``; tests/harness/models.py's ``vlm_preset``: a 16 px ViT in patches of 8, one Gemma
-layer, a SentencePiece tokenizer trained in the process): the model's logits are keras-hub's own PaliGemma forward
-pass over the same prefix and caption; LoRA trains only its adapters and leaves every other weight bit-identical;
+"""``model.decoder: vlm`` over tiny random presets written with ``save_to_preset`` (tests/harness/lm_presets.py's
+``write_paligemma`` — tests/harness/models.py's ``vlm_preset``: a 16 px ViT in patches of 8, one Gemma layer — and
+``write_gemma3_vision``; SentencePiece tokenizers trained in the process): the model's logits are each family's own
+keras-hub forward pass over the same prefix and caption; LoRA trains only its adapters and leaves every other weight bit-identical;
 refusals are one line; the issue's training command trains on the records and the folder captions. The decoder
 contract (tests/test_decoders.py) runs over it too (stepping, beam search, checkpoints, SavedModel, XLA, 2 replicas)."""
 
@@ -23,10 +23,40 @@ def vlm(*extra):
     return ("model.encoder=vlm", "model.decoder=vlm", f"model.vlm_preset={vlm_preset()}", *extra)
 
 
-def test_the_models_logits_are_keras_hubs_paligemma_forward_pass():
-    """Image tokens, <bos> and "caption en\\n" read both ways, the caption causally: the project's teacher-forced logits
-    of a caption (its pieces at columns id + 4, <end> at the LM's <eos>) equal ``PaliGemmaCausalLM``'s own forward
-    pass over [<bos>, prompt, caption, <eos>] with its response mask, position by position."""
+@pytest.fixture(scope="module")
+def gemma3_preset(tmp_path_factory):
+    """A tiny random Gemma 3 with its vision encoder (tests/harness/lm_presets.py's ``write_gemma3_vision``)."""
+    from tests.harness.lm_presets import write_gemma3_vision
+
+    return write_gemma3_vision(str(tmp_path_factory.mktemp("gemma3") / "preset"))
+
+
+def paligemma_reference(reference, pixels, prefix, caption, end):
+    """PaliGemma's own forward pass (its preprocessor's packing: the prefix, then the response, its mask)."""
+    ids = np.array([prefix + caption + [end]] * len(pixels), np.int32)
+    response = np.array([[0] * len(prefix) + [1] * (len(caption) + 1)] * len(pixels), np.int32)
+    return np.asarray(reference({"images": pixels, "token_ids": ids, "padding_mask": np.ones_like(ids),
+                                 "response_mask": response}))
+
+
+def gemma3_reference(reference, pixels, prefix, caption, end):
+    """Gemma 3's own backbone over the prefix (its <img> run spliced with the image) and the caption, then its tied
+    embedding reversed."""
+    placeholder = reference.preprocessor.tokenizer.image_placeholder_id
+    ids = np.array([prefix + caption + [end]] * len(pixels), np.int32)
+    where = np.flatnonzero(ids[0] == placeholder)
+    hidden = reference.backbone({"images": pixels[:, None], "token_ids": ids, "padding_mask": np.ones_like(ids),
+                                 "vision_mask": ids == placeholder,
+                                 "vision_indices": np.tile(where[None], (len(pixels), 1)).astype(np.int32)})
+    return np.asarray(reference.backbone.token_embedding(hidden, reverse=True))
+
+
+@pytest.mark.parametrize("family", ["paligemma", "gemma3"])
+def test_the_models_logits_are_keras_hubs_own_forward_pass(family, gemma3_preset):
+    """PaliGemma: image tokens, <bos> and "caption en\\n" read both ways, the caption causally; Gemma 3: <bos>, its
+    prompt with the image tokens spliced in at <img> (both ways among themselves), the rest causally, its sliding
+    window of 4 crossed. The project's teacher-forced logits of a caption (its pieces at columns id + 4, <end> at the
+    LM's <eos>) equal the family's own keras-hub forward pass over the same sequence, position by position."""
     import keras_hub
 
     from captioning.config import ModelConfig
@@ -34,23 +64,27 @@ def test_the_models_logits_are_keras_hubs_paligemma_forward_pass():
     from captioning.model.prefix_lm import OFFSET
     from captioning.vocab import END_ID, START_ID
 
-    reference = keras_hub.models.PaliGemmaCausalLM.from_preset(vlm_preset())
+    preset = {"paligemma": vlm_preset(), "gemma3": gemma3_preset}[family]
+    reference = keras_hub.models.CausalLM.from_preset(preset)
     tokenizer = reference.preprocessor.tokenizer
     vocabulary = OFFSET + tokenizer.vocabulary_size()
     model = build_model(vocabulary, ModelConfig(decoder="vlm", encoder="vlm", dropout=0.0,
-                                                options={"vlm_preset": vlm_preset()}), 16).build_all()
+                                                options={"vlm_preset": preset}), 16).build_all()
     images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
-    prompt = [int(i) for i in tokenizer("caption en\n")]
+    pixels = np.asarray(reference.preprocessor.image_converter(images))
     caption = [int(i) for i in tokenizer("a red circle left of a blue square")]
-    ids = np.array([[tokenizer.start_token_id, *prompt, *caption, tokenizer.end_token_id]] * 2, np.int32)
-    response = np.array([[0] * (1 + len(prompt)) + [1] * (len(caption) + 1)] * 2, np.int32)
-    theirs = np.asarray(reference({"images": np.asarray(reference.preprocessor.image_converter(images)),
-                                   "token_ids": ids, "padding_mask": np.ones_like(ids), "response_mask": response}))
-    # the logits at the prompt's last piece (the first word's) and at each of the caption's pieces
-    theirs = theirs[:, len(prompt):len(prompt) + len(caption) + 1]
+    prefix = model.prefix_ids
+    assert prefix[0] == tokenizer.start_token_id and len(prefix) > 2
+    build = {"paligemma": paligemma_reference, "gemma3": gemma3_reference}[family]
+    theirs = build(reference, pixels, prefix, caption, tokenizer.end_token_id)
+    # the logits at the prefix's last piece (the first word's) and at each of the caption's pieces
+    at = len(prefix) - 1  # (PaliGemma's output leaves out its image positions, which come before its text)
+    theirs = theirs[:, at:at + len(caption) + 1]
     ours = model({"image": images, "input_ids": np.array([[START_ID] + [i + OFFSET for i in caption]] * 2)}).numpy()
     assert ours.shape == (2, len(caption) + 1, vocabulary)
-    live = [i for i in range(tokenizer.vocabulary_size()) if i not in (0, 1, 2, 3)]  # not <pad>, <eos>, <bos>, <unk>
+    special = set(int(i) - OFFSET for i in model.special.numpy().nonzero()[0] + OFFSET)
+    live = [i for i in range(tokenizer.vocabulary_size()) if i not in special]
+    assert len(live) > 50 and {0, 1, 2, 3} <= special  # <pad>, <eos>, <bos>, <unk> never proposed
     np.testing.assert_allclose(ours[..., [i + OFFSET for i in live]], theirs[..., live], atol=1e-5)
     np.testing.assert_allclose(ours[..., END_ID], theirs[..., tokenizer.end_token_id], atol=1e-5)
     assert (ours[..., [0, 1, 3]] < -1e8).all()  # <pad>, <start>, <unk>: never proposed
@@ -72,13 +106,18 @@ def test_refusals_are_one_line(extra, says, prepared_dir):
     assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_a_preset_of_another_family_is_refused_naming_the_families(lm_presets):
+def test_a_preset_of_another_family_or_a_text_only_gemma3_is_refused_naming_the_families(lm_presets, tmp_path):
     from captioning.config import ModelConfig
     from captioning.model import build_model
+    from tests.harness.lm_presets import tiny_backbone
 
-    with pytest.raises(InputError, match=r"holds a GPT2Backbone; model.decoder: vlm reads the image-text models "
-                                         r"PaliGemmaBackbone$"):
+    families = r"model.decoder: vlm reads the image-text models Gemma3Backbone, PaliGemmaBackbone$"
+    with pytest.raises(InputError, match=r"holds a GPT2Backbone; " + families):
         build_model(40, ModelConfig(decoder="vlm", encoder="vlm", options={"vlm_preset": lm_presets["gpt2"]}), 32)
+    tiny_backbone("gemma3").save_to_preset(str(tmp_path / "text_only"))
+    with pytest.raises(InputError, match=r"holds a Gemma3Backbone without a vision encoder; " + families):
+        build_model(40, ModelConfig(decoder="vlm", encoder="vlm", options={"vlm_preset": str(tmp_path / "text_only")}),
+                    32)
 
 
 @pytest.mark.slow  # a Trainer.run
@@ -105,17 +144,20 @@ def test_lora_trains_only_the_adapters_and_every_other_weight_stays_bit_identica
 
 
 @pytest.mark.slow  # a training run and a caption through the command line
-def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(prepared_dir, tmp_path):
+@pytest.mark.parametrize("family", ["paligemma", "gemma3"])
+def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(family, gemma3_preset, prepared_dir,
+                                                                                 tmp_path):
     """``captioning train --config experiments/scenes_vlm.yaml --set model.vlm_preset=PRESET --model-dir DIR`` (the
-    records, sizes and steps set small), then ``caption --json``: the folder keeps the preset's tokenizer and
-    captions a photo in its words."""
+    records, sizes and steps set small) over each family, then ``caption --json``: the folder keeps the preset's
+    tokenizer and captions a photo in its words."""
+    preset = {"paligemma": vlm_preset(), "gemma3": gemma3_preset}[family]
     folder = tmp_path / "vlm"
     small = [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36", "data.cache=none",
              "data.bucket_boundaries=[6,10]", "train.steps=2", "train.batch_size=4", "train.checkpoint_every_steps=2",
              "train.eval_every_steps=0"]
     sets = [a for s in small for a in ("--set", s)]
     trained = run_cli("train", "--config", os.path.join(REPO, "experiments", "scenes_vlm.yaml"), "--set",
-                      f"model.vlm_preset={vlm_preset()}", "--model-dir", folder, *sets)
+                      f"model.vlm_preset={preset}", "--model-dir", folder, *sets)
     assert trained.returncode == 0, trained.stderr[-3000:]
     photo = tmp_path / "photo.png"
     photo.write_bytes(encode(gradient(size=(40, 30)), "PNG"))

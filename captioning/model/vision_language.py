@@ -4,10 +4,10 @@ adapter per family, keyed by the backbone's class name in :data:`FAMILIES` (kera
 A family adapter splits its model where this project's stages meet, so that the project's input pipeline, decoding
 toolbox and training loop drive a pretrained vision-language model as they drive a captioner of their own::
 
-    tokens = family.vision(pixels)          preprocessed pixels [B, S, S, 3] → image tokens [B, N, width]
-    x = family.text.embed(ids)              LM token ids [B, T] → input vectors [B, T, width]
-    hidden, cache = family.prefix(x, cache)           the image tokens and the prompt, [B, P, width], read at
-                                                      positions 0 … P − 1 with the family's prefix attention
+    tokens = family.vision()(pixels)        preprocessed pixels [B, S, S, 3] → image tokens [B, N, width]
+    ids = family.prefix_ids(tokenizer, prompt)        the prefix's text ids (image placeholders where images go)
+    x = family.join(tokens, family.text.embed(ids), ids)   the prefix's input vectors [B, P, width]
+    hidden, cache = family.prefix(x, cache, ids)      read at positions 0 … P − 1 with the family's prefix attention
     hidden, cache = family.text.run(x, cache, index)  pieces after them, causal (the cache's keys and values)
     logits = family.text.logits(hidden)     [B, T, LM vocabulary]
 
@@ -15,13 +15,18 @@ toolbox and training loop drive a pretrained vision-language model as they drive
 caching, growing the cache and the logits are the same code for both decoders.
 
 **The prefix.** What the model reads before a caption is its image tokens, then its start token and the prompt
-(``family.start_ids()``, then ``model.prompt``'s pieces), as the family's own preprocessor packs them:
+(``family.prefix_ids()``: its start token and ``model.prompt``'s pieces), as the family's own preprocessor packs them:
 
 * **PaliGemma** (1 and 2): image tokens, ``<bos>``, the prompt (``caption en\\n``: "caption" is one of its
   pre-training tasks), then the caption and ``<eos>``. The prefix attends both ways (PaliGemma's prefix-LM mask:
   every image and prompt token sees every other), the caption causally; :meth:`PaliGemma.prefix` passes the
   decoder layers a padding mask of ones over the prefix, which is how keras-hub's ``PaliGemmaCausalLM`` seeds its
   cache in ``generate``.
+* **Gemma 3** (with its vision encoder): ``<bos>``, then the prompt with its ``<start_of_image>`` expanded as its
+  preprocessor expands it (``\n\n<start_of_image>``, ``<img>`` × N, ``<end_of_image>\n\n``), the ``<img>``
+  placeholders replaced by the image tokens (``Gemma3InterleaveEmbeddings``' splice). Text attends causally, the
+  image tokens both ways among themselves (its ``vision_mask``). The default prompt is a plain instruction after
+  the image; a prompt without ``<start_of_image>`` gets one first.
 
 Reading the prefix's last vector again, at its own position, from the cache of the whole prefix gives exactly what
 the prefix pass gave there (it sees the same positions, whose keys and values the cache holds, in every layer):
@@ -36,8 +41,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+import tensorflow as tf
+
 from captioning.errors import InputError
-from captioning.model.language_models import Gemma, LanguageModel
+from captioning.model.language_models import Gemma, Gemma3, LanguageModel
 
 
 class PaliGemmaText(Gemma):
@@ -47,6 +54,19 @@ class PaliGemmaText(Gemma):
     def layer(self, layer, x, cache, index, training, prefix=False):
         mask = ops.ones(ops.shape(x)[:2], "int32") if prefix else None
         return layer(x, padding_mask=mask, cache=cache, cache_update_index=index)
+
+
+class Gemma3Text(Gemma3):
+    """Gemma 3's decoder layers with its vision encoder present (the prefix decoder's Gemma 3 refuses one); a
+    ``vision_mask [B, T]`` lets the image tokens attend both ways among themselves."""
+
+    def __init__(self, backbone):
+        LanguageModel.__init__(self, backbone)
+
+    def layer(self, layer, x, cache, index, training, vision_mask=None):
+        x, (key, value) = layer(x, cache=(cache[:, 0], cache[:, 1]), cache_update_index=index,
+                                vision_mask=vision_mask, training=training)
+        return x, ops.stack([key, value], axis=1)
 
 
 class VisionLanguage:
@@ -61,28 +81,44 @@ class VisionLanguage:
         self.width = self.text.width
 
     def vision(self) -> keras.Model:
-        """The Keras model from preprocessed pixels to the image tokens the language model reads ``[B, N, width]``
-        (the backbone's own layers: a checkpoint and the backbone share them)."""
+        """The Keras model from preprocessed pixels ``[B, S, S, 3]`` to the image tokens the language model reads
+        ``[B, N, width]`` (the backbone's own layers: a checkpoint and the backbone share them)."""
         raise NotImplementedError
 
-    def start_ids(self, tokenizer) -> list[int]:
-        """The LM token ids the text starts with, before the prompt (its start token)."""
-        start = getattr(tokenizer, "start_token_id", None)
-        return [] if start is None else [int(start)]
+    def grid(self) -> tuple[int, int] | None:
+        """Where the image tokens sit: rows × columns of the image, or None."""
+        return None
 
-    def prefix(self, x, cache, training=False):
-        """The prefix's input vectors ``x [B, P, width]`` read at positions ``0 … P − 1`` into ``cache`` (``P``
-        slots): the final hidden states ``[B, P, width]`` and the cache. Causal unless the family says otherwise."""
+    def prefix_ids(self, tokenizer, prompt: str) -> list[int]:
+        """The LM token ids of the prefix's text: its start token and ``prompt``'s pieces (image placeholders where
+        the family puts the image tokens among them)."""
+        return _start(tokenizer) + _pieces(tokenizer, prompt)
+
+    def join(self, tokens, text, ids: list[int]):
+        """The prefix's input vectors ``[B, P, width]`` from the image tokens ``[B, N, width]`` and the embedded
+        :meth:`prefix_ids` ``[B, T, width]``."""
+        return tf.concat([tokens, text], axis=1)
+
+    def prefix(self, x, cache, ids: list[int], training=False):
+        """The prefix ``x [B, P, width]`` read at positions ``0 … P − 1`` into ``cache`` (``P`` slots): the final
+        hidden states ``[B, P, width]`` and the cache. Causal unless the family says otherwise."""
         return self.text.run(x, cache, 0, training)
 
-    def vision_layers(self) -> list:
-        """The vision tower's layers (frozen unless ``model.encoder_trainable``)."""
-        return [self.vision()]
+
+def _start(tokenizer) -> list[int]:
+    start = getattr(tokenizer, "start_token_id", None)
+    return [] if start is None else [int(start)]
+
+
+def _pieces(tokenizer, text: str) -> list[int]:
+    if not text:
+        return []
+    return [int(i) for i in tf.reshape(tokenizer(text), [-1]).numpy()]
 
 
 class PaliGemma(VisionLanguage):
     """PaliGemma 1 and 2 (``PaliGemmaBackbone``): a SigLIP ViT whose last dense layer projects its patches to the
-    language model's width, a Gemma (Gemma 2 for PaliGemma 2) reading them before the text."""
+    language model's width, a Gemma (Gemma 2 for PaliGemma 2) reading them before the text, the prefix both ways."""
 
     prompt = "caption en\n"
     text_class = PaliGemmaText
@@ -90,18 +126,76 @@ class PaliGemma(VisionLanguage):
     def vision(self):
         return self.backbone.vit_encoder
 
-    def prefix(self, x, cache, training=False):
+    def grid(self):
+        side = int(self.backbone.image_size) // int(self.backbone.vit_patch_size)
+        return side, side
+
+    def prefix(self, x, cache, ids, training=False):
         return self.text.run(x, cache, 0, training, prefix=True)
 
 
-FAMILIES: dict[str, type[VisionLanguage]] = {"PaliGemmaBackbone": PaliGemma}
+class Gemma3VisionLanguage(VisionLanguage):
+    """Gemma 3 with its vision encoder (``Gemma3Backbone`` whose ``vision_encoder`` is set): a SigLIP ViT, its
+    patches average-pooled and projected to the language model's width, spliced into the text at ``<img>``."""
+
+    prompt = "<start_of_image>Describe this image in one sentence.\n"
+    text_class = Gemma3Text
+
+    def __init__(self, backbone):
+        super().__init__(backbone)
+        self.tokens = int(backbone.vision_encoder.num_vision_tokens_per_image)
+
+    def vision(self):
+        encoder = self.backbone.vision_encoder
+        size = int(encoder.image_size)
+        pixels = keras.Input((size, size, 3), name="image")
+        one = keras.layers.Lambda(lambda t: ops.expand_dims(t, 1), name="one_image")(pixels)  # [B, 1, S, S, 3]
+        return keras.Model(pixels, encoder(one), name="gemma3_vision")
+
+    def grid(self):
+        side = int(round(self.tokens ** 0.5))
+        return (side, side) if side * side == self.tokens else None
+
+    def prefix_ids(self, tokenizer, prompt):
+        image = "<start_of_image>"
+        if image not in prompt:
+            prompt = image + prompt
+        expanded = prompt.replace(image, f"\n\n{image}{'<img>' * self.tokens}<end_of_image>\n\n", 1)
+        ids = _start(tokenizer) + _pieces(tokenizer, expanded)
+        self.placeholder = int(tokenizer.image_placeholder_id)  # <img>
+        if ids.count(self.placeholder) != self.tokens:
+            raise InputError(f"model.prompt: a Gemma 3 prompt holds one <start_of_image> (where the image goes); got "
+                             f"{prompt!r}")
+        return ids
+
+    def join(self, tokens, text, ids):
+        first = ids.index(self.placeholder)
+        return tf.concat([text[:, :first], tf.cast(tokens, text.dtype), text[:, first + self.tokens:]], axis=1)
+
+    def prefix(self, x, cache, ids, training=False):
+        mask = tf.tile(tf.constant([[i == self.placeholder for i in ids]]), [tf.shape(x)[0], 1])
+        return self.text.run(x, cache, 0, training, vision_mask=mask)
+
+
+class _Families(dict):
+    """:data:`FAMILIES`, where a ``Gemma3Backbone`` is an image-text model only with its vision encoder."""
+
+    def get_family(self, backbone):
+        name = type(backbone).__name__
+        if name == "Gemma3Backbone" and getattr(backbone, "vision_encoder", None) is None:
+            return None
+        return self.get(name)
+
+
+FAMILIES = _Families({"PaliGemmaBackbone": PaliGemma, "Gemma3Backbone": Gemma3VisionLanguage})
 
 
 def family_of(backbone, preset: str = "") -> VisionLanguage:
     """The adapter of ``backbone``'s family; an InputError (one line) naming the families otherwise."""
-    name = type(backbone).__name__
-    if name not in FAMILIES:
+    family = FAMILIES.get_family(backbone)
+    if family is None:
         where = f" ({preset})" if preset else ""
-        raise InputError(f"model.vlm_preset{where} holds a {name}; model.decoder: vlm reads the image-text models "
+        what = type(backbone).__name__ + (" without a vision encoder" if type(backbone).__name__ in FAMILIES else "")
+        raise InputError(f"model.vlm_preset{where} holds a {what}; model.decoder: vlm reads the image-text models "
                          f"{', '.join(sorted(FAMILIES))}")
-    return FAMILIES[name](backbone)
+    return family(backbone)

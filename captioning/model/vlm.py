@@ -7,10 +7,12 @@ is its vision tower, ``model.encoder: vlm`` (:mod:`captioning.model.encoders.vis
 preset once and hands this decoder its language model), and the tokenizer is its own (``data.tokenizer: auto``).
 The model reads, as the family's preprocessor packs it::
 
-    [ image tokens (N) | <bos> | the prompt's pieces | the caption's pieces | <eos> ]
-      the prefix: P = N + 1 + m positions, read with the family's prefix attention   causal
+    [ image tokens (N) | <bos> | the prompt's pieces | the caption's pieces | <eos> ]     (PaliGemma)
+    [ <bos> | the prompt's pieces, the image tokens among them | the caption's pieces | <eos> ]    (Gemma 3)
+      the prefix: P positions, read with the family's prefix attention               causal
 
-``model.prompt`` defaults to the family's captioning prompt (PaliGemma's ``caption en\\n``). The loss is on the
+``model.prompt`` defaults to the family's captioning prompt (PaliGemma's ``caption en\\n``; Gemma 3's a plain
+instruction after the image). The loss is on the
 caption's pieces and ``<eos>`` only (the project's loss masks everything but the caption: the prefix is not in the
 targets at all), as keras-hub's preprocessor weighs PaliGemma's response.
 
@@ -40,7 +42,7 @@ from captioning.errors import InputError
 from captioning.model.base import CaptionModel, _Weights, untracked
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.encoders.vision_language import check_vlm_preset
-from captioning.model.prefix_lm import MAX_LORA_RANK, MAX_PROMPT, PrefixLM, _captions_tokenizer, prompt_ids
+from captioning.model.prefix_lm import MAX_LORA_RANK, MAX_PROMPT, PrefixLM, _captions_tokenizer
 
 
 @dataclass
@@ -94,9 +96,7 @@ class VisionLanguageModel(PrefixLM):
         self.family, self.lm = family, family.text
         captions = _captions_tokenizer(s.vlm_preset)
         self._vocabulary(vocab_size, captions, s.vlm_preset, "vlm")
-        prompt = s.prompt or family.prompt
-        self.start_and_prompt = tf.constant(family.start_ids(captions.lm) + prompt_ids(s.vlm_preset, prompt),
-                                            tf.int32)
+        self.prefix_ids = family.prefix_ids(captions.lm, s.prompt or family.prompt)  # (image placeholders too)
         # Attribute names are the checkpoints' variable paths: renaming one breaks every trained model.
         self.backbone = backbone = family.backbone
         if s.vlm_trainable == "lora":
@@ -118,11 +118,11 @@ class VisionLanguageModel(PrefixLM):
         slots; its last vector waits in ``pending`` for ``<start>``, at ``t = P − 1`` (module docstring)."""
         rows = tf.shape(features)[0]
         dtype = self.backbone.compute_dtype
-        text = tf.cast(self.lm.embed(self.start_and_prompt[None]), dtype)
-        sequence = tf.concat([tf.cast(features, dtype), tf.tile(text, [rows, 1, 1])], axis=1)
+        text = tf.cast(self.lm.embed(tf.constant([self.prefix_ids], tf.int32)), dtype)
+        sequence = self.family.join(tf.cast(features, dtype), tf.tile(text, [rows, 1, 1]), self.prefix_ids)
         positions = int(sequence.shape[1])
         cache = self.lm.empty_cache(rows, positions, dtype)
-        _, cache = self.family.prefix(sequence, cache, self._lm_training(training))
+        _, cache = self.family.prefix(sequence, cache, self.prefix_ids, self._lm_training(training))
         return {"cache": cache, "pending": sequence[:, -1],
                 "t": tf.fill([rows], tf.constant(positions - 1, tf.int32))}
 

@@ -46,17 +46,19 @@ def gpt2_tokenizer_parts(words=WORDS) -> tuple[dict, list]:
     return vocabulary, merges
 
 
-def sentencepiece_proto(sentences, vocab_size: int = 96) -> bytes:
+def sentencepiece_proto(sentences, vocab_size: int = 96, symbols=()) -> bytes:
     """A SentencePiece model (bytes) trained in this process on ``sentences``: Gemma's special pieces at its ids
     (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<unk>`` 3), byte fallback so that any text encodes (its 256 byte
-    pieces come on top of ``vocab_size``'s pieces of words)."""
+    pieces come on top of ``vocab_size``'s pieces of words); ``symbols``: pieces kept whole (Gemma 3's image
+    tokens)."""
     import sentencepiece
 
     out = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(list(sentences)), model_writer=out, vocab_size=vocab_size + 260, model_type="BPE",
         pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
-        unk_piece="<unk>", byte_fallback=True, character_coverage=1.0, minloglevel=2, num_threads=1)
+        unk_piece="<unk>", byte_fallback=True, character_coverage=1.0, minloglevel=2, num_threads=1,
+        user_defined_symbols=list(symbols))
     return out.getvalue()
 
 
@@ -128,8 +130,42 @@ def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int =
     return folder
 
 
+GEMMA3_SYMBOLS = ("<img>", "<start_of_image>", "<end_of_image>", "<start_of_turn>", "<end_of_turn>")
+
+
+def write_gemma3_vision(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, image_size: int = 16,
+                        patch: int = 4, pool: int = 2, seed: int = 0) -> str:
+    """A tiny random Gemma 3 with its vision encoder (a one-layer ViT of ``image_size`` px in patches of ``patch``,
+    pooled ``pool`` × ``pool``: 4 image tokens; a Gemma 3 of ``layers`` layers with its sliding window of 4, so the
+    window is exercised) and a SentencePiece tokenizer holding Gemma 3's image and turn tokens, saved with
+    ``Gemma3CausalLM.save_to_preset``."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    m = keras_hub.models
+    tokenizer = m.Gemma3Tokenizer(proto=sentencepiece_proto(caption_sentences() + ["describe this image"] * 20,
+                                                            symbols=GEMMA3_SYMBOLS))
+    vision = m.Gemma3VisionEncoder(image_size=image_size, patch_size=patch, num_heads=heads, hidden_dim=hidden,
+                                   num_layers=1, intermediate_dim=2 * hidden, output_dim=hidden, pool_size=pool)
+    backbone = m.Gemma3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=image_size, num_layers=layers,
+        num_query_heads=heads, num_key_value_heads=1, hidden_dim=hidden, intermediate_dim=2 * hidden,
+        head_dim=hidden // heads, query_head_dim_normalize=True, use_post_ffw_norm=True,
+        use_post_attention_norm=True, use_sliding_window_attention=True, sliding_window_size=4,
+        vision_encoder=vision)
+    converter = keras_hub.layers.Gemma3ImageConverter(image_size=(image_size, image_size), scale=1 / 127.5,
+                                                      offset=-1.0)
+    preprocessor = m.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=converter, sequence_length=48,
+                                                max_images_per_prompt=1,
+                                                num_vision_tokens_per_image=vision.num_vision_tokens_per_image)
+    os.makedirs(folder, exist_ok=True)
+    m.Gemma3CausalLM(preprocessor=preprocessor, backbone=backbone).save_to_preset(folder)
+    return folder
+
+
 WRITERS = {"gpt2": write_gpt2, "gemma": write_gemma}
-VLM_WRITERS = {"paligemma": write_paligemma}  # image-text models (model.decoder: vlm)
+VLM_WRITERS = {"paligemma": write_paligemma, "gemma3": write_gemma3_vision}  # image-text models (model.decoder: vlm)
 
 
 def tiny_backbone(family: str, vocabulary: int = 64, hidden: int = 16, layers: int = 2, seed: int = 0):

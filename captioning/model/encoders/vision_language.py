@@ -1,5 +1,5 @@
-"""``model.encoder: vlm``: the vision tower of a keras-hub image-text model (``model.vlm_preset``: PaliGemma, the
-families of :mod:`captioning.model.vision_language`), whose image tokens are already at its language model's width.
+"""``model.encoder: vlm``: the vision tower of a keras-hub image-text model (``model.vlm_preset``: PaliGemma, Gemma 3;
+the families of :mod:`captioning.model.vision_language`), whose image tokens are already at its language model's width.
 
 It is the encoder ``model.decoder: vlm`` reads (that decoder refuses any other): the preset is loaded once, here,
 and the decoder takes its language model from this encoder (:attr:`VisionLanguageEncoder.family`), so the weights
@@ -90,17 +90,14 @@ class VisionLanguageEncoder(KerasHub):
         vision, self.preset_size, scale, offset = self._load()
         self.scale = np.asarray(1.0 if scale is None else scale, np.float32)
         self.offset = np.asarray(0.0 if offset is None else offset, np.float32)
-        patch = getattr(self.family.backbone, "vit_patch_size", None)
-        self.patch = (int(patch), int(patch)) if patch else None
         if tuple(self.preset_size) != (self.image_size, self.image_size):
             log.info("model.vlm_preset reads %s px: data.image_size %d is resized to it inside the encoder",
                      " × ".join(map(str, self.preset_size)), self.image_size)
         return vision
 
     def layout_of(self, tokens: int) -> TokenLayout | None:
-        if self.patch is None:
-            return None
-        return TokenLayout.of(tokens, self.preset_size[0] // self.patch[0], self.preset_size[1] // self.patch[1])
+        grid = self.family.grid()
+        return None if grid is None else TokenLayout.of(tokens, *grid)
 
     def pool(self, tokens):
         return keras.layers.GlobalAveragePooling1D(name="pool")(tokens)  # no class token: the patches' mean
