@@ -24,11 +24,14 @@ def vlm(*extra):
 
 
 @pytest.fixture(scope="module")
-def gemma3_preset(tmp_path_factory):
-    """A tiny random Gemma 3 with its vision encoder (tests/harness/lm_presets.py's ``write_gemma3_vision``)."""
-    from tests.harness.lm_presets import write_gemma3_vision
+def presets(tmp_path_factory):
+    """A tiny random preset of each family (tests/harness/lm_presets.py's ``VLM_WRITERS``): PaliGemma's is
+    tests/harness/models.py's ``vlm_preset`` (the decoder contract's), the others written here."""
+    from tests.harness.lm_presets import VLM_WRITERS
 
-    return write_gemma3_vision(str(tmp_path_factory.mktemp("gemma3") / "preset"))
+    root = tmp_path_factory.mktemp("vlm_presets")
+    return {name: vlm_preset() if name == "paligemma" else write(str(root / name))
+            for name, write in VLM_WRITERS.items()}
 
 
 def paligemma_reference(reference, pixels, prefix, caption, end):
@@ -51,11 +54,23 @@ def gemma3_reference(reference, pixels, prefix, caption, end):
     return np.asarray(reference.backbone.token_embedding(hidden, reverse=True))
 
 
-@pytest.mark.parametrize("family", ["paligemma", "gemma3"])
-def test_the_models_logits_are_keras_hubs_own_forward_pass(family, gemma3_preset):
+def blip2_reference(reference, pixels, prefix, caption, end):
+    """BLIP-2's own backbone (its query tokens, then the text, OPT's positions from 2) and OPT's tied embedding
+    reversed over the text's positions."""
+    ids = np.array([prefix + caption + [end]] * len(pixels), np.int32)
+    hidden = reference.backbone({"images": pixels, "token_ids": ids, "padding_mask": np.ones_like(ids)})
+    queries = reference.backbone.num_query_tokens
+    return np.asarray(reference.backbone.language_model.token_embedding(hidden[:, queries:], reverse=True))
+
+
+REFERENCES = {"paligemma": paligemma_reference, "gemma3": gemma3_reference, "blip2": blip2_reference}
+
+
+@pytest.mark.parametrize("family", sorted(REFERENCES))
+def test_the_models_logits_are_keras_hubs_own_forward_pass(family, presets):
     """PaliGemma: image tokens, <bos> and "caption en\\n" read both ways, the caption causally; Gemma 3: <bos>, its
     prompt with the image tokens spliced in at <img> (both ways among themselves), the rest causally, its sliding
-    window of 4 crossed. The project's teacher-forced logits of a caption (its pieces at columns id + 4, <end> at the
+    window of 4 crossed; BLIP-2: the Q-Former's query tokens, </s> and "a photo of", causal, OPT's learned positions. The project's teacher-forced logits of a caption (its pieces at columns id + 4, <end> at the
     LM's <eos>) equal the family's own keras-hub forward pass over the same sequence, position by position."""
     import keras_hub
 
@@ -64,8 +79,9 @@ def test_the_models_logits_are_keras_hubs_own_forward_pass(family, gemma3_preset
     from captioning.model.prefix_lm import OFFSET
     from captioning.vocab import END_ID, START_ID
 
-    preset = {"paligemma": vlm_preset(), "gemma3": gemma3_preset}[family]
-    reference = keras_hub.models.CausalLM.from_preset(preset)
+    preset = presets[family]
+    reference = keras_hub.models.CausalLM.from_preset(preset) if family != "blip2" else (
+        keras_hub.models.BLIP2CausalLM.from_preset(preset))  # (CausalLM.from_preset finds BLIP2Seq2SeqLM first)
     tokenizer = reference.preprocessor.tokenizer
     vocabulary = OFFSET + tokenizer.vocabulary_size()
     model = build_model(vocabulary, ModelConfig(decoder="vlm", encoder="vlm", dropout=0.0,
@@ -75,8 +91,7 @@ def test_the_models_logits_are_keras_hubs_own_forward_pass(family, gemma3_preset
     caption = [int(i) for i in tokenizer("a red circle left of a blue square")]
     prefix = model.prefix_ids
     assert prefix[0] == tokenizer.start_token_id and len(prefix) > 2
-    build = {"paligemma": paligemma_reference, "gemma3": gemma3_reference}[family]
-    theirs = build(reference, pixels, prefix, caption, tokenizer.end_token_id)
+    theirs = REFERENCES[family](reference, pixels, prefix, caption, tokenizer.end_token_id)
     # the logits at the prefix's last piece (the first word's) and at each of the caption's pieces
     at = len(prefix) - 1  # (PaliGemma's output leaves out its image positions, which come before its text)
     theirs = theirs[:, at:at + len(caption) + 1]
@@ -84,10 +99,11 @@ def test_the_models_logits_are_keras_hubs_own_forward_pass(family, gemma3_preset
     assert ours.shape == (2, len(caption) + 1, vocabulary)
     special = set(int(i) - OFFSET for i in model.special.numpy().nonzero()[0] + OFFSET)
     live = [i for i in range(tokenizer.vocabulary_size()) if i not in special]
-    assert len(live) > 50 and {0, 1, 2, 3} <= special  # <pad>, <eos>, <bos>, <unk> never proposed
+    assert len(live) > 50 and {tokenizer.start_token_id, tokenizer.end_token_id, tokenizer.pad_token_id} <= special
     np.testing.assert_allclose(ours[..., [i + OFFSET for i in live]], theirs[..., live], atol=1e-5)
     np.testing.assert_allclose(ours[..., END_ID], theirs[..., tokenizer.end_token_id], atol=1e-5)
     assert (ours[..., [0, 1, 3]] < -1e8).all()  # <pad>, <start>, <unk>: never proposed
+    assert (ours[..., [i + OFFSET for i in special if i + OFFSET < vocabulary]] < -1e8).all()
 
 
 @pytest.mark.parametrize("extra, says", [
@@ -111,7 +127,7 @@ def test_a_preset_of_another_family_or_a_text_only_gemma3_is_refused_naming_the_
     from captioning.model import build_model
     from tests.harness.lm_presets import tiny_backbone
 
-    families = r"model.decoder: vlm reads the image-text models Gemma3Backbone, PaliGemmaBackbone$"
+    families = r"model.decoder: vlm reads the image-text models BLIP2Backbone, Gemma3Backbone, PaliGemmaBackbone$"
     with pytest.raises(InputError, match=r"holds a GPT2Backbone; " + families):
         build_model(40, ModelConfig(decoder="vlm", encoder="vlm", options={"vlm_preset": lm_presets["gpt2"]}), 32)
     tiny_backbone("gemma3").save_to_preset(str(tmp_path / "text_only"))
@@ -144,13 +160,13 @@ def test_lora_trains_only_the_adapters_and_every_other_weight_stays_bit_identica
 
 
 @pytest.mark.slow  # a training run and a caption through the command line
-@pytest.mark.parametrize("family", ["paligemma", "gemma3"])
-def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(family, gemma3_preset, prepared_dir,
+@pytest.mark.parametrize("family", sorted(REFERENCES))
+def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(family, presets, prepared_dir,
                                                                                  tmp_path):
     """``captioning train --config experiments/scenes_vlm.yaml --set model.vlm_preset=PRESET --model-dir DIR`` (the
     records, sizes and steps set small) over each family, then ``caption --json``: the folder keeps the preset's
     tokenizer and captions a photo in its words."""
-    preset = {"paligemma": vlm_preset(), "gemma3": gemma3_preset}[family]
+    preset = presets[family]
     folder = tmp_path / "vlm"
     small = [f"data.dir={prepared_dir}", "data.image_size=32", "data.resize_size=36", "data.cache=none",
              "data.bucket_boundaries=[6,10]", "train.steps=2", "train.batch_size=4", "train.checkpoint_every_steps=2",

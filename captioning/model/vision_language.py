@@ -27,6 +27,9 @@ caching, growing the cache and the logits are the same code for both decoders.
   placeholders replaced by the image tokens (``Gemma3InterleaveEmbeddings``' splice). Text attends causally, the
   image tokens both ways among themselves (its ``vision_mask``). The default prompt is a plain instruction after
   the image; a prompt without ``<start_of_image>`` gets one first.
+* **BLIP-2** (OPT): the Q-Former's query tokens (projected to OPT's width), ``</s>``, the prompt ("a photo of", the
+  paper's), the caption and OPT's newline end token, causal all through; OPT's learned positions run from 2 over
+  the whole sequence. BLIP-2 over Flan-T5 (an encoder-decoder) is refused.
 
 Reading the prefix's last vector again, at its own position, from the cache of the whole prefix gives exactly what
 the prefix pass gave there (it sees the same positions, whose keys and values the cache holds, in every layer):
@@ -177,17 +180,65 @@ class Gemma3VisionLanguage(VisionLanguage):
         return self.text.run(x, cache, 0, training, vision_mask=mask)
 
 
+class OPTText(LanguageModel):
+    """BLIP-2's OPT (``BLIP2CustomOPT``): learned positions from 2 (OPT's offset) over the whole sequence, the query
+    tokens' first; multi-head attention, a final layer norm, the tied embedding. A position past its last reads the
+    last (as the prefix decoder's GPT-2: a longer caption is read, not refused mid-run)."""
+
+    OFFSET = 2  # OPT's position offset (keras-hub's OPT_POSITION_OFFSET)
+
+    def __init__(self, opt):
+        super().__init__(opt)
+        self.positions = int(opt.max_sequence_length) + self.OFFSET
+        self.max_length = int(opt.max_sequence_length)
+
+    def heads(self):
+        return int(self.backbone.num_heads), int(self.backbone.hidden_dim // self.backbone.num_heads)
+
+    def inputs(self, x, index, training):
+        at = ops.minimum(self.OFFSET + index + ops.arange(ops.shape(x)[1]), self.positions - 1)
+        return x + ops.cast(self.backbone.embeddings_layer.position_embedding(at[None]), x.dtype)
+
+    def layer(self, layer, x, cache, index, training):
+        return layer(x, self_attention_cache=cache, self_attention_cache_update_index=index, training=training)
+
+
+class BLIP2(VisionLanguage):
+    """BLIP-2 with OPT (``BLIP2Backbone`` over a ``BLIP2CustomOPT``): its ViT's patches read by the Q-Former's query
+    tokens, projected to OPT's width, before ``</s>`` and the prompt ("a photo of", the BLIP-2 paper's captioning
+    prompt); causal attention all through (OPT's, the query tokens' too)."""
+
+    prompt = "a photo of"
+    text_class = OPTText
+
+    def __init__(self, backbone):
+        self.backbone = backbone
+        self.text = OPTText(backbone.language_model)
+        self.width = self.text.width
+
+    def vision(self):
+        b = self.backbone
+        size = b.vision_encoder.image_size
+        size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        pixels = keras.Input((*size, 3), name="image")
+        queries = b.qformer(b.vision_encoder(pixels))
+        return keras.Model(pixels, b.language_model.language_projection(queries), name="blip2_vision")
+
+
 class _Families(dict):
-    """:data:`FAMILIES`, where a ``Gemma3Backbone`` is an image-text model only with its vision encoder."""
+    """:data:`FAMILIES`, where a ``Gemma3Backbone`` or ``BLIP2Backbone`` is an image-text model only with its vision
+    encoder, and a BLIP-2 only over OPT (its Flan-T5 is an encoder-decoder)."""
 
     def get_family(self, backbone):
         name = type(backbone).__name__
-        if name == "Gemma3Backbone" and getattr(backbone, "vision_encoder", None) is None:
-            return None
+        if name in ("Gemma3Backbone", "BLIP2Backbone") and getattr(backbone, "vision_encoder", None) is None:
+            return None  # text only
+        if name == "BLIP2Backbone" and not hasattr(backbone.language_model, "embeddings_layer"):
+            return None  # BLIP-2 over Flan-T5, an encoder-decoder: not a causal LM
         return self.get(name)
 
 
-FAMILIES = _Families({"PaliGemmaBackbone": PaliGemma, "Gemma3Backbone": Gemma3VisionLanguage})
+FAMILIES = _Families({"PaliGemmaBackbone": PaliGemma, "Gemma3Backbone": Gemma3VisionLanguage, "BLIP2Backbone": BLIP2})
 
 
 def family_of(backbone, preset: str = "") -> VisionLanguage:
@@ -195,7 +246,9 @@ def family_of(backbone, preset: str = "") -> VisionLanguage:
     family = FAMILIES.get_family(backbone)
     if family is None:
         where = f" ({preset})" if preset else ""
-        what = type(backbone).__name__ + (" without a vision encoder" if type(backbone).__name__ in FAMILIES else "")
+        name = type(backbone).__name__
+        what = name + ("" if name not in FAMILIES else " without a vision encoder" if getattr(
+            backbone, "vision_encoder", None) is None else " over a language model that is not OPT")
         raise InputError(f"model.vlm_preset{where} holds a {what}; model.decoder: vlm reads the image-text models "
                          f"{', '.join(sorted(FAMILIES))}")
     return family(backbone)

@@ -164,8 +164,42 @@ def write_gemma3_vision(folder: str, hidden: int = 16, layers: int = 2, heads: i
     return folder
 
 
+def write_blip2(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, image_size: int = 16, patch: int = 8,
+                queries: int = 2, seed: int = 0) -> str:
+    """A tiny random BLIP-2 (a one-layer ViT of ``image_size`` px in patches of ``patch`` with its class token, a
+    one-layer Q-Former of ``queries`` query tokens, an OPT of ``layers`` layers) with a byte-level BPE tokenizer
+    (:func:`gpt2_tokenizer_parts`' pieces and BLIP-2 OPT's ``</s>``, ``<pad>``, ``<image>`` and its newline end
+    token), saved with ``BLIP2CausalLM.save_to_preset``."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    m = keras_hub.models
+    vocabulary, merges = gpt2_tokenizer_parts()
+    for special in ("</s>", "<pad>", "<image>", "\u010a"):
+        vocabulary.setdefault(special, len(vocabulary))
+    tokenizer = m.BLIP2OPTTokenizer(vocabulary=vocabulary, merges=merges)
+    vision = m.BLIP2VisionEncoder(image_size=image_size, patch_size=patch, num_layers=1, num_heads=heads,
+                                  hidden_dim=hidden, intermediate_dim=2 * hidden, use_patch_bias=True,
+                                  use_class_token=True, use_mha_bias=True, use_mlp_bias=True, dropout_rate=0.0,
+                                  layer_norm_epsilon=1e-6, initializer_range=0.02)
+    qformer = m.BLIP2QFormer(num_query_tokens=queries, num_layers=1, num_heads=heads, hidden_dim=hidden,
+                             intermediate_dim=2 * hidden, vision_dim=hidden, cross_attention_frequency=1, dropout=0.0,
+                             layer_norm_epsilon=1e-12)
+    opt = m.BLIP2CustomOPT(vocabulary_size=tokenizer.vocabulary_size(), num_layers=layers, num_heads=heads,
+                           hidden_dim=hidden, intermediate_dim=2 * hidden, num_query_tokens=queries, dropout=0.0,
+                           max_sequence_length=64, qformer_hidden_dim=hidden)
+    backbone = m.BLIP2Backbone(vision_encoder=vision, qformer=qformer, language_model=opt)
+    converter = keras_hub.layers.BLIP2ImageConverter(image_size=(image_size, image_size))  # EVA-CLIP per channel
+    preprocessor = m.BLIP2CausalLMPreprocessor(tokenizer=tokenizer, image_converter=converter, sequence_length=32)
+    os.makedirs(folder, exist_ok=True)
+    m.BLIP2CausalLM(preprocessor=preprocessor, backbone=backbone).save_to_preset(folder)
+    return folder
+
+
 WRITERS = {"gpt2": write_gpt2, "gemma": write_gemma}
-VLM_WRITERS = {"paligemma": write_paligemma, "gemma3": write_gemma3_vision}  # image-text models (model.decoder: vlm)
+VLM_WRITERS = {"paligemma": write_paligemma, "gemma3": write_gemma3_vision,  # image-text models (model.decoder: vlm)
+               "blip2": write_blip2}
 
 
 def tiny_backbone(family: str, vocabulary: int = 64, hidden: int = 16, layers: int = 2, seed: int = 0):
