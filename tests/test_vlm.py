@@ -182,3 +182,120 @@ def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(
     [line] = [json.loads(line) for line in captioned.stdout.splitlines()]
     best = line["captions"][0]
     assert isinstance(best["caption"], str) and best["log_prob"] <= 0
+
+
+@pytest.fixture(scope="module")
+def lora_folder(prepared_dir, tmp_path_factory):
+    """A PaliGemma model of rank-2 LoRA adapters trained 4 steps (Adam at 0.01: the adapters move) on the shapes
+    fixture, in a module folder (only read by the tests)."""
+    from captioning.experiment import for_training
+    from captioning.train import Trainer
+
+    folder = str(tmp_path_factory.mktemp("vlm_lora") / "model")
+    cfg = small_train_config(prepared_dir, *vlm("model.lm_lora_rank=2", "model.encoder_trainable=false",
+                                                "train.steps=4", "train.optimizer=adam", "train.learning_rate=0.01",
+                                                "train.checkpoint_every_steps=4"))
+    Trainer(for_training(cfg), folder).run(progress=False)
+    return folder
+
+
+def saved_variables(folder) -> list[str]:
+    """The variables a SavedModel holds (by index: the export keeps the serving functions' variables)."""
+    import tensorflow as tf
+
+    return [name for name, _ in tf.train.list_variables(os.path.join(folder, "variables", "variables"))]
+
+
+@pytest.mark.slow  # two exports and a caption
+def test_export_merge_lora_holds_no_adapter_and_captions_as_the_adapted_model(lora_folder, tmp_path):
+    """``export --merge-lora``: the SavedModel holds no LoRA adapter (an export without the flag does) and captions as
+    ``caption`` does with the adapters (the same best captions, log-probabilities within float rounding); a rerun is
+    a no-op; --merge-lora for a LiteRT file, and for a model without adapters, are refused in one line."""
+    import tensorflow as tf
+
+    photos = []
+    for i, size in enumerate([(40, 30), (64, 64)]):
+        photos.append(tmp_path / f"p{i}.png")
+        photos[-1].write_bytes(encode(gradient(size=size).rotate(50 * i), "PNG"))
+    merged, plain = tmp_path / "merged", tmp_path / "plain"
+    done = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--output", merged, "--max-length", "6")
+    assert done.returncode == 0 and "(the LoRA adapters merged into their weights)" in done.stdout, done.stderr[-2000:]
+    assert run_cli("export", "--model-dir", lora_folder, "--output", plain, "--max-length", "6").returncode == 0
+    from captioning import inference
+    from captioning.model.lora import adapted_layers
+
+    adapted = len(adapted_layers(inference.load(lora_folder).model.lora_backbone()))
+    assert adapted == 4  # the query and value projections of the ViT's layer and of the LM's
+    assert len(saved_variables(plain)) - len(saved_variables(merged)) == 2 * adapted  # no a, no b
+    assert json.loads((merged / "captioning_export.json").read_text())["lora"] == "merged"
+    again = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--output", merged, "--max-length", "6")
+    assert again.returncode == 0 and again.stdout.startswith("already exported"), again.stdout
+    captioned = run_cli("caption", "--model-dir", lora_folder, *photos, "--json", "--max-length", "6")
+    assert captioned.returncode == 0, captioned.stderr[-2000:]
+    best = [json.loads(line)["captions"][0] for line in captioned.stdout.splitlines()]
+    out = tf.saved_model.load(str(merged)).signatures["serving_default"](
+        images=tf.constant([p.read_bytes() for p in photos]))
+    assert [c.decode() for c in out["captions"].numpy()[:, 0]] == [b["caption"] for b in best]
+    np.testing.assert_allclose(out["log_probs"].numpy()[:, 0], [b["log_prob"] for b in best], atol=1e-4)
+    refused = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--format", "litert", "--output",
+                      tmp_path / "m.tflite")
+    assert refused.returncode == 2 and "--merge-lora applies to a SavedModel" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow  # an export, and keras-hub's model loaded beside ours
+def test_the_lora_file_loads_into_the_keras_hub_preset_and_gives_the_trained_models_logits(lora_folder, tmp_path):
+    """``export --format lora``: keras-hub's own ``.lora.h5`` file, which ``load_lora_weights`` puts into a fresh
+    ``PaliGemmaCausalLM`` of the preset: its forward pass then gives the trained model's logits (its vision tower
+    stayed the preset's: frozen); a rerun is a no-op, another model's adapters need --overwrite, a name without
+    .lora.h5 is refused in one line."""
+    import keras_hub
+
+    from captioning import inference
+    from captioning.model.prefix_lm import OFFSET
+    from captioning.vocab import START_ID
+
+    path = tmp_path / "adapters.lora.h5"
+    done = run_cli("export", "--model-dir", lora_folder, "--format", "lora", "--output", path)
+    assert done.returncode == 0 and done.stdout.startswith(f"exported the LoRA adapters to {path}"), done.stderr
+    again = run_cli("export", "--model-dir", lora_folder, "--format", "lora", "--output", path)
+    assert again.returncode == 0 and again.stdout.startswith("already exported"), again.stdout
+    reference = keras_hub.models.PaliGemmaCausalLM.from_preset(vlm_preset())
+    reference.backbone.load_lora_weights(str(path))
+    trained = inference.load(lora_folder, weights="raw")
+    tokenizer = reference.preprocessor.tokenizer
+    size = trained.model.image_size  # 32 px crops, resized to the preset's 16 inside the encoder
+    images = np.random.default_rng(2).integers(0, 256, (2, size, size, 3), dtype=np.uint8)
+    pixels = np.asarray(trained.model.image_encoder.preprocess(images.astype(np.float32)))  # what the ViT reads
+    assert pixels.shape == (2, 16, 16, 3)
+    caption = [int(i) for i in tokenizer("two red squares")]
+    prefix = trained.model.prefix_ids
+    theirs = paligemma_reference(reference, pixels, prefix, caption,
+                                 tokenizer.end_token_id)[:, len(prefix) - 1:len(prefix) + len(caption)]
+    ours = trained.model({"image": images,
+                          "input_ids": np.array([[START_ID] + [i + OFFSET for i in caption]] * 2)}).numpy()
+    live = [i for i in range(tokenizer.vocabulary_size()) if i > 3]
+    assert np.abs(theirs).max() > 1e-3
+    np.testing.assert_allclose(ours[..., [i + OFFSET for i in live]], theirs[..., live], atol=1e-4)
+    other = tmp_path / "other.lora.h5"  # the untrained adapters of the preset: other values
+    fresh = keras_hub.models.PaliGemmaBackbone.from_preset(vlm_preset())
+    fresh.enable_lora(2)
+    fresh.save_lora_weights(str(other))
+    for output, says in ((tmp_path / "adapters.h5", "a LoRA file's name ends in .lora.h5"),
+                         (other, "holds other LoRA adapters; pass --overwrite")):
+        refused = run_cli("export", "--model-dir", lora_folder, "--format", "lora", "--output", output)
+        # one line saying why, the last (the second refusal comes after the model loaded: its log lines first)
+        assert refused.returncode == 2 and says in refused.stderr.strip().splitlines()[-1], refused.stderr
+        assert "Traceback" not in refused.stderr
+    replaced = run_cli("export", "--model-dir", lora_folder, "--format", "lora", "--output", other, "--overwrite")
+    assert replaced.returncode == 0 and open(other, "rb").read() == open(path, "rb").read()
+
+
+@pytest.mark.slow  # an evaluation with METEOR's JVM
+def test_evaluate_with_instances_scores_a_vlm_model(lora_folder, shapes_dir):
+    """The issue's ``evaluate --model-dir DIR --split test --instances ...``: COCO metrics, CHAIR and diversity of
+    the captions of a vlm model, stored in its folder."""
+    done = run_cli("evaluate", "--model-dir", lora_folder, "--split", "test", "--beam-size", "2", "--max-length", "6",
+                   "--instances", os.path.join(shapes_dir, "annotations", "instances_test.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("test: 4 images") and "CIDEr" in done.stdout and "CHAIR" in done.stdout, done.stdout

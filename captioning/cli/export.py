@@ -20,11 +20,15 @@ def add_export(sub) -> None:
     add_model_dirs(p)
     p.add_argument("--output", required=True,
                    help="the SavedModel folder to write (--format litert: the .tflite file)")
-    p.add_argument("--format", choices=("savedmodel", "litert"), default="savedmodel",
-                   help="savedmodel (default): a SavedModel folder; litert: one .tflite file for ai-edge-litert")
+    p.add_argument("--format", choices=("savedmodel", "litert", "lora"), default="savedmodel",
+                   help="savedmodel (default): a SavedModel folder; litert: one .tflite file for ai-edge-litert; "
+                        "lora: the LoRA adapters alone, keras-hub's FILE.lora.h5 (Backbone.load_lora_weights)")
     p.add_argument("--quantize", choices=("none", "float16", "dynamic_int8"), default=None,  # litert.QUANTIZE
                    help="--format litert only: none (default, float32 weights), float16 weights, or dynamic_int8 "
                         "(int8 weights computed in float32, a few layers float16: docs/litert.md)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="merge the LoRA adapters the model trained (model.vlm_trainable: lora; prefix_lm's "
+                        "model.lm_lora_rank) into the weights they adapt: the SavedModel holds no adapter")
     decoding_flags(p, top_k=True)
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output if it holds an earlier export (never a folder or file of others)")
@@ -32,8 +36,15 @@ def add_export(sub) -> None:
 
 
 def run_export(args) -> int:
+    if args.merge_lora and args.format != "savedmodel":
+        from captioning.errors import InputError
+
+        raise InputError(f"--merge-lora applies to a SavedModel (--format savedmodel), not --format {args.format}",
+                         params=("merge_lora",))
     if args.format == "litert":
         return _run_export_litert(args)
+    if args.format == "lora":
+        return _run_export_lora(args)
     if args.quantize is not None:
         from captioning.errors import InputError
 
@@ -45,7 +56,19 @@ def run_export(args) -> int:
     check_output(args.output, args.model_dir, args.overwrite)  # before the model loads
     before = _stamp(os.path.join(args.output, MARKER))
     output = call(export, args, captioner=_captioner(args))
-    print(_exported(output, before, os.path.join(output, MARKER)))
+    merged = " (the LoRA adapters merged into their weights)" if args.merge_lora else ""
+    print(_exported(output, before, os.path.join(output, MARKER), merged))
+    return 0
+
+
+def _run_export_lora(args) -> int:
+    from captioning.inference.export_lora import check_output, export_lora
+
+    check_output(args.output, args.model_dir)  # before the model loads
+    output, written = call(export_lora, args, captioner=_captioner(args))
+    size = f"{os.path.getsize(output):,} bytes"
+    print(f"exported the LoRA adapters to {output} ({size})" if written else
+          f"already exported to {output} (the same LoRA adapters, {size})")
     return 0
 
 

@@ -226,11 +226,30 @@ def check_output(output: str, model_dir, overwrite: bool) -> dict | None:
     return existing
 
 
-def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False) -> str:
+def merge_lora_adapters(captioner: Captioner) -> int:
+    """Every LoRA adapter of ``captioner``'s models (each member of an ensemble) merged into the weights it adapts
+    (:func:`captioning.model.lora.merge`): the layers merged. A model without adapters is an InputError (one line):
+    ``--merge-lora`` would do nothing."""
+    from captioning.model import lora
+
+    backbones = [member.model.lora_backbone() for member in captioner.trained.members]
+    if not any(b is not None for b in backbones):
+        raise InputError("--merge-lora: the model has no LoRA adapters to merge (they are trained by model.decoder: "
+                         "vlm with model.vlm_trainable: lora, or prefix_lm with model.lm_lora_rank)",
+                         params=("merge_lora",))
+    return sum(lora.merge(b) for b in backbones if b is not None)
+
+
+def export(captioner: Captioner, output: str, model_dir, overwrite: bool = False, merge_lora: bool = False) -> str:
     """Writes the SavedModel of ``captioner`` to ``output`` (see the module docstring); returns ``output``.
-    ``model_dir``: the folder of ``captioner``'s model, or its ensemble's folders (a list)."""
+    ``model_dir``: the folder of ``captioner``'s model, or its ensemble's folders (a list). ``merge_lora``: its LoRA
+    adapters merged into the weights they adapt first (:func:`merge_lora_adapters`; the marker says ``"lora":
+    "merged"``)."""
     captioner.check_boxes()  # a model of imported regions cannot pool them from new images
     record = {**trained_record(captioner, model_dir), "signatures": list(SIGNATURES)}
+    if merge_lora:
+        log.info("merged the LoRA adapters of %d layers into their weights", merge_lora_adapters(captioner))
+        record["lora"] = "merged"
     existing = check_output(output, model_dir, overwrite)
     if existing is not None:
         if {"weights": "raw", **{k: v for k, v in existing.items() if k != "files"}} == record:  # (older: raw)

@@ -342,6 +342,12 @@ class CaptionModel(keras.Model):
         scratch (the default)."""
         return []
 
+    def lora_backbone(self):
+        """The keras-hub backbone whose LoRA adapters this model trains (``prefix_lm``'s ``model.lm_lora_rank``,
+        ``vlm``'s ``model.vlm_trainable: lora``), or None (the default): what ``captioning export --merge-lora``
+        merges and ``--format lora`` writes (:mod:`captioning.model.lora`)."""
+        return None
+
     def image_state(self, inputs, training=False):
         """The decoding state of each image of a batch (``image``, ``features`` or regions: as
         :meth:`image_features` reads them) before its first word: what beam search starts from."""

@@ -79,6 +79,7 @@ from captioning.errors import InputError
 from captioning.model.base import CaptionModel, _Weights, untracked
 from captioning.model.encoders.base import ImageEncoder
 from captioning.model.language_models import adapter
+from captioning.model.lora import adapted_layers
 from captioning.model.mappers import MAPPERS
 from captioning.vocab import END_ID, START_ID
 
@@ -313,6 +314,9 @@ class PrefixLM(CaptionModel):
     def decoder_variables(self) -> list:
         encoder = {id(v) for v in self.encoder.weights}
         return [v for v in self.weights if id(v) not in encoder]
+
+    def lora_backbone(self):
+        return self.backbone if adapted_layers(self.backbone) else None
 
     def lm_variables(self) -> list:
         """The LM's trainable variables (fine-tuned, or its LoRA adapters): ``train.lm_lr_scale`` scales their rate."""
