@@ -299,3 +299,125 @@ def test_evaluate_with_instances_scores_a_vlm_model(lora_folder, shapes_dir):
                    "--instances", os.path.join(shapes_dir, "annotations", "instances_test.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("test: 4 images") and "CIDEr" in done.stdout and "CHAIR" in done.stdout, done.stdout
+
+
+@pytest.mark.slow  # two Trainer runs
+def test_a_resumed_run_restores_the_adapters_and_the_optimizer_bit_for_bit(prepared_dir, tmp_path):
+    """LoRA training stopped at step 2, started again in the folder: before its first step the model's every weight
+    (the adapters, drawn at random when LoRA is enabled, among them) and the optimizer's every variable (Adam's
+    moments of the adapters, its step) are those the first run ended with, and it trains on to step 4. (The data
+    stream starts again from its beginning on a resume, as for every decoder: docs/training.md.)"""
+    from captioning.experiment import for_training
+    from captioning.train import Trainer
+
+    def trainer(steps):
+        cfg = small_train_config(prepared_dir, *vlm("model.lm_lora_rank=2", "model.encoder_trainable=false",
+                                                    f"train.steps={steps}", "train.optimizer=adam",
+                                                    "train.learning_rate=0.01", "train.checkpoint_every_steps=2"))
+        return Trainer(for_training(cfg), str(tmp_path / "m"))
+
+    first = trainer(2)
+    assert first.run(progress=False).step == 2
+    weights = {v.path + f"#{i}": v.numpy() for i, v in enumerate(first.model.weights)}
+    moments = {v.path + f"#{i}": v.numpy() for i, v in enumerate(first.optimizer.variables)}
+    assert any("lora_kernel_b" in k and np.abs(v).max() > 0 for k, v in moments.items())  # Adam's moments moved
+    second = trainer(4)  # restored as it starts
+    assert int(second.step.numpy()) == 2
+    for key, value in weights.items():
+        np.testing.assert_array_equal(second.model.weights[int(key.split("#")[1])].numpy(), value, err_msg=key)
+    for key, value in moments.items():
+        np.testing.assert_array_equal(second.optimizer.variables[int(key.split("#")[1])].numpy(), value,
+                                      err_msg=key)
+    assert second.run(progress=False).step == 4
+
+
+@pytest.mark.slow  # SCST steps, and an accumulated run with the weight average
+def test_scst_rewards_words_and_accumulation_with_the_average_trains_the_adapters(prepared_dir, tmp_path):
+    """SCST on a vlm model: the reward (CIDEr-D of the samples' detokenized words) is finite and the adapters move,
+    the rest of the model bit-identical; then ``train.accumulate_steps: 2`` with ``train.ema_decay: 0.5``: the
+    average follows the adapters only (the frozen weights have none) and a folder loads with either."""
+    import math
+
+    from captioning import inference
+    from captioning.experiment import for_training
+    from captioning.train import Trainer
+
+    scst = ("train.objective=scst", "data.captions_per_image=grouped", "scst.samples=3", "train.batch_size=10",
+            "scst.max_length=8")
+    cfg = small_train_config(prepared_dir, *vlm("model.lm_lora_rank=2", "model.encoder_trainable=false",
+                                                "train.optimizer=adam", "train.learning_rate=0.01", *scst))
+    trainer = Trainer(for_training(cfg), str(tmp_path / "scst"))
+    assert trainer.objective.words is not None  # the reward reads words, not SentencePiece pieces
+    before = {v.path + f"#{i}": v.numpy().copy() for i, v in enumerate(trainer.model.weights)}
+    dataset = trainer.distributed_dataset(cfg.data.train_split, training=True)
+    step, batches = trainer.train_step_for(dataset), iter(dataset)
+    outs = [{k: float(v) for k, v in step(next(batches)).items()} for _ in range(3)]
+    assert all(math.isfinite(o["loss"]) and math.isfinite(o["reward"]) and o["reward"] >= 0 for o in outs), outs
+    trained = {v.path for v in trainer.model.trainable_variables}
+    moved = {k.split("#")[0] for k, v in before.items()
+             if not np.array_equal(v, trainer.model.weights[int(k.split("#")[1])].numpy())}
+    assert moved and moved <= trained, moved
+
+    cfg = small_train_config(prepared_dir, *vlm("model.lm_lora_rank=2", "model.encoder_trainable=false",
+                                                "train.optimizer=adam", "train.learning_rate=0.01",
+                                                "train.accumulate_steps=2", "train.ema_decay=0.5", "train.steps=2",
+                                                "train.checkpoint_every_steps=2"))
+    folder = str(tmp_path / "ema")
+    trainer = Trainer(for_training(cfg), folder)
+    averaged = [v.path for v, _ in trainer.average.pairs]
+    assert averaged and set(averaged) == {v.path for v in trainer.model.trainable_variables}
+    assert trainer.run(progress=False).step == 2
+    raw, ema = inference.load(folder, weights="raw"), inference.load(folder, weights="ema")
+    adapters = {v.path: v.numpy() for v in raw.model.weights if "lora_kernel_b" in v.path}
+    averages = {v.path: v.numpy() for v in ema.model.weights if "lora_kernel_b" in v.path}
+    assert adapters.keys() == averages.keys() and any(not np.array_equal(adapters[k], averages[k]) for k in adapters)
+
+
+@pytest.mark.slow  # a training run
+def test_a_folder_whose_preset_moved_says_so_in_one_line(prepared_dir, tmp_path):
+    """The model folder records the preset it started from (config.yaml's model.vlm_preset, absolute): evaluate and
+    caption on a folder whose preset is no longer there say so in one line, exit 2."""
+    import shutil
+
+    from captioning.experiment import for_training
+    from captioning.train import Trainer
+
+    preset = str(tmp_path / "preset")
+    shutil.copytree(vlm_preset(), preset)
+    cfg = small_train_config(prepared_dir, "model.encoder=vlm", "model.decoder=vlm", f"model.vlm_preset={preset}",
+                             "train.steps=1", "train.checkpoint_every_steps=1")
+    folder = str(tmp_path / "m")
+    Trainer(for_training(cfg), folder).run(progress=False)
+    assert f"vlm_preset: {preset}" in open(os.path.join(folder, "config.yaml")).read()
+    shutil.move(preset, str(tmp_path / "elsewhere"))
+    photo = tmp_path / "p.png"
+    photo.write_bytes(encode(gradient(size=(20, 20)), "PNG"))
+    for args in (("evaluate", "--model-dir", folder, "--split", "test"), ("caption", "--model-dir", folder, photo)):
+        done = run_cli(*args)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"model.vlm_preset: the folder {preset} does not exist (moved or deleted?)" in done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.slow  # a server
+def test_serve_answers_as_caption_does(lora_folder, tmp_path):
+    """``captioning serve --model-dir DIR``'s server (on 127.0.0.1, a free port) answers a posted photo with the record
+    ``caption --json`` prints for it, the best caption first, no attention (a language model's layers give none)."""
+    from captioning import inference
+    from captioning.benchmarks.serve import post
+    from captioning.inference.serve import start
+
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(encode(gradient(size=(48, 36)), "PNG"))
+    captioned = run_cli("caption", "--model-dir", lora_folder, photo, "--json")
+    assert captioned.returncode == 0, captioned.stderr[-2000:]
+    [expected] = [json.loads(line) for line in captioned.stdout.splitlines()]
+    running = start(inference.Captioner(inference.load(lora_folder)), port=0)
+    try:
+        assert running.url.startswith("http://127.0.0.1:")
+        status, body = post(running.url + "caption", [("image", "photo.png", photo.read_bytes())])
+    finally:
+        running.stop()
+    [record] = json.loads(body)
+    assert status == 200 and record["captions"] == expected["captions"] and record["image"] == "photo.png"
+    assert "attention" not in record["captions"][0]
