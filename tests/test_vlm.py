@@ -199,6 +199,9 @@ def lora_folder(prepared_dir, tmp_path_factory):
     return folder
 
 
+GREEDY = ("--beam-size", "1", "--max-length", "5")  # the exports' and caption's decoding: the cheapest to trace
+
+
 def saved_variables(folder) -> list[str]:
     """The variables a SavedModel holds (by index: the export keeps the serving functions' variables)."""
     import tensorflow as tf
@@ -218,9 +221,9 @@ def test_export_merge_lora_holds_no_adapter_and_captions_as_the_adapted_model(lo
         photos.append(tmp_path / f"p{i}.png")
         photos[-1].write_bytes(encode(gradient(size=size).rotate(50 * i), "PNG"))
     merged, plain = tmp_path / "merged", tmp_path / "plain"
-    done = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--output", merged, "--max-length", "6")
+    done = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--output", merged, *GREEDY)
     assert done.returncode == 0 and "(the LoRA adapters merged into their weights)" in done.stdout, done.stderr[-2000:]
-    assert run_cli("export", "--model-dir", lora_folder, "--output", plain, "--max-length", "6").returncode == 0
+    assert run_cli("export", "--model-dir", lora_folder, "--output", plain, *GREEDY).returncode == 0
     from captioning import inference
     from captioning.model.lora import adapted_layers
 
@@ -228,9 +231,9 @@ def test_export_merge_lora_holds_no_adapter_and_captions_as_the_adapted_model(lo
     assert adapted == 4  # the query and value projections of the ViT's layer and of the LM's
     assert len(saved_variables(plain)) - len(saved_variables(merged)) == 2 * adapted  # no a, no b
     assert json.loads((merged / "captioning_export.json").read_text())["lora"] == "merged"
-    again = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--output", merged, "--max-length", "6")
+    again = run_cli("export", "--model-dir", lora_folder, "--merge-lora", "--output", merged, *GREEDY)
     assert again.returncode == 0 and again.stdout.startswith("already exported"), again.stdout
-    captioned = run_cli("caption", "--model-dir", lora_folder, *photos, "--json", "--max-length", "6")
+    captioned = run_cli("caption", "--model-dir", lora_folder, *photos, "--json", *GREEDY)
     assert captioned.returncode == 0, captioned.stderr[-2000:]
     best = [json.loads(line)["captions"][0] for line in captioned.stdout.splitlines()]
     out = tf.saved_model.load(str(merged)).signatures["serving_default"](
