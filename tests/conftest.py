@@ -380,13 +380,18 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
-    test_uneven_splits.py, test_accumulate.py, test_optimizer.py and test_train_reliability.py
+    test_uneven_splits.py, test_accumulate.py, test_optimizer.py, test_vlm.py and test_train_reliability.py
     (tests/distributed_worker.py's modes; those of one test file each are in tests/harness/scenarios.py),
     run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in two processes and
     the MultiWorkerMirroredStrategy ones in one pair of localhost workers, all four processes at once
     (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
     with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
+    from tests.harness.models import vlm_preset
     from tests.helpers import REGIONS, run_distributed_scenarios
+
+    # a PaliGemma's rank-2 LoRA adapters, its ViT frozen (the tiny preset written here, read by the scenario's process)
+    VLM_LORA = ("model.encoder=vlm", "model.decoder=vlm", f"model.vlm_preset={vlm_preset()}", "model.lm_lora_rank=2",
+                "model.encoder_trainable=false")
 
     def build(root):
         # the evaluation scenarios restore trained_model_dir's checkpoint: a copy for each group
@@ -404,7 +409,8 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
             # 2-replica run is the decoder contract's run of show_and_tell (mirrored_contracts).
             "mirrored": ([["mirrored_scst", data, "scst"], ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
                           ["mirrored_grouped", data, "grouped"],
-                          ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"]],
+                          ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"],
+                          ["mirrored", data, "vlm_lora", *VLM_LORA]],  # tests/test_vlm.py
                          [["accumulate", data, "accumulate"],  # tests/test_accumulate.py
                           ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
                           ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py

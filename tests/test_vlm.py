@@ -424,3 +424,21 @@ def test_serve_answers_as_caption_does(lora_folder, tmp_path):
     [record] = json.loads(body)
     assert status == 200 and record["captions"] == expected["captions"] and record["image"] == "photo.png"
     assert "attention" not in record["captions"][0]
+
+
+@pytest.mark.slow  # conftest's distributed_runs (2 logical CPUs, a process of its own)
+def test_two_mirrored_replicas_train_the_adapters_as_one_device(distributed_runs):
+    """LoRA under MirroredStrategy: one step on 2 replicas (clipping at 0.05 active, the halves' token counts unequal)
+    gives the loss and every weight one device gives — the adapters moved (their b starts at zero), the frozen
+    weights (the ViT's, the LM's kernels) as they were."""
+    from tests.helpers import distributed_result
+
+    r = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "vlm_lora"), "mirrored.npz"))
+    assert int(r["one_replicas"]) == 1 and int(r["two_replicas"]) == 2
+    assert r["tokens_first_half"] != r["tokens_second_half"] and float(r["one_norm"]) > 0.05
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    moved = sorted(np.abs(r["one/" + n]).max() > 0 for n in names if n.endswith("lora_kernel_b"))
+    assert moved == [False, False, True, True]  # the ViT's two stay at zero (frozen), the LM's two moved
+    for key in names:
+        np.testing.assert_allclose(r["two/" + key], r["one/" + key], atol=1e-5, err_msg=key)
