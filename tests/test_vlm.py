@@ -15,7 +15,6 @@ from captioning.errors import InputError
 from tests.harness.models import vlm_preset
 from tests.helpers import REPO, encode, gradient, run_cli, small_train_config
 
-PROMPT_COLUMNS = 1  # <bos> before the prompt
 
 
 def vlm(*extra):

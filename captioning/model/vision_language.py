@@ -42,9 +42,8 @@ A backbone of another class is refused in one line naming the families (:func:`f
 from __future__ import annotations
 
 import keras
-from keras import ops
-
 import tensorflow as tf
+from keras import ops
 
 from captioning.errors import InputError
 from captioning.model.language_models import Gemma, Gemma3, LanguageModel

@@ -79,7 +79,7 @@ class VisionLanguageModel(PrefixLM):
 
     @classmethod
     def max_caption_length(cls, settings) -> int | None:
-        return None  # rotary positions (Gemma): no hard bound
+        return None  # Gemma's rotary positions: no bound; BLIP-2's OPT reads its last position past its last (as GPT-2)
 
     def __init__(self, vocab_size: int, cfg: ModelConfig, encoder: ImageEncoder, seed: int = 0,
                  settings: VisionLanguageSettings | None = None, **kwargs):
@@ -91,8 +91,8 @@ class VisionLanguageModel(PrefixLM):
             raise InputError(f"model.decoder: vlm reads images with its preset's own vision tower: set "
                              f"model.encoder: vlm (not {cfg.encoder})")
         if not self.source.reads_encoder_tokens:
-            raise InputError("model.decoder: vlm reads images through its preset's vision tower, not stored regions "
-                             "or features: set data.features: images")
+            raise InputError("model.decoder: vlm reads images through its preset's vision tower, not stored regions: "
+                             "set data.features: images")
         self.family, self.lm = family, family.text
         captions = _captions_tokenizer(s.vlm_preset)
         self._vocabulary(vocab_size, captions, s.vlm_preset, "vlm")

@@ -58,6 +58,16 @@ def _is_path(preset: str) -> bool:
     return os.sep in preset or preset.startswith(".") or os.path.exists(preset)
 
 
+def check_preset_folder(preset: str, key: str) -> None:
+    """For a preset given as a folder: an InputError (one line) naming ``model.KEY`` when the folder does not exist
+    (a preset moved since a model was trained from it) or holds no ``config.json``."""
+    if _is_path(preset) and not os.path.exists(preset):
+        raise InputError(f"model.{key}: the folder {preset} does not exist (moved or deleted?)")
+    if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
+        raise InputError(f"model.{key}: {preset} is not a keras-hub preset folder (no config.json; write one with "
+                         "save_to_preset)")
+
+
 FAMILIES = ("ViTBackbone", "CLIPBackbone", "SigLIPBackbone", "DINOV2Backbone")  # keras_hub.models' classes read
 
 
@@ -85,11 +95,7 @@ class KerasHub(ImageEncoder):
         if not preset:
             raise InputError("model.encoder: keras_hub needs model.encoder_preset: a keras-hub preset name or a "
                              "local preset folder")
-        if _is_path(preset) and not os.path.exists(preset):
-            raise InputError(f"model.encoder_preset: the folder {preset} does not exist (moved or deleted?)")
-        if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
-            raise InputError(f"model.encoder_preset: {preset} is not a keras-hub preset folder (no config.json; "
-                             "write one with save_to_preset)")
+        check_preset_folder(preset, "encoder_preset")
         names = [] if _is_path(preset) or "://" in preset else preset_names()
         if names and preset not in names:
             near = difflib.get_close_matches(preset, names, n=1, cutoff=0.6)

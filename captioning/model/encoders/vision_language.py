@@ -17,14 +17,13 @@ weights stay bit-identical through training); with ``model.encoder_trainable: tr
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import keras
 import numpy as np
 
 from captioning.errors import InputError
-from captioning.model.encoders.keras_hub import KerasHub, _is_path
+from captioning.model.encoders.keras_hub import KerasHub, check_preset_folder
 from captioning.model.layout import TokenLayout
 from captioning.model.vision_language import family_of
 
@@ -32,7 +31,7 @@ log = logging.getLogger("captioning.model")
 
 
 @dataclass
-class VisionLanguageSettings:
+class VisionTowerSettings:
     """``model.encoder: vlm``'s own key (``model.decoder: vlm`` reads it too: one preset for both)."""
 
     # a keras-hub image-text preset folder (save_to_preset's) or preset name
@@ -44,17 +43,13 @@ def check_vlm_preset(preset: str) -> None:
     if not preset:
         raise InputError("model.vlm_preset is not set: a keras-hub PaliGemma preset folder (save_to_preset's) or "
                          "preset name, e.g. --set model.vlm_preset=runs/paligemma")
-    if _is_path(preset) and not os.path.exists(preset):
-        raise InputError(f"model.vlm_preset: the folder {preset} does not exist (moved or deleted?)")
-    if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
-        raise InputError(f"model.vlm_preset: {preset} is not a keras-hub preset folder (no config.json; write one "
-                         "with save_to_preset)")
+    check_preset_folder(preset, "vlm_preset")
 
 
 class VisionLanguageEncoder(KerasHub):
     """The vision tower of an image-text preset (module docstring)."""
 
-    settings_class = VisionLanguageSettings
+    settings_class = VisionTowerSettings
     incompatible_keys = ()  # another preset of other shapes: the restore's shape check
     path_keys = ("vlm_preset",)
     tiny_settings = {}  # the tests write a tiny preset into a temporary folder
