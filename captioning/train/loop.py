@@ -101,6 +101,9 @@ class Trainer:
             self.average = WeightAverage(self.model, cfg.train.ema_decay, self.strategy,  # train.ema_decay (0: none)
                                          cfg.train.accumulate_steps)
         keras.mixed_precision.set_global_policy("float32")  # the policy only applies while building
+        if not self.model.trainable_variables:  # (a vlm with model.vlm_trainable: none and its vision tower frozen)
+            raise InputError("every weight of the model is frozen: nothing would train (model.encoder_trainable is "
+                             "false and the decoder's settings train none of its own weights)")
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                               **self.average.checkpoint_items)
         with self.folder.undo_on_refusal():

@@ -105,11 +105,12 @@ def write_gemma(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, 
 
 
 def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int = 2, image_size: int = 16,
-                    patch: int = 4, seed: int = 0) -> str:
+                    patch: int = 4, seed: int = 0, gemma2: bool = False) -> str:
     """A tiny random PaliGemma (a one-layer SigLIP-style ViT of ``image_size`` px in patches of ``patch``, a Gemma
     of ``layers`` layers, a SentencePiece tokenizer trained here on the captions' words and its prompt, its image
     converter: [-1, 1] as the real presets') saved with ``PaliGemmaCausalLM.save_to_preset``: the files of a real
-    PaliGemma preset folder."""
+    PaliGemma preset folder. ``gemma2``: PaliGemma 2's language model, Gemma 2 (post-norms, soft caps, a sliding
+    window of 4 on every other layer, queries scaled by the width)."""
     import keras
     import keras_hub
 
@@ -120,7 +121,10 @@ def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int =
         vocabulary_size=tokenizer.vocabulary_size(), image_size=image_size, num_layers=layers,
         num_query_heads=heads, num_key_value_heads=1, hidden_dim=hidden, intermediate_dim=2 * hidden,
         head_dim=hidden // heads, vit_patch_size=patch, vit_num_heads=heads, vit_hidden_dim=hidden,
-        vit_num_layers=1, vit_intermediate_dim=2 * hidden)
+        vit_num_layers=1, vit_intermediate_dim=2 * hidden,
+        **(dict(use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=50.0,
+                final_logit_soft_cap=30.0, use_sliding_window_attention=True, sliding_window_size=4,
+                query_head_dim_normalize=False) if gemma2 else {}))
     converter = keras_hub.layers.PaliGemmaImageConverter(image_size=(image_size, image_size), scale=1 / 127.5,
                                                          offset=-1.0)
     preprocessor = m.PaliGemmaCausalLMPreprocessor(tokenizer=tokenizer, image_converter=converter,
@@ -199,7 +203,7 @@ def write_blip2(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, 
 
 WRITERS = {"gpt2": write_gpt2, "gemma": write_gemma}
 VLM_WRITERS = {"paligemma": write_paligemma, "gemma3": write_gemma3_vision,  # image-text models (model.decoder: vlm)
-               "blip2": write_blip2}
+               "blip2": write_blip2, "paligemma2": lambda folder: write_paligemma(folder, layers=2, gemma2=True)}
 
 
 def tiny_backbone(family: str, vocabulary: int = 64, hidden: int = 16, layers: int = 2, seed: int = 0):
