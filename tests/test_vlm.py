@@ -449,3 +449,51 @@ def test_two_mirrored_replicas_train_the_adapters_as_one_device(distributed_runs
     assert moved == [False, False, True, True]  # the ViT's two stay at zero (frozen), the LM's two moved
     for key in names:
         np.testing.assert_allclose(r["two/" + key], r["one/" + key], atol=1e-5, err_msg=key)
+
+
+def own_log_prob(model, crop, ids, length, max_length):
+    """A caption's log-probability by the model's own teacher-forced pass over its pieces (and <end> when it ended
+    before ``max_length``)."""
+    from captioning.vocab import END_ID, START_ID
+
+    pieces = [int(i) for i in ids[:length]]
+    logits = model({"image": crop[None], "input_ids": np.array([[START_ID] + pieces])}).numpy()[0]
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))  # log-softmax
+    return sum(logp[t, p] for t, p in enumerate(pieces)) + (logp[len(pieces), END_ID] if length < max_length else 0.0)
+
+
+@pytest.mark.slow  # a Captioner traced per decoding
+def test_decoding_options_over_a_vlm_model(lora_folder, tmp_path):
+    """The decoding toolbox over a vlm model's pieces: greedy and beam search (best first, each caption's
+    log-probability the model's own), diverse beams (the groups start apart), seeded sampling (the same seed, the
+    same captions) and n-gram blocking over the words the pieces spell (no word twice in a row)."""
+    import tensorflow as tf
+
+    from captioning import inference
+    from captioning.config import DecodeConfig
+
+    trained = inference.load(lora_folder)
+    photos = [encode(gradient(size=size).rotate(30 * i), "PNG") for i, size in enumerate([(40, 30), (64, 64)])]
+
+    def decoded(**options):
+        out = inference.Captioner(trained, DecodeConfig(**options)).decode(tf.constant(photos))
+        return {k: out[k].numpy() for k in ("ids", "lengths", "log_probs", "scores", "images")}
+
+    for options in (dict(method="greedy", max_length=6), dict(beam_size=3, top_k=3, max_length=6)):
+        out = decoded(**options)
+        for i in range(2):
+            for k in range(out["ids"].shape[1]):
+                want = own_log_prob(trained.model, out["images"][i], out["ids"][i, k], out["lengths"][i, k], 6)
+                assert out["log_probs"][i, k] == pytest.approx(want, abs=1e-4)
+            assert list(out["scores"][i]) == sorted(out["scores"][i], reverse=True)
+    diverse = decoded(beam_size=4, beam_groups=2, diversity=100.0, top_k=2, max_length=6)
+    assert all(diverse["ids"][:, 0, 0] != diverse["ids"][:, 1, 0])
+    sampled = [decoded(method="sample", top_k=2, seed=7, max_length=6)["ids"] for _ in range(2)]
+    np.testing.assert_array_equal(sampled[0], sampled[1])
+    words = trained.vocab
+    blocked = decoded(method="greedy", max_length=12, block_ngrams=1)
+    for ids, length in zip(blocked["ids"][:, 0], blocked["lengths"][:, 0]):
+        said = words.decode([int(i) for i in ids[:length]])
+        complete = said[:-1] if length == 12 else said  # a last word cut at max_length is left out
+        assert all(a != b for a, b in zip(complete, complete[1:])), said
