@@ -497,3 +497,30 @@ def test_decoding_options_over_a_vlm_model(lora_folder, tmp_path):
         said = words.decode([int(i) for i in ids[:length]])
         complete = said[:-1] if length == 12 else said  # a last word cut at max_length is left out
         assert all(a != b for a, b in zip(complete, complete[1:])), said
+
+
+@pytest.mark.slow  # two Trainers and a step
+def test_a_preset_saved_in_bfloat16_trains_in_mixed_precision_unless_told(prepared_dir, tmp_path):
+    """model.vlm_precision: auto (the default) computes in mixed precision for a preset saved in bfloat16 (as the real
+    ones are): bfloat16 compute, float32 variables, a finite step; vlm_precision: float32 keeps float32, and a
+    float32 preset trains in float32."""
+    import math
+
+    from captioning.experiment import for_training
+    from captioning.model.vlm import preset_dtype
+    from captioning.train import Trainer
+    from tests.harness.lm_presets import write_paligemma
+
+    low = write_paligemma(str(tmp_path / "bf16"), dtype="bfloat16")
+    assert preset_dtype(low) == "bfloat16" and preset_dtype(vlm_preset()) == "float32"
+    for preset, extra, compute in ((low, (), "bfloat16"), (low, ("model.vlm_precision=float32",), "float32"),
+                                   (vlm_preset(), (), "float32")):
+        cfg = small_train_config(prepared_dir, "model.encoder=vlm", "model.decoder=vlm", f"model.vlm_preset={preset}",
+                                 "train.steps=1", *extra)
+        trainer = Trainer(for_training(cfg), str(tmp_path / f"m-{compute}-{len(extra)}-{preset == low}"))
+        assert trainer.model.backbone.compute_dtype == compute, (preset, extra)
+        assert {v.dtype for v in trainer.model.trainable_variables} == {"float32"}
+        if compute == "bfloat16":
+            dataset = trainer.distributed_dataset(cfg.data.train_split, training=True)
+            out = trainer.train_step_for(dataset)(next(iter(dataset)))
+            assert math.isfinite(float(out["loss"]))

@@ -94,6 +94,13 @@ class Experiment:
                            source=self.source)
 
     @property
+    def mixed_precision(self) -> bool:
+        """Whether training computes in mixed precision: ``train.mixed_precision``, or the decoder's weights ask for it
+        (:meth:`captioning.model.base.CaptionModel.mixed_precision`: a vision-language preset saved in bfloat16)."""
+        decoder = self.decoder
+        return bool(self.config.train.mixed_precision or decoder.cls.mixed_precision(decoder.settings))
+
+    @property
     def tokenizer_kind(self) -> str:
         """``data.tokenizer`` resolved against the decoder (:func:`captioning.data.tokenizers.choose`): ``words`` or
         ``preset``; InputError for a setting the decoder cannot read."""

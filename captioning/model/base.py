@@ -180,8 +180,7 @@ class CaptionModel(keras.Model):
       Transformer's is ``model.max_positions``, named by :attr:`caption_length_setting`): ``decode.max_length``
       and ``scst.max_length`` are checked against it before a command starts
       (:func:`captioning.model.check_caption_length`);
-    * :attr:`own_encoder` — the encoder it reads images with when it brings its own (``vlm``: its preset's vision
-      tower, ``model.encoder: vlm``; it refuses any other in one line), or None: any encoder (the default);
+    * :attr:`own_encoder` — the encoder of its own it reads images with (``vlm``'s), refusing others; None: any;
     * :meth:`tokenizer_preset` — the keras-hub preset whose tokenizer its captions are written in (None: the
       prepared dataset's word vocabulary, the default): ``data.tokenizer: auto`` follows it, and ``words`` or
       ``preset`` against it is refused (:func:`captioning.data.tokenizers.choose`);
@@ -342,10 +341,11 @@ class CaptionModel(keras.Model):
         scratch (the default)."""
         return []
 
-    def lora_backbone(self):
-        """The keras-hub backbone whose LoRA adapters this model trains (``prefix_lm``'s ``model.lm_lora_rank``,
-        ``vlm``'s ``model.vlm_trainable: lora``), or None (the default): what ``captioning export --merge-lora``
-        merges and ``--format lora`` writes (:mod:`captioning.model.lora`)."""
+    @classmethod
+    def mixed_precision(cls, settings) -> bool:  # in mixed precision whatever train.mixed_precision says (vlm's)
+        return False
+
+    def lora_backbone(self):  # the keras-hub backbone whose LoRA adapters it trains (export --merge-lora), or None
         return None
 
     def image_state(self, inputs, training=False):

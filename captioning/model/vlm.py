@@ -28,10 +28,17 @@ rank-``model.lm_lora_rank`` adapters of the language model's query and value pro
 frozen; ``all`` fine-tunes the whole language model at ``train.lm_lr_scale`` times the learning rate; ``none``
 trains nothing of it (the preset as it is, for evaluating it). The vision tower is the encoder's:
 frozen unless ``model.encoder_trainable`` (keras-hub's LoRA also adapts the ViT's projections; frozen with it).
+
+**Precision** (``model.vlm_precision``): ``auto`` trains in mixed precision (float32 variables, bfloat16 compute on
+CPUs and TPUs, float16 with loss scaling on GPUs: ``train.mixed_precision``'s) when the preset was saved in bfloat16
+or float16, as the real PaliGemma and Gemma 3 presets are, and says so in the log; ``mixed`` and ``float32`` decide
+it whatever the preset says. ``train.mixed_precision: true`` is mixed precision for any model.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 
 import tensorflow as tf
@@ -53,10 +60,29 @@ class VisionLanguageSettings:
     prompt: str = ""  # what the model reads before the caption; empty: the family's captioning prompt
     vlm_trainable: str = field(default="lora", metadata=choices("none", "lora", "all"))
     lm_lora_rank: int = field(default=4, metadata=between(1, MAX_LORA_RANK))  # vlm_trainable: lora's rank
+    # auto: mixed precision when the preset was saved in bfloat16 or float16 (as real PaliGemma and Gemma 3 presets
+    # are; float32 variables, computed in the low precision), float32 otherwise; mixed or float32: as said
+    vlm_precision: str = field(default="auto", metadata=choices("auto", "mixed", "float32"))
 
     def check(self, prefix: str = "model.") -> None:
         if len(self.prompt) > MAX_PROMPT:
             raise InputError(f"{prefix}prompt has {len(self.prompt)} characters; at most {MAX_PROMPT}")
+
+
+def preset_dtype(preset: str) -> str | None:
+    """The dtype policy name a keras-hub preset's backbone was saved with (its ``config.json``), or None when the
+    preset is no folder holding one (a preset name: keras-hub's to read) or does not say."""
+    path = os.path.join(preset, "config.json") if preset else ""
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            dtype = json.load(f).get("config", {}).get("dtype")
+    except (OSError, ValueError):
+        return None
+    if isinstance(dtype, dict):  # a serialized DTypePolicy
+        dtype = dtype.get("config", {}).get("name")
+    return dtype if isinstance(dtype, str) else None
 
 
 class VisionLanguageModel(PrefixLM):
@@ -76,6 +102,12 @@ class VisionLanguageModel(PrefixLM):
     def tokenizer_preset(cls, settings) -> str | None:
         check_vlm_preset(settings.vlm_preset)
         return settings.vlm_preset
+
+    @classmethod
+    def mixed_precision(cls, settings) -> bool:
+        if settings.vlm_precision != "auto":
+            return settings.vlm_precision == "mixed"
+        return (preset_dtype(settings.vlm_preset) or "float32").replace("mixed_", "") in ("bfloat16", "float16")
 
     @classmethod
     def max_caption_length(cls, settings) -> int | None:

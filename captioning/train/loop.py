@@ -83,7 +83,9 @@ class Trainer:
         if cfg.data.service:  # a dispatcher with a live worker, or one line now (TF would wait forever)
             wait_for_service(cfg.data.service, cfg.data.service_timeout_s)  # a signal meanwhile: Interrupted
 
-        policy = distribute.mixed_precision_policy() if cfg.train.mixed_precision else "float32"
+        policy = distribute.mixed_precision_policy() if experiment.mixed_precision else "float32"
+        if policy != "float32" and not cfg.train.mixed_precision:
+            log.info("the model's preset asks for mixed precision: training in %s", policy)
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(cfg.train.seed)
         with self.strategy.scope():

@@ -105,12 +105,13 @@ def write_gemma(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, 
 
 
 def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int = 2, image_size: int = 16,
-                    patch: int = 4, seed: int = 0, gemma2: bool = False) -> str:
+                    patch: int = 4, seed: int = 0, gemma2: bool = False, dtype: str | None = None) -> str:
     """A tiny random PaliGemma (a one-layer SigLIP-style ViT of ``image_size`` px in patches of ``patch``, a Gemma
     of ``layers`` layers, a SentencePiece tokenizer trained here on the captions' words and its prompt, its image
     converter: [-1, 1] as the real presets') saved with ``PaliGemmaCausalLM.save_to_preset``: the files of a real
     PaliGemma preset folder. ``gemma2``: PaliGemma 2's language model, Gemma 2 (post-norms, soft caps, a sliding
-    window of 4 on every other layer, queries scaled by the width)."""
+    window of 4 on every other layer, queries scaled by the width). ``dtype``: the backbone's (``bfloat16``: saved so,
+    as the real presets are)."""
     import keras
     import keras_hub
 
@@ -124,7 +125,7 @@ def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int =
         vit_num_layers=1, vit_intermediate_dim=2 * hidden,
         **(dict(use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=50.0,
                 final_logit_soft_cap=30.0, use_sliding_window_attention=True, sliding_window_size=4,
-                query_head_dim_normalize=False) if gemma2 else {}))
+                query_head_dim_normalize=False) if gemma2 else {}), dtype=dtype)
     converter = keras_hub.layers.PaliGemmaImageConverter(image_size=(image_size, image_size), scale=1 / 127.5,
                                                          offset=-1.0)
     preprocessor = m.PaliGemmaCausalLMPreprocessor(tokenizer=tokenizer, image_converter=converter,
