@@ -158,10 +158,6 @@ class VisionLanguageModel(PrefixLM):
         return {"cache": cache, "pending": sequence[:, -1],
                 "t": tf.fill([rows], tf.constant(positions - 1, tf.int32))}
 
-    def decoder_variables(self) -> list:
-        encoder = {id(v) for v in self.encoder.weights}
-        return [v for v in self.weights if id(v) not in encoder]
-
     def lm_variables(self) -> list:
         encoder = {id(v) for v in self.encoder.weights}
         return [v for v in self.backbone.trainable_variables if id(v) not in encoder] if self.lm_trains else []
