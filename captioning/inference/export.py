@@ -234,8 +234,7 @@ def merge_lora_adapters(captioner: Captioner) -> int:
 
     backbones = [member.model.lora_backbone() for member in captioner.trained.members]
     if not any(b is not None for b in backbones):
-        raise InputError("--merge-lora: the model has no LoRA adapters to merge (they are trained by model.decoder: "
-                         "vlm with model.vlm_trainable: lora, or prefix_lm with model.lm_lora_rank)",
+        raise InputError(f"--merge-lora: the model has no LoRA adapters to merge ({lora.TRAINED_BY})",
                          params=("merge_lora",))
     return sum(lora.merge(b) for b in backbones if b is not None)
 

@@ -19,6 +19,7 @@ from captioning.fileio import check_output_file, disk_full_error
 from captioning.inference.captioner import Captioner
 from captioning.model.ensemble import model_dirs
 from captioning.model.folder import ModelDir
+from captioning.model.lora import TRAINED_BY
 
 SUFFIX = ".lora.h5"
 
@@ -64,8 +65,7 @@ def export_lora(captioner: Captioner, output: str, model_dir, overwrite: bool = 
         raise InputError("--format lora writes one model's adapters: give one --model-dir", params=("model_dir",))
     backbone = captioner.trained.model.lora_backbone()
     if backbone is None:
-        raise InputError("--format lora: the model has no LoRA adapters (they are trained by model.decoder: vlm with "
-                         "model.vlm_trainable: lora, or prefix_lm with model.lm_lora_rank)", params=("format",))
+        raise InputError(f"--format lora: the model has no LoRA adapters ({TRAINED_BY})", params=("format",))
     existing = check_output(output, model_dir)
     tmp = f"{output[:-len(SUFFIX)]}.tmp{os.getpid()}{SUFFIX}"
     try:

@@ -10,6 +10,10 @@ adapters alone are keras-hub's ``Backbone.save_lora_weights`` file (``captioning
 
 from __future__ import annotations
 
+# what a refusal of a model without adapters says trains them
+TRAINED_BY = ("they are trained by model.decoder: vlm with model.vlm_trainable: lora, or prefix_lm with "
+              "model.lm_lora_rank")
+
 
 def adapted_layers(root) -> list:
     """The layers of ``root`` (a Keras model or layer) whose LoRA is on, in keras-hub's order (``_flatten_layers``,

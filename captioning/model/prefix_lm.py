@@ -78,6 +78,7 @@ from captioning.data.tokenizers.preset import PresetTokenizer
 from captioning.errors import InputError
 from captioning.model.base import CaptionModel, _Weights, untracked
 from captioning.model.encoders.base import ImageEncoder
+from captioning.model.encoders.keras_hub import load_backbone
 from captioning.model.language_models import adapter
 from captioning.model.lora import adapted_layers
 from captioning.model.mappers import MAPPERS
@@ -196,14 +197,8 @@ class PrefixLM(CaptionModel):
         self.setup(vocab_size, cfg, encoder, settings)
         s = self.settings
         s.check_preset()
-        import keras_hub
-
         policy = keras.config.dtype_policy().name  # the run's (mixed precision: float32 variables)
-        try:
-            backbone = keras_hub.models.Backbone.from_preset(s.decoder_preset, dtype=policy)
-        except (ValueError, FileNotFoundError, OSError) as e:
-            raise InputError(f"model.decoder_preset: cannot load keras-hub preset {s.decoder_preset}: "
-                             f"{str(e).splitlines()[0][:200]}") from None
+        backbone = load_backbone(s.decoder_preset, "decoder_preset", dtype=policy)
         self.lm = adapter(backbone, s.decoder_preset)
         self._vocabulary(vocab_size, _captions_tokenizer(s.decoder_preset), s.decoder_preset, "prefix_lm")
         self.prompt = tf.constant(prompt_ids(s.decoder_preset, s.prompt), tf.int32)

@@ -68,6 +68,33 @@ def check_preset_folder(preset: str, key: str) -> None:
                          "save_to_preset)")
 
 
+def load_backbone(preset: str, key: str, **kwargs):
+    """keras-hub's ``Backbone.from_preset(preset, **kwargs)``; an InputError (one line) naming ``model.KEY`` when it
+    cannot be loaded."""
+    import keras_hub
+
+    try:
+        return keras_hub.models.Backbone.from_preset(preset, **kwargs)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        raise InputError(f"model.{key}: cannot load keras-hub preset {preset}: "
+                         f"{str(e).splitlines()[0][:200]}") from None
+
+
+def image_converter(preset: str, key: str) -> tuple:
+    """``(size, scale, offset)`` of the preset's image converter, the scale and offset as float32 arrays; a preset
+    without one reads pixels scaled to [0, 1] at no size of its own (None), which the log says naming ``model.KEY``."""
+    import keras_hub
+
+    try:
+        converter = keras_hub.layers.ImageConverter.from_preset(preset)
+        size, scale, offset = converter.image_size, converter.scale, converter.offset
+    except (ValueError, FileNotFoundError, OSError):
+        size, scale, offset = None, 1.0 / 255.0, 0.0
+        log.info("model.%s %s has no image converter: pixels scaled to [0, 1]", key, preset)
+    return (size, np.asarray(1.0 if scale is None else scale, np.float32),
+            np.asarray(0.0 if offset is None else offset, np.float32))
+
+
 FAMILIES = ("ViTBackbone", "CLIPBackbone", "SigLIPBackbone", "DINOV2Backbone")  # keras_hub.models' classes read
 
 
@@ -109,24 +136,13 @@ class KerasHub(ImageEncoder):
                              "(model.encoder_preset); leave model.encoder_weights: none")
 
     def _load(self):
-        import keras_hub
-
         preset = self.settings.encoder_preset
-        try:
-            backbone = keras_hub.models.Backbone.from_preset(preset, load_weights=not self.restoring)
-        except (ValueError, FileNotFoundError, OSError) as e:
-            raise InputError(f"model.encoder_preset: cannot load keras-hub preset {preset}: "
-                             f"{str(e).splitlines()[0][:200]}") from None
+        backbone = load_backbone(preset, "encoder_preset", load_weights=not self.restoring)
         vision = getattr(backbone, "vision_encoder", backbone)  # CLIP, SigLIP: the vision tower
         if len(vision.inputs) != 1 or len(vision.inputs[0].shape) != 4:  # images [B, H, W, C] in
             raise InputError(f"model.encoder_preset: {preset} holds a {type(backbone).__name__}, not a vision backbone "
                              "(the keras_hub encoder reads ViT, CLIP, SigLIP and DINOv2 presets)")
-        try:
-            converter = keras_hub.layers.ImageConverter.from_preset(preset)
-            size, scale, offset = converter.image_size, converter.scale, converter.offset
-        except (ValueError, FileNotFoundError, OSError):
-            size, scale, offset = None, 1.0 / 255.0, 0.0
-            log.info("model.encoder_preset %s has no image converter: pixels scaled to [0, 1]", preset)
+        size, scale, offset = image_converter(preset, "encoder_preset")
         shape = tuple(vision.inputs[0].shape[1:3])  # what the backbone takes (None: any size)
         if size is not None and None not in shape and tuple(size) != shape:
             log.warning("model.encoder_preset %s: its image converter's size is %s px but its backbone reads %s px: "
@@ -139,9 +155,7 @@ class KerasHub(ImageEncoder):
         return vision, size, scale, offset
 
     def backbone(self, pooled: bool) -> keras.Model:
-        vision, self.preset_size, scale, offset = self._load()
-        self.scale = np.asarray(1.0 if scale is None else scale, np.float32)
-        self.offset = np.asarray(0.0 if offset is None else offset, np.float32)
+        vision, self.preset_size, self.scale, self.offset = self._load()
         patch = getattr(vision, "patch_size", None)
         self.patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch, patch) if patch else None
         tokens = next(layer.output for layer in reversed(vision.layers) if len(layer.output.shape) == 3)

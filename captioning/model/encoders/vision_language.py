@@ -20,10 +20,10 @@ import logging
 from dataclasses import dataclass
 
 import keras
-import numpy as np
 
 from captioning.errors import InputError
-from captioning.model.encoders.keras_hub import KerasHub, check_preset_folder
+from captioning.model.encoders.keras_hub import (KerasHub, check_preset_folder, image_converter,
+                                                 load_backbone)
 from captioning.model.layout import TokenLayout
 from captioning.model.vision_language import family_of
 
@@ -61,30 +61,18 @@ class VisionLanguageEncoder(KerasHub):
                              "leave model.encoder_weights: none")
 
     def _load(self):
-        import keras_hub
-
         preset = self.settings.vlm_preset
-        try:  # the run's precision policy: mixed precision keeps float32 variables
-            backbone = keras_hub.models.Backbone.from_preset(preset, load_weights=not self.restoring,
-                                                             dtype=keras.config.dtype_policy().name)
-        except (ValueError, FileNotFoundError, OSError) as e:
-            raise InputError(f"model.vlm_preset: cannot load keras-hub preset {preset}: "
-                             f"{str(e).splitlines()[0][:200]}") from None
+        # under the run's precision policy: mixed precision keeps float32 variables
+        backbone = load_backbone(preset, "vlm_preset", load_weights=not self.restoring,
+                                 dtype=keras.config.dtype_policy().name)
         self.family = family_of(backbone, preset)
         vision = self.family.vision()
-        try:
-            converter = keras_hub.layers.ImageConverter.from_preset(preset)
-            scale, offset = converter.scale, converter.offset
-        except (ValueError, FileNotFoundError, OSError):
-            scale, offset = 1.0 / 255.0, 0.0
-            log.info("model.vlm_preset %s has no image converter: pixels scaled to [0, 1]", preset)
+        _, scale, offset = image_converter(preset, "vlm_preset")
         size = tuple(int(s) for s in vision.inputs[0].shape[1:3])  # the only size its position embeddings take
         return vision, size, scale, offset
 
     def backbone(self, pooled: bool) -> keras.Model:
-        vision, self.preset_size, scale, offset = self._load()
-        self.scale = np.asarray(1.0 if scale is None else scale, np.float32)
-        self.offset = np.asarray(0.0 if offset is None else offset, np.float32)
+        vision, self.preset_size, self.scale, self.offset = self._load()
         if tuple(self.preset_size) != (self.image_size, self.image_size):
             log.info("model.vlm_preset reads %s px: data.image_size %d is resized to it inside the encoder",
                      " × ".join(map(str, self.preset_size)), self.image_size)
