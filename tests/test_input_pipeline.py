@@ -354,15 +354,19 @@ def test_a_seeded_runs_batches_are_the_same_in_every_run(data_dir, cache):
     stream: captioning/data/seeds.py), so two runs of the same config see the very same batches — crops and
     flips cut out while decoding (cache none) or from the cached images, captions chosen, ties broken and
     batches ordered at random — past an epoch's repeat, whatever ran before in the process; another
-    data.seed gives other batches. (Stateful draws in the parallel map made every run differ.)"""
-    def stream(seed):
+    data.seed gives other batches. (Stateful draws in the parallel map made every run differ.) A stream started
+    past its first 17 batches (``skip_batches``: a resumed run's replay) goes on as the whole one does."""
+    def stream(seed, skip=0):
         cfg = config(data_dir, random_crop=True, random_flip=True, cache=cache, seed=seed)
-        ds = make_dataset(cfg, "train", training=True, batch_size=8)  # 20 batches an epoch
-        return [(b["image"], b["input_ids"]) for b in batches(ds, limit=30)]
+        ds = make_dataset(cfg, "train", training=True, batch_size=8, skip_batches=skip)  # 20 batches an epoch
+        return [(b["image"], b["input_ids"]) for b in batches(ds, limit=30 - skip)]
 
     first = stream(3)
     tf.random.uniform([5])  # a draw between the runs: the second sees another global random state
     for (image, ids), (image_again, ids_again) in zip(first, stream(3), strict=True):
+        np.testing.assert_array_equal(ids, ids_again)
+        np.testing.assert_array_equal(image, image_again)
+    for (image, ids), (image_again, ids_again) in zip(first[17:], stream(3, skip=17), strict=True):
         np.testing.assert_array_equal(ids, ids_again)
         np.testing.assert_array_equal(image, image_again)
     other = stream(4)

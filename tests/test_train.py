@@ -193,6 +193,9 @@ def test_train_cli_runs_and_resumes(data_dir, distributed_runs, tmp_path):
     result = main_result(out, "resumed")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stderr and "2 replica(s)" in result.stderr
+    # each replica skips the 6 steps' batches, so the one pipeline of the two replicas 12 of its batches
+    assert "resuming at step 6 with data.deterministic: true: replaying the input stream past its first 6 " \
+           "batch(es) per replica" in result.stderr, result.stderr[-3000:]
     assert os.path.exists(os.path.join(out, "m", "ckpt-9.index"))
 
 

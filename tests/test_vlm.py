@@ -311,20 +311,22 @@ def test_evaluate_with_instances_scores_a_vlm_model(lora_folder, shapes_dir):
     assert done.stdout.startswith("test: 4 images") and "CIDEr" in done.stdout and "CHAIR" in done.stdout, done.stdout
 
 
-@pytest.mark.slow  # two Trainer runs
-def test_a_resumed_run_restores_the_adapters_and_the_optimizer_bit_for_bit(prepared_dir, tmp_path):
+@pytest.mark.slow  # three Trainer runs
+def test_a_resumed_run_restores_the_adapters_and_the_optimizer_and_equals_an_uninterrupted_run(prepared_dir, tmp_path):
     """LoRA training stopped at step 2, started again in the folder: before its first step the model's every weight
     (the adapters, drawn at random when LoRA is enabled, among them) and the optimizer's every variable (Adam's
-    moments of the adapters, its step) are those the first run ended with, and it trains on to step 4. (The data
-    stream starts again from its beginning on a resume, as for every decoder: docs/training.md.)"""
+    moments of the adapters, its step) are those the first run ended with; it trains on to step 4 on the batches
+    an uninterrupted run sees (``data.deterministic: true`` replays the stream), and ends with that run's weights,
+    bit for bit."""
     from captioning.experiment import for_training
     from captioning.train import Trainer
 
-    def trainer(steps):
+    def trainer(steps, folder="m"):
         cfg = small_train_config(prepared_dir, *vlm("model.lm_lora_rank=2", "model.encoder_trainable=false",
                                                     f"train.steps={steps}", "train.optimizer=adam",
-                                                    "train.learning_rate=0.01", "train.checkpoint_every_steps=2"))
-        return Trainer(for_training(cfg), str(tmp_path / "m"))
+                                                    "train.learning_rate=0.01", "train.checkpoint_every_steps=2",
+                                                    "data.deterministic=true"))
+        return Trainer(for_training(cfg), str(tmp_path / folder))
 
     first = trainer(2)
     assert first.run(progress=False).step == 2
@@ -338,7 +340,13 @@ def test_a_resumed_run_restores_the_adapters_and_the_optimizer_bit_for_bit(prepa
     for key, value in moments.items():
         np.testing.assert_array_equal(second.optimizer.variables[int(key.split("#")[1])].numpy(), value,
                                       err_msg=key)
-    assert second.run(progress=False).step == 4
+    resumed = second.run(progress=False)
+    whole = trainer(4, "uninterrupted")
+    uninterrupted = whole.run(progress=False)
+    assert resumed.step == uninterrupted.step == 4
+    assert resumed.losses == uninterrupted.losses[2:], (resumed.losses, uninterrupted.losses)  # the same batches
+    for mine, theirs in zip(second.model.weights, whole.model.weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
 
 
 @pytest.mark.slow  # SCST steps, and an accumulated run with the weight average

@@ -72,7 +72,7 @@ class DataConfig(Section):
     random_crop: bool = True
     random_flip: bool = True
     color_jitter: bool = False
-    deterministic: bool = False  # fixed element order (slower): with it, every run of a config sees the same batches
+    deterministic: bool = False  # fixed element order (slower): every run sees the same batches, a resumed one too
     # false: a damaged shard stops the command with one line naming it; true: each shard is scanned once
     # per process and its corrupt or unparsable records are skipped (and counted in a warning)
     skip_corrupt: bool = False

@@ -71,7 +71,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
                  feature_fn: Callable | None = None, feature_key: str = "", cache_dir: str | None = None,
                  repeat: bool | None = None, max_images: int | None = None,
                  dataset: PreparedDataset | None = None, shards: ShardReader | None = None,
-                 service_job: str | None = None,
+                 service_job: str | None = None, skip_batches: int = 0,
                  preprocessor: ImagePreprocessor | None = None, source=None, tokenizer=None) -> tf.data.Dataset:
     """Batches of ``{"image" | "features" | "regions", "boxes", "region_mask"; "input_ids", "target_ids",
     "mask"}`` (see the module docstring).
@@ -80,9 +80,8 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     repeats, shuffles, augments and drops the last partial batch of each bucket; evaluation does none of
     that and sees every caption once. ``feature_fn`` (the frozen encoder) and ``feature_key`` (its name
     and weights, :func:`captioning.data.feature_cache.encoder_key`) are required for ``cache: features``;
-    ``cache_dir`` is the folder of ``cache: disk``'s and ``cache: features``' files
-    (:mod:`captioning.data.disk_cache`, :mod:`captioning.data.feature_cache`). ``max_images`` limits evaluation to the first
-    images (the same ones ``image_dataset`` gives). ``dataset`` and ``shards`` are the command's
+    ``cache_dir`` is the folder of ``cache: disk``'s and ``cache: features``' files (:mod:`captioning.data.disk_cache`,
+    :mod:`captioning.data.feature_cache`). ``max_images`` limits evaluation to the first images (``image_dataset``'s). ``dataset`` and ``shards`` are the command's
     :class:`~captioning.data.prepared.PreparedDataset` and :class:`~captioning.data.integrity.ShardReader` (new ones
     when not given; the reader then stays with the returned dataset, as ``.shard_reader``). ``preprocessor``: the
     encoder's (:meth:`captioning.model.encoders.base.ImageEncoder.preprocessor`), which resizes and crops the
@@ -93,6 +92,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
     run's (:mod:`captioning.data.tokenizers`), whose ids the captions are in: the words tokenizer (or None) reads
     the records' ``caption/ids``, a subword tokenizer tokenizes their ``caption/text`` as the records are parsed
     (before any cache, whose files it keys; a features store holds word ids only, and is refused).
+    ``skip_batches``: batches made and dropped first (a resumed run's replay, ``train.lifecycle.replayed_steps``).
 
     **Through the tf.data service** (``data.service``, training only): all of the above, the cache too,
     runs on the service's workers and batches arrive here (:func:`captioning.data.service.distribute`).
@@ -143,6 +143,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool, batch_size: int
         ds = distribute(ds, cfg.service, cfg.service_mode, service_job, timeout_s=cfg.service_timeout_s,
                         compression=cfg.service_compression)
         ds = ds.repeat() if wanted and cfg.service_mode == "distributed_epoch" else ds
+    ds = ds.skip(skip_batches) if skip_batches else ds
     ds = ds.prefetch(AUTOTUNE)
     ds.shard_reader = shards  # it must live as long as the dataset: it owns any salvaged shards' scratch files
     return ds

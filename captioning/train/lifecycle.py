@@ -329,6 +329,19 @@ def service_watch(data_cfg, gate: Gate, save):
     return watch_dispatcher(data_cfg.service, timeout_s=data_cfg.service_timeout_s, on_lost=lost)
 
 
+def replayed_steps(cfg, step: int) -> int:
+    """The optimizer steps of micro-batches a run resumed at ``step`` skips in its training stream, so that it
+    trains on the batches an uninterrupted run would (docs/training.md, "Resuming"): all of them with
+    ``data.deterministic: true`` (the stream is then the same in every run, pixel for pixel), none otherwise, or
+    through the tf.data service (whose stream is not reproducible): the stream then starts again."""
+    if not step or not cfg.data.deterministic or cfg.data.service:
+        return 0
+    batches = step * cfg.train.accumulate_steps
+    log.info("resuming at step %d with data.deterministic: true: replaying the input stream past its first %d "
+             "batch(es) per replica", step, batches)
+    return batches
+
+
 # A change of these between runs in one folder starts a new optimizer (the model and step are restored).
 NEW_OPTIMIZER_KEYS = (("model", "encoder_trainable"), ("train", "optimizer"), ("train", "objective"))
 

@@ -32,7 +32,7 @@ from captioning.train.accumulate import Accumulation
 from captioning.train.ema import WeightAverage
 from captioning.train.lifecycle import (Gate, Preempted, StepProfiler, StopOnSignal, close_preemption_handler,
                                         end_while_waiting, preemption_handler, quiet_tf_watcher_threads,
-                                        restore_run, service_watch, wait_for_service)
+                                        replayed_steps, restore_run, service_watch, wait_for_service)
 from captioning.train.objectives import RunContext, objective_class
 from captioning.train.objectives import resolve as resolve_objectives
 from captioning.train.result import NonFiniteError, TrainResult
@@ -263,13 +263,15 @@ class Trainer:
         cfg = self.cfg
         feature_fn, feature_key = self._feature_fn()
         job = self.service_job() if training and cfg.data.service else None
+        replayed = replayed_steps(cfg, self.current_step()) if training else 0  # a resumed run's batches
 
         def dataset_fn(input_context):
             batch = input_context.get_per_replica_batch_size(cfg.train.batch_size)
             return make_dataset(cfg.data, split, training=training, batch_size=batch, input_context=input_context,
                                 feature_fn=feature_fn, feature_key=feature_key, cache_dir=self.cache_dir,
                                 dataset=self.dataset, shards=self.shards, service_job=job, preprocessor=self.preprocessor,
-                                source=self.source, tokenizer=self.vocab)
+                                source=self.source, tokenizer=self.vocab, skip_batches=replayed
+                                * (input_context.num_replicas_in_sync // input_context.num_input_pipelines))
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 

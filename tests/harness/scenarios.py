@@ -176,7 +176,7 @@ RESUME = ("train.steps=6", "train.checkpoint_every_steps=3")
 
 def resume(data_dir, out_dir):
     """tests/test_train.py's ``test_train_cli_runs_and_resumes``'s two commands (scenario ``resume``): 6 steps
-    on one device, then resumed to 9 on 2 replicas."""
+    on one device, then resumed to 9 on 2 replicas, replaying the stream (``data.deterministic: true``)."""
     from captioning.config import save_config
 
     two_cpus()
@@ -185,7 +185,8 @@ def resume(data_dir, out_dir):
     run_main_into(out_dir, "first", "train", "--config", config, "--model-dir", model_dir)
     shutil.copy(os.path.join(model_dir, "config.yaml"), os.path.join(out_dir, "first.yaml"))  # as the first saved it
     run_main_into(out_dir, "resumed", "train", "--config", config, "--model-dir", model_dir, "--set",
-                  "train.steps=9", "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored")
+                  "train.steps=9", "--set", "distribute.logical_cpus=2", "--set", "distribute.strategy=mirrored",
+                  "--set", "data.deterministic=true")
 
 
 # ---- tests/test_optimizer.py ----------------------------------------------------------------------------------
