@@ -182,6 +182,10 @@ def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(
     trained = run_cli("train", "--config", os.path.join(REPO, "experiments", "scenes_vlm.yaml"), "--set",
                       f"model.vlm_preset={preset}", "--model-dir", folder, *sets)
     assert trained.returncode == 0, trained.stderr[-3000:]
+    import yaml
+
+    saved = yaml.safe_load((folder / "config.yaml").read_text())["model"]  # LoRA, the vision tower frozen
+    assert (saved["vlm_trainable"], saved["encoder_trainable"], saved["lm_lora_rank"]) == ("lora", False, 4), saved
     photo = tmp_path / "photo.png"
     photo.write_bytes(encode(gradient(size=(40, 30)), "PNG"))
     captioned = run_cli("caption", "--model-dir", folder, photo, "--json", "--max-length", "5")
