@@ -105,24 +105,30 @@ def write_gemma(folder: str, hidden: int = 16, layers: int = 2, heads: int = 2, 
 
 
 def write_paligemma(folder: str, hidden: int = 16, layers: int = 1, heads: int = 2, image_size: int = 16,
-                    patch: int = 4, seed: int = 0, gemma2: bool = False, dtype: str | None = None) -> str:
-    """A tiny random PaliGemma (a one-layer SigLIP-style ViT of ``image_size`` px in patches of ``patch``, a Gemma
-    of ``layers`` layers, a SentencePiece tokenizer trained here on the captions' words and its prompt, its image
-    converter: [-1, 1] as the real presets') saved with ``PaliGemmaCausalLM.save_to_preset``: the files of a real
-    PaliGemma preset folder. ``gemma2``: PaliGemma 2's language model, Gemma 2 (post-norms, soft caps, a sliding
-    window of 4 on every other layer, queries scaled by the width). ``dtype``: the backbone's (``bfloat16``: saved so,
-    as the real presets are)."""
+                    patch: int = 4, seed: int = 0, gemma2: bool = False, dtype: str | None = None,
+                    vit_layers: int = 1, vit_hidden: int | None = None, vit_heads: int | None = None, sentences=None,
+                    vocab_size: int = 96) -> str:
+    """A tiny random PaliGemma (a SigLIP-style ViT of ``vit_layers`` layers of width ``vit_hidden`` and ``vit_heads``
+    heads (default: ``hidden``, ``heads``) of ``image_size`` px in patches of ``patch``, a Gemma of ``layers`` layers
+    with one key/value head, a SentencePiece tokenizer of ``vocab_size`` pieces trained here on ``sentences``
+    (default: made-up captions of the test words) and its prompt, its image converter: [-1, 1] as the real
+    presets') saved with ``PaliGemmaCausalLM.save_to_preset``: the files of a real PaliGemma preset folder.
+    ``gemma2``: PaliGemma 2's language model, Gemma 2 (post-norms, soft caps, a sliding window of 4 on every other
+    layer, queries scaled by the width). ``dtype``: the backbone's (``bfloat16``: saved so, as the real presets
+    are). benchmarks/vlm_finetune.py writes a larger one over the hard scenes' captions."""
     import keras
     import keras_hub
 
     keras.utils.set_random_seed(seed)
     m = keras_hub.models
-    tokenizer = m.PaliGemmaTokenizer(proto=sentencepiece_proto(caption_sentences() + ["caption en"] * 20))
+    sentences = caption_sentences() if sentences is None else list(sentences)
+    tokenizer = m.PaliGemmaTokenizer(proto=sentencepiece_proto(sentences + ["caption en"] * 20, vocab_size))
+    vit_hidden = vit_hidden or hidden
     backbone = m.PaliGemmaBackbone(
         vocabulary_size=tokenizer.vocabulary_size(), image_size=image_size, num_layers=layers,
         num_query_heads=heads, num_key_value_heads=1, hidden_dim=hidden, intermediate_dim=2 * hidden,
-        head_dim=hidden // heads, vit_patch_size=patch, vit_num_heads=heads, vit_hidden_dim=hidden,
-        vit_num_layers=1, vit_intermediate_dim=2 * hidden,
+        head_dim=hidden // heads, vit_patch_size=patch, vit_num_heads=vit_heads or heads, vit_hidden_dim=vit_hidden,
+        vit_num_layers=vit_layers, vit_intermediate_dim=2 * vit_hidden,
         **(dict(use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=50.0,
                 final_logit_soft_cap=30.0, use_sliding_window_attention=True, sliding_window_size=4,
                 query_head_dim_normalize=False) if gemma2 else {}), dtype=dtype)
