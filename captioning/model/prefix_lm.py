@@ -78,7 +78,7 @@ from captioning.data.tokenizers.preset import PresetTokenizer
 from captioning.errors import InputError
 from captioning.model.base import CaptionModel, _Weights, untracked
 from captioning.model.encoders.base import ImageEncoder
-from captioning.model.encoders.keras_hub import load_backbone
+from captioning.model.encoders.keras_hub import check_preset_folder, load_backbone
 from captioning.model.language_models import adapter
 from captioning.model.lora import adapted_layers
 from captioning.model.mappers import MAPPERS
@@ -126,14 +126,7 @@ class PrefixLMSettings:
             raise InputError("model.decoder: prefix_lm needs model.decoder_preset: a keras-hub causal-LM preset "
                              "folder (captioning lm train writes one) or preset name, e.g. --set "
                              "model.decoder_preset=runs/lm")
-        if _is_path(preset) and not os.path.isfile(os.path.join(preset, "config.json")):
-            what = ("does not exist" if not os.path.exists(preset) else
-                    "is not a keras-hub preset folder (no config.json)")
-            raise InputError(f"model.decoder_preset: {preset} {what}")
-
-
-def _is_path(preset: str) -> bool:
-    return os.sep in preset or preset.startswith(".") or os.path.exists(preset)
+        check_preset_folder(preset, "decoder_preset")
 
 
 @functools.lru_cache(maxsize=8)
