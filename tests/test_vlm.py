@@ -5,6 +5,7 @@ keras-hub forward pass over the same prefix and caption; LoRA trains only its ad
 refusals are one line; the issue's training command trains on the records and the folder captions. The decoder
 contract (tests/test_decoders.py) runs over it too (stepping, beam search, checkpoints, SavedModel, XLA, 2 replicas)."""
 
+import html
 import json
 import os
 
@@ -188,11 +189,14 @@ def test_the_issues_train_command_trains_on_the_records_and_the_folder_captions(
     assert (saved["vlm_trainable"], saved["encoder_trainable"], saved["lm_lora_rank"]) == ("lora", False, 4), saved
     photo = tmp_path / "photo.png"
     photo.write_bytes(encode(gradient(size=(40, 30)), "PNG"))
-    captioned = run_cli("caption", "--model-dir", folder, photo, "--json", "--max-length", "5")
+    gallery = tmp_path / "gallery.html"
+    captioned = run_cli("caption", "--model-dir", folder, photo, "--json", "--max-length", "5", "--html", gallery)
     assert captioned.returncode == 0, captioned.stderr[-3000:]
     [line] = [json.loads(line) for line in captioned.stdout.splitlines()]
     best = line["captions"][0]
     assert isinstance(best["caption"], str) and best["log_prob"] <= 0
+    page = gallery.read_text()  # the HTML gallery: the photo inlined and its caption (escaped as the page does)
+    assert "data:image/" in page and html.escape(best["caption"]) in page
 
 
 @pytest.fixture(scope="module")
