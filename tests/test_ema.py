@@ -209,8 +209,8 @@ def test_a_checkpoint_whose_average_has_no_statistics_loads_and_resumes(averaged
 def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied_step(averaged, tmp_path):
     """A resumed run of 2 steps from ckpt-4 in one call (train.steps_per_execution: 2) ends with the average of
     the same 2 steps taken one call each on the fixture's Trainer with its traced single step (ckpt-4 restored
-    into it, the run's first 2 batches: a run reads its dataset from the start), the one recomputed from the
-    weights after each.
+    into it, the run's 2 batches: the stream past its first 4, which a resumed run replays under
+    data.deterministic), the one recomputed from the weights after each.
 
     Then, on the fixture's Trainer: Keras' LossScaleOptimizer (mixed_float16 on a GPU) skips non-finite
     gradients by itself: the step asks it (check_finite), so the average moves exactly when its iterations do:
@@ -229,9 +229,9 @@ def test_steps_per_execution_and_loss_scaling_update_the_average_at_each_applied
     train = dataclasses.replace(averaged["cfg"].train, steps=6, steps_per_execution=2)
     data = dataclasses.replace(averaged["cfg"].data, random_crop=False)  # the same crops in the run and by hand
     trainer = Trainer(for_training(dataclasses.replace(averaged["cfg"], train=train, data=data)), folder)
+    batches = iter(trainer.distributed_dataset("train", training=True))  # the run's (at step 4; no random crops)
     assert trainer.run(progress=False)["step"] == 6
     in_one_call = checkpoint_averages(os.path.join(folder, "ckpt-6"))
-    batches = iter(trainer.distributed_dataset("train", training=True))  # the run's batches (no random crops)
     trainer.folder.release()
     # the single steps on the fixture's Trainer: its step is traced already (for batches of this element_spec)
     trainer, single = averaged["trainer"], averaged["step"]
