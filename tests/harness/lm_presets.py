@@ -46,17 +46,17 @@ def gpt2_tokenizer_parts(words=WORDS) -> tuple[dict, list]:
     return vocabulary, merges
 
 
-def sentencepiece_proto(sentences, vocab_size: int = 96, symbols=()) -> bytes:
+def sentencepiece_proto(sentences, vocab_size: int = 96, symbols=(), eos: str = "<eos>", bos: str = "<bos>") -> bytes:
     """A SentencePiece model (bytes) trained in this process on ``sentences``: Gemma's special pieces at its ids
-    (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<unk>`` 3), byte fallback so that any text encodes (its 256 byte
-    pieces come on top of ``vocab_size``'s pieces of words); ``symbols``: pieces kept whole (Gemma 3's image
-    tokens)."""
+    (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<unk>`` 3; ``eos`` and ``bos`` name them otherwise: SigLIP's ``</s>``),
+    byte fallback so that any text encodes (its 256 byte pieces come on top of ``vocab_size``'s pieces of words);
+    ``symbols``: pieces kept whole (Gemma 3's image tokens)."""
     import sentencepiece
 
     out = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(list(sentences)), model_writer=out, vocab_size=vocab_size + 260, model_type="BPE",
-        pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece=eos, bos_piece=bos,
         unk_piece="<unk>", byte_fallback=True, character_coverage=1.0, minloglevel=2, num_threads=1,
         user_defined_symbols=list(symbols))
     return out.getvalue()

@@ -1,0 +1,116 @@
+"""CLIPScore, RefCLIPScore, PAC-S and text-to-image recall (captioning/evaluation/clip_score.py) over tiny random
+CLIP and SigLIP presets written here with ``save_to_preset`` (tests/harness/clip_presets.py), each checked
+against a plain recomputation from the same embeddings."""
+
+import math
+
+import numpy as np
+import pytest
+
+from captioning.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory):
+    from tests.harness.clip_presets import write_clip, write_siglip
+
+    root = tmp_path_factory.mktemp("clip_presets")
+    return {"clip": write_clip(str(root / "clip")), "clip_end_first": write_clip(str(root / "end"), end_token_last=False),
+            "siglip": write_siglip(str(root / "siglip"))}
+
+
+def cosine(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def recomputed(v, c, refs, w):
+    """Hessel et al.'s per-image CLIP-S and RefCLIP-S, one image at a time in plain Python."""
+    clip = w * max(cosine(v, c), 0.0)
+    best = max((cosine(c, r) for r in refs), default=0.0)
+    return clip, (2 * clip * best / (clip + best) if clip + best else 0.0)
+
+
+def test_the_metrics_equal_a_plain_recomputation_on_hand_made_cases():
+    """A negative cosine is clipped to 0 (its RefCLIP-S then 0 too), a caption equal to a reference has a text
+    cosine of 1 (RefCLIP-S = 2c / (c + 1)), no reference counts 0; recall counts ties against the caption."""
+    from captioning.evaluation.clip_score import clip_scores, normalised, recall_at, ref_clip_scores
+
+    v = normalised([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.8, 0.0]])
+    c = normalised([[-1.0, 0.2, 0.0], [0.1, 1.0, 0.3], [0.6, 0.8, 0.0]])
+    refs = [normalised([[0.0, 0.0, 1.0]]), normalised([[0.1, 1.0, 0.3], [1.0, 0.0, 0.0]]), np.zeros([0, 3])]
+    for w in (2.5, 2.0):
+        clip = clip_scores(v, c, w)
+        ref = ref_clip_scores(clip, c, refs)
+        for i in range(3):
+            want_clip, want_ref = recomputed(v[i], c[i], refs[i], w)
+            assert clip[i] == pytest.approx(want_clip, abs=1e-12) and ref[i] == pytest.approx(want_ref, abs=1e-12)
+        assert clip[0] == 0.0 and ref[0] == 0.0  # cos(v, c) < 0: clipped
+        assert ref[1] == pytest.approx(2 * clip[1] / (clip[1] + 1.0))  # the caption is its first reference
+        assert clip[2] == pytest.approx(w) and ref[2] == 0.0  # identical to its image; no reference: 0
+    # caption 1 is as close to image 2 as to its own (a tie): it ranks second, not first
+    tie = normalised([[0.0, 0.0, 1.0], [0.6, 0.8, 0.0], [0.6, 0.8, 0.0]])
+    images = normalised([[0.0, 0.0, 1.0], [0.6, 0.8, 0.0], [0.6, 0.8, 0.0]])
+    assert recall_at(tie, np.arange(3), images, ks=(1, 2)) == {"recall@1": 1 / 3, "recall@2": 1.0}
+    assert recall_at(np.zeros([0, 3]), np.arange(0), images) == {"recall@1": 0.0, "recall@5": 0.0}
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+@pytest.mark.parametrize("metric", ["clip", "pac"])
+def test_scores_of_a_preset_equal_a_recomputation_from_its_embeddings(presets, family, metric):
+    """Every measure over a preset (an empty caption among the captions, a caption equal to its reference, images of
+    another size than the preset's) equals the plain recomputation from the model's own embeddings of the prefixed
+    texts and the images; PAC-S is the same form with w = 2.0 and its own names."""
+    from captioning.evaluation.clip_score import PREFIX, ContrastiveModel, scores
+
+    model = ContrastiveModel(presets[family])
+    images = np.random.RandomState(0).randint(0, 256, [4, 40, 52, 3]).astype(np.uint8)
+    captions = ["a red circle", "", "two blue squares", "a big green triangle above a circle"]
+    references = [["a red circle", "one circle"], ["a shape"], ["two squares", "blue squares", "two blue squares"],
+                  ["a triangle"]]
+    got = scores(model, images, captions, references, metric=metric)
+    name, w = ("clip_score", 2.5) if metric == "clip" else ("pac_score", 2.0)
+    v = model.embed_images(images)
+    per = [recomputed(v[i], model.embed_texts([PREFIX + captions[i]])[0],
+                      model.embed_texts([PREFIX + r for r in references[i]]), w) for i in range(4)]
+    np.testing.assert_allclose(got["per_image"][name], [p[0] for p in per], atol=1e-9)
+    np.testing.assert_allclose(got["per_image"]["ref_" + name], [p[1] for p in per], atol=1e-9)
+    assert got[name] == pytest.approx(np.mean([p[0] for p in per])) and got["per_image"]["ref_" + name][0] > 0
+    assert got["ref_" + name] == pytest.approx(np.mean([p[1] for p in per]))
+    c = model.embed_texts([PREFIX + x for x in captions])
+    sims = c @ v.T
+    ranks = [1 + sum(sims[i, j] >= sims[i, i] for j in range(4) if j != i) for i in range(4)]
+    assert got["recall@1"] == pytest.approx(np.mean([r <= 1 for r in ranks]))
+    assert got["recall@5"] == 1.0 and 0.0 <= got["references_recall@1"] <= 1.0
+
+
+def test_clip_pools_at_the_end_of_text_token_whatever_its_id(presets):
+    """CLIP's text embedding is the encoder's output at the end-of-text token, projected: what keras-hub's
+    backbone gives when that token has the largest id, and not when it does not (keras-hub pools at the largest id:
+    there, another word)."""
+    from captioning.evaluation.clip_score import ContrastiveModel, normalised
+
+    texts = ["a red circle", "two squares left of a triangle"]
+    for name, keras_hub_agrees in (("clip", True), ("clip_end_first", False)):
+        model = ContrastiveModel(presets[name])
+        ids = model.token_ids(texts)
+        end = int(model.preprocessor.tokenizer.end_token_id)
+        hidden = np.asarray(model.backbone.text_encoder({"token_ids": ids}))
+        at = [list(row).index(end) for row in ids]
+        assert at == [len(np.asarray(model.preprocessor.tokenizer(t))) + 1 for t in texts]  # start, pieces, end
+        by_hand = normalised(model.backbone.text_projection(hidden[np.arange(2), at]))
+        np.testing.assert_allclose(model.embed_texts(texts), by_hand, atol=1e-6)
+        keras_hubs = normalised(model.backbone.get_text_embeddings(ids))
+        assert np.allclose(keras_hubs, by_hand, atol=1e-6) == keras_hub_agrees, name
+
+
+def test_a_preset_of_another_kind_or_none_is_refused_in_one_line(tmp_path):
+    from captioning.evaluation.clip_score import ContrastiveModel
+    from tests.harness.presets import write_preset
+
+    vit = write_preset("vit", str(tmp_path / "vit"))
+    for preset, message in ((vit, r"holds a ViTBackbone; a CLIP or SigLIP preset is needed"),
+                            (str(tmp_path / "nowhere"), r"clip_preset: the folder .* does not exist"),
+                            ("", r"--clip-preset: give a keras-hub CLIP or SigLIP preset")):
+        with pytest.raises(InputError, match=message) as refused:
+            ContrastiveModel(preset)
+        assert "\n" not in str(refused.value)
