@@ -114,3 +114,60 @@ def test_a_preset_of_another_kind_or_none_is_refused_in_one_line(tmp_path):
         with pytest.raises(InputError, match=message) as refused:
             ContrastiveModel(preset)
         assert "\n" not in str(refused.value)
+
+
+@pytest.mark.slow  # three evaluations (METEOR's JVM)
+def test_evaluate_with_a_clip_preset_scores_every_image_under_the_presets_own_key(presets, trained_model_dir,
+                                                                                   prepared_dir, tmp_path):
+    """``evaluate --clip-preset P``: the result's ``clip`` and the predictions' per-image scores equal a
+    recomputation from the records' JPEGs (decoded by ``tf.io.decode_jpeg``, read by the preset's converter) and the
+    references; the summary prints them; another preset (SigLIP) and ``--clip-metric pac`` are other results, each
+    under its own key, and the first evaluation again is a no-op."""
+    import glob
+    import json
+    import os
+
+    import tensorflow as tf
+
+    from captioning.config import load_config
+    from captioning.data.reading import parsed_images, references
+    from captioning.evaluation.clip_score import PREFIX, ContrastiveModel, identity
+    from tests.helpers import copy_model, run_main
+
+    model_dir = copy_model(trained_model_dir, tmp_path / "model")
+    flags = ("evaluate", "--model-dir", model_dir, "--max-images", "5", "--beam-size", "1")
+    code, out, err = run_main(*flags, "--clip-preset", presets["clip"])
+    assert code == 0, err[-3000:]
+    assert f"reference-free ({presets['clip']}): CLIP-S " in out and "text-to-image recall@1" in out, out
+    key = f"-clip{identity(presets['clip'])}"
+    [result_file] = [p for p in glob.glob(os.path.join(model_dir, "eval", f"*{key}*.json")) if "predictions" not in p]
+    document = json.load(open(result_file))
+    result = document["clip"]
+    predictions = json.load(open(result_file[:-len(".json")] + ".predictions.json"))
+    assert result["preset"] == presets["clip"] and result["metric"] == "clip"
+    assert len(predictions) == document["num_images"] == 4  # the fixture's test split, all of it
+    clip = ContrastiveModel(presets["clip"])
+    data = load_config(None, [f"data.dir={prepared_dir}"]).data
+    pixels = {int(ex["image_id"]): clip.converter(tf.cast(tf.io.decode_jpeg(ex["encoded"], channels=3),
+                                                          tf.float32)[None])[0]
+              for ex in parsed_images(data, "test", training=False)}
+    refs = references(data, "test")
+    per = [recomputed(clip.embed_converted(pixels[p["image_id"]][None])[0], clip.embed_texts([PREFIX + p["caption"]])[0],
+                      clip.embed_texts([PREFIX + r for r in refs[p["image_id"]]]), 2.5) for p in predictions]
+    for p, (want_clip, want_ref) in zip(predictions, per):
+        assert p["clip_score"] == pytest.approx(want_clip, abs=1e-5) and p["ref_clip_score"] == pytest.approx(
+            want_ref, abs=1e-5)
+    assert result["clip_score"] == pytest.approx(np.mean([x[0] for x in per]), abs=1e-5)
+    assert result["ref_clip_score"] == pytest.approx(np.mean([x[1] for x in per]), abs=1e-5)
+    assert 0 <= result["recall@1"] <= result["recall@5"] <= 1
+
+    for extra, name in ((("--clip-preset", presets["siglip"]), "clip_score"),
+                        (("--clip-preset", presets["clip"], "--clip-metric", "pac"), "pac_score")):
+        code, out, err = run_main(*flags, *extra)
+        assert code == 0 and ("PAC-S" in out) == (name == "pac_score"), err[-3000:]
+    results = [p for p in glob.glob(os.path.join(model_dir, "eval", "*.json")) if "predictions" not in p]
+    assert len(results) == 3  # each preset and metric its own result
+    pac = json.load(open(next(p for p in results if f"-pac{identity(presets['clip'])}" in p)))["clip"]
+    assert pac["pac_score"] == pytest.approx(result["clip_score"] * 2.0 / 2.5)  # the same cosines, w = 2.0
+    code, out, err = run_main(*flags, "--clip-preset", presets["clip"])
+    assert code == 0 and "evaluated already" in err and f"CLIP-S {result['clip_score']:.4f}" in out

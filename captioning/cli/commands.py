@@ -253,11 +253,16 @@ def add_evaluate(sub) -> None:
                         "instances_val2014.json): also report object hallucination (CHAIRi, CHAIRs, object recall), "
                         "and on the synthetic shapes which shapes the captions name, by number of shapes, and for an "
                         "attention model how much attention each colour or kind word put inside the named shape's box")
+    p.add_argument("--clip-preset", metavar="NAME_OR_DIR",
+                   help="a keras-hub CLIP or SigLIP preset (a folder save_to_preset wrote, or a preset name, which "
+                        "keras-hub downloads): also report CLIPScore, RefCLIPScore and text-to-image recall@1/@5")
+    p.add_argument("--clip-metric", choices=("clip", "pac"), default="clip",
+                   help="pac: the preset holds PAC-S's fine-tuned CLIP; report PAC-S and RefPAC-S (w = 2.0)")
     p.set_defaults(handler=run_evaluate)
 
 
 def run_evaluate(args) -> int:
-    from captioning.evaluation import endings, hallucination
+    from captioning.evaluation import clip_score, endings, hallucination
     from captioning.evaluation.diversity import describe_diversity
     from captioning.evaluation.evaluate import evaluate
     from captioning.evaluation.metrics import format_table, grounding_table
@@ -278,7 +283,7 @@ def run_evaluate(args) -> int:
     print(format_table(rows))
     if result.diversity:
         print(describe_diversity(result.diversity))
-    for line in (endings.describe(result), hallucination.describe(result)):  # "" when not measured
+    for line in (endings.describe(result), hallucination.describe(result), clip_score.describe(result)):  # "": none
         if line:
             print(line)
     if result.grounding:

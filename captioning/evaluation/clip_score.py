@@ -32,6 +32,8 @@ the prefix ``"A photo depicts "`` (their code prefixes candidates and references
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from captioning.errors import InputError
@@ -41,6 +43,7 @@ PREFIX = "A photo depicts "
 WEIGHTS = {"clip": 2.5, "pac": 2.0}  # Hessel et al.'s w; Sarto et al.'s for PAC-S
 FAMILIES = ("CLIPBackbone", "SigLIPBackbone")
 MAX_TEXTS = 4096  # texts embedded per call (a split's references are embedded in such chunks)
+log = logging.getLogger("captioning.evaluation.clip_score")
 
 
 def normalised(x) -> np.ndarray:
@@ -106,8 +109,37 @@ class ContrastiveModel:
 
     def embed_images(self, images) -> np.ndarray:
         """``[N, D]`` L2-normalised image embeddings of ``images`` (``[N, H, W, 3]`` pixels in 0–255, any size)."""
-        x = self.converter(np.asarray(images, np.float32))
-        return normalised(np.asarray(self.backbone.get_vision_embeddings(x)))
+        return self.embed_converted(self.converter(np.asarray(images, np.float32)))
+
+    def embed_converted(self, pixels) -> np.ndarray:
+        """:meth:`embed_images` of images the preset's converter has read already."""
+        return normalised(np.asarray(self.backbone.get_vision_embeddings(pixels)))
+
+    def split_embeddings(self, cfg, split: str, image_ids, dataset, shards, batch_size: int = 64) -> np.ndarray:
+        """The embeddings of the images ``image_ids`` of the prepared ``split`` (``[N, D]`` in their order), read
+        from the records a batch at a time: each image decoded and read by the preset's converter (its size, a
+        central crop to its aspect, its normalisation)."""
+        import tensorflow as tf
+
+        from captioning.data.reading import decoded, parsed_images
+
+        wanted = {int(i): n for n, i in enumerate(image_ids)}
+        convert = self.converter
+        @tf.autograph.experimental.do_not_convert
+        def read(ex):
+            return ex["image_id"], convert(tf.cast(decoded(ex["encoded"]), tf.float32)[None])[0]
+
+        ds = parsed_images(cfg, split, training=False, dataset=dataset, shards=shards).map(
+            read, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+        out = [None] * len(wanted)
+        for ids, pixels in ds:
+            for i, row in zip(ids.numpy(), self.embed_converted(pixels)):
+                if int(i) in wanted:
+                    out[wanted[int(i)]] = row
+        missing = [i for i, n in wanted.items() if out[n] is None]
+        if missing:
+            raise InputError(f"the {split!r} split has no image {missing[0]} to score with the CLIP preset")
+        return np.stack(out) if out else np.zeros([0, 0])
 
 
 # ---- the metrics, from normalised embeddings (numpy: the tests recompute them independently) ----------
@@ -137,13 +169,15 @@ def recall_at(queries: np.ndarray, owners: np.ndarray, images: np.ndarray, ks=(1
 
 def scores(model: ContrastiveModel, images, captions: list[str], references: list[list[str]],
            metric: str = "clip") -> dict:
-    """Every measure of the module docstring for one caption per image (``images[i]``, ``captions[i]``,
-    ``references[i]``): ``{"per_image": {"clip_score": [...], ...}, "clip_score": mean, ..., "recall@1", ...,
-    "references_recall@1", ...}`` (``pac_*`` names under ``metric`` pac)."""
+    """Every measure of the module docstring for one caption per image (``images[i]``: pixels, or their
+    embeddings from :meth:`ContrastiveModel.split_embeddings`; ``captions[i]``, ``references[i]``):
+    ``{"per_image": {"clip_score": [...], ...}, "clip_score": mean, ..., "recall@1", ..., "references_recall@1",
+    ...}`` (``pac_*`` names under ``metric`` pac)."""
     if metric not in WEIGHTS:
         raise InputError(f"--clip-metric must be one of {', '.join(WEIGHTS)}, got {metric!r}")
     name = "clip_score" if metric == "clip" else "pac_score"
-    v = model.embed_images(images)
+    images = np.asarray(images)
+    v = images if images.ndim == 2 else model.embed_images(images)
     c = model.embed_texts([PREFIX + caption for caption in captions])
     flat = [PREFIX + r for refs in references for r in refs]
     r = model.embed_texts(flat)
@@ -157,3 +191,51 @@ def scores(model: ContrastiveModel, images, captions: list[str], references: lis
            **{"references_" + k: value for k, value in recall_at(r, owners, v).items()}}
     out["per_image"] = {name: clip.tolist(), "ref_" + name: ref.tolist()}
     return out
+
+
+def measure_split(model: ContrastiveModel, cfg, split: str, dataset, candidates: dict, references: dict,
+                  metric: str) -> tuple[dict, dict]:
+    """:func:`scores` of an evaluation's best captions (image id → caption; ``references``: image id → texts) with
+    the images of the prepared ``split`` (``cfg``: its data section): the result's ``"clip"`` (the preset, the
+    metric, the means and recalls) and each image's scores (image id → {name: value})."""
+    import os
+
+    from captioning.data.integrity import ShardReader
+
+    ids = sorted(candidates)
+    log.info("scoring %d captions with the %s preset %s", len(ids), model.family, model.preset)
+    with ShardReader(cfg.skip_corrupt) as shards, shards.named_errors():
+        images = model.split_embeddings(cfg, split, ids, dataset, shards)
+    found = scores(model, images, [candidates[i] for i in ids], [references[i] for i in ids], metric)
+    per = found.pop("per_image")
+    preset = os.path.abspath(model.preset) if os.path.isdir(model.preset) else model.preset
+    return ({"preset": preset, "metric": metric, **found},
+            {image_id: {key: values[n] for key, values in per.items()} for n, image_id in enumerate(ids)})
+
+
+def identity(preset: str) -> str:
+    """A short hash of what the preset holds (a folder: its config and weights files' bytes; a name: the name), so
+    that results of two presets are kept apart."""
+    import hashlib
+    import os
+
+    digest = hashlib.sha256(preset.encode() if not os.path.isdir(preset) else b"")
+    for name in ("config.json", "model.weights.h5") if os.path.isdir(preset) else ():
+        path = os.path.join(preset, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:8]
+
+
+def describe(result) -> str:
+    """The summary line of a result's reference-free measures ("" when it has none)."""
+    found = result.get("clip")
+    if not found:
+        return ""
+    name = "clip_score" if found["metric"] == "clip" else "pac_score"
+    label = "CLIP-S" if name == "clip_score" else "PAC-S"
+    return (f"reference-free ({found['preset']}): {label} {found[name]:.4f}, Ref{label} {found['ref_' + name]:.4f}; "
+            f"text-to-image recall@1 {found['recall@1']:.3f}, @5 {found['recall@5']:.3f} (the references': "
+            f"{found['references_recall@1']:.3f}, {found['references_recall@5']:.3f})")

@@ -73,6 +73,11 @@ captions name, by number of shapes, the share of the relations they name between
 (:mod:`captioning.evaluation.relations`), and for an attention decoder how much of each colour or kind
 word's attention fell inside the box of the shape it names, against the box's share of the image
 (:mod:`captioning.evaluation.grounding`).
+
+``--clip-preset P`` (a keras-hub CLIP or SigLIP preset) adds ``"clip"``: CLIPScore and RefCLIPScore (``--clip-metric
+pac``: PAC-S and RefPAC-S, for a preset of PAC-S's weights) and text-to-image recall@1/@5 of the captions and of the
+references (:mod:`captioning.evaluation.clip_score`), each image's scores in the predictions file too; the key gets
+``-clip<P's hash>`` (``-pac…``), so two presets never share a result.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ from tqdm import tqdm
 
 from captioning import inference
 from captioning.model.base import IMAGE_INPUTS
-from captioning.evaluation import grounding, hallucination, metrics, relations
+from captioning.evaluation import clip_score, grounding, hallucination, metrics, relations
 from captioning.evaluation.endings import bad_endings
 from captioning.evaluation.diversity import diversity
 from captioning.evaluation.results import (EvaluationResult, ensemble_label, options_label, real_captions,
@@ -138,13 +143,14 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
              data_dir: str | None = None, spice: bool = False, baseline: bool = False,
              output: str | None = None, progress: bool = True, checkpoint: str | None = None,
              instances: str | None = None, decode_overrides: tuple[str, ...] = (),
-             weights: str | None = None) -> EvaluationResult:
+             weights: str | None = None, clip_preset: str | None = None, clip_metric: str = "clip") -> EvaluationResult:
     """Evaluates ``checkpoint`` (default: the latest complete one) of ``model_dir`` on ``split`` (see the
     module docstring). ``beam_size``, ``max_length``, ``length_normalization``: None takes the model's
     ``decode:`` config, as do ``decode_overrides`` (``decode.KEY=VALUE``). ``instances``: an instances file
     of the split (the shapes' or COCO's), for CHAIR and, on the shapes, grounding. Several folders in
     ``model_dir`` (a list): their ensemble, kept in the first's folder (see the module docstring). ``weights``:
-    ``"ema"`` (the weight average), ``"raw"``, or None (the average when the checkpoint holds one)."""
+    ``"ema"`` (the weight average), ``"raw"``, or None (the average when the checkpoint holds one). ``clip_preset``,
+    ``clip_metric``: the reference-free measures (see the module docstring)."""
     metrics.check_java()  # fail before an hour of decoding, not after
     dirs = model_dirs(model_dir)
     if output is not None:  # never over what it reads (models' files, presets, data, instances) nor others' JSON
@@ -154,11 +160,16 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
                           kind="json", keys=RESULT_KEYS)
     objects = hallucination.load_objects(instances) if instances else None  # the synthetic shapes' or COCO's
     shapes = hallucination.shapes_of(objects)  # what grounding reads (None for COCO's)
+    if clip_metric not in clip_score.WEIGHTS:
+        raise InputError(f"--clip-metric must be one of {', '.join(clip_score.WEIGHTS)}, got {clip_metric!r}",
+                         params=("clip_metric",))
+    clip = clip_score.ContrastiveModel(clip_preset) if clip_preset is not None else None  # refused before decoding
     trained = inference.load(dirs, checkpoint, weights)  # weights: "ema", "raw", None (the average when there is one)
     check_same_input(trained.members)
     decode = trained.config.decode.override(beam_size=beam_size, max_length=max_length,
                                             length_normalization=length_normalization).with_overrides(decode_overrides)
-    run = _Evaluation.of(trained, ModelDir(dirs[0]), decode, split, max_images, data_dir)
+    scored_by = f"-{clip_metric}{clip_score.identity(clip_preset)}" if clip is not None else ""
+    run = _Evaluation.of(trained, ModelDir(dirs[0]), decode, split, max_images, data_dir, scored_by)
     stored = stored_result(run.file(".json"), baseline, spice, shapes is not None,
                      os.path.abspath(instances) if instances else None, run.dataset.identity, run.checkpoints)
     if stored is not None:
@@ -171,6 +182,9 @@ def evaluate(model_dir: str | list[str], split: str = "test", beam_size: int | N
     metrics.start_meteor()  # its JVM loads its tables (~4 s) while the split is captioned
     result, captioned = _caption_and_score(run, objects, instances, spice, max_images, batch_size, progress)
     _add_measures(run, result, captioned, objects, shapes, instances, baseline)
+    if clip is not None:  # reference-free, from the CLIP preset
+        result["clip"], captioned.per_image = clip_score.measure_split(
+            clip, run.data, run.split, run.dataset, captioned.candidates, captioned.refs, clip_metric)
     _write(run, result, captioned, output)
     return result
 
@@ -194,7 +208,7 @@ class _Evaluation:
 
     @classmethod
     def of(cls, trained, folder: ModelDir, decode, split: str, max_images: int | None,
-           data_dir: str | None) -> "_Evaluation":
+           data_dir: str | None, scored_by: str = "") -> "_Evaluation":
         decode, beam_size = used_decoding(decode)
         dataset = _prepared_dataset(trained, folder, data_dir)  # --data-dir points at the records if they moved
         split_images = dataset.split(split).images
@@ -204,7 +218,7 @@ class _Evaluation:
         checkpoints = [os.path.realpath(m.checkpoint) for m in members]
         ensemble = ensemble_label([c + ("#ema" if m.weights == "ema" else "") for c, m in zip(checkpoints, members)])
         averaged = "-ema" if any(m.weights == "ema" for m in members) else ""  # the weight average: another result
-        label = options_label(decode) + averaged + ensemble
+        label = options_label(decode) + averaged + ensemble + scored_by  # scored_by: the CLIP preset
         name = result_name(split, trained.step, beam_size, decode.max_length, decode.length_normalization, partial,
                            dataset.identity[:8], short_hash(trained.checkpoint) if foreign else "", label)
         return cls(trained, folder, decode, beam_size, split, dataset,
@@ -235,6 +249,7 @@ class _Captioned:
     scores: dict
     token_layout: object  # where the encoder's tokens sit (None: no layout, or regions)
     attention_absent: str | None = None  # why a language-model decoder has no attention (Captioner.attention_absent)
+    per_image: dict = dataclasses.field(default_factory=dict)  # image id → its scores (the CLIP preset's)
 
 
 def _caption_and_score(run: _Evaluation, objects, instances, spice: bool, max_images: int | None, batch_size: int,
@@ -312,8 +327,8 @@ def _write(run: _Evaluation, result: EvaluationResult, captioned: _Captioned, ou
     path = run.file(".json")
     try:
         atomic_write_json(run.file(".predictions.json"),
-                          [{"image_id": i, "caption": c, "captions": captioned.every[i]}  # the k captions: mBLEU-4
-                           for i, c in sorted(captioned.candidates.items())])
+                          [{"image_id": i, "caption": c, "captions": captioned.every[i],  # the k: mBLEU-4
+                            **captioned.per_image.get(i, {})} for i, c in sorted(captioned.candidates.items())])
         atomic_write_json(path, result)
         if output:
             atomic_write_json(output, result)
@@ -325,6 +340,9 @@ def _write(run: _Evaluation, result: EvaluationResult, captioned: _Captioned, ou
             for key in ("bad_ending_rate",) + hallucination.SCALARS:
                 if result.get(key) is not None:
                     tf.summary.scalar(f"{run.tag}/{key}", result[key])
+            for key, value in (result.get("clip") or {}).items():  # its means and recalls
+                if isinstance(value, float):
+                    tf.summary.scalar(f"{run.tag}/{key}", value)
     except (OSError, tf.errors.OpError) as e:
         full = disk_full_error(e, os.path.dirname(path), "the evaluation results")
         if full is None and not isinstance(e, OSError):
