@@ -102,6 +102,42 @@ def train_byte_level_bpe(sentences: list[str], vocabulary_size: int) -> tuple[di
     return vocabulary, merges
 
 
+CLIP_SPECIALS = ("<|startoftext|>", "<|endoftext|>")  # last, as in OpenAI's vocabulary: the end has the largest id
+CLIP_SPLIT = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+
+
+def train_clip_bpe(sentences: list[str], vocabulary_size: int) -> tuple[dict[str, int], list[str]]:
+    """CLIP's tokenizer learnt from ``sentences``: (piece → id, merges) as keras-hub's ``CLIPTokenizer`` reads them:
+    lower-cased words split as CLIP splits them, byte-level, a word's last piece ending in ``</w>``; every byte
+    alone and ending a word (so that no text maps to the unknown token, which CLIP's is the end-of-text token),
+    the merges learnt, ``<|startoftext|>`` and ``<|endoftext|>`` last; at most ``vocabulary_size`` pieces besides
+    the bytes'."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(end_of_word_suffix="</w>", continuing_subword_prefix=""))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                                 normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CLIP_SPLIT), behavior="removed", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    trainer = trainers.BpeTrainer(vocab_size=vocabulary_size, min_frequency=2, special_tokens=[],
+                                  end_of_word_suffix="</w>", initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    pieces = [piece for piece, _ in sorted(model["vocab"].items(), key=lambda item: item[1])]
+    known = set(pieces)
+    for byte in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        for piece in (byte, byte + "</w>"):
+            if piece not in known:
+                pieces.append(piece)
+                known.add(piece)
+    return {piece: i for i, piece in enumerate(pieces + list(CLIP_SPECIALS))}, merges
+
+
 def train_sentencepiece(sentences: list[str], vocabulary_size: int) -> bytes:
     """Gemma's tokenizer learnt from ``sentences``: a serialized SentencePiece BPE model, Gemma's special pieces
     at their ids, byte fallback, at most ``vocabulary_size`` pieces (its 256 byte pieces and the four special ones

@@ -171,3 +171,39 @@ def test_evaluate_with_a_clip_preset_scores_every_image_under_the_presets_own_ke
     assert pac["pac_score"] == pytest.approx(result["clip_score"] * 2.0 / 2.5)  # the same cosines, w = 2.0
     code, out, err = run_main(*flags, "--clip-preset", presets["clip"])
     assert code == 0 and "evaluated already" in err and f"CLIP-S {result['clip_score']:.4f}" in out
+
+
+@pytest.mark.slow  # a training run of 40 steps, and its reruns
+def test_clip_train_writes_a_preset_evaluate_reads_and_a_rerun_is_a_no_op(prepared_dir, tmp_path):
+    """``captioning clip train --records DIR --split train --steps N --output P``: a CLIP preset (backbone, CLIP BPE
+    tokenizer learnt from the captions, preprocessor and CLIP's image converter) whose contrastive loss falls below
+    chance on the split; ``ContrastiveModel`` reads it; the same command again is a no-op, other settings are
+    refused in one line without ``--overwrite``, and a batch larger than the split too."""
+    import json
+    import os
+
+    from captioning.evaluation.clip_score import ContrastiveModel
+    from tests.helpers import run_main
+
+    output = str(tmp_path / "clip")
+    command = ("clip", "train", "--records", prepared_dir, "--split", "train", "--steps", "40", "--batch-size", "8",
+               "--learning-rate", "0.002", "--output", output)
+    code, out, err = run_main(*command)
+    assert code == 0, err[-3000:]
+    figures = json.load(open(os.path.join(output, "training.json")))["figures"]
+    assert figures["final_loss"] < figures["chance_loss"] == pytest.approx(math.log(8)), figures
+    assert f"CLIP tiny in {output}: final loss {figures['final_loss']:.3f}" in out
+    model = ContrastiveModel(output)
+    assert model.family == "CLIPBackbone" and model.preprocessor.sequence_length == 32
+    ids = model.token_ids(["A red circle"])[0]
+    end = int(model.preprocessor.tokenizer.end_token_id)
+    assert end == int(ids.max()) == model.preprocessor.tokenizer.vocabulary_size() - 1  # OpenAI's order
+    assert 0 < list(ids).index(end) <= 4  # start, a few pieces, end
+    code, out, err = run_main(*command)
+    assert code == 0 and "already holds this CLIP" in out
+    code, out, err = run_main(*command[:-2], "--seed", "1", "--output", output)
+    assert code == 2 and "holds a CLIP trained with other settings or data; pass --overwrite" in err.strip().splitlines()[-1]
+    code, out, err = run_main("clip", "train", "--records", prepared_dir, "--batch-size", "8192", "--output",
+                              str(tmp_path / "other"))
+    assert code == 2 and "fewer than --batch-size 8192" in err.strip().splitlines()[-1], err[-500:]
+    assert not os.path.exists(tmp_path / "other")

@@ -14,10 +14,11 @@
     captioning benchmark  input, train, decode, prepare against ceilings    captioning.benchmarks
     captioning data-service  a tf.data service dispatcher or worker        captioning.data.service
     captioning lm train   a language model and tokenizer → a preset folder  captioning.train.language_model
+    captioning clip train a CLIP of a prepared split → a preset folder     captioning.train.contrastive
 
 This package is the only code that wires stages together (``data_prep`` included). Flags live in
 :mod:`.commands`, :mod:`.export`, :mod:`.serve`, :mod:`.features`, :mod:`.benchmark`, :mod:`.data_service` and
-:mod:`.lm`,
+:mod:`.lm`, :mod:`.clip`,
 shared parsing in :mod:`.parsing`.
 
 Exit codes: 0 success; 1 finished with errors on some inputs (``train``: a non-finite loss under
@@ -39,6 +40,7 @@ import sys
 from captioning import __version__
 from captioning.cli import commands
 from captioning.cli.benchmark import add_benchmark
+from captioning.cli.clip import add_clip
 from captioning.cli.data_service import add_data_service
 from captioning.cli.export import add_export
 from captioning.cli.features import add_features
@@ -49,7 +51,7 @@ from captioning.errors import InputError, PeerLostError
 
 log = logging.getLogger("captioning")
 
-_USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark", "features", "serve", "lm"}
+_USES_TENSORFLOW = {"train", "evaluate", "caption", "export", "benchmark", "features", "serve", "lm", "clip"}
 
 
 def build_parser() -> Parser:
@@ -61,7 +63,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (commands.add_synth, commands.add_prepare, commands.add_train, commands.add_evaluate,
                 commands.add_score, commands.add_caption, add_export, add_serve, add_features, add_benchmark,
-                add_data_service, add_lm):
+                add_data_service, add_lm, add_clip):
         add(sub)
     return parser
 

@@ -100,27 +100,27 @@ def _dataset_sentences(path: str, split: str) -> list[str]:
                         ("text",))
 
 
-def _already_done(settings, text: dict, output: str, overwrite: bool) -> bool:
-    """True when ``output`` holds this very run's preset; one line when it holds something it may not replace."""
-    from captioning.train.language_model import finished
-
+def already_done(settings, source: dict, output: str, overwrite: bool, finished, command: str = "lm train",
+                 what: str = "language model", source_key: str = "text") -> bool:
+    """True when ``output`` holds this very run's preset (``finished(output)``: the record the command wrote, its
+    ``settings`` and ``source_key`` those of this run); one line when it holds something it may not replace."""
     if not os.path.isdir(output) or not os.listdir(output):
         return False
     record = finished(output)
     if record is None:
-        raise InputError(f"`output` {output} holds files `captioning lm train` did not write; give another "
+        raise InputError(f"`output` {output} holds files `captioning {command}` did not write; give another "
                          "`output`", params=("output",))
-    if record["settings"] == dataclasses.asdict(settings) and record["text"] == text:
+    if record["settings"] == dataclasses.asdict(settings) and record[source_key] == source:
         return True
     if not overwrite:
-        raise InputError(f"`output` {output} holds a language model trained with other settings or text; pass "
+        raise InputError(f"`output` {output} holds a {what} trained with other settings or {source_key}; pass "
                          "`overwrite=True` to replace it, or give another `output`", params=("output", "overwrite"))
     return False
 
 
 def run_lm_train(args) -> int:
     from captioning.fileio import check_output_folder, clean_folder_leftovers
-    from captioning.train.language_model import LMSettings, SIZES, train_language_model
+    from captioning.train.language_model import LMSettings, SIZES, finished, train_language_model
     from data_prep.lm_text import train_byte_level_bpe, train_sentencepiece
 
     settings = options(LMSettings, args).check()
@@ -130,7 +130,7 @@ def run_lm_train(args) -> int:
                         read_folders=reads, contains=True)
     clean_folder_leftovers(args.output)  # what a killed save left
     text, sentences = _text(args.text, split)
-    if _already_done(settings, text, args.output, args.overwrite):
+    if already_done(settings, text, args.output, args.overwrite, finished):
         print(f"{args.output} already holds this language model (same settings and text): nothing to do")
         return 0
     sentences = sentences or _dataset_sentences(args.text, split)
