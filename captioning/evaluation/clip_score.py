@@ -32,7 +32,9 @@ the prefix ``"A photo depicts "`` (their code prefixes candidates and references
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 
 import numpy as np
 
@@ -125,6 +127,7 @@ class ContrastiveModel:
 
         wanted = {int(i): n for n, i in enumerate(image_ids)}
         convert = self.converter
+
         @tf.autograph.experimental.do_not_convert
         def read(ex):
             return ex["image_id"], convert(tf.cast(decoded(ex["encoded"]), tf.float32)[None])[0]
@@ -198,8 +201,6 @@ def measure_split(model: ContrastiveModel, cfg, split: str, dataset, candidates:
     """:func:`scores` of an evaluation's best captions (image id → caption; ``references``: image id → texts) with
     the images of the prepared ``split`` (``cfg``: its data section): the result's ``"clip"`` (the preset, the
     metric, the means and recalls) and each image's scores (image id → {name: value})."""
-    import os
-
     from captioning.data.integrity import ShardReader
 
     ids = sorted(candidates)
@@ -216,9 +217,6 @@ def measure_split(model: ContrastiveModel, cfg, split: str, dataset, candidates:
 def identity(preset: str) -> str:
     """A short hash of what the preset holds (a folder: its config and weights files' bytes; a name: the name), so
     that results of two presets are kept apart."""
-    import hashlib
-    import os
-
     digest = hashlib.sha256(preset.encode() if not os.path.isdir(preset) else b"")
     for name in ("config.json", "model.weights.h5") if os.path.isdir(preset) else ():
         path = os.path.join(preset, name)
