@@ -33,7 +33,8 @@ def recomputed(v, c, refs, w):
 def test_the_metrics_equal_a_plain_recomputation_on_hand_made_cases():
     """A negative cosine is clipped to 0 (its RefCLIP-S then 0 too), a caption equal to a reference has a text
     cosine of 1 (RefCLIP-S = 2c / (c + 1)), no reference counts 0; recall counts ties against the caption."""
-    from captioning.evaluation.clip_score import clip_scores, normalised, recall_at, ref_clip_scores
+    from captioning.evaluation.clip_score import clip_scores, recall_at, ref_clip_scores
+    from captioning.model.contrastive import normalised
 
     v = normalised([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.6, 0.8, 0.0]])
     c = normalised([[-1.0, 0.2, 0.0], [0.1, 1.0, 0.3], [0.6, 0.8, 0.0]])
@@ -60,7 +61,8 @@ def test_scores_of_a_preset_equal_a_recomputation_from_its_embeddings(presets, f
     """Every measure over a preset (an empty caption among the captions, a caption equal to its reference, images of
     another size than the preset's) equals the plain recomputation from the model's own embeddings of the prefixed
     texts and the images; PAC-S is the same form with w = 2.0 and its own names."""
-    from captioning.evaluation.clip_score import PREFIX, ContrastiveModel, scores
+    from captioning.evaluation.clip_score import PREFIX, scores
+    from captioning.model.contrastive import ContrastiveModel
 
     model = ContrastiveModel(presets[family])
     images = np.random.RandomState(0).randint(0, 256, [4, 40, 52, 3]).astype(np.uint8)
@@ -87,7 +89,7 @@ def test_clip_pools_at_the_end_of_text_token_whatever_its_id(presets):
     """CLIP's text embedding is the encoder's output at the end-of-text token, projected: what keras-hub's
     backbone gives when that token has the largest id, and not when it does not (keras-hub pools at the largest id:
     there, another word)."""
-    from captioning.evaluation.clip_score import ContrastiveModel, normalised
+    from captioning.model.contrastive import ContrastiveModel, normalised
 
     texts = ["a red circle", "two squares left of a triangle"]
     for name, keras_hub_agrees in (("clip", True), ("clip_end_first", False)):
@@ -104,7 +106,7 @@ def test_clip_pools_at_the_end_of_text_token_whatever_its_id(presets):
 
 
 def test_a_preset_of_another_kind_or_none_is_refused_in_one_line(tmp_path):
-    from captioning.evaluation.clip_score import ContrastiveModel
+    from captioning.model.contrastive import ContrastiveModel
     from tests.harness.presets import write_preset
 
     vit = write_preset("vit", str(tmp_path / "vit"))
@@ -131,7 +133,8 @@ def test_evaluate_with_a_clip_preset_scores_every_image_under_the_presets_own_ke
 
     from captioning.config import load_config
     from captioning.data.reading import parsed_images, references
-    from captioning.evaluation.clip_score import PREFIX, ContrastiveModel, identity
+    from captioning.evaluation.clip_score import PREFIX, identity
+    from captioning.model.contrastive import ContrastiveModel
     from tests.helpers import copy_model, run_main
 
     model_dir = copy_model(trained_model_dir, tmp_path / "model")
@@ -182,7 +185,7 @@ def test_clip_train_writes_a_preset_evaluate_reads_and_a_rerun_is_a_no_op(prepar
     import json
     import os
 
-    from captioning.evaluation.clip_score import ContrastiveModel
+    from captioning.model.contrastive import ContrastiveModel
     from tests.helpers import run_main
 
     output = str(tmp_path / "clip")
@@ -207,3 +210,34 @@ def test_clip_train_writes_a_preset_evaluate_reads_and_a_rerun_is_a_no_op(prepar
                               str(tmp_path / "other"))
     assert code == 2 and "fewer than --batch-size 8192" in err.strip().splitlines()[-1], err[-500:]
     assert not os.path.exists(tmp_path / "other")
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_the_in_graph_clip_reward_equals_the_evaluations_clip_score(presets, family):
+    """SCST's CLIP reward (captioning/train/clip_reward.py) packs word-id captions into the preset's ids exactly as
+    its preprocessor packs the prefixed text (a caption cut at the text length keeps its end token; an empty
+    caption is the prefix alone), and its CLIP-S of each caption and image equals ``evaluate``'s."""
+    import tensorflow as tf
+
+    from captioning.evaluation.clip_score import PREFIX, clip_scores
+    from captioning.model.contrastive import ContrastiveModel
+    from captioning.train.clip_reward import ClipReward, vocabulary_words
+    from captioning.vocab import RESERVED, Vocabulary
+    from tests.harness.lm_presets import WORDS
+
+    vocab = Vocabulary(RESERVED + WORDS)
+    model = ContrastiveModel(presets[family])
+    reward = ClipReward(model, vocabulary_words(vocab))
+    captions = [["a", "red", "circle"], [], ["two", "blue", "squares", "left", "of", "a", "big", "green", "triangle",
+                                             "and", "three", "circles", "above", "the", "largest", "shape"]]
+    width = max(map(len, captions)) + 2
+    ids = np.array([[vocab.id(w) for w in c] + [2] + [0] * (width - len(c) - 1) for c in captions], np.int32)
+    lengths = np.array([len(c) for c in captions], np.int32)
+    texts = [PREFIX + " ".join(c) for c in captions]
+    np.testing.assert_array_equal(reward.token_ids(ids, lengths).numpy(), model.token_ids(texts))
+    images = np.random.RandomState(1).randint(0, 256, [3, 32, 32, 3]).astype(np.uint8)
+    compiled = tf.function(lambda pixels, i, n: reward(reward.image_embeddings(pixels), i, n), autograph=False)
+    got = compiled(tf.constant(images), tf.constant(ids), tf.constant(lengths)).numpy()  # in a graph, as in a step
+    want = clip_scores(model.embed_images(images), model.embed_texts(texts))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert got.max() > 0

@@ -2,8 +2,8 @@
 CLIPScore and RefCLIPScore (Hessel et al. 2021), PAC-S and RefPAC-S (Sarto et al. 2023), and text-to-image
 retrieval as a measure of how well a caption tells its image from the others.
 
-**The embeddings** (:class:`ContrastiveModel`): each tower's output L2-normalised, as Hessel et al.'s code does
-before every cosine.
+**The embeddings** (:class:`captioning.model.contrastive.ContrastiveModel`): each tower's output L2-normalised, as
+Hessel et al.'s code does before every cosine.
 
 - Text is packed as the preset's preprocessor packs it (its ``preprocessor.json``; without one, keras-hub's
   defaults for the family): CLIP lower-cased, ``<|startoftext|>`` pieces ``<|endoftext|>`` padded to 77; SigLIP
@@ -39,110 +39,11 @@ import os
 import numpy as np
 
 from captioning.errors import InputError
-from captioning.model.encoders.keras_hub import check_preset_folder, load_backbone
+from captioning.model.contrastive import ContrastiveModel
 
 PREFIX = "A photo depicts "
 WEIGHTS = {"clip": 2.5, "pac": 2.0}  # Hessel et al.'s w; Sarto et al.'s for PAC-S
-FAMILIES = ("CLIPBackbone", "SigLIPBackbone")
-MAX_TEXTS = 4096  # texts embedded per call (a split's references are embedded in such chunks)
 log = logging.getLogger("captioning.evaluation.clip_score")
-
-
-def normalised(x) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    norm = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.where(norm > 0, norm, 1.0)
-
-
-class ContrastiveModel:
-    """A keras-hub CLIP or SigLIP preset's two towers (see the module docstring). ``key``: the option that named
-    the preset, for the one-line errors."""
-
-    def __init__(self, preset: str, key: str = "--clip-preset"):
-        import keras_hub
-
-        if not preset:
-            raise InputError(f"{key}: give a keras-hub CLIP or SigLIP preset (a folder or a preset name)")
-        check_preset_folder(preset, key.lstrip("-").replace("-", "_"))
-        self.preset = preset
-        self.backbone = load_backbone(preset, key.lstrip("-").replace("-", "_"))
-        self.family = type(self.backbone).__name__
-        if self.family not in FAMILIES:
-            raise InputError(f"{key}: {preset} holds a {self.family}; a CLIP or SigLIP preset is needed "
-                             f"({', '.join(FAMILIES)})")
-        m = keras_hub.models
-        cls = m.CLIPPreprocessor if self.family == "CLIPBackbone" else m.SigLIPPreprocessor
-        tokenizer = keras_hub.models.Tokenizer.from_preset(preset)
-        try:
-            self.preprocessor = cls.from_preset(preset)
-        except (ValueError, FileNotFoundError, OSError):  # no preprocessor.json: the family's defaults
-            self.preprocessor = cls(tokenizer=tokenizer)
-        self.preprocessor.build(None)
-        self.converter = keras_hub.layers.ImageConverter.from_preset(preset)
-
-    # ---- the towers ---------------------------------------------------------------------------------
-    def token_ids(self, texts: list[str]) -> np.ndarray:
-        """``texts`` packed as the preset's preprocessor packs them: ``[N, sequence length]`` int32."""
-        import tensorflow as tf
-
-        p = self.preprocessor
-        prompts = tf.constant(list(texts), tf.string)
-        if getattr(p, "to_lower", False):
-            prompts = tf.strings.lower(prompts)
-        if getattr(p, "canonicalize_text", False):
-            prompts = p.canonicalize_inputs(prompts)
-        ids, _ = p.packer(p.tokenizer(prompts), add_start_value=p.add_start_token, add_end_value=p.add_end_token)
-        return np.asarray(ids, np.int32)
-
-    def embed_texts(self, texts: list[str]) -> np.ndarray:
-        """``[N, D]`` L2-normalised text embeddings (CLIP's pooled at the end-of-text token)."""
-        out = [self._texts(list(texts[i:i + MAX_TEXTS])) for i in range(0, len(texts), MAX_TEXTS)]
-        return normalised(np.concatenate(out)) if out else np.zeros([0, 0])
-
-    def _texts(self, texts: list[str]) -> np.ndarray:
-        ids = self.token_ids(texts)
-        b = self.backbone
-        if self.family == "SigLIPBackbone":
-            return np.asarray(b.get_text_embeddings(ids))
-        end = int(self.preprocessor.tokenizer.end_token_id)
-        at = np.argmax(ids == end, axis=1)  # the first end-of-text token (the packing always ends with one)
-        hidden = np.asarray(b.text_encoder({"token_ids": ids}))
-        return np.asarray(b.text_projection(hidden[np.arange(len(ids)), at]))
-
-    def embed_images(self, images) -> np.ndarray:
-        """``[N, D]`` L2-normalised image embeddings of ``images`` (``[N, H, W, 3]`` pixels in 0–255, any size)."""
-        return self.embed_converted(self.converter(np.asarray(images, np.float32)))
-
-    def embed_converted(self, pixels) -> np.ndarray:
-        """:meth:`embed_images` of images the preset's converter has read already."""
-        return normalised(np.asarray(self.backbone.get_vision_embeddings(pixels)))
-
-    def split_embeddings(self, cfg, split: str, image_ids, dataset, shards, batch_size: int = 64) -> np.ndarray:
-        """The embeddings of the images ``image_ids`` of the prepared ``split`` (``[N, D]`` in their order), read
-        from the records a batch at a time: each image decoded and read by the preset's converter (its size, a
-        central crop to its aspect, its normalisation)."""
-        import tensorflow as tf
-
-        from captioning.data.reading import decoded, parsed_images
-
-        wanted = {int(i): n for n, i in enumerate(image_ids)}
-        convert = self.converter
-
-        @tf.autograph.experimental.do_not_convert
-        def read(ex):
-            return ex["image_id"], convert(tf.cast(decoded(ex["encoded"]), tf.float32)[None])[0]
-
-        ds = parsed_images(cfg, split, training=False, dataset=dataset, shards=shards).map(
-            read, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
-        out = [None] * len(wanted)
-        for ids, pixels in ds:
-            for i, row in zip(ids.numpy(), self.embed_converted(pixels)):
-                if int(i) in wanted:
-                    out[wanted[int(i)]] = row
-        missing = [i for i, n in wanted.items() if out[n] is None]
-        if missing:
-            raise InputError(f"the {split!r} split has no image {missing[0]} to score with the CLIP preset")
-        return np.stack(out) if out else np.zeros([0, 0])
 
 
 # ---- the metrics, from normalised embeddings (numpy: the tests recompute them independently) ----------
