@@ -380,12 +380,14 @@ def uneven_dir(shapes_dir, prepared_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, tmp_path_factory):
     """The 2-replica scenarios of tests/test_train.py, test_scst.py, test_region_training.py,
-    test_uneven_splits.py, test_accumulate.py, test_optimizer.py, test_vlm.py and test_train_reliability.py
+    test_uneven_splits.py, test_accumulate.py, test_optimizer.py, test_vlm.py, test_clip_score.py and
+    test_train_reliability.py
     (tests/distributed_worker.py's modes; those of one test file each are in tests/harness/scenarios.py),
     run once for all of them: the MirroredStrategy ones (one device against 2 logical CPUs) in two processes and
     the MultiWorkerMirroredStrategy ones in one pair of localhost workers, all four processes at once
     (tests/helpers.py's run_distributed_scenarios). A test reads its scenario
     with ``distributed_result(distributed_runs, GROUP, NAME)``, which asserts that it finished."""
+    from tests.harness.clip_presets import write_clip
     from tests.harness.models import vlm_preset
     from tests.helpers import REGIONS, run_distributed_scenarios
 
@@ -400,6 +402,7 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
             models[group] = os.path.join(root, f"model-{group}")
             shutil.copytree(trained_model_dir, models[group])
         data, regions = prepared_dir, region_data[0]
+        clip = write_clip(os.path.join(root, "clip"))  # SCST's CLIP reward's preset (tests/test_clip_score.py)
         run_distributed_scenarios(root, {
             # in two processes at once (each scenario's CPU and wall seconds are in root/mirrored-pN.log), each about
             # as long as the multi-worker pair: the SCST steps and the evaluation's, then the training steps' own
@@ -410,7 +413,8 @@ def distributed_runs(prepared_dir, region_data, uneven_dir, trained_model_dir, t
             "mirrored": ([["mirrored_scst", data, "scst"], ["mirrored_scst_with", regions, "scst_regions", *REGIONS],
                           ["mirrored_grouped", data, "grouped"],
                           ["eval_losses", uneven_dir, "uneven", models["mirrored"], "mirrored"],
-                          ["mirrored", data, "vlm_lora", *VLM_LORA]],  # tests/test_vlm.py
+                          ["mirrored", data, "vlm_lora", *VLM_LORA],  # tests/test_vlm.py
+                          ["mirrored_scst_with", data, "scst_clip", "scst.reward=mix", f"scst.clip_preset={clip}"]],
                          [["accumulate", data, "accumulate"],  # tests/test_accumulate.py
                           ["nan_skip", data, "nan_skip"], ["uneven_cli", uneven_dir, "uneven_cli"],
                           ["resume", data, "resume"], ["fused", data, "fused"]]),  # test_optimizer.py

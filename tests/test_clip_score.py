@@ -241,3 +241,68 @@ def test_the_in_graph_clip_reward_equals_the_evaluations_clip_score(presets, fam
     want = clip_scores(model.embed_images(images), model.embed_texts(texts))
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert got.max() > 0
+
+
+@pytest.mark.slow  # SCST steps with the CLIP reward, and an accumulated one
+def test_scst_rewards_each_sample_with_its_clip_score_and_trains(presets, prepared_dir, tmp_path):
+    """``scst.reward: mix``: each sample's ``clip_s`` is ``evaluate``'s CLIP-S of its words with its image's pixels,
+    its reward CIDEr-D + ``scst.clip_weight`` · CLIP-S; the steps train (``clip_s`` reported), with
+    ``train.accumulate_steps`` too; ``clip`` rewards CLIP-S alone; no preset, or ``data.cache: features``, is
+    refused in one line."""
+    from captioning.evaluation.clip_score import PREFIX, clip_scores
+    from captioning.experiment import for_training
+    from captioning.model.contrastive import ContrastiveModel
+    from captioning.train import Trainer
+    from tests.helpers import small_train_config
+
+    scst = ("train.objective=scst", "data.captions_per_image=grouped", "scst.samples=3", "scst.max_length=8",
+            "train.batch_size=10", f"scst.clip_preset={presets['clip']}")
+    cfg = small_train_config(prepared_dir, *scst, "scst.reward=mix", "scst.clip_weight=0.5")
+    trainer = Trainer(for_training(cfg), str(tmp_path / "mix"))
+    objective, model = trainer.objective, ContrastiveModel(presets["clip"])
+    dataset = trainer.distributed_dataset("train", training=True)
+    batch = next(iter(dataset))
+    out = objective.rewards(trainer.model, batch)
+    texts = [PREFIX + " ".join(trainer.vocab.decode(row)) for row in out["ids"].numpy()]
+    images = np.repeat(batch["image"].numpy(), 3, axis=0)
+    np.testing.assert_allclose(out["clip_s"], clip_scores(model.embed_images(images), model.embed_texts(texts)),
+                               atol=1e-5)
+    index = np.repeat(np.arange(len(batch["image"])), 3)
+    cider = objective.cider.scores(out["ids"], objective.scored_lengths(out["ids"]), objective.references(batch),
+                                   index)
+    np.testing.assert_allclose(out["reward"], cider + 0.5 * out["clip_s"], atol=1e-5)
+    assert float(np.max(out["clip_s"])) > 0 and "clip_s" in objective.parts
+    step, batches = trainer.train_step_for(dataset), iter(dataset)
+    outs = [{k: float(v) for k, v in step(next(batches)).items()} for _ in range(2)]
+    assert all(np.isfinite(o["loss"]) and o["clip_s"] >= 0 for o in outs), outs
+
+    clip_only = Trainer(for_training(small_train_config(prepared_dir, *scst, "scst.reward=clip")), str(tmp_path / "c"))
+    drawn = clip_only.objective.rewards(clip_only.model, batch)
+    np.testing.assert_array_equal(drawn["reward"], drawn["clip_s"])
+    accumulated = small_train_config(prepared_dir, *scst, "scst.reward=mix", "train.accumulate_steps=2",
+                                     "train.steps=1", "train.checkpoint_every_steps=1")
+    assert Trainer(for_training(accumulated), str(tmp_path / "acc")).run(progress=False).step == 1
+
+    for extra, message in ((("scst.reward=clip", "scst.clip_preset="), "scst.reward clip needs scst.clip_preset"),
+                           (("scst.reward=mix", "data.cache=features", "model.encoder_trainable=false",
+                             "data.random_crop=false"), "reads the images, and data.cache: features holds none")):
+        with pytest.raises(InputError, match=message):
+            Trainer(for_training(small_train_config(prepared_dir, *scst, *extra)), str(tmp_path / "refused"))
+
+
+@pytest.mark.slow
+def test_mirrored_scst_with_the_clip_reward_equals_one_device(distributed_runs):
+    """``scst.reward: mix`` under two replicas, each with its own images, updates the model as one device given
+    both batches: each replica embeds its own images for the CLIP reward. Run with the other 2-replica scenarios
+    (conftest's distributed_runs)."""
+    import os
+
+    from tests.helpers import distributed_result
+
+    r = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "scst_clip"), "mirrored_scst.npz"))
+    assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-5)
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)

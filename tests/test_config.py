@@ -62,7 +62,7 @@ VALID = {"data.service": "localhost:5050", "model.decoder": "attention", "model.
 # keys that apply only beside another setting of their section
 COMPANIONS = {"data.group_captions": ["data.captions_per_image=grouped"],
               "train.scheduled_sampling.start": ["train.scheduled_sampling.max=1.0"],
-              "decode.jit_compile": ["decode.method=greedy"]}
+              "decode.jit_compile": ["decode.method=greedy"], "scst.reward": ["scst.clip_preset=runs/clip"]}
 
 
 def owner(key):

@@ -77,7 +77,7 @@ def rewards(tokenizers, name, texts, end_in_reward, index):
     key = (id(tokenizers), name, end_in_reward)
     if key not in _SCORES:
         scst = objective(tokenizers, name, end_in_reward)
-        _SCORES[key] = tf.function(lambda ids, batch, index: scst.score(ids, scst.references(batch), index),
+        _SCORES[key] = tf.function(lambda ids, batch, index: scst.score(ids, scst.references(batch), index)["reward"],
                                    autograph=False)
     tokenizer = tokenizers[name]
     return _SCORES[key](drawn(tokenizer, texts), grouped_batch(tokenizer), index).numpy()

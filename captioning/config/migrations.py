@@ -18,7 +18,7 @@ import typing
 
 from captioning.errors import InputError, excerpt
 
-FORMAT_VERSION = 12  # of a saved config.yaml: one more than the newest migration's
+FORMAT_VERSION = 13  # of a saved config.yaml: one more than the newest migration's
 # format N → N + 1, filled by @migration below, in the order the formats came
 MIGRATIONS: dict[int, typing.Callable[[dict], dict]] = {}
 
@@ -157,3 +157,9 @@ def _from_format_10(data: dict) -> dict:
 def _from_format_11(data: dict) -> dict:
     """Format 12 brought decode.jit_compile; a format-11 model decoded without XLA (false)."""
     return with_defaults(data, {"decode.jit_compile": False})
+
+
+@migration(12)
+def _from_format_12(data: dict) -> dict:
+    """Format 13 brought SCST's CLIP reward; a format-12 model's SCST rewarded CIDEr-D."""
+    return with_defaults(data, {"scst.reward": "cider", "scst.clip_preset": "", "scst.clip_weight": 1.0})

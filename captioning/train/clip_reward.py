@@ -18,7 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from captioning.model.contrastive import ContrastiveModel
-from captioning.vocab import RESERVED
+from captioning.vocab import END, PAD, START
 
 PREFIX = "A photo depicts"  # Hessel et al.'s prefix (clip_score.PREFIX without its trailing space: a word boundary)
 
@@ -65,5 +65,6 @@ class ClipReward:
 
 
 def vocabulary_words(vocab) -> list[str]:
-    """Id → word of a words vocabulary (:class:`captioning.vocab.Vocabulary`), "" for its reserved ids."""
-    return ["" if i < len(RESERVED) else w for i, w in enumerate(vocab.words)]
+    """Id → word of a words vocabulary (:class:`captioning.vocab.Vocabulary`): "" for ``<pad>``, ``<start>`` and
+    ``<end>``; ``<unk>`` stays the word ``<unk>``, as the caption's text (and so ``evaluate``) has it."""
+    return ["" if w in (PAD, START, END) else w for w in vocab.words]

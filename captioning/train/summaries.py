@@ -132,7 +132,7 @@ def greedy_samples(model, vocab, batch: dict, notes=None, references=None) -> li
     best = beam_search(model, None, beam_size=1, max_length=longest, initial_state=model.image_state(batch))
     captions = ids_to_text(vocab, best["ids"], best["lengths"])
     layout = model.token_layout if model.attends else None
-    noted = notes(best, batch["captions"]) if notes else None
+    noted = notes(best, batch["captions"], batch.get("image")) if notes else None
     out = []
     for i, (caption,) in enumerate(captions):
         reference = " ".join((references or vocab).decode(batch["captions"][i][0].numpy()))

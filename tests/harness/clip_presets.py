@@ -7,10 +7,11 @@ tests/test_clip_score.py. CLIP's byte-level BPE comes from a word list; ``end_to
 from __future__ import annotations
 
 import os
+import string
 
 from tests.harness.lm_presets import WORDS, caption_sentences, sentencepiece_proto
 
-PRINTABLE = "abcdefghijklmnopqrstuvwxyz0123456789.,'!?-"
+PRINTABLE = string.ascii_lowercase + string.digits + string.punctuation  # every character a caption may hold
 SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
 

@@ -89,9 +89,10 @@ class Objective:
     def replica_loss(self, model, batch: dict, training: bool) -> ReplicaLoss:
         raise NotImplementedError
 
-    def sample_notes(self, best: dict, captions) -> list[str] | None:
+    def sample_notes(self, best: dict, captions, images=None) -> list[str] | None:
         """Per sample caption (a greedy beam search's ``best`` for eval images whose references are
-        ``captions``, ragged ids), a note shown beside it in TensorBoard; None for none."""
+        ``captions``, ragged ids; ``images`` their pixels, None when the batch has none), a note shown beside it in
+        TensorBoard; None for none."""
         return None
 
     @classmethod

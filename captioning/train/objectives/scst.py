@@ -66,6 +66,14 @@ samples S, so a replica adds ``w · CE_sum · S / T`` with T the global batch's 
 each micro-batch's mean per token, weighted by its share of the step's samples. The references' forward pass
 encodes the images a second time (the samples' pass runs the encoder in its own mode).
 
+**The reward** (``scst.reward``): ``cider``, CIDEr-D as above; ``clip``, Cho et al.'s CLIP reward: CLIP-S (2.5 ·
+max(cos, 0)) of each sample with its image, from the frozen CLIP or SigLIP preset ``scst.clip_preset``, computed in
+the step (:mod:`captioning.train.clip_reward`: the words' pieces packed as the preset packs the prefixed text, the
+image embedded once per image; it equals ``evaluate --clip-preset``'s ``clip_score`` for the same caption and
+pixels); ``mix``, CIDEr-D + ``scst.clip_weight`` · CLIP-S. The baselines are the same, of the same reward. The
+images are the batch's crops, so ``data.cache: features`` (no pixels) is refused. Reported as ``clip_s`` (the
+samples' mean CLIP-S) beside ``reward``.
+
 **Batches**: SCST needs every reference of an image in the batch, so it trains on grouped batches
 (``data.captions_per_image: grouped``, all captions): ``train.batch_size`` still counts captions, and a
 batch holds ``round(batch_size / captions per image)`` images, each sampled ``scst.samples`` times. The
@@ -117,11 +125,19 @@ class ScstSettings(Section):
     # a cross-entropy term of the image's references added to the SCST loss with this weight (several SCST
     # follow-ups mix it in to keep the captions fluent); 0: SCST alone, as self-critical.pytorch
     xe_weight: float = field(default=0.0, metadata=between(0.0, MAX_FACTOR))
+    # cider: CIDEr-D; clip: CLIP-S from clip_preset (Cho et al. 2022); mix: CIDEr-D + clip_weight × CLIP-S
+    reward: str = field(default="cider", metadata=choices("cider", "clip", "mix"))
+    # a keras-hub CLIP or SigLIP preset (a folder, or a name keras-hub downloads); read by reward clip and mix only
+    clip_preset: str = ""
+    clip_weight: float = field(default=1.0, metadata=between(0.0, MAX_FACTOR))  # mix's weight of CLIP-S
 
     def check(self, prefix: str = "scst.") -> None:
         if self.baseline == "mean" and self.samples < 2:
             raise InputError(f"{prefix}samples ({self.samples}) must be at least 2 with {prefix}baseline: mean (the "
                              "baseline of a sample is the mean of the image's other samples)")
+        if self.reward != "cider" and not self.clip_preset:
+            raise InputError(f"{prefix}reward {self.reward} needs {prefix}clip_preset: a keras-hub CLIP or SigLIP "
+                             f"preset (captioning clip train writes one)")
 
 
 class SelfCritical(Objective):
@@ -135,13 +151,16 @@ class SelfCritical(Objective):
     xla = False  # its sampling stops captions at <end>, and the reward's lookup table runs on the host
 
     def __init__(self, cider: CiderD, cfg: ScstSettings, step: tf.Variable, seed: int = 0,
-                 split_padding: bool = False, words=None):
+                 split_padding: bool = False, words=None, clip=None):
         self.cider, self.cfg, self.step, self.seed = cider, cfg, step, seed
+        self.clip = clip  # scst.reward clip or mix: the CLIP reward (captioning.train.clip_reward.ClipReward)
         # a subword tokenizer's captions as word ids (captioning.train.reward_words.RewardWords; None: ids are words)
         self.words = words
         self.split_padding = split_padding  # the references' teacher-forced pass (scst.xe_weight)
         if cfg.xe_weight > 0:  # the cross-entropy term, reported apart (TensorBoard train/xe)
             self.parts = type(self).parts + ("xe",)
+        if clip is not None:  # the samples' CLIP-S, reported apart (TensorBoard train/clip_s)
+            self.parts = self.parts + ("clip_s",)
 
     @classmethod
     def caption_lengths(cls, cfg) -> dict[str, int]:
@@ -183,11 +202,26 @@ class SelfCritical(Objective):
                 "samples already (scst.xe_weight's references are teacher-forced)")
         words = reward_words(context.tokenizer, dataset, cfg.scst.max_length)
         return cls(CiderD(frequencies, extra_ids=words.extra if words else 0), cfg.scst, step, seed=cfg.train.seed,
-                   split_padding=cfg.train.split_padding, words=words)
+                   split_padding=cfg.train.split_padding, words=words, clip=cls._clip_reward(cfg, dataset))
 
-    def sample_notes(self, best: dict, captions: tf.RaggedTensor) -> list[str]:
-        """Each sample caption's reward (TensorBoard's sample captions under SCST)."""
-        return [f"reward {r:.3f}" for r in self.rewards_of(best, captions)]
+    @staticmethod
+    def _clip_reward(cfg, dataset):
+        """``scst.reward`` clip or mix: the CLIP reward over the dataset's words (None for cider)."""
+        if cfg.scst.reward == "cider":
+            return None
+        if cfg.data.cache == "features":
+            raise InputError(f"scst.reward {cfg.scst.reward} reads the images, and data.cache: features holds none: "
+                             "use data.cache memory, disk or none")
+        from captioning.model.contrastive import ContrastiveModel
+        from captioning.train.clip_reward import ClipReward, vocabulary_words
+
+        return ClipReward(ContrastiveModel(cfg.scst.clip_preset, key="scst.clip_preset"),
+                          vocabulary_words(dataset.vocabulary()))
+
+    def sample_notes(self, best: dict, captions: tf.RaggedTensor, images=None) -> list[str]:
+        """Each sample caption's reward (TensorBoard's sample captions under SCST; ``images``: the batch's, which
+        the CLIP reward reads)."""
+        return [f"reward {r:.3f}" for r in self.rewards_of(best, captions, images)]
 
     @classmethod
     def measure(cls, cfg, images: float, references: float, step_ms: float) -> dict:
@@ -216,13 +250,15 @@ class SelfCritical(Objective):
         return {"parts_ms": parts, "note": describe(parts, model.fast_teacher_forcing, self.cfg.xla_sampling,
                                                     self.cfg.baseline == "greedy")}
 
-    def rewards_of(self, best: dict, captions: tf.RaggedTensor):
+    def rewards_of(self, best: dict, captions: tf.RaggedTensor, images=None):
         """The reward of each image's best caption of a beam search (``best``) against the image's
         references (``captions``: the records' ids, ``[images, (captions), (ids)]``: words whatever the
-        tokenizer), as a NumPy array: scored as a sample of the same words (or pieces) is."""
+        tokenizer) and, for the CLIP reward, its image (``images``), as a NumPy array: scored as a sample of the
+        same words (or pieces) is."""
         ids = as_drawn(best["ids"][:, 0], best["lengths"][:, 0])
         references = tf.cast(captions[:, :, 1:] if self.cfg.end_in_reward else captions[:, :, 1:-1], tf.int32)
-        return self.score(ids, references).numpy()
+        embedded = self.clip.image_embeddings(images) if self.clip is not None else None
+        return self.score(ids, references, images=embedded)["reward"].numpy()
 
     def references(self, batch: dict) -> tf.RaggedTensor:
         """A grouped batch's references as the reward's word ids ``[images, (captions), (words)]`` (with ``<end>``
@@ -238,15 +274,23 @@ class SelfCritical(Objective):
             return words
         return words + tf.cast(tf.reduce_any(tf.equal(ids, END_ID), axis=1), tf.int32)
 
-    def score(self, ids, references, index=None):
-        """The CIDEr-D reward ``[rows]`` of captions ``ids`` as :func:`sample_captions` draws them (words,
-        then ``<end>`` or ``<pad>``) against ``references`` (:meth:`references`: word ids; of image ``index`` of
-        each row): samples and the greedy baseline alike. A subword tokenizer's pieces are scored as the words
-        they spell (:mod:`captioning.train.reward_words`)."""
+    def score(self, ids, references, index=None, images=None) -> dict:
+        """The reward ``[rows]`` of captions ``ids`` as :func:`sample_captions` draws them (words, then ``<end>``
+        or ``<pad>``) against ``references`` (:meth:`references`: word ids; of image ``index`` of each row) and,
+        for the CLIP reward, the images' embeddings ``images`` (of image ``index`` of each row): samples and the
+        greedy baseline alike, ``{"reward"}`` and the CLIP reward's ``"clip_s"``. A subword tokenizer's pieces are
+        scored as the words they spell (:mod:`captioning.train.reward_words`)."""
         if self.words is not None:
             words, lengths = self.words.candidates(ids, self.cfg.end_in_reward)
-            return self.cider.scores(words, lengths, references, index)
-        return self.cider.scores(ids, self.scored_lengths(ids), references, index)
+        else:
+            words, lengths = ids, self.scored_lengths(ids)
+        if self.clip is None:
+            return {"reward": self.cider.scores(words, lengths, references, index)}
+        clip_s = self.clip(images if index is None else tf.gather(images, index), words, lengths)  # <end>: no pieces
+        if self.cfg.reward == "clip":
+            return {"reward": clip_s, "clip_s": clip_s}
+        cider = self.cider.scores(words, lengths, references, index)
+        return {"reward": cider + self.cfg.clip_weight * clip_s, "clip_s": clip_s}
 
     def rewards(self, model, batch, training=False) -> dict:
         """The step's samples and what the policy gradient weighs them by: per sample ``ids``, ``reward``,
@@ -265,15 +309,19 @@ class SelfCritical(Objective):
         else:  # the policy gradient through the sampling loop itself
             drawn = sample_captions(model, repeated, self.cfg.max_length, self.cfg.temperature, seed)
             log_prob = drawn["log_prob"]
-        reward = self.score(drawn["ids"], references, tf.repeat(tf.range(n), s))
+        images = self.clip.image_embeddings(batch["image"]) if self.clip is not None else None  # once per image
+        scored = self.score(drawn["ids"], references, tf.repeat(tf.range(n), s), images)
+        reward = scored["reward"]
         out = {"ids": drawn["ids"], "reward": reward, "log_prob": log_prob, "ended": drawn["ended"]}
+        if "clip_s" in scored:
+            out["clip_s"] = scored["clip_s"]
         if self.cfg.baseline == "mean":  # the other samples of the same image
             per_image = tf.reshape(reward, [n, s])
             baseline = (tf.reduce_sum(per_image, axis=1, keepdims=True) - per_image) / (s - 1)
             out["baseline"] = tf.reshape(baseline, [-1])
         else:  # the greedy caption's reward, per image, scored as a sample of the same words would be
             out["greedy"] = greedy_captions(model, state, self.cfg.max_length)
-            out["baseline"] = tf.repeat(self.score(out["greedy"], references, tf.range(n)), s)
+            out["baseline"] = tf.repeat(self.score(out["greedy"], references, tf.range(n), images)["reward"], s)
         return out
 
     def replica_loss(self, model, batch, training):
@@ -284,6 +332,8 @@ class SelfCritical(Objective):
         samples = tf.cast(tf.shape(reward)[0], tf.float32)
         sums = {"reward": tf.reduce_sum(reward), "baseline": tf.reduce_sum(baseline),
                 "ended": tf.reduce_sum(tf.cast(drawn["ended"], tf.float32))}
+        if "clip_s" in drawn:
+            sums["clip_s"] = tf.reduce_sum(drawn["clip_s"])
         if self.cfg.xe_weight > 0:  # + w × the references' cross-entropy per real token (the module docstring)
             sums["xe"] = self.cross_entropy_term(model, batch, training, samples)
             loss_sum = loss_sum + self.cfg.xe_weight * sums["xe"]
