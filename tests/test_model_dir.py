@@ -77,7 +77,7 @@ def test_an_objectives_section_cut_short_stops_train_and_not_what_reads_the_mode
 
     path = model / "config.yaml"
     lines = path.read_text().splitlines(keepends=True)
-    assert lines[-1] == "  xe_weight: 0.0\n"
+    assert lines[-1] == "  clip_weight: 1.0\n"
     path.write_text("".join(lines[:-1]))
     assert ModelDir(str(model)).read_config().model.decoder == "show_and_tell"  # what evaluate and caption read
     before = {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()}
@@ -85,7 +85,7 @@ def test_an_objectives_section_cut_short_stops_train_and_not_what_reads_the_mode
     save_config(small_train_config(prepared_dir, "train.steps=70", "train.optimizer=adam", "model.embedding_size=32",
                                    "model.lstm_units=32"), str(config))
     result = run_cli("train", "--model-dir", str(model), "--config", str(config))
-    assert_one_line(result, "train", f"{path} is damaged: the scst section lacks 1 of its keys (scst.xe_weight): "
+    assert_one_line(result, "train", f"{path} is damaged: the scst section lacks 1 of its keys (scst.clip_weight): "
                                      "it is cut short or damaged")
     assert {n: (model / n).read_bytes() for n in os.listdir(model) if (model / n).is_file()} == before
 

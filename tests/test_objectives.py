@@ -88,7 +88,8 @@ def test_the_loader_keeps_an_objectives_section_as_given_and_the_training_stage_
     typed = resolve(load_config(None, ["scst.samples=3", "scst.end_in_reward=no"]))
     assert typed.scst == ScstSettings(samples=3, end_in_reward=False) and resolve(typed) is typed
     assert to_dict(typed)["scst"] == {"samples": 3, "baseline": "mean", "max_length": 16, "temperature": 1.0,
-                                      "end_in_reward": False, "xla_sampling": True, "xe_weight": 0.0}
+                                      "end_in_reward": False, "xla_sampling": True, "xe_weight": 0.0,
+                                      "reward": "cider", "clip_preset": "", "clip_weight": 1.0}
     for override, message in (("scst.samplez=3", "unknown config key 'scst.samplez'; did you mean scst.samples"),
                               ("scst.samples=three", "config key scst.samples must be an integer, got 'three'"),
                               ("scst.samples=51", "config key scst.samples must be in [1, 50], got 51"),

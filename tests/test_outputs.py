@@ -251,6 +251,9 @@ REFUSALS = {
     "lm train --output DATA/lm": (
         lambda w: ["lm", "train", "--text", w["records"], "--output", f"{w['records']}/lm"], "--output",
         "lies inside the prepared dataset"),
+    "clip train --output DATA/clip": (
+        lambda w: ["clip", "train", "--records", w["records"], "--output", f"{w['records']}/clip"], "--output",
+        "lies inside the prepared dataset"),
     "data-service dispatcher --work-dir a file": (
         lambda w: ["data-service", "dispatcher", "--port", "1", "--work-dir", w["other"]], "--work-dir", "is a file"),
 }
@@ -279,7 +282,7 @@ INPUT_FLAGS = {
     "benchmark input --config", "benchmark train --config", "benchmark train --data", "benchmark quality --config",
     "benchmark quality --data", "benchmark decode --model-dir", "benchmark decode --config",
     "benchmark decode --ensemble-with", "benchmark serve --model-dir", "benchmark litert --model-dir",
-    "lm train --text",
+    "lm train --text", "clip train --records", "evaluate --clip-preset",
 }
 
 

@@ -39,6 +39,7 @@ class DataSource:
     encoder_trains = True  # whether the model's encoder may train (model.encoder_trainable decides then)
     tokens_have_places = True  # whether what the decoder attends over has places (a Transformer's cell positions)
     reads_encoder_tokens = True  # whether the decoder reads the encoder's own tokens (not regions stored beside it)
+    pixels = True  # whether a training batch holds the images' pixels ("image"; data.cache: features aside)
     litert_refusal: str | None = None  # why a model reading it cannot become a LiteRT file, or None
     serve_refusal: str | None = None  # why `captioning serve` cannot serve a model reading it, or None
 

@@ -48,6 +48,7 @@ class Regions(DataSource):
     encoder_trains = False
     tokens_have_places = False
     reads_encoder_tokens = False
+    pixels = False
     litert_refusal = ("--format litert: a model reading regions (data.features: regions) cannot be exported: its "
                       "region pooling (tf.image.crop_and_resize) is not a LiteRT built-in op; use the SavedModel "
                       "export")

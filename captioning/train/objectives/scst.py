@@ -209,10 +209,13 @@ class SelfCritical(Objective):
         """``scst.reward`` clip or mix: the CLIP reward over the dataset's words (None for cider)."""
         if cfg.scst.reward == "cider":
             return None
-        if cfg.data.cache == "features":
-            raise InputError(f"scst.reward {cfg.scst.reward} reads the images, and data.cache: features holds none: "
-                             "use data.cache memory, disk or none")
         from captioning.model.contrastive import ContrastiveModel
+        from captioning.model.data_sources import data_source
+
+        if cfg.data.cache == "features" or not data_source(cfg).pixels:
+            held = "data.cache: features" if cfg.data.cache == "features" else f"data.features: {cfg.data.features}"
+            raise InputError(f"scst.reward {cfg.scst.reward} reads the images, and {held} holds none: use "
+                             "data.features: images and data.cache memory, disk or none")
         from captioning.train.clip_reward import ClipReward, vocabulary_words
 
         return ClipReward(ContrastiveModel(cfg.scst.clip_preset, key="scst.clip_preset"),
