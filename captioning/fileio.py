@@ -151,6 +151,17 @@ def atomic_write_text(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def read_record(path: str, keys) -> dict | None:
+    """The JSON mapping a command wrote at ``path`` to say what it made (``lm train``'s, ``clip train``'s
+    ``training.json``), when it holds every one of ``keys``; None when it is missing, damaged or another file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and set(keys) <= set(record) else None
+
+
 def atomic_write_json(path: str, obj, indent: int | None = 1) -> None:
     """JSON with sorted keys (same object, same bytes), written atomically."""
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")

@@ -242,6 +242,20 @@ def run_distributed_scenarios(root, groups, timeout=900):
                 other.kill()
 
 
+def assert_scst_update_as_one_device(r) -> None:
+    """A mirrored SCST scenario's ``.npz`` (tests/distributed_worker.py's ``mirrored_grouped``): two replicas drew a
+    positive reward and took the loss and update one device took from both batches."""
+    import numpy as np
+    import pytest
+
+    assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-5)
+    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
+    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
+    assert len(names) > 10
+    for name in names:
+        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
+
+
 def distributed_result(root, group, name):
     """The folder scenario ``name`` of ``group`` wrote (:func:`run_distributed_scenarios`), asserting that it
     finished in every process of its group: else its traceback, or the end of the processes' output."""

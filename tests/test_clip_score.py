@@ -303,12 +303,7 @@ def test_mirrored_scst_with_the_clip_reward_equals_one_device(distributed_runs):
     (conftest's distributed_runs)."""
     import os
 
-    from tests.helpers import distributed_result
+    from tests.helpers import assert_scst_update_as_one_device, distributed_result
 
-    r = np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "scst_clip"), "mirrored_scst.npz"))
-    assert float(r["one_reward"]) > 0 and float(r["two_reward"]) == pytest.approx(float(r["one_reward"]), abs=1e-5)
-    assert float(r["two_loss"]) == pytest.approx(float(r["one_loss"]), abs=1e-5)
-    names = [k[len("one/"):] for k in r.files if k.startswith("one/")]
-    assert len(names) > 10
-    for name in names:
-        np.testing.assert_allclose(r["two/" + name], r["one/" + name], atol=1e-5, err_msg=name)
+    assert_scst_update_as_one_device(np.load(os.path.join(distributed_result(distributed_runs, "mirrored", "scst_clip"),
+                                                          "mirrored_scst.npz")))

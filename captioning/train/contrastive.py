@@ -30,7 +30,6 @@ rerun starts again.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -39,7 +38,7 @@ import time
 import numpy as np
 
 from captioning.errors import InputError
-from captioning.fileio import atomic_folder, atomic_write_json
+from captioning.fileio import atomic_folder, atomic_write_json, read_record
 
 log = logging.getLogger("captioning")
 
@@ -222,9 +221,4 @@ def train_clip(data_cfg, split: str, parts: dict, settings: ClipSettings, output
 
 def finished(output: str) -> dict | None:
     """The :data:`RECORD` of a preset this command wrote in ``output``, or None."""
-    try:
-        with open(os.path.join(output, RECORD), encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and {"settings", "data"} <= set(record) else None
+    return read_record(os.path.join(output, RECORD), ("settings", "data"))

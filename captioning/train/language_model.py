@@ -46,7 +46,6 @@ settings, the text's identity, the figures), written in a temporary folder renam
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -55,7 +54,7 @@ import time
 import numpy as np
 
 from captioning.errors import InputError
-from captioning.fileio import atomic_folder, atomic_write_json
+from captioning.fileio import atomic_folder, atomic_write_json, read_record
 
 log = logging.getLogger("captioning")
 
@@ -350,9 +349,4 @@ def train_language_model(sentences: list[str], parts: dict, settings: LMSettings
 
 def finished(output: str) -> dict | None:
     """The :data:`RECORD` of a preset this command wrote in ``output``, or None."""
-    try:
-        with open(os.path.join(output, RECORD), encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and {"settings", "text"} <= set(record) else None
+    return read_record(os.path.join(output, RECORD), ("settings", "text"))
