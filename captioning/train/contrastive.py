@@ -122,7 +122,8 @@ def _pairs(data_cfg, split: str, references: dict, preprocessor, settings: ClipS
                                            add_start_value=True, add_end_value=True)
         return images, token_ids
 
-    ds = parsed_images(data_cfg, split, training=True, shuffle=True, repeat=True).enumerate()
+    ordered = dataclasses.replace(data_cfg, seed=settings.seed)  # --seed orders the images too
+    ds = parsed_images(ordered, split, training=True, shuffle=True, repeat=True).enumerate()
     return ds.map(pair, num_parallel_calls=tf.data.AUTOTUNE).batch(settings.batch_size, drop_remainder=True).map(
         pack).prefetch(tf.data.AUTOTUNE)
 
@@ -166,8 +167,10 @@ def _recall_at_1(backbone, preprocessor, data_cfg, split: str, references: dict)
         captions.append(references[int(ex["image_id"])][0])
     token_ids, _ = preprocessor.packer(preprocessor.tokenizer(tf.strings.lower(captions)), add_start_value=True,
                                        add_end_value=True)
-    v = tf.math.l2_normalize(backbone.get_vision_embeddings(tf.stack(images)), -1)
-    t = tf.math.l2_normalize(backbone.get_text_embeddings(token_ids), -1)
+    chunks = range(0, len(images), 64)  # a ViT-B's activations for 500 images at once would not be small
+    v = tf.math.l2_normalize(tf.concat([backbone.get_vision_embeddings(tf.stack(images[i:i + 64])) for i in chunks],
+                                       0), -1)
+    t = tf.math.l2_normalize(tf.concat([backbone.get_text_embeddings(token_ids[i:i + 64]) for i in chunks], 0), -1)
     return float(np.mean(np.argmax((t @ tf.transpose(v)).numpy(), axis=1) == np.arange(len(captions))))
 
 
