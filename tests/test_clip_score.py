@@ -176,7 +176,7 @@ def test_evaluate_with_a_clip_preset_scores_every_image_under_the_presets_own_ke
     assert code == 0 and "evaluated already" in err and f"CLIP-S {result['clip_score']:.4f}" in out
 
 
-@pytest.mark.slow  # a training run of 40 steps, and its reruns
+@pytest.mark.slow  # a training run of 80 steps, and its reruns
 def test_clip_train_writes_a_preset_evaluate_reads_and_a_rerun_is_a_no_op(prepared_dir, tmp_path):
     """``captioning clip train --records DIR --split train --steps N --output P``: a CLIP preset (backbone, CLIP BPE
     tokenizer learnt from the captions, preprocessor and CLIP's image converter) whose contrastive loss falls below
@@ -189,8 +189,8 @@ def test_clip_train_writes_a_preset_evaluate_reads_and_a_rerun_is_a_no_op(prepar
     from tests.helpers import run_main
 
     output = str(tmp_path / "clip")
-    command = ("clip", "train", "--records", prepared_dir, "--split", "train", "--steps", "40", "--batch-size", "8",
-               "--learning-rate", "0.002", "--output", output)
+    command = ("clip", "train", "--records", prepared_dir, "--split", "train", "--steps", "80", "--batch-size", "8",
+               "--learning-rate", "0.001", "--output", output)
     code, out, err = run_main(*command)
     assert code == 0, err[-3000:]
     figures = json.load(open(os.path.join(output, "training.json")))["figures"]

@@ -21,6 +21,20 @@ def normalised(x) -> np.ndarray:
     return x / np.where(norm > 0, norm, 1.0)
 
 
+def packed(preprocessor, texts):
+    """``texts`` (a string tensor; TensorFlow ops, so a tf.data map may call it) packed as a keras-hub CLIP or SigLIP
+    ``preprocessor`` packs them: lower-cased or canonicalized, its start and end tokens, padded to its length."""
+    import tensorflow as tf
+
+    p = preprocessor
+    if getattr(p, "to_lower", False):
+        texts = tf.strings.lower(texts)
+    if getattr(p, "canonicalize_text", False):
+        texts = p.canonicalize_inputs(texts)
+    ids, _ = p.packer(p.tokenizer(texts), add_start_value=p.add_start_token, add_end_value=p.add_end_token)
+    return ids
+
+
 class ContrastiveModel:
     """A keras-hub CLIP or SigLIP preset's two towers (see the module docstring). ``key``: the option that named
     the preset, for the one-line errors."""
@@ -52,14 +66,7 @@ class ContrastiveModel:
         """``texts`` packed as the preset's preprocessor packs them: ``[N, sequence length]`` int32."""
         import tensorflow as tf
 
-        p = self.preprocessor
-        prompts = tf.constant(list(texts), tf.string)
-        if getattr(p, "to_lower", False):
-            prompts = tf.strings.lower(prompts)
-        if getattr(p, "canonicalize_text", False):
-            prompts = p.canonicalize_inputs(prompts)
-        ids, _ = p.packer(p.tokenizer(prompts), add_start_value=p.add_start_token, add_end_value=p.add_end_token)
-        return np.asarray(ids, np.int32)
+        return np.asarray(packed(self.preprocessor, tf.constant(list(texts), tf.string)), np.int32)
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """``[N, D]`` L2-normalised text embeddings (CLIP's pooled at the end-of-text token)."""

@@ -39,6 +39,7 @@ import numpy as np
 
 from captioning.errors import InputError
 from captioning.fileio import atomic_folder, atomic_write_json, read_record
+from captioning.model.contrastive import packed
 
 log = logging.getLogger("captioning")
 
@@ -92,20 +93,27 @@ def build_clip(settings: ClipSettings, vocabulary: dict, merges: list):
     return backbone, preprocessor
 
 
+def _image(encoded, converter):
+    """A record's image decoded, squashed to the CLIP's side and normalised by its ``converter``."""
+    import tensorflow as tf
+
+    from captioning.data.reading import decoded
+
+    side = int(converter.image_size[0])
+    return converter(tf.image.resize(tf.cast(decoded(encoded), tf.float32), [side, side], antialias=True)[None])[0]
+
+
 def _pairs(data_cfg, split: str, references: dict, preprocessor, settings: ClipSettings):
     """The training stream: batches of (converted images, packed token ids), one caption of each image drawn at
     random, every image once an epoch."""
     import tensorflow as tf
 
-    from captioning.data.reading import decoded, parsed_images
+    from captioning.data.reading import parsed_images
 
     ids = sorted(references)
     table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
         tf.constant(ids, tf.int64), tf.range(len(ids), dtype=tf.int64)), default_value=-1)
     texts = tf.ragged.constant([list(references[i]) for i in ids], dtype=tf.string)
-    side = SIZES[settings.size]["image_size"]
-    converter = preprocessor.image_converter
-
     base = tf.constant([settings.seed, 1], tf.int64)
 
     @tf.autograph.experimental.do_not_convert
@@ -113,16 +121,14 @@ def _pairs(data_cfg, split: str, references: dict, preprocessor, settings: ClipS
         captions = texts[table.lookup(tf.cast(ex["image_id"], tf.int64))]
         seed = tf.random.experimental.stateless_fold_in(base, n)
         pick = tf.random.stateless_uniform([], seed, 0, tf.shape(captions)[0], tf.int32)
-        image = tf.image.resize(tf.cast(decoded(ex["encoded"]), tf.float32), [side, side], antialias=True)
-        return converter(image[None])[0], captions[pick]
+        return _image(ex["encoded"], preprocessor.image_converter), captions[pick]
 
     @tf.autograph.experimental.do_not_convert
     def pack(images, captions):
-        token_ids, _ = preprocessor.packer(preprocessor.tokenizer(tf.strings.lower(captions)),
-                                           add_start_value=True, add_end_value=True)
-        return images, token_ids
+        return images, packed(preprocessor, captions)
 
-    ordered = dataclasses.replace(data_cfg, seed=settings.seed)  # --seed orders the images too
+    # --seed orders the images too, in a fixed order (the captions drawn follow each image's place in it)
+    ordered = dataclasses.replace(data_cfg, seed=settings.seed, deterministic=True)
     ds = parsed_images(ordered, split, training=True, shuffle=True, repeat=True).enumerate()
     return ds.map(pair, num_parallel_calls=tf.data.AUTOTUNE).batch(settings.batch_size, drop_remainder=True).map(
         pack).prefetch(tf.data.AUTOTUNE)
@@ -157,16 +163,13 @@ def _recall_at_1(backbone, preprocessor, data_cfg, split: str, references: dict)
     """Text-to-image recall@1 of the first images' first captions among those images."""
     import tensorflow as tf
 
-    from captioning.data.reading import decoded, parsed_images
+    from captioning.data.reading import parsed_images
 
-    side = backbone.vision_encoder.image_shape[0]
     images, captions = [], []
     for ex in parsed_images(data_cfg, split, training=False, max_images=RECALL_IMAGES):
-        image = tf.image.resize(tf.cast(decoded(ex["encoded"]), tf.float32), [side, side], antialias=True)
-        images.append(preprocessor.image_converter(image[None])[0])
+        images.append(_image(ex["encoded"], preprocessor.image_converter))
         captions.append(references[int(ex["image_id"])][0])
-    token_ids, _ = preprocessor.packer(preprocessor.tokenizer(tf.strings.lower(captions)), add_start_value=True,
-                                       add_end_value=True)
+    token_ids = packed(preprocessor, tf.constant(captions))
     chunks = range(0, len(images), 64)  # a ViT-B's activations for 500 images at once would not be small
     v = tf.math.l2_normalize(tf.concat([backbone.get_vision_embeddings(tf.stack(images[i:i + 64])) for i in chunks],
                                        0), -1)
