@@ -247,7 +247,7 @@ def test_the_in_graph_clip_reward_equals_the_evaluations_clip_score(presets, fam
 def test_scst_rewards_each_sample_with_its_clip_score_and_trains(presets, prepared_dir, tmp_path):
     """``scst.reward: mix``: each sample's ``clip_s`` is ``evaluate``'s CLIP-S of its words with its image's pixels,
     its reward CIDEr-D + ``scst.clip_weight`` · CLIP-S; the steps train (``clip_s`` reported), with
-    ``train.accumulate_steps`` too; ``clip`` rewards CLIP-S alone; no preset, ``data.cache: features`` or a data
+    ``train.accumulate_steps`` too, and ``benchmark train``'s step in parts times them; ``clip`` rewards CLIP-S alone; no preset, ``data.cache: features`` or a data
     source without pixels (regions) is refused in one line."""
     from captioning.evaluation.clip_score import PREFIX, clip_scores
     from captioning.experiment import for_training
@@ -275,6 +275,11 @@ def test_scst_rewards_each_sample_with_its_clip_score_and_trains(presets, prepar
     step, batches = trainer.train_step_for(dataset), iter(dataset)
     outs = [{k: float(v) for k, v in step(next(batches)).items()} for _ in range(2)]
     assert all(np.isfinite(o["loss"]) and o["clip_s"] >= 0 for o in outs), outs
+    # `benchmark train`'s step in parts times the CLIP reward with the images' embedding (and the greedy baseline's)
+    parts = objective.breakdown(trainer.model, batch)
+    assert sorted(parts["parts_ms"]) == ["cross_entropy", "encode", "greedy", "reward", "sampling", "sampling_xla",
+                                         "teacher_forced", "through_loop"]
+    assert all(v > 0 for v in parts["parts_ms"].values()) and "reward " in parts["note"]
 
     clip_only = Trainer(for_training(small_train_config(prepared_dir, *scst, "scst.reward=clip")), str(tmp_path / "c"))
     drawn = clip_only.objective.rewards(clip_only.model, batch)

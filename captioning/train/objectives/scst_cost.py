@@ -15,7 +15,8 @@ part                what it times
                     samples, the reference codebases' way, and the way of a decoder without
                     ``fast_teacher_forcing``
 ``teacher_forced``  the samples scored again in one teacher-forced pass, forward and backward: the other way
-``reward``          CIDEr-D of every sample against its image's references
+``reward``          the reward of every sample: CIDEr-D against its image's references; with ``scst.reward``
+                    clip or mix, CLIP-S too, the batch's images embedded once by the preset
 ``greedy``          the greedy baseline (``scst.baseline: greedy``): a greedy decoding and its reward
 ``cross_entropy``   for scale, a grouped cross-entropy step's forward and backward on the same batch
 ==================  ===================================================================================
