@@ -51,7 +51,7 @@ def main(out: str = "runs/clip_study") -> None:
                      f"{r['chair_i']:.3f}", f"{words['distinct_2']:.3f}", f"{r['bad_ending_rate']:.3f}",
                      f"{length:.1f}"]
             rows.append("| " + " | ".join(cells) + " |")
-            examples.append(f"- {dataset}, {objective}: \"{captions[0]["caption"]}\"")
+            examples.append(f"- {dataset}, {objective}: \"{captions[0]['caption']}\"")
     head = ["data", "objective", "CIDEr", "CLIP-S", "RefCLIP-S", "recall@1 (references')", "CHAIRi", "distinct-2",
             "bad endings", "words"]
     print("| " + " | ".join(head) + " |")
