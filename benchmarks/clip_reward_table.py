@@ -27,12 +27,14 @@ def _load(out: str, name: str) -> dict | None:
 
 def _captions(result: dict) -> list[dict]:
     """The evaluation's predictions (the stored result's file beside its metrics, in the model folder's ``eval/``:
-    the test split at the checkpoint's step, with the CLIP measures)."""
+    the test split at the checkpoint's step, scored with the result's CLIP preset)."""
+    from captioning.evaluation.clip_score import identity
+
     folder = os.path.join(os.path.dirname(result["checkpoint"]), "eval")
-    step = f"test-step{result['checkpoint_step']}-"
-    found = [n for n in os.listdir(folder) if n.startswith(step) and "-clip" in n and n.endswith(".predictions.json")]
+    step, preset = f"test-step{result['checkpoint_step']}-", f"-clip{identity(result['clip']['preset'])}-"
+    found = [n for n in os.listdir(folder) if n.startswith(step) and preset in n and n.endswith(".predictions.json")]
     if len(found) != 1:
-        raise SystemExit(f"expected one CLIP-scored predictions file {step}* in {folder}, found {found}")
+        raise SystemExit(f"expected one predictions file {step}*{preset}* in {folder}, found {found}")
     with open(os.path.join(folder, found[0])) as f:
         return sorted(json.load(f), key=lambda p: p["image_id"])
 
