@@ -28,6 +28,9 @@ def _load(out: str, name: str) -> dict | None:
 def _captions(result: dict) -> list[dict]:
     """The evaluation's predictions (the stored result's file beside its metrics, in the model folder's ``eval/``:
     the test split at the checkpoint's step, scored with the result's CLIP preset)."""
+    from captioning.tf_import import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # clip_score's module imports it; its C++ start-up lines stay out of the table
     from captioning.evaluation.clip_score import identity
 
     folder = os.path.join(os.path.dirname(result["checkpoint"]), "eval")
