@@ -49,4 +49,4 @@ scst shapes runs/demo/model shapes_scst.yaml runs/clip_shapes runs/demo/records
 I=runs/demo/shapes/annotations/instances_test.json
 evaluate shapes_xe runs/demo/model runs/clip_shapes "$I"
 for run in shapes_scst_{cider,clip,mix}; do evaluate "$run" "$OUT/$run" runs/clip_shapes "$I"; done
-python benchmarks/clip_reward_table.py "$OUT"
+"${PYTHON:-python}" benchmarks/clip_reward_table.py "$OUT"

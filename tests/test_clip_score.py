@@ -247,8 +247,8 @@ def test_the_in_graph_clip_reward_equals_the_evaluations_clip_score(presets, fam
 def test_scst_rewards_each_sample_with_its_clip_score_and_trains(presets, prepared_dir, tmp_path):
     """``scst.reward: mix``: each sample's ``clip_s`` is ``evaluate``'s CLIP-S of its words with its image's pixels,
     its reward CIDEr-D + ``scst.clip_weight`` · CLIP-S; the steps train (``clip_s`` reported), with
-    ``train.accumulate_steps`` too, and ``benchmark train``'s step in parts times them; ``clip`` rewards CLIP-S alone; no preset, ``data.cache: features`` or a data
-    source without pixels (regions) is refused in one line."""
+    ``train.accumulate_steps`` too, and ``benchmark train``'s step in parts times them; ``clip`` rewards CLIP-S
+    alone; no preset, ``data.cache: features`` or a data source without pixels (regions) is refused in one line."""
     from captioning.evaluation.clip_score import PREFIX, clip_scores
     from captioning.experiment import for_training
     from captioning.model.contrastive import ContrastiveModel
