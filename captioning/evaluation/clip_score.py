@@ -39,7 +39,7 @@ import os
 import numpy as np
 
 from captioning.errors import InputError
-from captioning.model.contrastive import ContrastiveModel
+from captioning.model.contrastive import ContrastiveModel, recall_at  # recall_at: also clip train's
 
 PREFIX = "A photo depicts "
 WEIGHTS = {"clip": 2.5, "pac": 2.0}  # Hessel et al.'s w; Sarto et al.'s for PAC-S
@@ -58,17 +58,6 @@ def ref_clip_scores(clip: np.ndarray, captions: np.ndarray, references: list[np.
     best = np.array([float(np.max(r @ c)) if len(r) else 0.0 for c, r in zip(captions, references)])
     total = clip + best
     return np.where(total != 0, 2 * clip * best / np.where(total != 0, total, 1.0), 0.0)
-
-
-def recall_at(queries: np.ndarray, owners: np.ndarray, images: np.ndarray, ks=(1, 5)) -> dict[str, float]:
-    """Text-to-image recall@K: the share of ``queries`` (embeddings) whose own image (``owners[i]``, a row of
-    ``images``) is among the K closest images; an image as close as its own counts as closer (ties against)."""
-    if not len(queries):
-        return {f"recall@{k}": 0.0 for k in ks}
-    sims = queries @ images.T
-    own = sims[np.arange(len(queries)), owners]
-    rank = np.sum(sims >= own[:, None], axis=1)  # 1: only its own image is that close
-    return {f"recall@{k}": float(np.mean(rank <= k)) for k in ks}
 
 
 def scores(model: ContrastiveModel, images, captions: list[str], references: list[list[str]],

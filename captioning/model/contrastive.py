@@ -1,7 +1,8 @@
 """A contrastive image-text model's two towers, frozen: a keras-hub CLIP or SigLIP preset read as its own
 preprocessor and image converter read it (:class:`ContrastiveModel`). The reference-free metrics
 (:mod:`captioning.evaluation.clip_score`, whose docstring says how text is packed and pooled) and SCST's CLIP reward
-(:mod:`captioning.train.clip_reward`) share it.
+(:mod:`captioning.train.clip_reward`) share it, and the metrics and ``clip train`` share one text-to-image recall
+(:func:`recall_at`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,17 @@ def normalised(x) -> np.ndarray:
     x = np.asarray(x, np.float64)
     norm = np.linalg.norm(x, axis=-1, keepdims=True)
     return x / np.where(norm > 0, norm, 1.0)
+
+
+def recall_at(queries: np.ndarray, owners: np.ndarray, images: np.ndarray, ks=(1, 5)) -> dict[str, float]:
+    """Text-to-image recall@K: the share of ``queries`` (embeddings) whose own image (``owners[i]``, a row of
+    ``images``) is among the K closest images; an image as close as its own counts as closer (ties against)."""
+    if not len(queries):
+        return {f"recall@{k}": 0.0 for k in ks}
+    sims = queries @ images.T
+    own = sims[np.arange(len(queries)), owners]
+    rank = np.sum(sims >= own[:, None], axis=1)  # 1: only its own image is that close
+    return {f"recall@{k}": float(np.mean(rank <= k)) for k in ks}
 
 
 def packed(preprocessor, texts):
@@ -44,20 +56,20 @@ class ContrastiveModel:
 
         if not preset:
             raise InputError(f"{key}: give a keras-hub CLIP or SigLIP preset (a folder or a preset name)")
-        check_preset_folder(preset, key.lstrip("-").replace("-", "_"))
+        param = key.lstrip("-").replace("-", "_")
+        check_preset_folder(preset, param)
         self.preset = preset
-        self.backbone = load_backbone(preset, key.lstrip("-").replace("-", "_"))
+        self.backbone = load_backbone(preset, param)
         self.family = type(self.backbone).__name__
         if self.family not in FAMILIES:
             raise InputError(f"{key}: {preset} holds a {self.family}; a CLIP or SigLIP preset is needed "
                              f"({', '.join(FAMILIES)})")
         m = keras_hub.models
         cls = m.CLIPPreprocessor if self.family == "CLIPBackbone" else m.SigLIPPreprocessor
-        tokenizer = keras_hub.models.Tokenizer.from_preset(preset)
         try:
             self.preprocessor = cls.from_preset(preset)
         except (ValueError, FileNotFoundError, OSError):  # no preprocessor.json: the family's defaults
-            self.preprocessor = cls(tokenizer=tokenizer)
+            self.preprocessor = cls(tokenizer=keras_hub.models.Tokenizer.from_preset(preset))
         self.preprocessor.build(None)
         self.converter = keras_hub.layers.ImageConverter.from_preset(preset)
 

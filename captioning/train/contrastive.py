@@ -39,7 +39,7 @@ import numpy as np
 
 from captioning.errors import InputError
 from captioning.fileio import atomic_folder, atomic_write_json, read_record
-from captioning.model.contrastive import packed
+from captioning.model.contrastive import normalised, packed, recall_at
 
 log = logging.getLogger("captioning")
 
@@ -160,7 +160,8 @@ def _train_step(backbone, settings: ClipSettings):
 
 
 def _recall_at_1(backbone, preprocessor, data_cfg, split: str, references: dict) -> float:
-    """Text-to-image recall@1 of the first images' first captions among those images."""
+    """Text-to-image recall@1 of the first images' first captions among those images (ties against, as
+    ``evaluate --clip-preset``'s)."""
     import tensorflow as tf
 
     from captioning.data.reading import parsed_images
@@ -171,10 +172,9 @@ def _recall_at_1(backbone, preprocessor, data_cfg, split: str, references: dict)
         captions.append(references[int(ex["image_id"])][0])
     token_ids = packed(preprocessor, tf.constant(captions))
     chunks = range(0, len(images), 64)  # a ViT-B's activations for 500 images at once would not be small
-    v = tf.math.l2_normalize(tf.concat([backbone.get_vision_embeddings(tf.stack(images[i:i + 64])) for i in chunks],
-                                       0), -1)
-    t = tf.math.l2_normalize(tf.concat([backbone.get_text_embeddings(token_ids[i:i + 64]) for i in chunks], 0), -1)
-    return float(np.mean(np.argmax((t @ tf.transpose(v)).numpy(), axis=1) == np.arange(len(captions))))
+    v = normalised(np.concatenate([backbone.get_vision_embeddings(tf.stack(images[i:i + 64])) for i in chunks]))
+    t = normalised(np.concatenate([backbone.get_text_embeddings(token_ids[i:i + 64]) for i in chunks]))
+    return recall_at(t, np.arange(len(captions)), v, ks=(1,))["recall@1"]  # as evaluate --clip-preset counts it
 
 
 def train_clip(data_cfg, split: str, parts: dict, settings: ClipSettings, output: str, data: dict,

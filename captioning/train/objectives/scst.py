@@ -260,8 +260,12 @@ class SelfCritical(Objective):
         same words (or pieces) is."""
         ids = as_drawn(best["ids"][:, 0], best["lengths"][:, 0])
         references = tf.cast(captions[:, :, 1:] if self.cfg.end_in_reward else captions[:, :, 1:-1], tf.int32)
-        embedded = self.clip.image_embeddings(images) if self.clip is not None else None
-        return self.score(ids, references, images=embedded)["reward"].numpy()
+        return self.score(ids, references, images=self.embedded(images))["reward"].numpy()
+
+    def embedded(self, images):
+        """What :meth:`score` reads of the batch's ``images``: their CLIP embeddings for the CLIP reward (one row an
+        image), None for CIDEr-D (whose batches may hold no pixels: ``images`` None)."""
+        return self.clip.image_embeddings(images) if self.clip is not None else None
 
     def references(self, batch: dict) -> tf.RaggedTensor:
         """A grouped batch's references as the reward's word ids ``[images, (captions), (words)]`` (with ``<end>``
@@ -312,7 +316,7 @@ class SelfCritical(Objective):
         else:  # the policy gradient through the sampling loop itself
             drawn = sample_captions(model, repeated, self.cfg.max_length, self.cfg.temperature, seed)
             log_prob = drawn["log_prob"]
-        images = self.clip.image_embeddings(batch["image"]) if self.clip is not None else None  # once per image
+        images = self.embedded(batch.get("image"))  # once per image (no pixels: CIDEr-D)
         scored = self.score(drawn["ids"], references, tf.repeat(tf.range(n), s), images)
         reward = scored["reward"]
         out = {"ids": drawn["ids"], "reward": reward, "log_prob": log_prob, "ended": drawn["ended"]}

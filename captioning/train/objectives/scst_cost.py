@@ -71,7 +71,6 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
     drawn = sample_captions(model, repeated, length, temperature, seed)
     ids = drawn["ids"]
     index = tf.repeat(tf.range(tf.shape(references.row_lengths())[0]), s)
-    clip = objective.clip  # the CLIP reward reads the images' embeddings (once per image: timed with the reward)
 
     def graph(fn):
         return tf.function(fn, autograph=False)
@@ -83,10 +82,12 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
             return _computed(tape.gradient(loss, weights))
         return graph(fn)
 
+    def reward(ids, rows):  # rows: each caption's image; the CLIP reward's images embedded inside, as the step does
+        return objective.score(ids, references, rows, objective.embedded(batch.get("image")))["reward"]
+
     def greedy(state):
         words = greedy_captions(model, state, length)
-        images = clip.image_embeddings(batch["image"]) if clip is not None else None
-        return objective.score(words, references, tf.range(tf.shape(words)[0]), images)["reward"]
+        return reward(words, tf.range(tf.shape(words)[0]))
 
     def cross_entropy(batch):
         with tf.GradientTape() as tape:
@@ -101,8 +102,7 @@ def breakdown(objective, model, batch: dict, repeats: int = 10) -> dict[str, flo
         "through_loop": (gradient_of(lambda r: sample_captions(model, r, length, temperature, seed)["log_prob"]),
                          (repeated,)),
         "teacher_forced": (gradient_of(lambda r, ids: sequence_log_prob(model, r, ids, temperature)), (repeated, ids)),
-        "reward": (graph(lambda ids: objective.score(ids, references, index, clip.image_embeddings(batch["image"])
-                                                     if clip is not None else None)["reward"]), (ids,)),
+        "reward": (graph(lambda ids: reward(ids, index)), (ids,)),
         "greedy": (graph(greedy), (state,)),
         "cross_entropy": (graph(cross_entropy), (batch,)),
     }
